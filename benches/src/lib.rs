@@ -1,0 +1,1 @@
+//! Shared set-up for Warren's criterion benches (see `benches/`).
