@@ -1,0 +1,80 @@
+//! What every transport needs to know about the node it serves.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use warren_wire::{ClusterSecret, DEFAULT_MAX_FRAME_LEN, NodeName};
+
+/// Where a peer listens: `host:port` for TCP and QUIC, a name for the in-memory transport.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerAddr(String);
+
+impl PeerAddr {
+    /// Wraps an address string.
+    pub fn new(addr: impl Into<String>) -> Self {
+        Self(addr.into())
+    }
+
+    /// The address as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for PeerAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl From<&str> for PeerAddr {
+    fn from(s: &str) -> Self {
+        Self::new(s)
+    }
+}
+
+impl From<std::net::SocketAddr> for PeerAddr {
+    fn from(s: std::net::SocketAddr) -> Self {
+        Self::new(s.to_string())
+    }
+}
+
+/// Settings shared by every transport.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// This node's name, proven to peers in the handshake.
+    pub node: NodeName,
+    /// The cluster secret both ends must share.
+    pub secret: ClusterSecret,
+    /// The largest frame sent or accepted, in bytes.
+    pub max_frame_len: usize,
+    /// How long dialing may take before it fails.
+    pub connect_timeout: Duration,
+    /// How long the handshake may take before it fails.
+    pub handshake_timeout: Duration,
+    /// The local address to bind before dialing (so firewall rules between
+    /// nodes on 127.0.0.2, .3, … see the node's own address). `None` lets the
+    /// OS choose.
+    pub bind_ip: Option<IpAddr>,
+}
+
+impl TransportConfig {
+    /// Defaults: 16 MiB frames, 5 s connect and handshake timeouts, OS-chosen source address.
+    pub fn new(node: NodeName, secret: ClusterSecret) -> Self {
+        Self {
+            node,
+            secret,
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            connect_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
+            bind_ip: None,
+        }
+    }
+}

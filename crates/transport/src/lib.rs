@@ -1,0 +1,176 @@
+//! How Warren's nodes talk to each other.
+//!
+//! The traits here are the only thing the layers above (GM rings, the
+//! metadata store, queue forwarding) see of the network; TCP, QUIC and the
+//! in-memory [`mem`] transport are interchangeable behind them.
+//!
+//! # The contract every transport keeps
+//!
+//! - A [`Connection`] is authenticated: both ends ran the cluster handshake
+//!   ([`warren_wire::handshake`]) and know each other's [`NodeName`].
+//! - Frames arrive whole, in the order they were sent, at most once.
+//! - Any error, or `Ok(None)` from `recv`, means the connection is down; frames
+//!   in flight at that moment may be lost. Callers reconnect.
+//! - No wait is unbounded: connecting and the handshake time out.
+//! - Frames over the configured maximum are refused: locally when feeding
+//!   ([`TransportError::FrameTooLarge`]) and by a receiver whose maximum is
+//!   smaller (the connection is then closed).
+//!
+//! # Batching
+//!
+//! [`FrameSender::feed`] only buffers; [`FrameSender::flush`] writes every
+//! buffered frame in as few writes as possible. Feed everything produced in one
+//! turn of an event loop, then flush once: that is what makes small frames cheap.
+
+mod config;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+mod handshake;
+pub mod mem;
+pub mod stream;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use config::{PeerAddr, TransportConfig};
+pub use error::TransportError;
+pub use handshake::run_handshake;
+pub use warren_wire::{ClusterSecret, NodeName, Role};
+
+/// A way to reach other nodes: listen for them and dial them.
+#[async_trait]
+pub trait Transport: Send + Sync + fmt::Debug + 'static {
+    /// A short name for logs and bench tables (`"tcp"`, `"quic"`, `"mem"`).
+    fn kind(&self) -> &'static str;
+
+    /// Starts accepting peers at `addr`.
+    async fn listen(&self, addr: &PeerAddr) -> Result<Box<dyn Listener>, TransportError>;
+
+    /// Dials the peer at `addr` and runs the handshake; bounded by the
+    /// configured connect and handshake timeouts.
+    async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError>;
+}
+
+/// Accepts authenticated connections from peers.
+///
+/// Handshakes run in the background; peers that fail them (wrong secret,
+/// wrong version, garbage) are logged and never returned from `accept`.
+#[async_trait]
+pub trait Listener: Send + fmt::Debug {
+    /// The address peers dial to reach this listener.
+    fn local_addr(&self) -> PeerAddr;
+
+    /// The next authenticated connection.
+    async fn accept(&mut self) -> Result<Connection, TransportError>;
+}
+
+/// The sending half of a connection.
+#[async_trait]
+pub trait FrameSender: Send + fmt::Debug {
+    /// Buffers one frame. Never blocks; refuses a frame over the maximum size.
+    fn feed(&mut self, frame: Bytes) -> Result<(), TransportError>;
+
+    /// Bytes buffered by `feed` and not yet flushed.
+    fn buffered(&self) -> usize;
+
+    /// Writes every buffered frame; returns when the transport has taken them.
+    async fn flush(&mut self) -> Result<(), TransportError>;
+
+    /// Flushes, then tells the peer no more frames follow.
+    async fn close(&mut self) -> Result<(), TransportError>;
+}
+
+/// The receiving half of a connection.
+#[async_trait]
+pub trait FrameReceiver: Send + fmt::Debug {
+    /// The next frame; `Ok(None)` when the peer closed the connection cleanly.
+    async fn recv(&mut self) -> Result<Option<Bytes>, TransportError>;
+
+    /// Waits for at least one frame, then appends every frame already
+    /// received (up to `max`) to `out`. Returns how many were appended;
+    /// `0` means the peer closed cleanly.
+    async fn recv_batch(
+        &mut self,
+        out: &mut Vec<Bytes>,
+        max: usize,
+    ) -> Result<usize, TransportError>;
+}
+
+/// An authenticated connection to one peer node: an ordered, reliable-until-error
+/// stream of whole frames in each direction.
+pub struct Connection {
+    peer: NodeName,
+    sender: Box<dyn FrameSender>,
+    receiver: Box<dyn FrameReceiver>,
+}
+
+impl Connection {
+    /// Wraps the two halves of an authenticated connection to `peer`.
+    pub fn new(
+        peer: NodeName,
+        sender: Box<dyn FrameSender>,
+        receiver: Box<dyn FrameReceiver>,
+    ) -> Self {
+        Self {
+            peer,
+            sender,
+            receiver,
+        }
+    }
+
+    /// The peer's node name, as proven in the handshake.
+    pub fn peer_node(&self) -> &NodeName {
+        &self.peer
+    }
+
+    /// Buffers one frame (see [`FrameSender::feed`]).
+    pub fn feed(&mut self, frame: Bytes) -> Result<(), TransportError> {
+        self.sender.feed(frame)
+    }
+
+    /// Writes the buffered frames (see [`FrameSender::flush`]).
+    pub async fn flush(&mut self) -> Result<(), TransportError> {
+        self.sender.flush().await
+    }
+
+    /// Feeds and flushes one frame.
+    pub async fn send(&mut self, frame: Bytes) -> Result<(), TransportError> {
+        self.sender.feed(frame)?;
+        self.sender.flush().await
+    }
+
+    /// The next frame (see [`FrameReceiver::recv`]).
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, TransportError> {
+        self.receiver.recv().await
+    }
+
+    /// A batch of frames (see [`FrameReceiver::recv_batch`]).
+    pub async fn recv_batch(
+        &mut self,
+        out: &mut Vec<Bytes>,
+        max: usize,
+    ) -> Result<usize, TransportError> {
+        self.receiver.recv_batch(out, max).await
+    }
+
+    /// Flushes and closes the sending side.
+    pub async fn close(&mut self) -> Result<(), TransportError> {
+        self.sender.close().await
+    }
+
+    /// Splits into halves that separate tasks can own.
+    pub fn split(self) -> (Box<dyn FrameSender>, Box<dyn FrameReceiver>) {
+        (self.sender, self.receiver)
+    }
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
