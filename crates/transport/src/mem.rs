@@ -218,7 +218,8 @@ impl MemNetwork {
         let Some(reg) = st.listeners.get(addr) else {
             return Err(refused("nothing listens at this in-memory address".into()));
         };
-        let (to, incoming, accept_max) = (reg.node.clone(), reg.incoming.clone(), reg.max_frame_len);
+        let (to, incoming, accept_max) =
+            (reg.node.clone(), reg.incoming.clone(), reg.max_frame_len);
         if let Some(why) = st.blocked(from, &to) {
             return Err(refused(format!("{from} cannot reach {to}: {why}")));
         }

@@ -11,13 +11,20 @@ fn n(s: &str) -> NodeName {
     NodeName::new(s).unwrap()
 }
 
-async fn node(net: &MemNetwork, name: &str) -> (warren_transport::mem::MemTransport, Box<dyn Listener>) {
+async fn node(
+    net: &MemNetwork,
+    name: &str,
+) -> (warren_transport::mem::MemTransport, Box<dyn Listener>) {
     let t = net.transport(config(name, "s", 1024));
     let l = t.listen(&PeerAddr::new(name)).await.unwrap();
     (t, l)
 }
 
-async fn link(net: &MemNetwork, from: &str, to: &mut Box<dyn Listener>) -> (Connection, Connection) {
+async fn link(
+    net: &MemNetwork,
+    from: &str,
+    to: &mut Box<dyn Listener>,
+) -> (Connection, Connection) {
     let t = net.transport(config(from, "s", 1024));
     let addr = to.local_addr();
     let (c, s) = tokio::join!(t.connect(&addr), to.accept());
@@ -31,14 +38,20 @@ async fn cut_breaks_both_ends_and_refuses_new_links_until_healed() {
     let (b, _lb) = node(&net, "b").await;
     let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
     net.cut(&n("a"), &n("b"));
-    assert!(matches!(on_a.recv().await, Err(TransportError::ConnectionLost { .. })));
+    assert!(matches!(
+        on_a.recv().await,
+        Err(TransportError::ConnectionLost { .. })
+    ));
     assert!(on_b.send(Bytes::from_static(b"x")).await.is_err());
     let err = b.connect(&PeerAddr::new("a")).await.unwrap_err();
     assert!(err.to_string().contains("cut"), "{err}");
     net.heal();
     let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
     on_b.send(Bytes::from_static(b"after heal")).await.unwrap();
-    assert_eq!(on_a.recv().await.unwrap().unwrap(), Bytes::from_static(b"after heal"));
+    assert_eq!(
+        on_a.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"after heal")
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -52,7 +65,10 @@ async fn partition_separates_groups_but_not_members_of_one_group() {
     net.partition(&[&[n("a")], &[n("b"), n("c")]]);
     assert!(a_from_c.recv().await.is_err(), "a is cut off from c");
     c_to_b.send(Bytes::from_static(b"same side")).await.unwrap();
-    assert_eq!(b_from_c.recv().await.unwrap().unwrap(), Bytes::from_static(b"same side"));
+    assert_eq!(
+        b_from_c.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"same side")
+    );
     let err = c.connect(&PeerAddr::new("a")).await.unwrap_err();
     assert!(err.to_string().contains("partitions"), "{err}");
 }
@@ -62,7 +78,12 @@ async fn delay_holds_frames_back_but_keeps_their_order() {
     let net = MemNetwork::new(3);
     let (_a, mut la) = node(&net, "a").await;
     let (mut to_a, mut on_a) = link(&net, "b", &mut la).await;
-    net.delay(&n("a"), &n("b"), Duration::from_millis(100), Duration::from_millis(50));
+    net.delay(
+        &n("a"),
+        &n("b"),
+        Duration::from_millis(100),
+        Duration::from_millis(50),
+    );
     let start = tokio::time::Instant::now();
     for i in 0..50u8 {
         to_a.send(Bytes::from(vec![i])).await.unwrap();
@@ -83,7 +104,10 @@ async fn disconnect_breaks_a_nodes_links_but_it_can_reconnect() {
     assert!(on_a.recv().await.is_err());
     let (mut to_a, mut on_a) = link(&net, "b", &mut la).await;
     to_a.send(Bytes::from_static(b"back")).await.unwrap();
-    assert_eq!(on_a.recv().await.unwrap().unwrap(), Bytes::from_static(b"back"));
+    assert_eq!(
+        on_a.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"back")
+    );
 }
 
 /// The same seed gives the same delivery times: runs are reproducible.
@@ -99,7 +123,12 @@ fn same_seed_same_schedule() {
             let net = MemNetwork::new(seed);
             let (_a, mut la) = node(&net, "a").await;
             let (mut to_a, mut on_a) = link(&net, "b", &mut la).await;
-            net.delay(&n("a"), &n("b"), Duration::from_millis(1), Duration::from_millis(20));
+            net.delay(
+                &n("a"),
+                &n("b"),
+                Duration::from_millis(1),
+                Duration::from_millis(20),
+            );
             let start = tokio::time::Instant::now();
             let mut times = Vec::new();
             for i in 0..20u8 {
