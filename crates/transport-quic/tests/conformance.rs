@@ -1,0 +1,59 @@
+//! The transport conformance suite over QUIC, plus its certificate checks.
+
+use std::sync::{Arc, LazyLock};
+
+use warren_tls::ClusterCa;
+use warren_transport::conformance::{Harness, config};
+use warren_transport::{NodeName, PeerAddr, Transport, TransportConfig, TransportError};
+use warren_transport_quic::{QuicOptions, QuicTransport};
+
+static CA: LazyLock<ClusterCa> = LazyLock::new(|| ClusterCa::generate("conformance").expect("CA"));
+
+struct Quic(QuicOptions);
+
+impl Harness for Quic {
+    fn transport(&self, config: TransportConfig) -> Arc<dyn Transport> {
+        let id = CA.issue(config.node.as_str()).expect("node certificate");
+        Arc::new(QuicTransport::new(config, &id, &self.0).expect("QUIC config"))
+    }
+    fn listen_addr(&self, _node: &NodeName) -> PeerAddr {
+        PeerAddr::new("127.0.0.1:0")
+    }
+    fn dead_addr(&self) -> PeerAddr {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        PeerAddr::from(s.local_addr().expect("addr"))
+    }
+}
+
+mod default_options {
+    use super::*;
+    warren_transport::conformance_tests!(Quic(QuicOptions::default()));
+}
+
+mod loopback_options {
+    use super::*;
+    warren_transport::conformance_tests!(Quic(QuicOptions::loopback()));
+}
+
+/// A node whose certificate comes from another CA is refused in the QUIC handshake.
+#[tokio::test]
+async fn certificate_from_another_ca_refused() {
+    let server = Quic(QuicOptions::default()).transport(config("server@suite", "s", 1024));
+    let l = server.listen(&PeerAddr::new("127.0.0.1:0")).await.unwrap();
+    let other = ClusterCa::generate("other").unwrap();
+    let id = other.issue("intruder@suite").unwrap();
+    let intruder = QuicTransport::new(
+        config("intruder@suite", "s", 1024),
+        &id,
+        &QuicOptions::default(),
+    )
+    .unwrap();
+    let err = intruder.connect(&l.local_addr()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Tls(_) | TransportError::ConnectionLost { .. }
+        ),
+        "{err:?}"
+    );
+}
