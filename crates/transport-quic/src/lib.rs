@@ -81,7 +81,7 @@ impl QuicOptions {
         tc.max_idle_timeout(Some(idle));
         tc.keep_alive_interval(Some(self.keep_alive));
         tc.initial_mtu(self.initial_mtu);
-        tc.min_mtu(self.initial_mtu.min(1200).max(1200));
+        tc.min_mtu(1200);
         let mut mtu = MtuDiscoveryConfig::default();
         mtu.upper_bound(self.max_mtu.max(self.initial_mtu));
         tc.mtu_discovery_config(Some(mtu));
