@@ -119,6 +119,22 @@ impl HaMode {
         }
     }
 
+    /// The most replicas (master included) the mode keeps once settled:
+    /// the count for `exactly`, the number of distinct listed nodes for
+    /// `nodes`, no bound for `all`.
+    pub fn max_replicas(&self) -> Option<u32> {
+        match self {
+            HaMode::All => None,
+            HaMode::Exactly(n) => Some(n.get()),
+            HaMode::Nodes(nodes) => {
+                let mut distinct: Vec<&String> = nodes.iter().collect();
+                distinct.sort_unstable();
+                distinct.dedup();
+                Some(u32::try_from(distinct.len()).unwrap_or(u32::MAX))
+            }
+        }
+    }
+
     /// The `ha-params` value, if the mode takes one.
     pub fn params(&self) -> Option<Value> {
         match self {
@@ -450,20 +466,15 @@ fn parse_ha(map: &Map<String, Value>) -> Result<Option<HaPolicy>, DefinitionErro
 
 /// Refuses an `ha-min-sync-replicas` that the mode can never satisfy.
 fn check_min_sync_reachable(ha: &HaPolicy) -> Result<(), DefinitionError> {
-    let max = match &ha.mode {
-        HaMode::All => return Ok(()),
-        HaMode::Exactly(n) => n.get(),
-        HaMode::Nodes(nodes) => u32::try_from(nodes.len()).unwrap_or(u32::MAX),
-    };
     let min = ha.min_sync_replicas();
-    if min > max {
-        return Err(DefinitionError::MinSyncReplicasUnreachable {
+    match ha.mode.max_replicas() {
+        Some(max) if min > max => Err(DefinitionError::MinSyncReplicasUnreachable {
             min,
             max,
             mode: ha.mode.name(),
-        });
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 impl Definition {
@@ -605,7 +616,8 @@ impl Definition {
     /// - `ha-params` under the same mode: the larger count, or the longer node
     ///   list (a tie takes the operator's);
     /// - `ha-sync-mode`: the operator's;
-    /// - `ha-min-sync-replicas` (Warren): the larger.
+    /// - `ha-min-sync-replicas` (Warren): the larger, lowered to what the
+    ///   merged mode can place ([`HaMode::max_replicas`]).
     ///
     /// Other keys cannot appear in operator policies, so the regular value stands.
     pub fn merge_operator(&self, op: &Definition) -> Definition {
@@ -666,16 +678,25 @@ fn merge_ha(regular: Option<&HaPolicy>, op: Option<&HaPolicy>) -> Option<HaPolic
         (Some(one), None) | (None, Some(one)) => return Some(one.clone()),
         (Some(regular), Some(op)) => (regular, op),
     };
+    let mode = merge_mode(&regular.mode, &op.mode);
+    let min_sync_replicas = match (regular.min_sync_replicas, op.min_sync_replicas) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    // Each side was reachable on its own, but the merged mode may place fewer
+    // replicas (e.g. `nodes [A,B]` with 2 under an operator's `exactly 1`):
+    // never hold confirms forever because of a merge.
+    let min_sync_replicas = match (min_sync_replicas, mode.max_replicas()) {
+        (Some(min), Some(max)) if min.get() > max => NonZeroU32::new(max),
+        (min, _) => min,
+    };
     Some(HaPolicy {
-        mode: merge_mode(&regular.mode, &op.mode),
+        mode,
         sync_mode: op.sync_mode.or(regular.sync_mode),
         sync_batch_size: regular.sync_batch_size.or(op.sync_batch_size),
         promote_on_shutdown: regular.promote_on_shutdown.or(op.promote_on_shutdown),
         promote_on_failure: regular.promote_on_failure.or(op.promote_on_failure),
-        min_sync_replicas: match (regular.min_sync_replicas, op.min_sync_replicas) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        },
+        min_sync_replicas,
     })
 }
 

@@ -13,6 +13,21 @@
 //!   `nodes`, and the mirrors to add and drop ([`place`]).
 //! - [`locator`]: where a new queue's master goes (`queue-master-locator`).
 //!
+//! # Where Warren decides differently from RabbitMQ
+//!
+//! - Equal-priority policies: the name that sorts first wins (RabbitMQ: undefined).
+//! - Patterns use the `regex` crate (no look-around or back-references).
+//! - `apply-to` accepts `all`, `queues`, `classic_queues` and `exchanges`;
+//!   Warren has no quorum queues or streams, so those values are refused.
+//! - `ha-sync-batch-size: 1` is honoured (RabbitMQ silently uses its default).
+//! - `exactly` picks new nodes in a caller-chosen [`CandidateOrder`], not at
+//!   random, and replaces mirrors on stopped nodes.
+//! - `nodes` migration falls back to the *oldest* synchronised mirror (RabbitMQ:
+//!   the first in its synchronisation list).
+//! - `ha-min-sync-replicas` (Warren only): positive, default 1, refused when the
+//!   mode can never place that many replicas; allowed in operator policies,
+//!   where the larger value wins.
+//!
 //! ```
 //! use serde_json::json;
 //! use warren_policy::{CandidateOrder, Policy, PolicySet, PolicySpec, PlacementInput, place};

@@ -24,6 +24,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use regex::Regex;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::definition::{Definition, HaPolicy};
@@ -39,7 +40,11 @@ pub enum PolicyKind {
 }
 
 /// Which entities a policy applies to (`apply-to`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+///
+/// In JSON it is the `apply-to` string; an unknown one is refused with
+/// RabbitMQ's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "&'static str")]
 pub enum ApplyTo {
     /// Queues and exchanges (the default).
     #[default]
@@ -91,6 +96,20 @@ impl FromStr for ApplyTo {
     }
 }
 
+impl TryFrom<String> for ApplyTo {
+    type Error = PolicyError;
+
+    fn try_from(s: String) -> Result<Self, PolicyError> {
+        s.parse()
+    }
+}
+
+impl From<ApplyTo> for &'static str {
+    fn from(apply_to: ApplyTo) -> Self {
+        apply_to.as_str()
+    }
+}
+
 impl fmt::Display for ApplyTo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -117,7 +136,10 @@ pub enum EntityKind {
 }
 
 /// The unvalidated parts of a policy, as an operator or API supplies them.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Its JSON form is the management API's: `vhost`, `name`, `pattern`,
+/// `apply-to` (default `all`), `priority` (default 0) and `definition`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicySpec {
     /// The vhost the policy belongs to.
     pub vhost: String,
@@ -126,8 +148,10 @@ pub struct PolicySpec {
     /// The regex over entity names.
     pub pattern: String,
     /// Which entities it applies to.
+    #[serde(rename = "apply-to", default)]
     pub apply_to: ApplyTo,
     /// Higher wins; default 0.
+    #[serde(default)]
     pub priority: i64,
     /// The definition, a JSON object.
     pub definition: Value,
@@ -174,6 +198,7 @@ pub struct Policy {
     apply_to: ApplyTo,
     priority: i64,
     definition: Definition,
+    raw_definition: Value,
 }
 
 impl Policy {
@@ -196,6 +221,7 @@ impl Policy {
             apply_to: spec.apply_to,
             priority: spec.priority,
             definition,
+            raw_definition: spec.definition.clone(),
         })
     }
 
@@ -242,6 +268,23 @@ impl Policy {
     /// The validated definition.
     pub fn definition(&self) -> &Definition {
         &self.definition
+    }
+
+    /// The definition exactly as given (for listing).
+    pub fn definition_json(&self) -> &Value {
+        &self.raw_definition
+    }
+
+    /// The spec this policy was built from (to store or list it).
+    pub fn spec(&self) -> PolicySpec {
+        PolicySpec {
+            vhost: self.vhost.clone(),
+            name: self.name.clone(),
+            pattern: self.pattern().to_owned(),
+            apply_to: self.apply_to,
+            priority: self.priority,
+            definition: self.raw_definition.clone(),
+        }
     }
 
     /// Whether this policy matches the entity `name` of `kind` in `vhost`.

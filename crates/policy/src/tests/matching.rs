@@ -49,6 +49,30 @@ fn policy_fields_are_kept() {
 }
 
 #[test]
+fn spec_json_round_trip() {
+    let text = r#"{"vhost":"/","name":"hello-ha","pattern":"^hello","definition":{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}}"#;
+    let spec: PolicySpec = serde_json::from_str(text).unwrap();
+    assert_eq!(
+        (spec.apply_to, spec.priority),
+        (ApplyTo::All, 0),
+        "defaults"
+    );
+    let policy = Policy::regular(&spec).unwrap();
+    assert_eq!(policy.spec(), spec);
+    assert_eq!(policy.definition_json(), &spec.definition);
+    let back = serde_json::to_value(&spec).unwrap();
+    assert_eq!(back["apply-to"], "all");
+    let full = r#"{"vhost":"v","name":"n","pattern":".*","apply-to":"exchanges","priority":-2,"definition":{"alternate-exchange":"ae"}}"#;
+    let spec: PolicySpec = serde_json::from_str(full).unwrap();
+    assert_eq!((spec.apply_to, spec.priority), (ApplyTo::Exchanges, -2));
+    let bad = r#"{"vhost":"v","name":"n","pattern":".*","apply-to":"streams","definition":{}}"#;
+    let err = serde_json::from_str::<PolicySpec>(bad)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("apply-to 'streams' unrecognised"), "{err}");
+}
+
+#[test]
 fn invalid_policies() {
     let err = Policy::regular(&spec("", ".*", all())).unwrap_err();
     assert_eq!(err, PolicyError::EmptyName);

@@ -169,6 +169,7 @@ fn invalid_cases() -> Vec<(Value, Option<&'static str>, &'static str)> {
         (json!({"ha-mode": "all", "ha-min-sync-replicas": "2"}), Some(keys::HA_MIN_SYNC_REPLICAS), "takes an integer greater than 0"),
         (json!({"ha-mode": "exactly", "ha-params": 2, "ha-min-sync-replicas": 3}), Some(keys::HA_MIN_SYNC_REPLICAS), "ha-min-sync-replicas (3) is greater than the 2 replicas that ha-mode=exactly allows"),
         (json!({"ha-mode": "nodes", "ha-params": ["a"], "ha-min-sync-replicas": 2}), Some(keys::HA_MIN_SYNC_REPLICAS), "ha-mode=nodes allows: confirms would be held forever"),
+        (json!({"ha-mode": "nodes", "ha-params": ["a", "a"], "ha-min-sync-replicas": 2}), Some(keys::HA_MIN_SYNC_REPLICAS), "greater than the 1 replicas"),
         // queue-master-locator.
         (json!({"queue-master-locator": "balanced"}), Some(keys::QUEUE_MASTER_LOCATOR), r#""balanced" invalid queue-master-locator value"#),
         (json!({"queue-master-locator": 3}), Some(keys::QUEUE_MASTER_LOCATOR), "invalid queue-master-locator value"),
@@ -252,6 +253,19 @@ fn json_text_errors() {
 }
 
 #[test]
+fn max_replicas_per_mode() {
+    assert_eq!(HaMode::All.max_replicas(), None);
+    assert_eq!(count(3).max_replicas(), Some(3));
+    let listed = HaMode::Nodes(vec!["a".into(), "b".into(), "a".into()]);
+    assert_eq!(listed.max_replicas(), Some(2));
+    assert_eq!(listed.params(), Some(json!(["a", "b", "a"])));
+    assert_eq!(
+        (HaMode::All.name(), count(1).name(), listed.name()),
+        ("all", "exactly", "nodes")
+    );
+}
+
+#[test]
 fn the_seed_articles_policy_parses() {
     let def = Definition::parse_str(
         PolicyKind::Regular,
@@ -298,6 +312,9 @@ fn operator_merge_rules() {
         (json!({"ha-mode": "all", "ha-min-sync-replicas": 3}), json!({"ha-mode": "all", "ha-min-sync-replicas": 2}), json!({"ha-mode": "all", "ha-min-sync-replicas": 3})),
         (json!({"ha-mode": "all", "ha-min-sync-replicas": 1}), json!({"ha-mode": "all", "ha-min-sync-replicas": 2}), json!({"ha-mode": "all", "ha-min-sync-replicas": 2})),
         (json!({"ha-mode": "all"}), json!({"ha-mode": "all", "ha-min-sync-replicas": 2}), json!({"ha-mode": "all", "ha-min-sync-replicas": 2})),
+        // ...lowered to what the merged mode can place.
+        (json!({"ha-mode": "nodes", "ha-params": ["A", "B"], "ha-min-sync-replicas": 2}), json!({"ha-mode": "exactly", "ha-params": 1}), json!({"ha-mode": "exactly", "ha-params": 1, "ha-min-sync-replicas": 1})),
+        (json!({"ha-mode": "exactly", "ha-params": 3, "ha-min-sync-replicas": 3}), json!({"ha-mode": "exactly", "ha-params": 2}), json!({"ha-mode": "exactly", "ha-params": 3, "ha-min-sync-replicas": 3})),
     ];
     for (r, o, want) in cases {
         assert_eq!(
