@@ -1,0 +1,354 @@
+//! Every error code the state machine raises, with RabbitMQ's texts.
+
+use amq_protocol::protocol::{AMQPClass, basic, channel, confirm, connection, tx};
+use warren_amqp::{AmqpError, CloseReason, Command, Config, Event, Reply, ReplyCode};
+
+use crate::{Harness, body, channel_open, header, method, publish};
+
+fn closed_with(h: &mut Harness, code: ReplyCode) {
+    let ev = h.events();
+    assert!(
+        matches!(ev.last(), Some(Event::Closed(CloseReason::ServerClosed(e))) if e.code == code),
+        "{ev:?}"
+    );
+    assert!(h.conn.is_closed());
+}
+
+#[test]
+fn frame_larger_than_frame_max_is_501() {
+    let mut h = Harness::open_with(Config::default(), 4096, 0);
+    h.send(&body(1, &[0u8; 5000]));
+    h.expect_connection_close(
+        501,
+        "FRAME_ERROR - frame size 5008 exceeds negotiated frame_max 4096",
+    );
+    closed_with(&mut h, ReplyCode::FrameError);
+}
+
+#[test]
+fn oversized_frame_is_refused_from_its_header_alone() {
+    let mut h = Harness::open_with(Config::default(), 4096, 0);
+    // Only the 7-byte header of a 1 GiB frame: refused without buffering it.
+    h.send(&[3, 0, 1, 0x40, 0, 0, 0]);
+    h.expect_connection_close(
+        501,
+        "FRAME_ERROR - frame size 1073741832 exceeds negotiated frame_max 4096",
+    );
+}
+
+#[test]
+fn bad_frame_end_and_unknown_type_are_501() {
+    let mut h = Harness::with_channel(1);
+    let mut f = channel_open(2);
+    *f.last_mut().unwrap() = 0;
+    h.send(&f);
+    h.expect_connection_close(
+        501,
+        "FRAME_ERROR - type 1, channel 2: invalid frame end marker 0x00",
+    );
+    closed_with(&mut h, ReplyCode::FrameError);
+
+    let mut h = Harness::with_channel(1);
+    h.send(&[7, 0, 0, 0, 0, 0, 0, 0xCE]);
+    h.expect_connection_close(501, "FRAME_ERROR - unknown frame type 7");
+}
+
+#[test]
+fn undecodable_method_is_502() {
+    let mut h = Harness::with_channel(1);
+    // queue.declare whose short string runs past the payload.
+    h.send(&[1, 0, 1, 0, 0, 0, 8, 0, 50, 0, 10, 0, 0, 200, 1, 0xCE]);
+    h.expect_connection_close(502, "SYNTAX_ERROR - cannot decode method 50.10");
+}
+
+#[test]
+fn unknown_method_is_540() {
+    let mut h = Harness::with_channel(1);
+    h.send(&[1, 0, 1, 0, 0, 0, 4, 0, 50, 0, 99, 0xCE]);
+    h.expect_connection_close(540, "NOT_IMPLEMENTED - unknown method class 50 method 99");
+}
+
+#[test]
+fn immediate_and_prefetch_size_and_flow_off_are_540() {
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: true,
+        })),
+    ));
+    h.expect_connection_close(540, "NOT_IMPLEMENTED - immediate=true");
+
+    let mut h = Harness::with_channel(1);
+    // basic.qos prefetch_size=1024 (amq-protocol cannot generate it).
+    h.send(&[
+        1, 0, 1, 0, 0, 0, 11, 0, 60, 0, 10, 0, 0, 4, 0, 0, 10, 0, 0xCE,
+    ]);
+    h.expect_connection_close(540, "NOT_IMPLEMENTED - prefetch_size!=0 (1024)");
+
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Flow(channel::Flow { active: false })),
+    ));
+    h.expect_connection_close(540, "NOT_IMPLEMENTED - active=false");
+}
+
+#[test]
+fn method_on_closed_channel_is_504() {
+    let mut h = Harness::with_channel(1);
+    h.send(&publish(3, "", "q"));
+    h.expect_connection_close(504, "CHANNEL_ERROR - expected 'channel.open'");
+}
+
+#[test]
+fn second_channel_open_is_504() {
+    let mut h = Harness::with_channel(1);
+    h.send(&channel_open(1));
+    h.expect_connection_close(504, "CHANNEL_ERROR - second 'channel.open' seen");
+}
+
+#[test]
+fn channel_above_channel_max_is_530() {
+    let config = Config {
+        channel_max: 2,
+        ..Config::default()
+    };
+    let mut h = Harness::open_with(config, 131_072, 0);
+    h.send(&channel_open(3));
+    h.expect_connection_close(
+        530,
+        "NOT_ALLOWED - channel number 3 exceeds the negotiated channel_max (2)",
+    );
+}
+
+#[test]
+fn server_only_method_from_client_is_503() {
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+    ));
+    h.expect_connection_close(503, "COMMAND_INVALID - unimplemented method");
+
+    let mut h = Harness::with_channel(1);
+    h.send(&[8, 0, 1, 0, 0, 0, 0, 0xCE]);
+    h.expect_connection_close(503, "COMMAND_INVALID - heartbeat frame on channel 1");
+
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked {
+            reason: "x".into(),
+        })),
+    ));
+    h.expect_connection_close(
+        503,
+        "COMMAND_INVALID - connection methods must be sent on channel 0",
+    );
+}
+
+#[test]
+fn content_out_of_order_is_505() {
+    // A header without a publish.
+    let mut h = Harness::with_channel(1);
+    h.send(&header(1, 3, Default::default()));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - expected method frame, got non method frame instead",
+    );
+    // A method where the header should be.
+    let mut h = Harness::with_channel(1);
+    h.send(&publish(1, "", "q"));
+    h.send(&publish(1, "", "q"));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead",
+    );
+    // A method where the body should be.
+    let mut h = Harness::with_channel(1);
+    h.send(&publish(1, "", "q"));
+    h.send(&header(1, 3, Default::default()));
+    h.send(&publish(1, "", "q"));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - expected content body, got non content body frame instead",
+    );
+    // A body where the header should be.
+    let mut h = Harness::with_channel(1);
+    h.send(&publish(1, "", "q"));
+    h.send(&body(1, b"abc"));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead",
+    );
+    // More body than the header declared.
+    let mut h = Harness::with_channel(1);
+    h.send(&publish(1, "", "q"));
+    h.send(&header(1, 2, Default::default()));
+    h.send(&body(1, b"abc"));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - content body frame of 3 bytes exceeds the 2 bytes left of the declared body size",
+    );
+    // Content on channel 0.
+    let mut h = Harness::with_channel(1);
+    h.send(&body(0, b"abc"));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - content frame on channel 0 in connection state running",
+    );
+}
+
+#[test]
+fn oversized_message_is_406_channel_close_then_ignored() {
+    let config = Config {
+        message_size_max: 10,
+        ..Config::default()
+    };
+    let mut h = Harness::open_with(config, 131_072, 0);
+    h.send(&channel_open(1));
+    h.events();
+    h.output();
+    h.send(&publish(1, "", "q"));
+    h.send(&header(1, 11, Default::default()));
+    h.expect_channel_close(
+        1,
+        406,
+        "PRECONDITION_FAILED - message size 11 is larger than configured max size 10",
+    );
+    let ev = h.events();
+    assert!(
+        matches!(&ev[..], [Event::ChannelClosed { channel: 1, error: Some(e) }] if e.code == ReplyCode::PreconditionFailed),
+        "{ev:?}"
+    );
+    // The body that follows and further methods are dropped until close-ok.
+    h.send(&body(1, b"01234567890"));
+    h.send(&publish(1, "", "q"));
+    assert!(h.output().is_empty());
+    assert!(h.events().is_empty());
+    assert!(!h.conn.reply(1, Reply::BasicQosOk));
+    h.send(&method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    ));
+    h.send(&channel_open(1));
+    assert_eq!(h.events(), vec![Event::ChannelOpened(1)]);
+}
+
+#[test]
+fn broker_channel_errors_close_the_channel_with_rabbitmq_text() {
+    let mut h = Harness::with_channel(1);
+    h.conn.channel_error(
+        1,
+        AmqpError::queue_not_found("missing", "/").with_method(50, 10),
+    );
+    match h.one_method() {
+        (1, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
+            assert_eq!(c.reply_code, 404);
+            assert_eq!(
+                c.reply_text.as_str(),
+                "NOT_FOUND - no queue 'missing' in vhost '/'"
+            );
+            assert_eq!((c.class_id, c.method_id), (50, 10));
+        }
+        other => panic!("{other:?}"),
+    }
+    for code in [
+        ReplyCode::AccessRefused,
+        ReplyCode::ResourceLocked,
+        ReplyCode::PreconditionFailed,
+    ] {
+        let mut h = Harness::with_channel(1);
+        h.conn.channel_error(1, AmqpError::new(code, "x"));
+        h.expect_channel_close(1, code.code(), &format!("{} - x", code.name()));
+    }
+    // A hard code given for a channel closes the connection.
+    let mut h = Harness::with_channel(1);
+    h.conn
+        .channel_error(1, AmqpError::new(ReplyCode::NotAllowed, "nope"));
+    h.expect_connection_close(530, "NOT_ALLOWED - nope");
+}
+
+#[test]
+fn both_sides_closing_a_channel_at_once() {
+    let mut h = Harness::with_channel(1);
+    h.conn
+        .channel_error(1, AmqpError::new(ReplyCode::NotFound, "x"));
+    h.output();
+    h.send(&crate::channel_close(1));
+    assert!(matches!(
+        h.one_method(),
+        (1, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))
+    ));
+    assert!(!h.conn.is_channel_open(1));
+}
+
+#[test]
+fn tx_and_confirm_modes_exclude_each_other() {
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Select(tx::Select {})),
+    ));
+    assert!(matches!(
+        h.events().as_slice(),
+        [Event::Command {
+            channel: 1,
+            command: Command::TxSelect
+        }]
+    ));
+    h.send(&method(
+        1,
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+    ));
+    h.expect_channel_close(
+        1,
+        406,
+        "PRECONDITION_FAILED - cannot switch from tx to confirm mode",
+    );
+
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+    ));
+    h.events();
+    h.send(&method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Select(tx::Select {})),
+    ));
+    h.expect_channel_close(
+        1,
+        406,
+        "PRECONDITION_FAILED - cannot switch from confirm to tx mode",
+    );
+
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})),
+    ));
+    h.expect_channel_close(1, 406, "PRECONDITION_FAILED - channel is not transactional");
+}
+
+#[test]
+fn close_timeout_ends_connection() {
+    let mut h = Harness::with_channel(1);
+    h.conn.handle_tick(0);
+    h.conn
+        .connection_error(AmqpError::new(ReplyCode::InternalError, "boom"));
+    h.output();
+    h.conn.handle_tick(1000);
+    assert!(!h.conn.is_closed());
+    h.conn
+        .handle_tick(1000 + Config::default().close_timeout_ms);
+    closed_with(&mut h, ReplyCode::InternalError);
+}
