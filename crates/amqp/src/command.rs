@@ -15,7 +15,9 @@ pub struct Publish {
     pub mandatory: bool,
     /// The message properties from the content header.
     pub properties: BasicProperties,
-    /// The message body (zero-copy when it came in one body frame).
+    /// The message body. When it came in one body frame it is a zero-copy
+    /// slice of the shell's read buffer, which it keeps alive: copy it
+    /// (`Bytes::copy_from_slice`) before keeping it for long.
     pub body: Bytes,
     /// In confirm mode, the publish sequence number to ack or nack
     /// (1, 2, 3… per channel, counted from `confirm.select`).

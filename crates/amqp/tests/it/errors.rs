@@ -352,3 +352,24 @@ fn close_timeout_ends_connection() {
         .handle_tick(1000 + Config::default().close_timeout_ms);
     closed_with(&mut h, ReplyCode::InternalError);
 }
+
+#[test]
+fn reply_codes_round_trip_and_know_their_kind() {
+    for code in [
+        200u16, 311, 312, 313, 320, 402, 403, 404, 405, 406, 501, 502, 503, 504, 505, 506, 530,
+        540, 541,
+    ] {
+        let rc = ReplyCode::from_code(code).expect("defined");
+        assert_eq!(rc.code(), code);
+        assert_eq!(
+            rc.is_hard(),
+            code == 320 || code == 402 || code >= 500,
+            "{rc}"
+        );
+    }
+    assert_eq!(ReplyCode::from_code(999), None);
+    let e = AmqpError::exchange_not_found("x", "/");
+    assert_eq!(e.to_string(), "NOT_FOUND - no exchange 'x' in vhost '/'");
+    let long = AmqpError::new(ReplyCode::NotFound, "é".repeat(300));
+    assert!(long.reply_text().len() <= 255);
+}
