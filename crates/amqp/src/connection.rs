@@ -36,7 +36,8 @@ pub struct Config {
     pub cluster_name: Option<String>,
     /// channel_max proposed in connection.tune (0 = no limit).
     pub channel_max: u16,
-    /// frame_max proposed in connection.tune (0 = no limit).
+    /// frame_max proposed in connection.tune (0 = no limit; raised to
+    /// [`FRAME_MIN_SIZE`] if smaller).
     pub frame_max: u32,
     /// heartbeat proposed in connection.tune, in seconds (0 = off).
     pub heartbeat_secs: u16,
@@ -301,7 +302,11 @@ pub struct Connection {
 impl Connection {
     /// A new connection waiting for the client's protocol header.
     #[must_use]
-    pub fn new(config: Config) -> Self {
+    pub fn new(mut config: Config) -> Self {
+        if config.frame_max != 0 {
+            // The spec's floor; smaller values could not even carry start-ok.
+            config.frame_max = config.frame_max.max(FRAME_MIN_SIZE);
+        }
         let frame_max = config.frame_max;
         Self {
             config,
@@ -447,10 +452,11 @@ impl Connection {
             }
             let Some(h) = peek_header(buf) else { return };
             let limit = if self.frame_max == 0 {
-                u32::MAX as usize - FRAME_OVERHEAD
+                u32::MAX as usize
             } else {
-                self.frame_max as usize - FRAME_OVERHEAD
-            };
+                self.frame_max as usize
+            }
+            .saturating_sub(FRAME_OVERHEAD);
             if h.size as usize > limit {
                 self.fault(Fault::Fatal(err(
                     ReplyCode::FrameError,

@@ -187,7 +187,7 @@ impl Encoder {
         let chunk = if frame_max == 0 {
             u32::MAX as usize
         } else {
-            frame_max as usize - FRAME_OVERHEAD
+            (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1)
         };
         self.out
             .reserve(body.len() + body.len().div_ceil(chunk) * FRAME_OVERHEAD);

@@ -86,4 +86,28 @@ proptest! {
         let chunks: Vec<Vec<u8>> = bytes.chunks(37).map(<[u8]>::to_vec).collect();
         drive(&mut h.conn, &chunks);
     }
+
+    #[test]
+    fn any_tune_ok_is_accepted_or_refused_by_the_rules(
+        server_frame_max in prop_oneof![Just(0u32), 0u32..300_000],
+        client_frame_max in prop_oneof![Just(0u32), 0u32..300_000],
+        client_channel_max in any::<u16>(),
+        heartbeat in any::<u16>(),
+    ) {
+        let config = Config { frame_max: server_frame_max, ..Config::default() };
+        let server = Connection::new(config.clone()).frame_max();
+        let mut h = Harness::new(config);
+        h.send(b"AMQP\x00\x00\x09\x01");
+        h.send(&crate::start_ok("u", "p", true));
+        h.events();
+        h.conn.accept_login();
+        h.output();
+        h.send(&crate::tune_ok(client_channel_max, client_frame_max, heartbeat));
+        let frame_ok = (client_frame_max == 0 || client_frame_max >= 4096)
+            && (server == 0 || (client_frame_max != 0 && client_frame_max <= server));
+        let channel_ok = client_channel_max != 0 && client_channel_max <= 2047;
+        prop_assert_eq!(h.output().is_empty(), frame_ok && channel_ok);
+        h.conn.handle_tick(0);
+        h.conn.handle_tick(u64::from(heartbeat) * 3000);
+    }
 }
