@@ -11,7 +11,40 @@
 //! exchanges, queues and messages is the broker's: it gets a typed
 //! [`Command`] per method and answers with a [`Reply`].
 //!
-//! No sockets, no clocks, no tasks: a shell feeds it.
+//! No sockets, no clocks, no tasks: a shell feeds it. One turn of a shell's
+//! loop, here with a client that sends only the protocol header:
+//!
+//! ```
+//! use bytes::BytesMut;
+//! use warren_amqp::{Config, Connection, Event};
+//!
+//! let mut conn = Connection::new(Config::default());
+//! let mut input = BytesMut::from(&b"AMQP\x00\x00\x09\x01"[..]); // read from the socket
+//! let mut output = BytesMut::new();
+//! let now_ms = 0; // the shell's monotonic clock
+//!
+//! conn.handle_bytes(&mut input);
+//! while let Some(event) = conn.poll_event() {
+//!     match event {
+//!         Event::Authenticate(creds) => {
+//!             if creds.password == "guest" { conn.accept_login() } else { conn.refuse_login() }
+//!         }
+//!         Event::OpenVhost { vhost } => {
+//!             if vhost == "/" { conn.accept_vhost() }
+//!             else { conn.refuse_vhost(warren_amqp::AmqpError::vhost_not_found(&vhost)) }
+//!         }
+//!         Event::Command { channel, command } => { /* broker work, then conn.reply(..) */ }
+//!         Event::Closed(_) => { /* write `output`, then close the socket */ }
+//!         _ => {}
+//!     }
+//! }
+//! conn.handle_bytes(&mut input); // input pauses while a login or vhost is pending
+//! if let Some(deadline) = conn.poll_timeout() {
+//!     if deadline <= now_ms { conn.handle_tick(now_ms) } // else arm a timer
+//! }
+//! conn.take_output(&mut output); // one write to the socket
+//! assert!(output.starts_with(&[1, 0, 0])); // connection.start on channel 0
+//! ```
 
 mod command;
 mod connection;
