@@ -1,0 +1,43 @@
+//! Warren's backing queue: the messages of one queue, in memory and, for
+//! persistent messages of durable queues, in an append-only segment log.
+//!
+//! - [`BackingQueue`] has RabbitMQ's operations: [`publish`](BackingQueue::publish),
+//!   [`fetch`](BackingQueue::fetch) (the message becomes pending ack under a
+//!   [`DeliveryTag`]), [`ack`](BackingQueue::ack),
+//!   [`requeue`](BackingQueue::requeue) (back to its original position,
+//!   redelivered), [`discard`](BackingQueue::discard),
+//!   [`purge`](BackingQueue::purge), [`stats`](BackingQueue::stats), per-message
+//!   expiry (`x-message-ttl`, `expiration`) and `x-max-length` /
+//!   `x-max-length-bytes` with drop-head ([`Limits`]).
+//! - Every operation is also an [`Op`] (serde + postcard): a mirror that
+//!   applies its master's ops ends in the same state. The bookkeeping is
+//!   sans-IO and deterministic: time is an input (`now_ms`), never read.
+//! - Durable queues ([`BackingQueue::open`]) log persistent messages with a
+//!   CRC32C per record, group-commit with one `fdatasync` for everything
+//!   appended since the last ([`BackingQueue::sync`], or
+//!   [`prepare_sync`](BackingQueue::prepare_sync) + [`SyncJob::run`] on
+//!   another thread), and confirm a publish only once that sync covers it
+//!   ([`BackingQueue::synced_seq`], [`BackingQueue::drain_confirmed`]).
+//!   Segments without live messages are deleted, and the head segment is
+//!   compacted when the files hold much more than the live messages.
+//!   [`StoreConfig::resident_bytes_max`] pages bodies out (lazy mode).
+//! - Recovery replays the log: the confirmed, un-acked persistent messages
+//!   come back in order, redelivered if they had been delivered; a torn tail
+//!   is cut off; a corrupt record elsewhere is a [`StoreError::Corrupt`]
+//!   naming file and offset, or is skipped with [`StoreConfig::skip_corrupt`].
+//!
+//! The record format is described in the `record` module's source.
+
+mod core;
+mod error;
+mod log;
+mod message;
+mod queue;
+mod record;
+
+pub use error::{QueueError, StoreError};
+pub use log::{RecoveryReport, StoreConfig, SyncJob};
+pub use message::{
+    Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId,
+};
+pub use queue::{BackingQueue, OpOutcome, QueueConfig, Stats};

@@ -1,0 +1,666 @@
+//! The durable segment log: append-only files of CRC-checked records in one
+//! directory, group-committed with `fdatasync`, compacted so that disk use
+//! follows the live queue.
+//!
+//! Invariants:
+//! - Records are appended to the last ("active") segment. When it is full the
+//!   log writes and syncs it, then starts a new one; so only the last segment
+//!   can ever have a torn tail.
+//! - A segment is deleted only from the head (oldest first), once none of its
+//!   publishes is live, and only by a [`SyncJob`] after that job's sync has
+//!   made every removal and every compaction copy durable. Recovery ignores
+//!   removals of unknown messages and lets a later copy of a message replace an
+//!   earlier one, so an interrupted deletion is harmless.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::core::{Entry, Removed, StoreRef};
+use crate::error::StoreError;
+use crate::record::{self, Invalid, PublishMeta, Record};
+
+/// Options of the durable store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// A segment is closed and a new one started past this many bytes.
+    pub segment_bytes: u64,
+    /// Lazy mode: once the queue holds more than this many body bytes, new
+    /// persistent messages keep their body (and properties) only on disk and
+    /// are read back on fetch. `0` is RabbitMQ's lazy mode; `u64::MAX` keeps
+    /// everything in memory.
+    pub resident_bytes_max: u64,
+    /// At recovery, skip corrupt records (reported in [`RecoveryReport`])
+    /// instead of failing with [`StoreError::Corrupt`].
+    pub skip_corrupt: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 8 << 20,
+            resident_bytes_max: u64::MAX,
+            skip_corrupt: false,
+        }
+    }
+}
+
+/// What recovery found besides the messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Messages recovered.
+    pub messages: u64,
+    /// A torn tail cut off the last segment: the file and the offset it was cut at.
+    pub truncated: Option<(PathBuf, u64)>,
+    /// Corrupt regions skipped (`skip_corrupt`): file, offset, bytes skipped.
+    pub skipped: Vec<(PathBuf, u64, u64)>,
+}
+
+/// Below this many buffered bytes, appends stay in memory until a sync.
+const WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Pending remove/delivered marks are written as one record per this many.
+const MARKS_BATCH: usize = 4096;
+
+#[derive(Debug)]
+struct Segment {
+    id: u32,
+    path: PathBuf,
+    file: Arc<File>,
+    /// Bytes appended, including those still in the write buffer.
+    len: u64,
+    /// Bytes written to the file.
+    written: u64,
+    live: u64,
+    live_bytes: u64,
+}
+
+/// The segment log of one durable queue.
+#[derive(Debug)]
+pub(crate) struct SegmentLog {
+    dir: PathBuf,
+    cfg: StoreConfig,
+    segments: VecDeque<Segment>,
+    /// Appended to the active segment but not yet written.
+    buf: Vec<u8>,
+    pending_removed: Vec<u64>,
+    pending_delivered: Vec<u64>,
+    /// Highest seq of an appended publish.
+    appended_seq: u64,
+    /// Every publish with seq ≤ this is on disk and synced.
+    synced_seq: u64,
+    dir_dirty: bool,
+    /// Head segments with no live messages, to delete after the next sync.
+    retired: Vec<PathBuf>,
+    live_bytes: u64,
+    disk_bytes: u64,
+    gen_prepared: u64,
+    gen_completed: u64,
+}
+
+/// One group commit: syncs everything appended before it was prepared, then
+/// deletes the segments retired before it. Run it on any thread (one job at a
+/// time), then hand it back to
+/// [`complete_sync`](crate::BackingQueue::complete_sync).
+#[derive(Debug)]
+pub struct SyncJob {
+    generation: u64,
+    file: Option<(Arc<File>, PathBuf)>,
+    dir: Option<PathBuf>,
+    up_to: u64,
+    retired: Vec<PathBuf>,
+    ran: bool,
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(dir, e))
+}
+
+impl SyncJob {
+    /// Performs the fsyncs and deletions. Blocking.
+    pub fn run(&mut self) -> Result<(), StoreError> {
+        if let Some((file, path)) = &self.file {
+            file.sync_data().map_err(|e| StoreError::io(path, e))?;
+        }
+        if let Some(dir) = &self.dir {
+            sync_dir(dir)?;
+        }
+        // Oldest first, each unlink made durable before the next, so that a
+        // crash never keeps an older segment whose removals lived in a newer one.
+        for path in &self.retired {
+            match fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(path, e)),
+            }
+            if let Some(dir) = path.parent() {
+                sync_dir(dir)?;
+            }
+        }
+        self.ran = true;
+        Ok(())
+    }
+
+    /// The publish watermark this job makes durable.
+    pub fn up_to(&self) -> u64 {
+        self.up_to
+    }
+}
+
+fn segment_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id:010}.seg"))
+}
+
+fn segment_id(path: &Path) -> Option<u32> {
+    if path.extension()? != "seg" {
+        return None;
+    }
+    let stem = path.file_stem()?.to_str()?;
+    (stem.len() == 10).then(|| stem.parse().ok()).flatten()
+}
+
+/// The result of opening a log.
+pub(crate) struct Opened {
+    pub(crate) log: SegmentLog,
+    pub(crate) messages: Vec<Entry>,
+    pub(crate) next_seq: u64,
+    pub(crate) report: RecoveryReport,
+}
+
+impl SegmentLog {
+    /// Opens (creating if needed) the log in `dir` and replays it.
+    pub(crate) fn open(dir: &Path, cfg: StoreConfig) -> Result<Opened, StoreError> {
+        fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))? {
+            let entry = entry.map_err(|e| StoreError::io(dir, e))?;
+            if let Some(id) = segment_id(&entry.path()) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+
+        let mut report = RecoveryReport::default();
+        let mut found: BTreeMap<u64, Entry> = BTreeMap::new();
+        let mut max_seq = 0u64;
+        let mut segments = VecDeque::new();
+        let mut resident = 0u64;
+        for (i, &id) in ids.iter().enumerate() {
+            let is_last = i + 1 == ids.len();
+            let path = segment_path(dir, id);
+            let data = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
+            let mut valid_len = data.len() as u64;
+            let header_len = record::SEGMENT_HEADER_LEN as usize;
+            match record::parse_segment_header(&data) {
+                Some(base) => max_seq = max_seq.max(base.saturating_sub(1)),
+                None if is_last && data.len() < header_len && is_torn_header(&data) => {
+                    valid_len = 0;
+                }
+                None if cfg.skip_corrupt => {
+                    report.skipped.push((path.clone(), 0, header_len as u64));
+                }
+                None => {
+                    return Err(StoreError::Corrupt {
+                        file: path,
+                        offset: 0,
+                        reason: "bad segment header".into(),
+                    });
+                }
+            }
+            let mut pos = header_len;
+            while valid_len != 0 && pos < data.len() {
+                let parsed = record::check(&data[pos..])
+                    .and_then(|(total, payload)| Ok((total, record::decode(payload)?)));
+                match parsed {
+                    Ok((total, rec)) => {
+                        let store = StoreRef {
+                            segment: id,
+                            offset: pos as u32,
+                        };
+                        apply_record(&mut found, &mut max_seq, &mut resident, &cfg, rec, store);
+                        pos += total;
+                    }
+                    Err(invalid) => {
+                        let next = next_valid(&data, pos + 1);
+                        let reason = match invalid {
+                            Invalid::Truncated => "record runs past the end of the file".to_owned(),
+                            Invalid::Bad(r) => r,
+                        };
+                        match next {
+                            None if is_last => {
+                                tracing::warn!(file = %path.display(), offset = pos, "cutting off torn tail of segment log");
+                                report.truncated = Some((path.clone(), pos as u64));
+                                valid_len = pos as u64;
+                                break;
+                            }
+                            _ if !cfg.skip_corrupt => {
+                                return Err(StoreError::Corrupt {
+                                    file: path,
+                                    offset: pos as u64,
+                                    reason,
+                                });
+                            }
+                            next => {
+                                let to = next.unwrap_or(data.len());
+                                tracing::warn!(file = %path.display(), offset = pos, %reason, "skipping corrupt records");
+                                report
+                                    .skipped
+                                    .push((path.clone(), pos as u64, (to - pos) as u64));
+                                pos = to;
+                            }
+                        }
+                    }
+                }
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| StoreError::io(&path, e))?;
+            if valid_len < data.len() as u64 {
+                file.set_len(valid_len)
+                    .map_err(|e| StoreError::io(&path, e))?;
+            }
+            // What we recovered may so far be only in the page cache.
+            file.sync_data().map_err(|e| StoreError::io(&path, e))?;
+            segments.push_back(Segment {
+                id,
+                path,
+                file: Arc::new(file),
+                len: valid_len,
+                written: valid_len,
+                live: 0,
+                live_bytes: 0,
+            });
+        }
+
+        let mut log = SegmentLog {
+            dir: dir.to_path_buf(),
+            cfg,
+            segments,
+            buf: Vec::new(),
+            pending_removed: Vec::new(),
+            pending_delivered: Vec::new(),
+            appended_seq: max_seq,
+            synced_seq: max_seq,
+            dir_dirty: false,
+            retired: Vec::new(),
+            live_bytes: 0,
+            disk_bytes: 0,
+            gen_prepared: 0,
+            gen_completed: 0,
+        };
+        let next_seq = max_seq + 1;
+        match log.segments.back() {
+            Some(s) if s.len == 0 => {
+                log.buf.extend_from_slice(&record::segment_header(next_seq));
+                if let Some(s) = log.segments.back_mut() {
+                    s.len = record::SEGMENT_HEADER_LEN;
+                }
+            }
+            Some(_) => {}
+            None => log.new_segment(0, next_seq)?,
+        }
+        sync_dir(dir)?;
+
+        let mut messages = Vec::with_capacity(found.len());
+        for (_, f) in found {
+            let bytes = crate::core::record_len(f.props_len, f.body_len);
+            if let Ok(i) = log
+                .segments
+                .binary_search_by_key(&f.store.segment, |s| s.id)
+            {
+                log.segments[i].live += 1;
+                log.segments[i].live_bytes += bytes;
+            }
+            log.live_bytes += bytes;
+            messages.push(f);
+        }
+        log.disk_bytes = log.segments.iter().map(|s| s.len).sum();
+        log.retire_empty_head();
+        report.messages = messages.len() as u64;
+        Ok(Opened {
+            log,
+            messages,
+            next_seq,
+            report,
+        })
+    }
+
+    fn new_segment(&mut self, id: u32, base_seq: u64) -> Result<(), StoreError> {
+        let path = segment_path(&self.dir, id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        self.buf
+            .extend_from_slice(&record::segment_header(base_seq));
+        self.segments.push_back(Segment {
+            id,
+            path,
+            file: Arc::new(file),
+            len: record::SEGMENT_HEADER_LEN,
+            written: 0,
+            live: 0,
+            live_bytes: 0,
+        });
+        self.disk_bytes += record::SEGMENT_HEADER_LEN;
+        self.dir_dirty = true;
+        Ok(())
+    }
+
+    fn active(&mut self) -> &mut Segment {
+        // `open` always leaves at least one segment.
+        let last = self.segments.len() - 1;
+        &mut self.segments[last]
+    }
+
+    /// Writes the buffer to the active segment file.
+    fn write_out(&mut self) -> Result<(), StoreError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let seg = self.active();
+        let res = seg.file.write_all_at(&buf, seg.written);
+        res.map_err(|e| StoreError::io(&seg.path, e))?;
+        seg.written += buf.len() as u64;
+        self.buf = buf;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Closes the active segment (written and synced) and starts a new one.
+    fn roll(&mut self, next_seq: u64) -> Result<(), StoreError> {
+        self.flush_marks();
+        self.write_out()?;
+        let (id, path, file) = {
+            let s = self.active();
+            (s.id, s.path.clone(), Arc::clone(&s.file))
+        };
+        file.sync_data().map_err(|e| StoreError::io(&path, e))?;
+        if self.dir_dirty {
+            sync_dir(&self.dir)?;
+            self.dir_dirty = false;
+        }
+        self.synced_seq = self.synced_seq.max(self.appended_seq);
+        self.new_segment(id.wrapping_add(1), next_seq)
+    }
+
+    fn append(&mut self, record_len: u64, next_seq: u64) -> Result<(), StoreError> {
+        let max = u64::from(record::MAX_RECORD_LEN);
+        if record_len > max {
+            return Err(StoreError::RecordTooLarge {
+                len: record_len,
+                max,
+            });
+        }
+        let len = self.active().len;
+        if len > record::SEGMENT_HEADER_LEN
+            && len + record_len > self.cfg.segment_bytes.min(u64::from(u32::MAX) / 2)
+        {
+            self.roll(next_seq)?;
+        }
+        Ok(())
+    }
+
+    /// Appends a publish record; returns where it is.
+    pub(crate) fn append_publish(
+        &mut self,
+        meta: PublishMeta,
+        props: &[u8],
+        body: &[u8],
+    ) -> Result<StoreRef, StoreError> {
+        let rec_len = crate::core::record_len(props.len() as u32, body.len() as u32);
+        self.append(rec_len, meta.seq)?;
+        record::encode_publish(&mut self.buf, meta, props, body);
+        let seg = self.active();
+        let store = StoreRef {
+            segment: seg.id,
+            offset: seg.len as u32,
+        };
+        seg.len += rec_len;
+        seg.live += 1;
+        seg.live_bytes += rec_len;
+        self.live_bytes += rec_len;
+        self.disk_bytes += rec_len;
+        self.appended_seq = self.appended_seq.max(meta.seq);
+        if self.buf.len() >= WRITE_BUFFER_BYTES {
+            self.write_out()?;
+        }
+        Ok(store)
+    }
+
+    fn flush_marks(&mut self) {
+        for delivered in [true, false] {
+            let marks = if delivered {
+                &mut self.pending_delivered
+            } else {
+                &mut self.pending_removed
+            };
+            if marks.is_empty() {
+                continue;
+            }
+            let before = self.buf.len();
+            record::encode_seqs(&mut self.buf, delivered, marks);
+            marks.clear();
+            let added = (self.buf.len() - before) as u64;
+            self.active().len += added;
+            self.disk_bytes += added;
+        }
+    }
+
+    fn check_marks(&mut self) -> Result<(), StoreError> {
+        if self.pending_removed.len() + self.pending_delivered.len() >= MARKS_BATCH {
+            let next = self.appended_seq + 1;
+            self.append(8 * MARKS_BATCH as u64 + 64, next)?;
+            self.flush_marks();
+        }
+        Ok(())
+    }
+
+    /// Records that a message was delivered (for `redelivered` after recovery).
+    pub(crate) fn mark_delivered(&mut self, seq: u64) -> Result<(), StoreError> {
+        self.pending_delivered.push(seq);
+        self.check_marks()
+    }
+
+    /// Records removals and retires head segments that no longer hold live messages.
+    pub(crate) fn mark_removed(&mut self, removed: &[Removed]) -> Result<(), StoreError> {
+        for r in removed {
+            self.pending_removed.push(r.seq);
+            if let Ok(i) = self
+                .segments
+                .binary_search_by_key(&r.store.segment, |s| s.id)
+            {
+                let s = &mut self.segments[i];
+                s.live = s.live.saturating_sub(1);
+                s.live_bytes = s.live_bytes.saturating_sub(r.record_len);
+            }
+            self.live_bytes = self.live_bytes.saturating_sub(r.record_len);
+        }
+        self.retire_empty_head();
+        self.check_marks()
+    }
+
+    fn retire_empty_head(&mut self) {
+        while self.segments.len() > 1 && self.segments.front().is_some_and(|s| s.live == 0) {
+            self.retire_front();
+        }
+    }
+
+    /// Retires the head segment: its live messages must have been copied.
+    pub(crate) fn retire_front(&mut self) {
+        if self.segments.len() > 1
+            && let Some(s) = self.segments.pop_front()
+        {
+            self.disk_bytes -= s.len;
+            self.live_bytes = self.live_bytes.saturating_sub(s.live_bytes);
+            self.retired.push(s.path);
+        }
+    }
+
+    /// The head segment, if the log is worth compacting: the files hold more
+    /// than twice the live bytes plus two segments.
+    pub(crate) fn compaction_candidate(&self) -> Option<u32> {
+        let slack = 2 * self.cfg.segment_bytes;
+        (self.segments.len() > 2 && self.disk_bytes > 2 * self.live_bytes + slack)
+            .then(|| self.segments.front().map(|s| s.id))
+            .flatten()
+    }
+
+    /// Reads a publish record back: props ++ body, and the props length.
+    pub(crate) fn read(&mut self, at: StoreRef) -> Result<Bytes, StoreError> {
+        let Ok(i) = self.segments.binary_search_by_key(&at.segment, |s| s.id) else {
+            return Err(StoreError::Corrupt {
+                file: segment_path(&self.dir, at.segment),
+                offset: u64::from(at.offset),
+                reason: "segment of a live message is missing".into(),
+            });
+        };
+        if i + 1 == self.segments.len() && u64::from(at.offset) >= self.segments[i].written {
+            self.write_out()?;
+        }
+        let seg = &self.segments[i];
+        let corrupt = |reason: String| StoreError::Corrupt {
+            file: seg.path.clone(),
+            offset: u64::from(at.offset),
+            reason,
+        };
+        let mut header = [0u8; record::RECORD_HEADER_LEN];
+        seg.file
+            .read_exact_at(&mut header, u64::from(at.offset))
+            .map_err(|e| StoreError::io(&seg.path, e))?;
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        if len == 0 || len > record::MAX_RECORD_LEN {
+            return Err(corrupt(format!("impossible record length {len}")));
+        }
+        let mut buf = vec![0u8; record::RECORD_HEADER_LEN + len as usize];
+        seg.file
+            .read_exact_at(&mut buf, u64::from(at.offset))
+            .map_err(|e| StoreError::io(&seg.path, e))?;
+        let (_, payload) = record::check(&buf).map_err(|e| match e {
+            Invalid::Truncated => corrupt("record truncated".into()),
+            Invalid::Bad(r) => corrupt(r),
+        })?;
+        if !matches!(record::decode(payload), Ok(Record::Publish { .. })) {
+            return Err(corrupt("not a publish record".into()));
+        }
+        let skip = record::PUBLISH_OVERHEAD as usize;
+        Ok(Bytes::from(buf).slice(skip..))
+    }
+
+    /// Starts a group commit covering everything appended so far.
+    pub(crate) fn prepare_sync(&mut self) -> Result<SyncJob, StoreError> {
+        self.flush_marks();
+        self.write_out()?;
+        let seg = self.active();
+        let file = Some((Arc::clone(&seg.file), seg.path.clone()));
+        let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone());
+        self.gen_prepared += 1;
+        Ok(SyncJob {
+            generation: self.gen_prepared,
+            file,
+            dir,
+            up_to: self.appended_seq,
+            retired: std::mem::take(&mut self.retired),
+            ran: false,
+        })
+    }
+
+    /// Finishes a group commit that has run; returns the new synced watermark.
+    pub(crate) fn complete_sync(&mut self, job: &SyncJob) -> Result<u64, StoreError> {
+        let expected = self.gen_completed + 1;
+        if job.generation != expected || !job.ran {
+            return Err(StoreError::SyncOutOfOrder {
+                expected,
+                got: job.generation,
+            });
+        }
+        self.gen_completed = job.generation;
+        self.synced_seq = self.synced_seq.max(job.up_to);
+        Ok(self.synced_seq)
+    }
+
+    /// Every logged publish with seq ≤ this is durable.
+    pub(crate) fn synced_seq(&self) -> u64 {
+        self.synced_seq
+    }
+
+    /// Whether anything was appended since the last sync was prepared.
+    pub(crate) fn has_unsynced(&self) -> bool {
+        self.synced_seq < self.appended_seq
+            || !self.buf.is_empty()
+            || !self.pending_removed.is_empty()
+            || !self.pending_delivered.is_empty()
+            || !self.retired.is_empty()
+    }
+
+    /// Bytes in the segment files (after pending deletions).
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+}
+
+/// A header cut short by a crash right after the segment was created.
+fn is_torn_header(data: &[u8]) -> bool {
+    record::MAGIC.starts_with(&data[..data.len().min(8)])
+}
+
+/// The offset of the next valid record at or after `from`, if any.
+fn next_valid(data: &[u8], from: usize) -> Option<usize> {
+    (from..data.len().saturating_sub(record::RECORD_HEADER_LEN)).find(|&p| {
+        record::check(&data[p..])
+            .ok()
+            .is_some_and(|(_, payload)| record::decode(payload).is_ok())
+    })
+}
+
+fn apply_record(
+    found: &mut BTreeMap<u64, Entry>,
+    max_seq: &mut u64,
+    resident: &mut u64,
+    cfg: &StoreConfig,
+    rec: Record<'_>,
+    store: StoreRef,
+) {
+    match rec {
+        Record::Publish { meta, props, body } => {
+            *max_seq = (*max_seq).max(meta.seq);
+            *resident = resident.saturating_add(body.len() as u64);
+            let keep = *resident <= cfg.resident_bytes_max;
+            let data = keep.then(|| {
+                let mut v = Vec::with_capacity(props.len() + body.len());
+                v.extend_from_slice(props);
+                v.extend_from_slice(body);
+                Bytes::from(v)
+            });
+            // A later copy (compaction) replaces an earlier one.
+            let was_delivered = found.get(&meta.seq).is_some_and(Entry::delivered);
+            let mut entry =
+                Entry::restored(meta, props.len() as u32, body.len() as u32, data, store);
+            entry.set_delivered(meta.delivered || was_delivered);
+            found.insert(meta.seq, entry);
+        }
+        Record::Remove(seqs) => {
+            for s in seqs {
+                *max_seq = (*max_seq).max(s);
+                found.remove(&s);
+            }
+        }
+        Record::Delivered(seqs) => {
+            for s in seqs {
+                if let Some(f) = found.get_mut(&s) {
+                    f.set_delivered(true);
+                }
+            }
+        }
+    }
+}

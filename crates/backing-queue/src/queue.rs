@@ -1,0 +1,414 @@
+//! [`BackingQueue`]: the bookkeeping core plus, for durable queues, the
+//! segment log.
+
+use std::collections::VecDeque;
+use std::path::Path;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::core::{QueueCore, StoreRef};
+use crate::error::{QueueError, StoreError};
+use crate::log::{RecoveryReport, SegmentLog, StoreConfig, SyncJob};
+use crate::message::{Delivery, DeliveryTag, Dropped, Limits, NewMessage, Op, Published, SeqId};
+use crate::record::PublishMeta;
+
+/// Options of a queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// TTL and length limits.
+    pub limits: Limits,
+    /// Record every applied op, for [`BackingQueue::take_ops`] (the master of
+    /// a mirrored queue turns on this).
+    pub record_ops: bool,
+    /// Keep dropped messages for [`BackingQueue::take_dropped`] (dead-lettering).
+    pub report_dropped: bool,
+}
+
+/// Message counts and sizes of a queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages ready for delivery.
+    pub ready: u64,
+    /// Messages delivered and pending ack.
+    pub unacked: u64,
+    /// Body bytes of ready messages.
+    pub ready_bytes: u64,
+    /// Body bytes of unacked messages.
+    pub unacked_bytes: u64,
+    /// Bytes of the durable log's files (0 for a non-durable queue).
+    pub disk_bytes: u64,
+}
+
+/// What applying an [`Op`] produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpOutcome {
+    /// A publish.
+    Published(Published),
+    /// A fetch: the message, or `None` if the queue was empty.
+    Fetched(Option<Delivery>),
+    /// A purge: how many messages it removed.
+    Purged(u64),
+    /// Any other op.
+    Done,
+}
+
+/// One queue's messages: ready in order, pending ack, and (durable queue)
+/// persistent ones in a segment log.
+///
+/// All methods are synchronous and deterministic given their inputs; only
+/// durable queues touch files, and only [`SyncJob::run`] blocks on fsync.
+///
+/// Confirms: a publish whose [`Published::needs_sync`] is `false` may be
+/// confirmed at once. Otherwise it is confirmed when
+/// [`synced_seq`](Self::synced_seq) reaches its seq, i.e. after the group
+/// commit covering it ([`sync`](Self::sync), or
+/// [`prepare_sync`](Self::prepare_sync) / [`SyncJob::run`] /
+/// [`complete_sync`](Self::complete_sync)); [`drain_confirmed`](Self::drain_confirmed)
+/// lists those seqs.
+#[derive(Debug)]
+pub struct BackingQueue {
+    core: QueueCore,
+    log: Option<SegmentLog>,
+    resident_bytes_max: u64,
+    unconfirmed: VecDeque<SeqId>,
+    ops: Option<Vec<Op>>,
+    report_dropped: bool,
+}
+
+fn join(props: &Bytes, body: &Bytes) -> Bytes {
+    if props.is_empty() {
+        return body.clone();
+    }
+    let mut b = BytesMut::with_capacity(props.len() + body.len());
+    b.extend_from_slice(props);
+    b.extend_from_slice(body);
+    b.freeze()
+}
+
+impl BackingQueue {
+    /// A non-durable queue: everything in memory, nothing survives a restart.
+    pub fn in_memory(cfg: QueueConfig) -> Self {
+        Self {
+            core: QueueCore::new(cfg.limits),
+            log: None,
+            resident_bytes_max: u64::MAX,
+            unconfirmed: VecDeque::new(),
+            ops: cfg.record_ops.then(Vec::new),
+            report_dropped: cfg.report_dropped,
+        }
+    }
+
+    /// A durable queue whose log lives in `dir` (created if missing). Replays
+    /// the log: the persistent messages that were not removed come back ready,
+    /// in order, redelivered if they had been delivered.
+    pub fn open(
+        dir: &Path,
+        cfg: QueueConfig,
+        store: StoreConfig,
+    ) -> Result<(Self, RecoveryReport), StoreError> {
+        let opened = SegmentLog::open(dir, store)?;
+        let mut q = Self::in_memory(cfg);
+        q.core.restore(opened.messages, opened.next_seq);
+        q.log = Some(opened.log);
+        q.resident_bytes_max = store.resident_bytes_max;
+        Ok((q, opened.report))
+    }
+
+    fn record(&mut self, op: impl FnOnce() -> Op) {
+        if let Some(ops) = &mut self.ops {
+            ops.push(op());
+        }
+    }
+
+    /// Writes what the core removed to the log, and forgets dropped messages
+    /// nobody asked for.
+    fn settle(&mut self) -> Result<(), StoreError> {
+        if !self.report_dropped {
+            let mut none = Vec::new();
+            self.core.take_dropped(&mut none);
+        }
+        let removed = self.core.removed_mut();
+        if removed.is_empty() {
+            return Ok(());
+        }
+        let res = match &mut self.log {
+            Some(log) => log.mark_removed(removed),
+            None => Ok(()),
+        };
+        removed.clear();
+        res
+    }
+
+    /// Publishes a message at time `now_ms`.
+    pub fn publish(&mut self, now_ms: u64, msg: NewMessage) -> Result<Published, QueueError> {
+        self.record(|| Op::Publish {
+            now_ms,
+            msg: msg.clone(),
+        });
+        let expiry = self.core.expiry_for(now_ms, &msg);
+        let seq = self.core.next_seq();
+        let mut store = StoreRef::NONE;
+        let mut data = None;
+        match &mut self.log {
+            Some(log) if msg.persistent => {
+                let meta = PublishMeta {
+                    seq,
+                    id: msg.id,
+                    expiry_ms: expiry,
+                    delivered: false,
+                };
+                store = log.append_publish(meta, &msg.props, &msg.body)?;
+                let held = self.core.ready_bytes() + self.core.unacked_bytes();
+                if held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max {
+                    data = Some(join(&msg.props, &msg.body));
+                }
+                self.unconfirmed.push_back(seq);
+            }
+            _ => data = Some(join(&msg.props, &msg.body)),
+        }
+        let seq = self.core.publish(&msg, expiry, data, store);
+        self.settle()?;
+        Ok(Published {
+            seq,
+            needs_sync: store.is_some(),
+        })
+    }
+
+    /// Fetches the next ready message at time `now_ms` (dropping expired ones
+    /// at the head); it becomes pending ack.
+    pub fn fetch(&mut self, now_ms: u64) -> Result<Option<Delivery>, QueueError> {
+        self.record(|| Op::Fetch { now_ms });
+        let remaining = self.core.ready_len().saturating_sub(1);
+        let Some((tag, redelivered, e)) = self.core.fetch(now_ms) else {
+            self.settle()?;
+            return Ok(None);
+        };
+        let (seq, id, persistent, store, data, props_len) = (
+            e.seq,
+            e.id,
+            e.persistent(),
+            e.store,
+            e.data.clone(),
+            e.props_len as usize,
+        );
+        let remaining = remaining.min(self.core.ready_len());
+        self.settle()?;
+        let data = match (data, &mut self.log) {
+            (Some(d), _) => d,
+            (None, Some(log)) => match log.read(store) {
+                Ok(d) => d,
+                Err(err) => {
+                    self.core.requeue(tag);
+                    return Err(err.into());
+                }
+            },
+            (None, None) => Bytes::new(),
+        };
+        if !redelivered
+            && store.is_some()
+            && let Some(log) = &mut self.log
+        {
+            log.mark_delivered(seq)?;
+        }
+        let props_len = props_len.min(data.len());
+        Ok(Some(Delivery {
+            tag,
+            seq,
+            id,
+            props: data.slice(..props_len),
+            body: data.slice(props_len..),
+            persistent,
+            redelivered,
+            remaining,
+        }))
+    }
+
+    /// Acks a delivery: the message is gone.
+    pub fn ack(&mut self, tag: DeliveryTag) -> Result<(), QueueError> {
+        self.record(|| Op::Ack { tag });
+        self.core
+            .ack(tag)
+            .ok_or(QueueError::UnknownDeliveryTag(tag))?;
+        Ok(self.settle()?)
+    }
+
+    /// Rejects/nacks a delivery with requeue: the message goes back to its
+    /// original position, marked redelivered.
+    pub fn requeue(&mut self, tag: DeliveryTag) -> Result<(), QueueError> {
+        self.record(|| Op::Requeue { tag });
+        if !self.core.requeue(tag) {
+            return Err(QueueError::UnknownDeliveryTag(tag));
+        }
+        Ok(self.settle()?)
+    }
+
+    /// Rejects/nacks a delivery without requeue: the message is dropped
+    /// (reported as [`DropReason::Rejected`](crate::DropReason::Rejected)).
+    pub fn discard(&mut self, tag: DeliveryTag) -> Result<(), QueueError> {
+        self.record(|| Op::Discard { tag });
+        self.core
+            .discard(tag)
+            .ok_or(QueueError::UnknownDeliveryTag(tag))?;
+        Ok(self.settle()?)
+    }
+
+    /// Removes every ready message (unacked ones stay); returns how many.
+    pub fn purge(&mut self) -> Result<u64, QueueError> {
+        self.record(|| Op::Purge);
+        let n = self.core.purge();
+        self.settle()?;
+        Ok(n)
+    }
+
+    /// Drops expired messages from the head of the queue (RabbitMQ expires
+    /// only at the head). Call it at [`next_expiry_ms`](Self::next_expiry_ms).
+    pub fn expire(&mut self, now_ms: u64) -> Result<(), QueueError> {
+        self.record(|| Op::Expire { now_ms });
+        self.core.expire(now_ms);
+        Ok(self.settle()?)
+    }
+
+    /// Changes the limits (a policy changed) and applies them at once.
+    pub fn set_limits(&mut self, limits: Limits) -> Result<(), QueueError> {
+        self.record(|| Op::SetLimits { limits });
+        self.core.set_limits(limits);
+        Ok(self.settle()?)
+    }
+
+    /// Applies one op, as a mirror does with its master's op log.
+    pub fn apply(&mut self, op: Op) -> Result<OpOutcome, QueueError> {
+        Ok(match op {
+            Op::Publish { now_ms, msg } => OpOutcome::Published(self.publish(now_ms, msg)?),
+            Op::Fetch { now_ms } => OpOutcome::Fetched(self.fetch(now_ms)?),
+            Op::Ack { tag } => self.ack(tag).map(|()| OpOutcome::Done)?,
+            Op::Requeue { tag } => self.requeue(tag).map(|()| OpOutcome::Done)?,
+            Op::Discard { tag } => self.discard(tag).map(|()| OpOutcome::Done)?,
+            Op::Purge => OpOutcome::Purged(self.purge()?),
+            Op::Expire { now_ms } => self.expire(now_ms).map(|()| OpOutcome::Done)?,
+            Op::SetLimits { limits } => self.set_limits(limits).map(|()| OpOutcome::Done)?,
+        })
+    }
+
+    /// The ops applied since the last call (empty unless `record_ops`).
+    pub fn take_ops(&mut self) -> Vec<Op> {
+        self.ops.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Moves the messages dropped since the last call (expired, over the
+    /// limits, rejected) into `out` (only with `report_dropped`).
+    pub fn take_dropped(&mut self, out: &mut Vec<Dropped>) {
+        self.core.take_dropped(out);
+    }
+
+    /// When the head message expires, if it can: when to call [`expire`](Self::expire).
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.core.head_expiry_ms()
+    }
+
+    /// The current limits.
+    pub fn limits(&self) -> Limits {
+        self.core.limits()
+    }
+
+    /// Counts and sizes.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            ready: self.core.ready_len(),
+            unacked: self.core.unacked_len(),
+            ready_bytes: self.core.ready_bytes(),
+            unacked_bytes: self.core.unacked_bytes(),
+            disk_bytes: self.log.as_ref().map_or(0, SegmentLog::disk_bytes),
+        }
+    }
+
+    /// Sequence numbers of the ready messages, head first.
+    pub fn ready_seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.core.ready_seqs()
+    }
+
+    /// Whether a group commit has anything to do.
+    pub fn needs_sync(&self) -> bool {
+        self.log.as_ref().is_some_and(SegmentLog::has_unsynced)
+    }
+
+    /// Every persistent publish with seq ≤ this is durable (fsynced) and may
+    /// be confirmed.
+    pub fn synced_seq(&self) -> SeqId {
+        self.log.as_ref().map_or(0, SegmentLog::synced_seq)
+    }
+
+    /// Moves into `out` the seqs of persistent publishes that became durable
+    /// since the last call, in publish order: confirm these.
+    pub fn drain_confirmed(&mut self, out: &mut Vec<SeqId>) {
+        let synced = self.synced_seq();
+        while let Some(&s) = self.unconfirmed.front() {
+            if s > synced {
+                break;
+            }
+            out.push(s);
+            self.unconfirmed.pop_front();
+        }
+    }
+
+    /// One group commit, inline: writes and fsyncs everything appended so far
+    /// (one `fdatasync` for all of it). Returns [`synced_seq`](Self::synced_seq).
+    pub fn sync(&mut self) -> Result<SeqId, QueueError> {
+        if let Some(mut job) = self.prepare_sync()? {
+            job.run()?;
+            self.complete_sync(&job)?;
+        }
+        Ok(self.synced_seq())
+    }
+
+    /// Starts a group commit: writes out the appended records (compacting the
+    /// log first if it is worth it) and returns the job to run, off the
+    /// queue's thread if wanted, while more publishes are appended. `None`
+    /// for a non-durable queue. Run jobs one at a time and complete them in
+    /// order.
+    pub fn prepare_sync(&mut self) -> Result<Option<SyncJob>, QueueError> {
+        self.compact()?;
+        match &mut self.log {
+            Some(log) => Ok(Some(log.prepare_sync()?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Finishes a group commit after [`SyncJob::run`]; returns the new
+    /// [`synced_seq`](Self::synced_seq).
+    pub fn complete_sync(&mut self, job: &SyncJob) -> Result<SeqId, QueueError> {
+        match &mut self.log {
+            Some(log) => Ok(log.complete_sync(job)?),
+            None => Ok(0),
+        }
+    }
+
+    /// Copies the live messages of the head segment forward and retires it,
+    /// while the log holds much more than the live messages.
+    fn compact(&mut self) -> Result<(), StoreError> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        while let Some(head) = log.compaction_candidate() {
+            for e in self.core.entries_mut() {
+                if e.store.segment != head {
+                    continue;
+                }
+                let data = match &e.data {
+                    Some(d) => d.clone(),
+                    None => log.read(e.store)?,
+                };
+                let props_len = (e.props_len as usize).min(data.len());
+                let (props, body) = data.split_at(props_len);
+                let meta = PublishMeta {
+                    seq: e.seq,
+                    id: e.id,
+                    expiry_ms: e.expiry_ms,
+                    delivered: e.delivered(),
+                };
+                e.store = log.append_publish(meta, props, body)?;
+            }
+            log.retire_front();
+        }
+        Ok(())
+    }
+}
