@@ -48,6 +48,14 @@ pub struct QuicOptions {
     pub idle_timeout: Duration,
     /// Keep-alive interval (well under the idle timeout).
     pub keep_alive: Duration,
+    /// UDP socket send and receive buffer sizes, in bytes (capped by the
+    /// kernel's `net.core.{r,w}mem_max`). Large packets need deep buffers,
+    /// or bursts overflow the socket and look like congestion.
+    pub socket_buffer: usize,
+    /// Let the kernel split one large send into MTU-sized datagrams (GSO).
+    /// Keep the MTU at or under the interface's segment size when this is on:
+    /// larger GSO segments are silently dropped.
+    pub gso: bool,
 }
 
 impl Default for QuicOptions {
@@ -59,16 +67,18 @@ impl Default for QuicOptions {
             stream_window: 16 << 20,
             idle_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(2),
+            socket_buffer: 4 << 20,
+            gso: true,
         }
     }
 }
 
 impl QuicOptions {
-    /// Tuning for nodes on one host (loopback): large packets and windows.
+    /// Tuning for nodes on one host (loopback): a large initial congestion
+    /// window and GSO batches of standard-size packets. (Measured here: with
+    /// GSO, 1452-byte packets beat 8–60 KB packets without it.)
     pub fn loopback() -> Self {
         Self {
-            initial_mtu: 16 * 1024,
-            max_mtu: 60 * 1024,
             initial_window: 8 << 20,
             ..Self::default()
         }
@@ -90,7 +100,7 @@ impl QuicOptions {
         tc.send_window(u64::from(self.stream_window) * 2);
         tc.max_concurrent_uni_streams(VarInt::from_u32(0));
         tc.max_concurrent_bidi_streams(VarInt::from_u32(4));
-        tc.enable_segmentation_offload(false);
+        tc.enable_segmentation_offload(self.gso);
         let mut cubic = quinn::congestion::CubicConfig::default();
         cubic.initial_window(self.initial_window);
         tc.congestion_controller_factory(Arc::new(cubic));
@@ -105,6 +115,7 @@ pub struct QuicTransport {
     server: quinn::ServerConfig,
     client: quinn::ClientConfig,
     client_endpoint: Arc<OnceCell<Endpoint>>,
+    socket_buffer: usize,
 }
 
 impl std::fmt::Debug for QuicTransport {
@@ -139,6 +150,7 @@ impl QuicTransport {
             server,
             client,
             client_endpoint: Arc::new(OnceCell::new()),
+            socket_buffer: options.socket_buffer,
         })
     }
 
@@ -187,6 +199,29 @@ impl QuicTransport {
             }),
         }
     }
+}
+
+/// A quinn endpoint on a UDP socket with deep buffers.
+fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+    buffer: usize,
+) -> std::io::Result<Endpoint> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+    socket.bind(&addr.into())?;
+    Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        socket.into(),
+        Arc::new(quinn::TokioRuntime),
+    )
 }
 
 fn quic_failed(addr: &PeerAddr, e: &quinn::ConnectionError) -> TransportError {
@@ -274,7 +309,8 @@ impl Transport for QuicTransport {
             .map_err(listen_err)?
             .next()
             .ok_or_else(|| listen_err(std::io::Error::other("the address resolves to nothing")))?;
-        let endpoint = Endpoint::server(self.server.clone(), socket_addr).map_err(listen_err)?;
+        let endpoint = endpoint(socket_addr, Some(self.server.clone()), self.socket_buffer)
+            .map_err(listen_err)?;
         let local = PeerAddr::from(endpoint.local_addr().map_err(listen_err)?);
         let (tx, rx) = mpsc::channel(64);
         let config = self.config.clone();
