@@ -63,6 +63,20 @@ impl Entry {
         self.flags = (self.flags & !DELIVERED) | if delivered { DELIVERED } else { 0 };
     }
 
+    /// A new message, without its data yet; the core gives it its seq.
+    pub(crate) fn new_message(msg: &NewMessage, expiry_ms: u64, store: StoreRef) -> Self {
+        Self {
+            seq: 0,
+            id: msg.id,
+            expiry_ms,
+            data: None,
+            props_len: msg.props.len() as u32,
+            body_len: msg.body.len() as u32,
+            store,
+            flags: if msg.persistent { PERSISTENT } else { 0 },
+        }
+    }
+
     /// A persistent message read back from the log.
     pub(crate) fn restored(
         meta: PublishMeta,
@@ -171,28 +185,13 @@ impl QueueCore {
         ttl.map_or(NEVER, |t| now_ms.saturating_add(t).min(NEVER - 1))
     }
 
-    /// Adds a message at the tail; `data` is props ++ body or `None` if paged out.
-    pub(crate) fn publish(
-        &mut self,
-        msg: &NewMessage,
-        expiry_ms: u64,
-        data: Option<Bytes>,
-        store: StoreRef,
-    ) -> SeqId {
+    /// Adds a message at the tail; its `data` is props ++ body or `None` if paged out.
+    pub(crate) fn publish(&mut self, mut entry: Entry) -> SeqId {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let body_len = msg.body.len() as u32;
-        self.ready_bytes += u64::from(body_len);
-        self.ready.push_back(Entry {
-            seq,
-            id: msg.id,
-            expiry_ms,
-            data,
-            props_len: msg.props.len() as u32,
-            body_len,
-            store,
-            flags: if msg.persistent { PERSISTENT } else { 0 },
-        });
+        entry.seq = seq;
+        self.ready_bytes += u64::from(entry.body_len);
+        self.ready.push_back(entry);
         self.enforce_max_length();
         seq
     }

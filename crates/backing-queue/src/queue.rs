@@ -6,7 +6,7 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::core::{QueueCore, StoreRef};
+use crate::core::{Entry, QueueCore, StoreRef};
 use crate::error::{QueueError, StoreError};
 use crate::log::{RecoveryReport, SegmentLog, StoreConfig, SyncJob};
 use crate::message::{Delivery, DeliveryTag, Dropped, Limits, NewMessage, Op, Published, SeqId};
@@ -75,13 +75,15 @@ pub struct BackingQueue {
     report_dropped: bool,
 }
 
-fn join(props: &Bytes, body: &Bytes) -> Bytes {
+/// Props ++ body as one buffer; without props, the body itself (no copy, and
+/// no clone: cloning a `Bytes` made from a `Vec` allocates).
+fn join(props: &Bytes, body: Bytes) -> Bytes {
     if props.is_empty() {
-        return body.clone();
+        return body;
     }
     let mut b = BytesMut::with_capacity(props.len() + body.len());
     b.extend_from_slice(props);
-    b.extend_from_slice(body);
+    b.extend_from_slice(&body);
     b.freeze()
 }
 
@@ -148,7 +150,7 @@ impl BackingQueue {
         let expiry = self.core.expiry_for(now_ms, &msg);
         let seq = self.core.next_seq();
         let mut store = StoreRef::NONE;
-        let mut data = None;
+        let mut resident = true;
         match &mut self.log {
             Some(log) if msg.persistent => {
                 let meta = PublishMeta {
@@ -159,14 +161,16 @@ impl BackingQueue {
                 };
                 store = log.append_publish(meta, &msg.props, &msg.body)?;
                 let held = self.core.ready_bytes() + self.core.unacked_bytes();
-                if held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max {
-                    data = Some(join(&msg.props, &msg.body));
-                }
+                resident = held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max;
                 self.unconfirmed.push_back(seq);
             }
-            _ => data = Some(join(&msg.props, &msg.body)),
+            _ => {}
         }
-        let seq = self.core.publish(&msg, expiry, data, store);
+        let mut entry = Entry::new_message(&msg, expiry, store);
+        if resident {
+            entry.data = Some(join(&msg.props, msg.body));
+        }
+        let seq = self.core.publish(entry);
         self.settle()?;
         Ok(Published {
             seq,
