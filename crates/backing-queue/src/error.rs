@@ -33,14 +33,19 @@ pub enum StoreError {
         /// The maximum record size.
         max: u64,
     },
-    /// Sync jobs were completed in another order than they were prepared.
-    #[error("sync job {got} completed out of order (expected {expected})")]
+    /// A sync job was completed out of order, or before it ran (it failed or
+    /// was lost). The log is poisoned from then on.
+    #[error("sync job {got} completed out of order or without running (expected {expected})")]
     SyncOutOfOrder {
         /// The generation the log expected next.
         expected: u64,
         /// The generation that was completed.
         got: u64,
     },
+    /// An earlier sync failed or was lost, so no later confirm can be
+    /// trusted: reopen the queue (recovery) to go on.
+    #[error("the log is poisoned by an earlier failed or lost sync; reopen the queue")]
+    Poisoned,
 }
 
 impl StoreError {

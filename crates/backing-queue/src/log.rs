@@ -99,6 +99,9 @@ pub(crate) struct SegmentLog {
     disk_bytes: u64,
     gen_prepared: u64,
     gen_completed: u64,
+    /// A sync job failed or was lost: durability can no longer be promised
+    /// (after a failed fsync the page cache cannot be trusted). Reopen.
+    poisoned: bool,
 }
 
 /// One group commit: syncs everything appended before it was prepared, then
@@ -294,6 +297,7 @@ impl SegmentLog {
             disk_bytes: 0,
             gen_prepared: 0,
             gen_completed: 0,
+            poisoned: false,
         };
         let next_seq = max_seq + 1;
         match log.segments.back() {
@@ -559,6 +563,9 @@ impl SegmentLog {
 
     /// Starts a group commit covering everything appended so far.
     pub(crate) fn prepare_sync(&mut self) -> Result<SyncJob, StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned);
+        }
         self.flush_marks();
         self.write_out()?;
         let seg = self.active();
@@ -578,7 +585,11 @@ impl SegmentLog {
     /// Finishes a group commit that has run; returns the new synced watermark.
     pub(crate) fn complete_sync(&mut self, job: &SyncJob) -> Result<u64, StoreError> {
         let expected = self.gen_completed + 1;
+        if self.poisoned {
+            return Err(StoreError::Poisoned);
+        }
         if job.generation != expected || !job.ran {
+            self.poisoned = true;
             return Err(StoreError::SyncOutOfOrder {
                 expected,
                 got: job.generation,

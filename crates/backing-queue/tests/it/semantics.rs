@@ -195,3 +195,49 @@ fn a_long_lived_message_does_not_pin_the_log() {
     assert_eq!(got, vec![(0, true)]);
     drop(held);
 }
+
+#[test]
+fn pipelined_group_commit_confirms_only_what_it_covered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut q = open(dir.path(), small_store());
+    for id in 0..10 {
+        q.publish(0, msg(id, 100, true)).unwrap();
+    }
+    let mut job = q.prepare_sync().unwrap().unwrap();
+    assert_eq!(job.up_to(), 10);
+    // Appends go on while the job runs (here: before it runs).
+    for id in 10..15 {
+        q.publish(0, msg(id, 100, true)).unwrap();
+    }
+    let mut confirmed = Vec::new();
+    q.drain_confirmed(&mut confirmed);
+    // Segments of 1 KiB rolled (and synced) on the way: those are confirmed.
+    let early = confirmed.len();
+    assert!(confirmed.iter().all(|&s| s <= q.synced_seq()));
+    job.run().unwrap();
+    q.complete_sync(&job).unwrap();
+    q.drain_confirmed(&mut confirmed);
+    assert!(confirmed.len() >= 10 && confirmed.len() >= early);
+    assert!(confirmed.windows(2).all(|w| w[0] < w[1]));
+    assert!(q.needs_sync());
+    q.sync().unwrap();
+    q.drain_confirmed(&mut confirmed);
+    assert_eq!(confirmed, (1..=15).collect::<Vec<_>>());
+    assert!(!q.needs_sync());
+}
+
+#[test]
+fn a_lost_sync_job_poisons_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut q = open(dir.path(), small_store());
+    q.publish(0, msg(1, 1, true)).unwrap();
+    let lost = q.prepare_sync().unwrap().unwrap();
+    let mut second = q.prepare_sync().unwrap().unwrap();
+    second.run().unwrap();
+    assert!(q.complete_sync(&second).is_err());
+    assert!(q.sync().is_err(), "poisoned");
+    drop(lost);
+    drop(q);
+    let mut q = open(dir.path(), small_store());
+    assert_eq!(drain(&mut q, 0).len(), 1);
+}
