@@ -13,6 +13,7 @@
 //!   handshake, encoded with postcard.
 
 pub mod frame;
+pub mod fuzz;
 pub mod handshake;
 pub mod message;
 mod node;
