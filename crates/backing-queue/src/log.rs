@@ -30,8 +30,9 @@ pub struct StoreConfig {
     /// A segment is closed and a new one started past this many bytes.
     pub segment_bytes: u64,
     /// Lazy mode: once the queue holds more than this many body bytes, new
-    /// persistent messages keep their body (and properties) only on disk and
-    /// are read back on fetch. `0` is RabbitMQ's lazy mode; `u64::MAX` keeps
+    /// messages keep their body (and properties) only on disk and are read
+    /// back on fetch (transient ones too: they are written to the log but not
+    /// synced for, and recovery ignores them). `0` is RabbitMQ's lazy mode; `u64::MAX` keeps
     /// everything in memory.
     pub resident_bytes_max: u64,
     /// At recovery, skip corrupt records (reported in [`RecoveryReport`])
@@ -382,7 +383,7 @@ impl SegmentLog {
     }
 
     /// Closes the active segment (written and synced) and starts a new one.
-    fn roll(&mut self, next_seq: u64) -> Result<(), StoreError> {
+    fn roll(&mut self) -> Result<(), StoreError> {
         self.flush_marks();
         self.write_out()?;
         let (id, path, file) = {
@@ -395,10 +396,12 @@ impl SegmentLog {
             self.dir_dirty = false;
         }
         self.synced_seq = self.synced_seq.max(self.appended_seq);
-        self.new_segment(id.wrapping_add(1), next_seq)
+        // Not the seq of the record being appended: a compaction copy is old.
+        let base = self.appended_seq + 1;
+        self.new_segment(id.wrapping_add(1), base)
     }
 
-    fn append(&mut self, record_len: u64, next_seq: u64) -> Result<(), StoreError> {
+    fn append(&mut self, record_len: u64) -> Result<(), StoreError> {
         let max = u64::from(record::MAX_RECORD_LEN);
         if record_len > max {
             return Err(StoreError::RecordTooLarge {
@@ -410,7 +413,7 @@ impl SegmentLog {
         if len > record::SEGMENT_HEADER_LEN
             && len + record_len > self.cfg.segment_bytes.min(u64::from(u32::MAX) / 2)
         {
-            self.roll(next_seq)?;
+            self.roll()?;
         }
         Ok(())
     }
@@ -423,7 +426,7 @@ impl SegmentLog {
         body: &[u8],
     ) -> Result<StoreRef, StoreError> {
         let rec_len = crate::core::record_len(props.len() as u32, body.len() as u32);
-        self.append(rec_len, meta.seq)?;
+        self.append(rec_len)?;
         record::encode_publish(&mut self.buf, meta, props, body);
         let seg = self.active();
         let store = StoreRef {
@@ -463,8 +466,7 @@ impl SegmentLog {
 
     fn check_marks(&mut self) -> Result<(), StoreError> {
         if self.pending_removed.len() + self.pending_delivered.len() >= MARKS_BATCH {
-            let next = self.appended_seq + 1;
-            self.append(8 * MARKS_BATCH as u64 + 64, next)?;
+            self.append(8 * MARKS_BATCH as u64 + 64)?;
             self.flush_marks();
         }
         Ok(())
@@ -643,6 +645,9 @@ fn apply_record(
     store: StoreRef,
 ) {
     match rec {
+        Record::Publish { meta, .. } if meta.transient => {
+            *max_seq = (*max_seq).max(meta.seq);
+        }
         Record::Publish { meta, props, body } => {
             *max_seq = (*max_seq).max(meta.seq);
             *resident = resident.saturating_add(body.len() as u64);

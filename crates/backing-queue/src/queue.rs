@@ -150,22 +150,26 @@ impl BackingQueue {
         let expiry = self.core.expiry_for(now_ms, &msg);
         let seq = self.core.next_seq();
         let mut store = StoreRef::NONE;
-        let mut resident = true;
-        match &mut self.log {
-            Some(log) if msg.persistent => {
-                let meta = PublishMeta {
-                    seq,
-                    id: msg.id,
-                    expiry_ms: expiry,
-                    delivered: false,
-                };
-                store = log.append_publish(meta, &msg.props, &msg.body)?;
-                let held = self.core.ready_bytes() + self.core.unacked_bytes();
-                resident = held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max;
+        let held = self.core.ready_bytes() + self.core.unacked_bytes();
+        let resident = held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max;
+        if let Some(log) = &mut self.log
+            && (msg.persistent || !resident)
+        {
+            // Persistent messages for durability; transient ones only to page
+            // their body out (recovery ignores those).
+            let meta = PublishMeta {
+                seq,
+                id: msg.id,
+                expiry_ms: expiry,
+                delivered: false,
+                transient: !msg.persistent,
+            };
+            store = log.append_publish(meta, &msg.props, &msg.body)?;
+            if msg.persistent {
                 self.unconfirmed.push_back(seq);
             }
-            _ => {}
         }
+        let msg_persistent = msg.persistent;
         let mut entry = Entry::new_message(&msg, expiry, store);
         if resident {
             entry.data = Some(join(&msg.props, msg.body));
@@ -174,7 +178,7 @@ impl BackingQueue {
         self.settle()?;
         Ok(Published {
             seq,
-            needs_sync: store.is_some(),
+            needs_sync: store.is_some() && msg_persistent,
         })
     }
 
@@ -209,6 +213,7 @@ impl BackingQueue {
             (None, None) => Bytes::new(),
         };
         if !redelivered
+            && persistent
             && store.is_some()
             && let Some(log) = &mut self.log
         {
@@ -408,6 +413,7 @@ impl BackingQueue {
                     id: e.id,
                     expiry_ms: e.expiry_ms,
                     delivered: e.delivered(),
+                    transient: !e.persistent(),
                 };
                 e.store = log.append_publish(meta, props, body)?;
             }

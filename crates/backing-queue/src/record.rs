@@ -8,7 +8,8 @@
 //! len: u32 LE      payload length (1 ..= MAX_RECORD_LEN)
 //! crc: u32 LE      CRC32C of the 4 length bytes followed by the payload
 //! payload:         kind: u8, then
-//!   1 PUBLISH      seq u64, id u64, expiry_ms u64, flags u8 (bit 0: delivered),
+//!   1 PUBLISH      seq u64, id u64, expiry_ms u64,
+//!                  flags u8 (bit 0: delivered; bit 1: transient, paged out only, not recovered),
 //!                  props_len u32, props, body (the rest)
 //!   2 REMOVE       n u32, n × seq u64    (acked, rejected, expired, purged)
 //!   3 DELIVERED    n u32, n × seq u64    (handed to a consumer at least once)
@@ -75,6 +76,8 @@ pub(crate) struct PublishMeta {
     pub(crate) id: u64,
     pub(crate) expiry_ms: u64,
     pub(crate) delivered: bool,
+    /// A transient message paged out: ignored by recovery.
+    pub(crate) transient: bool,
 }
 
 /// Appends a publish record to `out`.
@@ -88,7 +91,7 @@ pub(crate) fn encode_publish(out: &mut Vec<u8>, meta: PublishMeta, props: &[u8],
     out.extend_from_slice(&meta.seq.to_le_bytes());
     out.extend_from_slice(&meta.id.to_le_bytes());
     out.extend_from_slice(&meta.expiry_ms.to_le_bytes());
-    out.push(u8::from(meta.delivered));
+    out.push(u8::from(meta.delivered) | (u8::from(meta.transient) << 1));
     out.extend_from_slice(&(props.len() as u32).to_le_bytes());
     out.extend_from_slice(props);
     out.extend_from_slice(body);
@@ -182,6 +185,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Record<'_>, Invalid> {
                     id,
                     expiry_ms,
                     delivered: flags & 1 != 0,
+                    transient: flags & 2 != 0,
                 },
                 props,
                 body,
@@ -218,6 +222,7 @@ mod tests {
             id: 9,
             expiry_ms: 11,
             delivered: true,
+            transient: false,
         };
         encode_publish(&mut buf, meta, b"pp", b"body");
         assert_eq!(buf.len() as u64, PUBLISH_OVERHEAD + 6);

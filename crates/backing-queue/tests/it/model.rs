@@ -51,6 +51,8 @@ struct M {
     persistent: bool,
     expiry: Option<u64>,
     delivered: bool,
+    /// Whether `delivered` is unknown (after a crash).
+    unsure: bool,
     len: usize,
 }
 
@@ -171,6 +173,7 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits) {
                     persistent,
                     expiry: ttl.map(|t| now + t),
                     delivered: false,
+                    unsure: false,
                     len,
                 };
                 m.next_seq += 1;
@@ -189,7 +192,10 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits) {
                     let mut x = m.ready.remove(0);
                     let d = got.expect("a message");
                     assert_eq!((d.seq, d.id, d.tag), (x.seq, x.id, m.next_tag));
-                    assert_eq!(d.redelivered, x.delivered, "redelivered of {}", x.id);
+                    if !x.unsure {
+                        assert_eq!(d.redelivered, x.delivered, "redelivered of {}", x.id);
+                    }
+                    x.unsure = false;
                     assert_eq!(d.body, body(x.id, x.len));
                     assert_eq!(d.remaining, m.ready.len() as u64);
                     x.delivered = true;
@@ -259,32 +265,23 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits) {
                 for s in &must {
                     assert!(got.contains(s), "synced message {s} lost: got {got:?}");
                 }
-                // Adopt what came back; its redelivered flags are best effort
-                // after a crash, so learn them by fetching everything once and
-                // requeueing it (which marks it all redelivered).
+                // Adopt what came back. Its redelivered flags are best effort
+                // after a crash (delivery marks are not synced for): unchecked
+                // until the next fetch.
                 m.unacked.clear();
                 m.ready = got
                     .iter()
                     .map(|s| {
-                        published
+                        let mut x = published
                             .iter()
                             .find(|x| x.seq == *s)
                             .expect("known seq")
-                            .clone()
+                            .clone();
+                        x.unsure = true;
+                        x
                     })
                     .collect();
-                let mut tags = Vec::new();
-                while let Some(d) = q.fetch(0).unwrap() {
-                    tags.push(d.tag);
-                }
-                for t in tags.iter().rev() {
-                    q.requeue(*t).unwrap();
-                }
-                for x in &mut m.ready {
-                    x.delivered = true;
-                }
-                m.enforce();
-                m.next_tag = tags.len() as u64 + 1;
+                m.next_tag = 1;
                 m.seq_unknown = true;
                 // Seqs of messages lost with the unsynced tail may be given again.
                 published.retain(|x| got.contains(&x.seq));
@@ -326,7 +323,12 @@ fn limits() -> impl Strategy<Value = Limits> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        // Fixed, so that runs are deterministic; vary it locally to explore.
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_b0c5),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn queue_matches_model(

@@ -241,3 +241,28 @@ fn a_lost_sync_job_poisons_the_log() {
     let mut q = open(dir.path(), small_store());
     assert_eq!(drain(&mut q, 0).len(), 1);
 }
+
+#[test]
+fn lazy_mode_pages_transient_messages_too_and_recovery_ignores_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StoreConfig {
+        resident_bytes_max: 1000,
+        ..StoreConfig::default()
+    };
+    let mut q = open(dir.path(), store);
+    for id in 0..100 {
+        let p = q.publish(0, msg(id, 100, false)).unwrap();
+        assert!(!p.needs_sync);
+    }
+    // The first ten stay in memory, the other ninety go to the log.
+    assert!(q.stats().disk_bytes > 90 * 100, "{:?}", q.stats());
+    let got = drain(&mut q, 0);
+    assert_eq!(got.len(), 100);
+    for d in &got {
+        assert_eq!(d.body, vec![d.id as u8; 100]);
+    }
+    q.sync().unwrap();
+    drop(q);
+    let mut q = open(dir.path(), store);
+    assert!(drain(&mut q, 0).is_empty());
+}
