@@ -116,6 +116,8 @@ impl BackingQueue {
         Ok((q, opened.report))
     }
 
+    /// Logs an op for mirrors: called once the op has changed the core (ops
+    /// that fail before that, such as an unknown tag, are not logged).
     fn record(&mut self, op: impl FnOnce() -> Op) {
         if let Some(ops) = &mut self.ops {
             ops.push(op());
@@ -143,10 +145,7 @@ impl BackingQueue {
 
     /// Publishes a message at time `now_ms`.
     pub fn publish(&mut self, now_ms: u64, msg: NewMessage) -> Result<Published, QueueError> {
-        self.record(|| Op::Publish {
-            now_ms,
-            msg: msg.clone(),
-        });
+        let op_msg = self.ops.is_some().then(|| msg.clone());
         let expiry = self.core.expiry_for(now_ms, &msg);
         let seq = self.core.next_seq();
         let mut store = StoreRef::NONE;
@@ -175,6 +174,9 @@ impl BackingQueue {
             entry.data = Some(join(&msg.props, msg.body));
         }
         let seq = self.core.publish(entry);
+        if let Some(msg) = op_msg {
+            self.record(|| Op::Publish { now_ms, msg });
+        }
         self.settle()?;
         Ok(Published {
             seq,
@@ -234,30 +236,30 @@ impl BackingQueue {
 
     /// Acks a delivery: the message is gone.
     pub fn ack(&mut self, tag: DeliveryTag) -> Result<(), QueueError> {
-        self.record(|| Op::Ack { tag });
         self.core
             .ack(tag)
             .ok_or(QueueError::UnknownDeliveryTag(tag))?;
+        self.record(|| Op::Ack { tag });
         Ok(self.settle()?)
     }
 
     /// Rejects/nacks a delivery with requeue: the message goes back to its
     /// original position, marked redelivered.
     pub fn requeue(&mut self, tag: DeliveryTag) -> Result<(), QueueError> {
-        self.record(|| Op::Requeue { tag });
         if !self.core.requeue(tag) {
             return Err(QueueError::UnknownDeliveryTag(tag));
         }
+        self.record(|| Op::Requeue { tag });
         Ok(self.settle()?)
     }
 
     /// Rejects/nacks a delivery without requeue: the message is dropped
     /// (reported as [`DropReason::Rejected`](crate::DropReason::Rejected)).
     pub fn discard(&mut self, tag: DeliveryTag) -> Result<(), QueueError> {
-        self.record(|| Op::Discard { tag });
         self.core
             .discard(tag)
             .ok_or(QueueError::UnknownDeliveryTag(tag))?;
+        self.record(|| Op::Discard { tag });
         Ok(self.settle()?)
     }
 
@@ -298,7 +300,8 @@ impl BackingQueue {
         })
     }
 
-    /// The ops applied since the last call (empty unless `record_ops`).
+    /// The ops applied since the last call (empty unless `record_ops`); ops
+    /// refused with an error and no effect are left out.
     pub fn take_ops(&mut self) -> Vec<Op> {
         self.ops.as_mut().map(std::mem::take).unwrap_or_default()
     }
