@@ -114,6 +114,7 @@ mod tests {
         let join = |n, after| ViewChange::Join {
             member: MemberId(n),
             after,
+            node: warren_wire::NodeName::new("n@test").unwrap(),
         };
         let v1 = auth.update_now("q", 0, &join(1, None)).unwrap();
         assert_eq!(v1.version, 1);

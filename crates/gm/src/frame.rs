@@ -38,9 +38,12 @@ pub enum FrameKind {
     Activity,
     /// The sender's whole state, pending messages included (gm.erl's
     /// `catchup`): sent to the right neighbour after every view change and
-    /// after a link reset. Idempotent; a large one is split, the rest
-    /// following as `Activity`.
-    Catchup,
+    /// after a link reset. Idempotent. A large one is split over several
+    /// frames; a joiner takes its state from a whole one only.
+    Catchup {
+        /// Whether this is the catchup's last frame.
+        last: bool,
+    },
     /// "Send me a catchup": a right neighbour that lost frames asks its left.
     NeedCatchup,
 }
@@ -82,7 +85,7 @@ mod tests {
         let frame = Frame {
             view: 7,
             from: MemberId(3),
-            kind: FrameKind::Catchup,
+            kind: FrameKind::Catchup { last: true },
             streams: vec![StreamBatch {
                 publisher: MemberId(1),
                 pubs: vec![Pub {

@@ -20,6 +20,11 @@
 //!   (ordered ring, dead aliases, a version that only grows) and who decides them.
 //! - [`Frame`]: what neighbours send; every frame carries its sender's view
 //!   version, and frames of an older view than the receiver's are refused.
+//! - [`GmNode`] (module [`driver`]): the tokio driver that runs a node's
+//!   members over any `warren_transport::Transport`, one connection per pair
+//!   of nodes shared by all rings, with a pluggable [`FailureDetector`]
+//!   ([`HeartbeatDetector`]) whose suspicions become view changes. Only this
+//!   module (and [`detector`], for its `Instant`) knows tokio.
 //!
 //! # Guarantees
 //!
@@ -57,11 +62,16 @@
 //! more than a thousand seeds; a failing seed prints the command that replays it.
 
 pub mod authority;
+pub mod detector;
+pub mod driver;
 pub mod frame;
 pub mod member;
 pub mod view;
 
 pub use authority::{InMemoryAuthority, ViewAuthority};
+pub use detector::{FailureDetector, HeartbeatDetector};
+pub use driver::{DriverError, GmNode, NodeConfig, RingEvent, RingHandle};
 pub use frame::{Frame, FrameKind, Pub, Seq, StreamBatch};
 pub use member::{Action, Config, GmError, Member, Phase};
 pub use view::{MemberId, View, ViewChange, ViewEntry, ViewError, ViewVersion};
+pub use warren_wire::NodeName;

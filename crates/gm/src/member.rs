@@ -432,11 +432,10 @@ impl Member {
             current.push(batch);
         }
         frames.push(current);
+        let count = frames.len();
         for (i, streams) in frames.into_iter().enumerate() {
-            let kind = if i == 0 {
-                FrameKind::Catchup
-            } else {
-                FrameKind::Activity
+            let kind = FrameKind::Catchup {
+                last: i + 1 == count,
             };
             self.actions.push_back(Action::Send {
                 to: self.right,
@@ -573,21 +572,24 @@ impl Member {
                     self.refused_frames += 1;
                 }
             }
-            FrameKind::Activity | FrameKind::Catchup => {
+            FrameKind::Activity | FrameKind::Catchup { .. } => {
                 if frame.from != self.left || self.left == self.id {
                     self.refused_frames += 1;
                     return;
                 }
-                let catchup = frame.kind == FrameKind::Catchup;
+                let catchup = frame.kind != FrameKind::Activity;
                 match self.phase {
                     Phase::Joining if catchup => {
-                        self.phase = Phase::Ready;
                         for batch in frame.streams {
                             self.on_stream(batch);
                         }
-                        // The catchup below carries everything to the right.
+                        // The joiner's own catchup carries everything to the right.
                         self.out.clear();
-                        self.become_ready();
+                        // Only a whole catchup is a state (gm.erl's Lemma 2): if
+                        // the left dies half-way, the join fails.
+                        if frame.kind == (FrameKind::Catchup { last: true }) {
+                            self.become_ready();
+                        }
                     }
                     Phase::Ready if catchup || !self.needs_catchup => {
                         self.needs_catchup = false;
@@ -711,6 +713,7 @@ mod tests {
                 .apply(&ViewChange::Join {
                     member: MemberId(id),
                     after: prev,
+                    node: warren_wire::NodeName::new("n@test").unwrap(),
                 })
                 .unwrap();
             prev = Some(MemberId(id));
@@ -761,11 +764,13 @@ mod tests {
             kind,
             streams: vec![],
         };
-        m.handle_frame(frame(2, 1, FrameKind::Catchup));
-        m.handle_frame(frame(3, 3, FrameKind::Catchup));
+        m.handle_frame(frame(2, 1, FrameKind::Catchup { last: true }));
+        m.handle_frame(frame(3, 3, FrameKind::Catchup { last: true }));
         assert_eq!(m.refused_frames(), 2);
         assert_eq!(m.phase(), Phase::Joining);
-        m.handle_frame(frame(3, 1, FrameKind::Catchup));
+        m.handle_frame(frame(3, 1, FrameKind::Catchup { last: false }));
+        assert_eq!(m.phase(), Phase::Joining, "half a catchup is no state");
+        m.handle_frame(frame(3, 1, FrameKind::Catchup { last: true }));
         assert_eq!(m.phase(), Phase::Ready);
         // A newer view's frame waits and asks for the view.
         m.handle_frame(frame(9, 1, FrameKind::Activity));

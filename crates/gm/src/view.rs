@@ -10,6 +10,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use warren_wire::NodeName;
 
 /// A view's version. It only grows; the empty view of a new ring is version 0.
 pub type ViewVersion = u64;
@@ -45,6 +46,8 @@ pub struct ViewEntry {
     /// The alive member it was spliced in after, which hands it its state;
     /// `None` for a member that started the ring afresh (with nothing in flight).
     pub sponsor: Option<MemberId>,
+    /// The node the member runs on (where its frames go).
+    pub node: NodeName,
 }
 
 /// A ring view: the ordered ring (with dead aliases) and its version.
@@ -67,6 +70,8 @@ pub enum ViewChange {
         member: MemberId,
         /// Its left neighbour.
         after: Option<MemberId>,
+        /// The node the joiner runs on.
+        node: NodeName,
     },
     /// `member` died or left: it becomes an alias of the next alive member.
     Remove(MemberId),
@@ -175,7 +180,11 @@ impl View {
         let mut next = self.clone();
         next.version = self.version + 1;
         match *change {
-            ViewChange::Join { member, after } => {
+            ViewChange::Join {
+                member,
+                after,
+                ref node,
+            } => {
                 if self.entry(member).is_some() {
                     return Err(ViewError::AlreadyMember(member));
                 }
@@ -184,6 +193,7 @@ impl View {
                     alive: true,
                     joined_at: next.version,
                     sponsor: after,
+                    node: node.clone(),
                 };
                 match after {
                     None if self.alive().next().is_some() => return Err(ViewError::RingNotEmpty),
@@ -225,6 +235,10 @@ mod tests {
         MemberId(n)
     }
 
+    fn node() -> NodeName {
+        NodeName::new("n@test").unwrap()
+    }
+
     fn ring(ids: &[u64]) -> View {
         let mut v = View::empty();
         let mut prev = None;
@@ -233,6 +247,7 @@ mod tests {
                 .apply(&ViewChange::Join {
                     member: m(id),
                     after: prev,
+                    node: node(),
                 })
                 .unwrap();
             prev = Some(m(id));
@@ -249,6 +264,7 @@ mod tests {
             .apply(&ViewChange::Join {
                 member: m(4),
                 after: Some(m(1)),
+                node: node(),
             })
             .unwrap();
         assert_eq!(v.alive().collect::<Vec<_>>(), vec![m(1), m(4), m(2), m(3)]);
@@ -271,6 +287,7 @@ mod tests {
             .apply(&ViewChange::Join {
                 member: m(5),
                 after: Some(m(1)),
+                node: node(),
             })
             .unwrap();
         assert_eq!(v.owner_of(m(2)), Some(m(4)));
@@ -282,7 +299,11 @@ mod tests {
     #[test]
     fn bad_changes_are_refused() {
         let v = ring(&[1, 2]);
-        let join = |member, after| ViewChange::Join { member, after };
+        let join = |member, after| ViewChange::Join {
+            member,
+            after,
+            node: node(),
+        };
         assert_eq!(
             v.apply(&join(m(1), Some(m(2)))),
             Err(ViewError::AlreadyMember(m(1)))

@@ -183,6 +183,8 @@ pub struct Sim {
     next_id: u64,
     chaos: bool,
     hist: History,
+    /// With `GM_TRACE=<file>`, every event is written there (for debugging a seed).
+    trace: Option<String>,
 }
 
 fn payload(publisher: MemberId, seq: Seq, pad: usize) -> Bytes {
@@ -217,10 +219,18 @@ impl Sim {
             cuts: BTreeSet::new(),
             next_id: 1,
             chaos: true,
+            trace: std::env::var_os("GM_TRACE").map(|_| String::new()),
             hist: History {
                 trace_hash: 0xcbf2_9ce4_8422_2325,
                 ..History::default()
             },
+        }
+    }
+
+    fn log(&mut self, what: impl FnOnce() -> String) {
+        if let Some(t) = &mut self.trace {
+            let line = what();
+            let _ = writeln!(t, "{:>8} {line}", self.now);
         }
     }
 
@@ -273,6 +283,14 @@ impl Sim {
         match self.auth.propose_now(RING, &change) {
             Ok(view) => {
                 self.hist.hash(&[0xee, view.version]);
+                self.log(|| {
+                    let entries: Vec<String> = view
+                        .entries
+                        .iter()
+                        .map(|e| format!("{}{}", e.id, if e.alive { "" } else { "(dead)" }))
+                        .collect();
+                    format!("commit v{} {change:?}: {}", view.version, entries.join(" "))
+                });
                 if let ViewChange::Join { member, .. } = change {
                     self.hist.joined_at.insert(member, view.version);
                 }
@@ -311,7 +329,12 @@ impl Sim {
         let alive = self.live_in_view();
         let after = self.pick(&alive);
         let after = after.or_else(|| self.view().alive().next());
-        self.commit(ViewChange::Join { member: id, after });
+        let node = warren_wire::NodeName::new(format!("n{}@sim", id.0)).expect("node name");
+        self.commit(ViewChange::Join {
+            member: id,
+            after,
+            node,
+        });
         id
     }
 
@@ -327,6 +350,7 @@ impl Sim {
         node.crashed = true;
         node.crash_cutoff = cutoff;
         self.hist.hash(&[0xc0, id.0]);
+        self.log(|| format!("crash {id} (frames due by {cutoff} still arrive)"));
         let delay = self.rng.random_range(2_000..=8_000);
         self.schedule(now + delay, Event::Detect(id));
     }
@@ -378,7 +402,10 @@ impl Sim {
                     payload,
                 } => self.check_delivery(id, publisher, seq, &payload),
                 Action::Confirm { up_to } => self.check_confirm(id, up_to),
-                Action::ViewInstalled { version } => self.hist.hash(&[0xa1, id.0, version]),
+                Action::ViewInstalled { version } => {
+                    self.hist.hash(&[0xa1, id.0, version]);
+                    self.log(|| format!("{id} installs v{version}"));
+                }
                 Action::NeedView { .. } => {
                     let delay = self.rng.random_range(10..=300);
                     self.schedule(self.now + delay, Event::View(id));
@@ -477,6 +504,7 @@ impl Sim {
 
     fn check_delivery(&mut self, m: MemberId, p: MemberId, seq: Seq, payload: &Bytes) {
         self.hist.deliveries += 1;
+        self.log(|| format!("{m} delivers {p}#{seq}"));
         self.hist.hash(&[0xd0, m.0, p.0, seq]);
         let views = self.hist.broadcasts.get(&p);
         let Some(&view) = views.and_then(|v| v.get(seq as usize - 1)) else {
@@ -566,8 +594,32 @@ impl Sim {
                     return;
                 };
                 if node.crashed || !link_ok || !sender_ok {
+                    self.log(|| format!("lost {from}->{to} v{} {:?}", frame.view, frame.kind));
                     return;
                 }
+                if self.trace.is_some() {
+                    let streams: Vec<String> = frame
+                        .streams
+                        .iter()
+                        .map(|b| {
+                            let (lo, hi) = (
+                                b.pubs.first().map_or(0, |p| p.seq),
+                                b.pubs.last().map_or(0, |p| p.seq),
+                            );
+                            format!("{}[{lo}..{hi} ack {}]", b.publisher, b.ack)
+                        })
+                        .collect();
+                    let line = format!(
+                        "frame {from}->{to} v{} {:?} {}",
+                        frame.view,
+                        frame.kind,
+                        streams.join(" ")
+                    );
+                    self.log(|| line);
+                }
+                let Some(node) = self.nodes.get_mut(&to) else {
+                    return;
+                };
                 node.member.handle_frame(frame);
                 self.drain(to);
             }
@@ -761,6 +813,9 @@ impl Sim {
             }
         }
         self.check_end();
+        if let (Some(trace), Some(path)) = (&self.trace, std::env::var_os("GM_TRACE")) {
+            let _ = std::fs::write(path, trace);
+        }
         if self.hist.violations.is_empty() {
             Ok(Outcome {
                 trace_hash: self.hist.trace_hash,

@@ -1,0 +1,980 @@
+//! The async driver: runs a node's ring members over any [`Transport`].
+//!
+//! One [`GmNode`] per node. It hosts members of any number of rings and keeps
+//! one connection per pair of nodes, shared by all rings: every frame is a
+//! [`PeerFrame::Ring`] naming its ring. The node with the smaller name dials,
+//! the other accepts; a broken connection is redialled, and the members next
+//! to a member on that node resynchronise (catchup) over the new one.
+//!
+//! Threads and tasks: one task per node runs every local member; per
+//! connection a reader task hands it *batches* of frames and a writer task
+//! takes *batches* of frames from an outbox, so no message crosses a task
+//! boundary on its own. Membership goes through the [`ViewAuthority`]: joins,
+//! removals of members on nodes the [`FailureDetector`] suspects (reported by
+//! their ring neighbours only), and erasures of drained dead members.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use warren_transport::{Connection, FrameSender, PeerAddr, Transport, TransportError};
+use warren_wire::{NodeName, PeerFrame, decode_message, encode_message};
+
+use crate::authority::ViewAuthority;
+use crate::detector::FailureDetector;
+use crate::frame::{Frame, Seq};
+use crate::member::{Action, Config, GmError, Member, Phase};
+use crate::view::{MemberId, View, ViewChange, ViewError, ViewVersion};
+
+/// Why a driver operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// The transport failed (listening, typically).
+    #[error("transport: {0}")]
+    Transport(#[from] TransportError),
+    /// The view authority refused a change.
+    #[error("view authority: {0}")]
+    Authority(#[from] ViewError),
+    /// The member refused the broadcast.
+    #[error("member: {0}")]
+    Member(#[from] GmError),
+    /// The node has stopped.
+    #[error("the GM node has stopped")]
+    Stopped,
+    /// No such ring member on this node.
+    #[error("no member {0} of ring {1:?} on this node")]
+    NoSuchMember(MemberId, String),
+}
+
+/// Settings of a [`GmNode`].
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node's name (the transport's node name).
+    pub node: NodeName,
+    /// Where to listen for peers.
+    pub listen: PeerAddr,
+    /// Settings of every member this node runs.
+    pub member: Config,
+    /// Timer period: heartbeats, failure detection, view polling.
+    pub tick_interval: Duration,
+    /// Poll the authority for every local ring's view every this many ticks.
+    pub view_poll_ticks: u32,
+    /// Wait between two dials of an unreachable peer.
+    pub redial_interval: Duration,
+}
+
+impl NodeConfig {
+    /// Defaults: 10 ms ticks, view polling every 20 ticks, redial every 100 ms.
+    pub fn new(node: NodeName, listen: PeerAddr) -> Self {
+        Self {
+            node,
+            listen,
+            member: Config::default(),
+            tick_interval: Duration::from_millis(10),
+            view_poll_ticks: 20,
+            redial_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What a ring member tells its application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingEvent {
+    /// A broadcast, delivered (exactly once, in its publisher's order).
+    Deliver {
+        /// Who broadcast it.
+        publisher: MemberId,
+        /// Its sequence number.
+        seq: Seq,
+        /// The payload.
+        payload: Bytes,
+    },
+    /// Own broadcasts up to `up_to` are held by every member of the view.
+    Confirm {
+        /// Highest confirmed sequence number.
+        up_to: Seq,
+    },
+    /// A view was installed.
+    View {
+        /// Its version.
+        version: ViewVersion,
+    },
+    /// The member is out of the ring (removed, or its join failed); join again to continue.
+    Removed,
+}
+
+/// The body of a [`PeerFrame::Ring`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum RingMsg {
+    /// A member's frame for member `to`.
+    Frame { to: MemberId, frame: Frame },
+    /// The ring's view changed: fetch it.
+    ViewChanged { version: ViewVersion },
+}
+
+/// A queue of items handed from one task to another in batches.
+#[derive(Debug)]
+struct Handoff<T> {
+    items: Mutex<(VecDeque<T>, bool)>,
+    notify: Notify,
+}
+
+impl<T> Handoff<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            items: Mutex::new((VecDeque::new(), false)),
+            notify: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (VecDeque<T>, bool)> {
+        self.items.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends items (the caller wakes the consumer with `wake`).
+    fn extend(&self, items: impl IntoIterator<Item = T>) {
+        self.lock().0.extend(items);
+    }
+
+    fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    fn close(&self) {
+        self.lock().1 = true;
+        self.notify.notify_one();
+    }
+
+    /// Waits for items and takes them all; `false` once closed.
+    async fn take(&self, out: &mut Vec<T>) -> bool {
+        loop {
+            {
+                let mut g = self.lock();
+                if g.1 {
+                    return false;
+                }
+                if !g.0.is_empty() {
+                    out.extend(g.0.drain(..));
+                    return true;
+                }
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// A running node: hosts ring members and talks to peer nodes.
+#[derive(Debug)]
+pub struct GmNode {
+    node: NodeName,
+    local_addr: PeerAddr,
+    cmd: mpsc::Sender<Command>,
+    tasks: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+/// A local member of one ring, for the application.
+#[derive(Debug)]
+pub struct RingHandle {
+    ring: String,
+    member: MemberId,
+    cmd: mpsc::Sender<Command>,
+    events: Arc<Handoff<RingEvent>>,
+}
+
+enum Command {
+    AddPeer(NodeName, PeerAddr),
+    Join(String, oneshot::Sender<RingHandle>),
+    Broadcast {
+        ring: String,
+        member: MemberId,
+        payloads: Vec<Bytes>,
+        reply: oneshot::Sender<Result<Seq, DriverError>>,
+    },
+}
+
+enum Inbound {
+    Connected {
+        peer: NodeName,
+        conn: u64,
+        sender: Box<dyn FrameSender>,
+    },
+    Frames {
+        peer: NodeName,
+        conn: u64,
+        frames: Vec<Bytes>,
+    },
+    Down {
+        peer: NodeName,
+        conn: u64,
+    },
+    View {
+        ring: String,
+        view: View,
+        announce: bool,
+    },
+    Proposed {
+        ring: String,
+        member: MemberId,
+    },
+}
+
+fn spawn_tracked<F>(tasks: &Mutex<Vec<AbortHandle>>, fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let handle = tokio::spawn(fut);
+    let mut t = tasks.lock().unwrap_or_else(|e| e.into_inner());
+    t.retain(|h| !h.is_finished());
+    t.push(handle.abort_handle());
+}
+
+impl GmNode {
+    /// Starts a node: listens at `config.listen` and runs its event loop.
+    pub async fn start(
+        config: NodeConfig,
+        transport: Arc<dyn Transport>,
+        authority: Arc<dyn ViewAuthority>,
+        detector: Box<dyn FailureDetector>,
+    ) -> Result<Self, DriverError> {
+        let mut listener = transport.listen(&config.listen).await?;
+        let local_addr = listener.local_addr();
+        let tasks = Arc::new(Mutex::new(Vec::new()));
+        let (cmd_tx, cmd_rx) = mpsc::channel(1024);
+        let (in_tx, in_rx) = mpsc::channel(1024);
+        let conn_ids = Arc::new(AtomicU64::new(1));
+        {
+            let in_tx = in_tx.clone();
+            let conn_ids = conn_ids.clone();
+            let tasks2 = tasks.clone();
+            spawn_tracked(&tasks, async move {
+                while let Ok(conn) = listener.accept().await {
+                    let id = conn_ids.fetch_add(1, Ordering::Relaxed);
+                    if !adopt(conn, id, &in_tx, &tasks2, None).await {
+                        break;
+                    }
+                }
+            });
+        }
+        let task = NodeTask {
+            cfg: config.clone(),
+            transport,
+            authority,
+            detector,
+            rings: BTreeMap::new(),
+            peers: BTreeMap::new(),
+            in_tx,
+            cmd_tx: cmd_tx.clone(),
+            conn_ids,
+            tasks: tasks.clone(),
+            id_base: rand::random::<u64>() >> 8,
+            next_member: 0,
+            hb_seq: 0,
+            ticks: 0,
+            fetching: BTreeSet::new(),
+            removing: BTreeSet::new(),
+            loopback: VecDeque::new(),
+            woken: BTreeSet::new(),
+        };
+        spawn_tracked(&tasks, task.run(cmd_rx, in_rx));
+        Ok(Self {
+            node: config.node,
+            local_addr,
+            cmd: cmd_tx,
+            tasks,
+        })
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &NodeName {
+        &self.node
+    }
+
+    /// The address peers dial.
+    pub fn local_addr(&self) -> &PeerAddr {
+        &self.local_addr
+    }
+
+    /// Tells the node where a peer node listens.
+    pub async fn add_peer(&self, node: NodeName, addr: PeerAddr) -> Result<(), DriverError> {
+        self.cmd
+            .send(Command::AddPeer(node, addr))
+            .await
+            .map_err(|_| DriverError::Stopped)
+    }
+
+    /// Joins `ring` with a new member (spliced in after the ring's last alive
+    /// member). The handle's events say when the view with it is installed.
+    pub async fn join(&self, ring: &str) -> Result<RingHandle, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(Command::Join(ring.to_owned(), tx))
+            .await
+            .map_err(|_| DriverError::Stopped)?;
+        rx.await.map_err(|_| DriverError::Stopped)
+    }
+
+    /// Stops every task of the node at once (connections drop, as in a crash).
+    pub fn shutdown(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for GmNode {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl RingHandle {
+    /// The ring's name.
+    pub fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// This member's id.
+    pub fn member(&self) -> MemberId {
+        self.member
+    }
+
+    /// Broadcasts a batch of payloads; returns the last one's sequence number.
+    pub async fn broadcast(&self, payloads: Vec<Bytes>) -> Result<Seq, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(Command::Broadcast {
+                ring: self.ring.clone(),
+                member: self.member,
+                payloads,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| DriverError::Stopped)?;
+        rx.await.map_err(|_| DriverError::Stopped)?
+    }
+
+    /// Waits for events and appends all that are ready to `out`; `false` once the node stopped.
+    pub async fn next_events(&self, out: &mut Vec<RingEvent>) -> bool {
+        self.events.take(out).await
+    }
+}
+
+/// Splits a new connection: the reader starts, the sender goes to the node task.
+async fn adopt(
+    conn: Connection,
+    id: u64,
+    in_tx: &mpsc::Sender<Inbound>,
+    tasks: &Mutex<Vec<AbortHandle>>,
+    down: Option<Arc<Notify>>,
+) -> bool {
+    let peer = conn.peer_node().clone();
+    let (sender, mut receiver) = conn.split();
+    let connected = Inbound::Connected {
+        peer: peer.clone(),
+        conn: id,
+        sender,
+    };
+    if in_tx.send(connected).await.is_err() {
+        return false;
+    }
+    let in_tx = in_tx.clone();
+    spawn_tracked(tasks, async move {
+        let mut frames = Vec::new();
+        loop {
+            match receiver.recv_batch(&mut frames, 4096).await {
+                Ok(n) if n > 0 => {
+                    let batch = Inbound::Frames {
+                        peer: peer.clone(),
+                        conn: id,
+                        frames: std::mem::take(&mut frames),
+                    };
+                    if in_tx.send(batch).await.is_err() {
+                        return;
+                    }
+                }
+                _ => break,
+            }
+        }
+        let _ = in_tx.send(Inbound::Down { peer, conn: id }).await;
+        if let Some(down) = down {
+            down.notify_one();
+        }
+    });
+    true
+}
+
+struct Peer {
+    addr: Option<PeerAddr>,
+    conn: u64,
+    outbox: Option<Arc<Handoff<Bytes>>>,
+    dialing: bool,
+}
+
+struct Local {
+    member: Member,
+    events: Arc<Handoff<RingEvent>>,
+}
+
+struct NodeTask {
+    cfg: NodeConfig,
+    transport: Arc<dyn Transport>,
+    authority: Arc<dyn ViewAuthority>,
+    detector: Box<dyn FailureDetector>,
+    rings: BTreeMap<String, BTreeMap<MemberId, Local>>,
+    peers: BTreeMap<NodeName, Peer>,
+    in_tx: mpsc::Sender<Inbound>,
+    cmd_tx: mpsc::Sender<Command>,
+    conn_ids: Arc<AtomicU64>,
+    tasks: Arc<Mutex<Vec<AbortHandle>>>,
+    id_base: u64,
+    next_member: u64,
+    hb_seq: u64,
+    ticks: u64,
+    fetching: BTreeSet<String>,
+    removing: BTreeSet<(String, MemberId)>,
+    loopback: VecDeque<(String, MemberId, Frame)>,
+    woken: BTreeSet<NodeName>,
+}
+
+impl NodeTask {
+    async fn run(
+        mut self,
+        mut cmd_rx: mpsc::Receiver<Command>,
+        mut in_rx: mpsc::Receiver<Inbound>,
+    ) {
+        let mut tick = tokio::time::interval(self.cfg.tick_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = cmd_rx.recv() => match cmd {
+                    Some(cmd) => self.on_command(cmd),
+                    None => return,
+                },
+                msg = in_rx.recv() => match msg {
+                    Some(msg) => self.on_inbound(msg),
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick(),
+            }
+            // Take whatever else is ready before flushing: one flush per turn.
+            for _ in 0..64 {
+                let mut idle = true;
+                if let Ok(msg) = in_rx.try_recv() {
+                    self.on_inbound(msg);
+                    idle = false;
+                }
+                if let Ok(cmd) = cmd_rx.try_recv() {
+                    self.on_command(cmd);
+                    idle = false;
+                }
+                if idle {
+                    break;
+                }
+            }
+            self.flush_all();
+        }
+    }
+
+    fn spawn<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        spawn_tracked(&self.tasks, fut);
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::AddPeer(node, addr) => {
+                let now = Instant::now();
+                self.detector.watch(&node, now);
+                let peer = self.peers.entry(node.clone()).or_insert(Peer {
+                    addr: None,
+                    conn: 0,
+                    outbox: None,
+                    dialing: false,
+                });
+                peer.addr = Some(addr.clone());
+                if self.cfg.node < node && !peer.dialing {
+                    peer.dialing = true;
+                    self.spawn_dialer(node, addr);
+                }
+            }
+            Command::Join(ring, reply) => {
+                self.next_member += 1;
+                let id = MemberId(self.id_base.wrapping_add(self.next_member));
+                let events = Handoff::new();
+                let local = Local {
+                    member: Member::new(id, self.cfg.member.clone()),
+                    events: events.clone(),
+                };
+                self.rings
+                    .entry(ring.clone())
+                    .or_default()
+                    .insert(id, local);
+                let _ = reply.send(RingHandle {
+                    ring: ring.clone(),
+                    member: id,
+                    cmd: self.cmd_tx.clone(),
+                    events,
+                });
+                let node = self.cfg.node.clone();
+                self.propose(ring, move |view| {
+                    let after = view.alive().last();
+                    Some(ViewChange::Join {
+                        member: id,
+                        after,
+                        node: node.clone(),
+                    })
+                });
+            }
+            Command::Broadcast {
+                ring,
+                member,
+                payloads,
+                reply,
+            } => {
+                let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&member)) else {
+                    let _ = reply.send(Err(DriverError::NoSuchMember(member, ring)));
+                    return;
+                };
+                let mut result = Ok(local.member.last_broadcast());
+                for p in payloads {
+                    match local.member.broadcast(p) {
+                        Ok(seq) => result = Ok(seq),
+                        Err(e) => {
+                            result = Err(e.into());
+                            break;
+                        }
+                    }
+                }
+                let _ = reply.send(result);
+                self.drive(&ring, member);
+            }
+        }
+    }
+
+    fn spawn_dialer(&self, peer: NodeName, addr: PeerAddr) {
+        let transport = self.transport.clone();
+        let in_tx = self.in_tx.clone();
+        let conn_ids = self.conn_ids.clone();
+        let tasks = self.tasks.clone();
+        let redial = self.cfg.redial_interval;
+        self.spawn(async move {
+            loop {
+                if let Ok(conn) = transport.connect(&addr).await
+                    && conn.peer_node() == &peer
+                {
+                    let down = Arc::new(Notify::new());
+                    let id = conn_ids.fetch_add(1, Ordering::Relaxed);
+                    if !adopt(conn, id, &in_tx, &tasks, Some(down.clone())).await {
+                        return;
+                    }
+                    down.notified().await;
+                }
+                tokio::time::sleep(redial).await;
+            }
+        });
+    }
+
+    fn on_inbound(&mut self, msg: Inbound) {
+        match msg {
+            Inbound::Connected { peer, conn, sender } => {
+                let outbox = Handoff::new();
+                let entry = self.peers.entry(peer.clone()).or_insert(Peer {
+                    addr: None,
+                    conn: 0,
+                    outbox: None,
+                    dialing: false,
+                });
+                if conn < entry.conn {
+                    return;
+                }
+                entry.conn = conn;
+                if let Some(old) = entry.outbox.replace(outbox.clone()) {
+                    old.close();
+                }
+                self.detector.watch(&peer, Instant::now());
+                self.spawn(write_loop(sender, outbox));
+                self.link_reset(&peer);
+            }
+            Inbound::Down { peer, conn } => {
+                if let Some(p) = self.peers.get_mut(&peer)
+                    && p.conn == conn
+                    && let Some(outbox) = p.outbox.take()
+                {
+                    outbox.close();
+                }
+            }
+            Inbound::Frames { peer, conn, frames } => {
+                if self.peers.get(&peer).is_none_or(|p| p.conn != conn) {
+                    return;
+                }
+                self.detector.heard_from(&peer, Instant::now());
+                for bytes in frames {
+                    self.on_peer_frame(&bytes);
+                }
+            }
+            Inbound::View {
+                ring,
+                view,
+                announce,
+            } => {
+                self.fetching.remove(&ring);
+                if announce {
+                    self.announce(&ring, &view);
+                }
+                self.install(&ring, &view);
+            }
+            Inbound::Proposed { ring, member } => {
+                self.removing.remove(&(ring, member));
+            }
+        }
+    }
+
+    fn on_peer_frame(&mut self, bytes: &[u8]) {
+        let Ok(PeerFrame::Ring { ring, body }) = decode_message::<PeerFrame>(bytes) else {
+            return; // heartbeats only feed the detector; garbage is ignored
+        };
+        match decode_message::<RingMsg>(&body) {
+            Ok(RingMsg::Frame { to, frame }) => {
+                if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&to)) {
+                    local.member.handle_frame(frame);
+                    self.drive(&ring, to);
+                    self.run_loopback();
+                }
+            }
+            Ok(RingMsg::ViewChanged { version }) => {
+                let behind = self
+                    .rings
+                    .get(&ring)
+                    .is_some_and(|r| r.values().any(|l| l.member.view().version < version));
+                if behind {
+                    self.fetch(&ring);
+                }
+            }
+            Err(e) => tracing::debug!(%ring, error = %e, "malformed ring frame ignored"),
+        }
+    }
+
+    /// The connection to `peer` was (re)established: members next to a member
+    /// on `peer` resynchronise over it.
+    fn link_reset(&mut self, peer: &NodeName) {
+        let mut touched = Vec::new();
+        for (ring, members) in &mut self.rings {
+            for (&id, local) in members.iter_mut() {
+                let view = local.member.view().clone();
+                for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
+                    if n != id && view.entry(n).is_some_and(|e| &e.node == peer) {
+                        local.member.handle_link_reset(n);
+                        touched.push((ring.clone(), id));
+                    }
+                }
+            }
+        }
+        for (ring, id) in touched {
+            self.drive(&ring, id);
+        }
+        self.run_loopback();
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        self.ticks += 1;
+        if self.detector.heartbeat_due(now) {
+            self.hb_seq += 1;
+            let hb = encode_message(&PeerFrame::Heartbeat { seq: self.hb_seq })
+                .map(Bytes::from)
+                .ok();
+            if let Some(hb) = hb {
+                let names: Vec<NodeName> = self.peers.keys().cloned().collect();
+                for name in names {
+                    self.push_to(&name, hb.clone());
+                }
+            }
+        }
+        for suspect in self.detector.poll_suspects(now) {
+            tracing::info!(node = %self.cfg.node, %suspect, "peer node suspected dead");
+            self.report_neighbours_on(&suspect);
+        }
+        if self
+            .ticks
+            .is_multiple_of(u64::from(self.cfg.view_poll_ticks.max(1)))
+        {
+            let rings: Vec<String> = self.rings.keys().cloned().collect();
+            for ring in rings {
+                self.fetch(&ring);
+            }
+        }
+        self.each_member(Member::handle_tick);
+    }
+
+    /// Applies `f` to every local member and runs their actions.
+    fn each_member(&mut self, f: fn(&mut Member)) {
+        let keys: Vec<(String, MemberId)> = self
+            .rings
+            .iter()
+            .flat_map(|(r, m)| m.keys().map(move |id| (r.clone(), *id)))
+            .collect();
+        for (ring, id) in keys {
+            if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&id)) {
+                f(&mut local.member);
+            }
+            self.drive(&ring, id);
+            self.run_loopback();
+        }
+    }
+
+    /// Reports members on `suspect` that neighbour a local member.
+    fn report_neighbours_on(&mut self, suspect: &NodeName) {
+        let mut victims = Vec::new();
+        for (ring, members) in &self.rings {
+            for (&id, local) in members {
+                if local.member.phase() == Phase::Removed {
+                    continue;
+                }
+                let view = local.member.view();
+                for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
+                    if view.entry(n).is_some_and(|e| &e.node == suspect) {
+                        victims.push((ring.clone(), n));
+                    }
+                }
+            }
+        }
+        for (ring, victim) in victims {
+            self.remove(ring, victim);
+        }
+    }
+
+    fn remove(&mut self, ring: String, victim: MemberId) {
+        if !self.removing.insert((ring.clone(), victim)) {
+            return;
+        }
+        let in_tx = self.in_tx.clone();
+        let ring2 = ring.clone();
+        self.propose(ring, move |view| {
+            view.is_alive(victim).then_some(ViewChange::Remove(victim))
+        });
+        self.spawn(async move {
+            // Allow a later report of the same member once this one is settled.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = in_tx
+                .send(Inbound::Proposed {
+                    ring: ring2,
+                    member: victim,
+                })
+                .await;
+        });
+    }
+
+    /// Proposes the change `make` builds from the current view, retrying on conflicts.
+    fn propose<F>(&self, ring: String, make: F)
+    where
+        F: Fn(&View) -> Option<ViewChange> + Send + 'static,
+    {
+        let authority = self.authority.clone();
+        let in_tx = self.in_tx.clone();
+        self.spawn(async move {
+            for _ in 0..100 {
+                let Ok(view) = authority.current(&ring).await else {
+                    return;
+                };
+                let Some(change) = make(&view) else {
+                    return;
+                };
+                match authority.update(&ring, view.version, change).await {
+                    Ok(view) => {
+                        let _ = in_tx
+                            .send(Inbound::View {
+                                ring,
+                                view,
+                                announce: true,
+                            })
+                            .await;
+                        return;
+                    }
+                    Err(ViewError::Conflict { .. }) => tokio::task::yield_now().await,
+                    Err(e) => {
+                        tracing::debug!(%ring, error = %e, "view change refused");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    fn fetch(&mut self, ring: &str) {
+        if !self.fetching.insert(ring.to_owned()) {
+            return;
+        }
+        let authority = self.authority.clone();
+        let in_tx = self.in_tx.clone();
+        let ring = ring.to_owned();
+        self.spawn(async move {
+            if let Ok(view) = authority.current(&ring).await {
+                let _ = in_tx
+                    .send(Inbound::View {
+                        ring,
+                        view,
+                        announce: false,
+                    })
+                    .await;
+            }
+        });
+    }
+
+    /// Tells every other node of the view that it changed.
+    fn announce(&mut self, ring: &str, view: &View) {
+        let msg = RingMsg::ViewChanged {
+            version: view.version,
+        };
+        let Some(bytes) = self.ring_frame(ring, &msg) else {
+            return;
+        };
+        let nodes: BTreeSet<NodeName> = view
+            .entries
+            .iter()
+            .map(|e| e.node.clone())
+            .filter(|n| n != &self.cfg.node)
+            .collect();
+        for n in nodes {
+            self.push_to(&n, bytes.clone());
+        }
+    }
+
+    fn install(&mut self, ring: &str, view: &View) {
+        let ids: Vec<MemberId> = self
+            .rings
+            .get(ring)
+            .map(|r| r.keys().copied().collect())
+            .unwrap_or_default();
+        for id in ids {
+            if let Some(local) = self.rings.get_mut(ring).and_then(|r| r.get_mut(&id)) {
+                local.member.handle_view(view.clone());
+            }
+            self.drive(ring, id);
+        }
+        self.run_loopback();
+    }
+
+    fn ring_frame(&self, ring: &str, msg: &RingMsg) -> Option<Bytes> {
+        let body = encode_message(msg).ok()?;
+        let frame = PeerFrame::Ring {
+            ring: ring.to_owned(),
+            body: Bytes::from(body),
+        };
+        encode_message(&frame).ok().map(Bytes::from)
+    }
+
+    fn push_to(&mut self, node: &NodeName, bytes: Bytes) {
+        if let Some(outbox) = self.peers.get(node).and_then(|p| p.outbox.as_ref()) {
+            outbox.extend([bytes]);
+            self.woken.insert(node.clone());
+        }
+    }
+
+    /// Runs one member's actions.
+    fn drive(&mut self, ring: &str, id: MemberId) {
+        let Some(local) = self.rings.get_mut(ring).and_then(|r| r.get_mut(&id)) else {
+            return;
+        };
+        let mut events = Vec::new();
+        let mut sends = Vec::new();
+        let mut proposals = Vec::new();
+        let mut need_view = false;
+        for action in local.member.drain_actions() {
+            match action {
+                Action::Send { to, frame } => sends.push((to, frame)),
+                Action::Deliver {
+                    publisher,
+                    seq,
+                    payload,
+                } => events.push(RingEvent::Deliver {
+                    publisher,
+                    seq,
+                    payload,
+                }),
+                Action::Confirm { up_to } => events.push(RingEvent::Confirm { up_to }),
+                Action::ViewInstalled { version } => events.push(RingEvent::View { version }),
+                Action::NeedView { .. } => need_view = true,
+                Action::Erase { dead } => proposals.push(ViewChange::Erase(dead)),
+                Action::JoinFailed => {
+                    events.push(RingEvent::Removed);
+                    proposals.push(ViewChange::Remove(id));
+                }
+                Action::Removed => events.push(RingEvent::Removed),
+            }
+        }
+        if !events.is_empty() {
+            local.events.extend(events);
+            local.events.wake();
+        }
+        let view = local.member.view().clone();
+        for (to, frame) in sends {
+            let Some(entry) = view.entry(to) else {
+                continue;
+            };
+            if entry.node == self.cfg.node {
+                self.loopback.push_back((ring.to_owned(), to, frame));
+            } else if let Some(bytes) = self.ring_frame(ring, &RingMsg::Frame { to, frame }) {
+                let node = entry.node.clone();
+                self.push_to(&node, bytes);
+            }
+        }
+        for change in proposals {
+            match change {
+                ViewChange::Remove(m) => self.remove(ring.to_owned(), m),
+                ViewChange::Erase(dead) => self.propose(ring.to_owned(), move |v| {
+                    v.entry(dead)
+                        .is_some_and(|e| !e.alive)
+                        .then_some(ViewChange::Erase(dead))
+                }),
+                ViewChange::Join { .. } => {}
+            }
+        }
+        if need_view {
+            self.fetch(ring);
+        }
+    }
+
+    /// Frames between members on this node never touch the network.
+    fn run_loopback(&mut self) {
+        while let Some((ring, to, frame)) = self.loopback.pop_front() {
+            if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&to)) {
+                local.member.handle_frame(frame);
+                self.drive(&ring, to);
+            }
+        }
+    }
+
+    fn flush_all(&mut self) {
+        self.each_member(Member::flush);
+        for node in std::mem::take(&mut self.woken) {
+            if let Some(outbox) = self.peers.get(&node).and_then(|p| p.outbox.as_ref()) {
+                outbox.wake();
+            }
+        }
+    }
+}
+
+/// Writes batches from the outbox until the connection fails or a newer one replaces it.
+async fn write_loop(mut sender: Box<dyn FrameSender>, outbox: Arc<Handoff<Bytes>>) {
+    let mut batch = Vec::new();
+    while outbox.take(&mut batch).await {
+        for frame in batch.drain(..) {
+            if sender.feed(frame).is_err() {
+                return;
+            }
+        }
+        if sender.flush().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The same ring test over the in-memory transport, TCP and QUIC: five
+//! members on five nodes broadcast; one node crashes; a sixth node joins;
+//! then the guarantees are checked on what every member delivered.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use warren_gm::{
+    GmNode, HeartbeatDetector, InMemoryAuthority, MemberId, NodeConfig, RingEvent, RingHandle,
+};
+use warren_tls::ClusterCa;
+use warren_transport::mem::MemNetwork;
+use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportConfig};
+use warren_transport_quic::{QuicOptions, QuicTransport};
+use warren_transport_tcp::TcpTransport;
+
+static CA: LazyLock<ClusterCa> = LazyLock::new(|| ClusterCa::generate("gm-test").expect("CA"));
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Mem,
+    Tcp,
+    Quic,
+}
+
+struct Net {
+    kind: Kind,
+    mem: MemNetwork,
+}
+
+impl Net {
+    fn transport(&self, node: &NodeName) -> Arc<dyn Transport> {
+        let config = TransportConfig::new(node.clone(), ClusterSecret::new("gm-secret"));
+        match self.kind {
+            Kind::Mem => Arc::new(self.mem.transport(config)),
+            Kind::Tcp => Arc::new(TcpTransport::new(config)),
+            Kind::Quic => {
+                let id = CA.issue(node.as_str()).expect("certificate");
+                Arc::new(QuicTransport::new(config, &id, &QuicOptions::loopback()).expect("quic"))
+            }
+        }
+    }
+
+    fn listen_addr(&self, node: &NodeName) -> PeerAddr {
+        match self.kind {
+            Kind::Mem => PeerAddr::new(node.as_str()),
+            Kind::Tcp | Kind::Quic => PeerAddr::new("127.0.0.1:0"),
+        }
+    }
+}
+
+/// What one member saw.
+#[derive(Default, Debug)]
+struct Seen {
+    delivered: BTreeMap<MemberId, Vec<u64>>,
+    confirmed: u64,
+    views: Vec<u64>,
+    removed: bool,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn collect(handle: Arc<RingHandle>) -> Shared {
+    let seen: Shared = Arc::default();
+    let s = seen.clone();
+    tokio::spawn(async move {
+        let mut events = Vec::new();
+        while handle.next_events(&mut events).await {
+            let mut s = s.lock().unwrap();
+            for e in events.drain(..) {
+                match e {
+                    RingEvent::Deliver {
+                        publisher,
+                        seq,
+                        payload,
+                    } => {
+                        assert_eq!(payload, payload_of(publisher, seq), "payload");
+                        s.delivered.entry(publisher).or_default().push(seq);
+                    }
+                    RingEvent::Confirm { up_to } => s.confirmed = up_to,
+                    RingEvent::View { version } => s.views.push(version),
+                    RingEvent::Removed => s.removed = true,
+                }
+            }
+        }
+    });
+    seen
+}
+
+fn payload_of(publisher: MemberId, seq: u64) -> Bytes {
+    Bytes::from(format!("{}:{seq}", publisher.0))
+}
+
+async fn start_node(net: &Net, name: &str, authority: &Arc<InMemoryAuthority>) -> GmNode {
+    let node = NodeName::new(name).unwrap();
+    let mut config = NodeConfig::new(node.clone(), net.listen_addr(&node));
+    config.tick_interval = Duration::from_millis(5);
+    config.redial_interval = Duration::from_millis(50);
+    let detector = HeartbeatDetector::new(Duration::from_millis(20), Duration::from_millis(400));
+    GmNode::start(
+        config,
+        net.transport(&node),
+        authority.clone(),
+        Box::new(detector),
+    )
+    .await
+    .expect("start node")
+}
+
+async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    for _ in 0..3_000 {
+        if ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("gave up waiting (30 s) for: {what}");
+}
+
+struct Member {
+    handle: Arc<RingHandle>,
+    seen: Shared,
+    sent: u64,
+}
+
+async fn join(node: &GmNode) -> Member {
+    let handle = Arc::new(node.join("q").await.expect("join"));
+    let seen = collect(handle.clone());
+    Member {
+        handle,
+        seen,
+        sent: 0,
+    }
+}
+
+async fn broadcast_round(members: &mut [Member], live: &[usize]) {
+    for &i in live {
+        let m = &mut members[i];
+        let id = m.handle.member();
+        let payloads: Vec<Bytes> = (1..=10).map(|k| payload_of(id, m.sent + k)).collect();
+        if let Ok(last) = m.handle.broadcast(payloads).await {
+            m.sent = last;
+        }
+    }
+}
+
+async fn ring_test(kind: Kind) {
+    let net = Net {
+        kind,
+        mem: MemNetwork::new(7),
+    };
+    let authority = Arc::new(InMemoryAuthority::new());
+    let mut nodes = Vec::new();
+    for i in 1..=6 {
+        nodes.push(start_node(&net, &format!("n{i}@gm"), &authority).await);
+    }
+    for a in &nodes {
+        for b in &nodes {
+            if a.node() != b.node() {
+                a.add_peer(b.node().clone(), b.local_addr().clone())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    let mut members = Vec::new();
+    for node in &nodes[..5] {
+        members.push(join(node).await);
+        let n = members.len() as u64;
+        wait_until("the joiner's view", || {
+            members
+                .last()
+                .unwrap()
+                .seen
+                .lock()
+                .unwrap()
+                .views
+                .last()
+                .is_some_and(|&v| v >= n)
+        })
+        .await;
+    }
+    // Messages broadcast in a view without a member are not for it: start
+    // once every member has installed the full view.
+    wait_until("the five-member view everywhere", || {
+        members
+            .iter()
+            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 5))
+    })
+    .await;
+    let mut live: Vec<usize> = (0..5).collect();
+    for _ in 0..20 {
+        broadcast_round(&mut members, &live).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Node 3 crashes mid-traffic.
+    nodes[2].shutdown();
+    live.retain(|&i| i != 2);
+    for _ in 0..20 {
+        broadcast_round(&mut members, &live).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wait_until("the crashed member's removal", || {
+        authority
+            .current_now("q")
+            .entry(members[2].handle.member())
+            .is_none_or(|e| !e.alive)
+    })
+    .await;
+    // A sixth node joins during traffic; nothing confirmed before may reach it.
+    let confirmed_before: Vec<u64> = members
+        .iter()
+        .map(|m| m.seen.lock().unwrap().confirmed)
+        .collect();
+    members.push(join(&nodes[5]).await);
+    live.push(5);
+    for _ in 0..20 {
+        broadcast_round(&mut members, &live).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wait_until("every broadcast confirmed", || {
+        live.iter().all(|&i| {
+            let s = members[i].seen.lock().unwrap();
+            s.confirmed == members[i].sent && !s.removed
+        })
+    })
+    .await;
+    // Guarantees.
+    let ids: Vec<MemberId> = members.iter().map(|m| m.handle.member()).collect();
+    for &i in &live {
+        let seen = members[i].seen.lock().unwrap();
+        for (j, &p) in ids.iter().enumerate() {
+            let got = seen.delivered.get(&p).cloned().unwrap_or_default();
+            // Exactly once, in order, without gaps.
+            for w in got.windows(2) {
+                assert_eq!(w[1], w[0] + 1, "{kind:?}: member {i} got {p} out of order");
+            }
+            if live.contains(&j) {
+                assert_eq!(
+                    got.last().copied().unwrap_or(0),
+                    members[j].sent,
+                    "{kind:?}: member {i} misses messages of {j}"
+                );
+            }
+            if i == 5 && j != 5 {
+                let first = got.first().copied().unwrap_or(u64::MAX);
+                assert!(
+                    first > confirmed_before[j],
+                    "{kind:?}: the joiner delivered {p}#{first}, confirmed before it joined"
+                );
+            } else if j != 5 {
+                assert_eq!(got.first().copied(), Some(1), "{kind:?}: member {i}, {j}");
+            }
+        }
+    }
+    // The crashed member's messages: everyone that stayed delivered the same prefix.
+    let crashed = ids[2];
+    let prefixes: Vec<usize> = [0usize, 1, 3, 4]
+        .iter()
+        .map(|&i| {
+            members[i]
+                .seen
+                .lock()
+                .unwrap()
+                .delivered
+                .get(&crashed)
+                .map_or(0, Vec::len)
+        })
+        .collect();
+    assert!(
+        prefixes.windows(2).all(|w| w[0] == w[1]),
+        "{kind:?}: {prefixes:?}"
+    );
+    for node in &nodes {
+        node.shutdown();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_over_mem() {
+    ring_test(Kind::Mem).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_over_tcp() {
+    ring_test(Kind::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_over_quic() {
+    ring_test(Kind::Quic).await;
+}
