@@ -1,0 +1,321 @@
+//! Durable entities (vhosts, users, permissions, durable exchanges, queues
+//! and bindings) behind [`MetadataStore`], with a file-backed implementation.
+//!
+//! The Raft-replicated cluster store will implement the same trait.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use warren_amqp::amq_protocol::types::FieldTable;
+
+use crate::auth::{PermissionDef, UserDef};
+
+/// A durable exchange.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeDef {
+    /// Its vhost.
+    pub vhost: String,
+    /// Its name.
+    pub name: String,
+    /// direct, fanout, topic or headers.
+    pub kind: String,
+    /// Deleted when its last binding goes.
+    pub auto_delete: bool,
+    /// Clients may not publish to it.
+    pub internal: bool,
+    /// Declare arguments (`alternate-exchange`, …).
+    pub arguments: FieldTable,
+}
+
+/// A durable queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueDef {
+    /// Its vhost.
+    pub vhost: String,
+    /// Its name.
+    pub name: String,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Declare arguments (`x-message-ttl`, …).
+    pub arguments: FieldTable,
+}
+
+/// A binding between two durable entities.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BindingDef {
+    /// Its vhost.
+    pub vhost: String,
+    /// The source exchange.
+    pub source: String,
+    /// The destination's name.
+    pub destination: String,
+    /// Whether the destination is an exchange (else a queue).
+    pub destination_is_exchange: bool,
+    /// The binding key.
+    pub routing_key: String,
+    /// Binding arguments (headers exchanges).
+    pub arguments: FieldTable,
+}
+
+/// Every durable entity: what a [`MetadataStore`] holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Definitions {
+    /// Vhost names.
+    pub vhosts: Vec<String>,
+    /// Users.
+    pub users: Vec<UserDef>,
+    /// Permissions.
+    pub permissions: Vec<PermissionDef>,
+    /// Durable exchanges (not the built-in ones).
+    pub exchanges: Vec<ExchangeDef>,
+    /// Durable queues.
+    pub queues: Vec<QueueDef>,
+    /// Bindings between durable entities.
+    pub bindings: Vec<BindingDef>,
+}
+
+/// One change to the durable entities.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Change {
+    /// Add a vhost.
+    PutVhost(String),
+    /// Add or replace a user.
+    PutUser(UserDef),
+    /// Set a user's permissions in a vhost.
+    PutPermission(PermissionDef),
+    /// Add or replace a durable exchange.
+    PutExchange(ExchangeDef),
+    /// Delete a durable exchange (and its bindings).
+    DeleteExchange {
+        /// Its vhost.
+        vhost: String,
+        /// Its name.
+        name: String,
+    },
+    /// Add or replace a durable queue.
+    PutQueue(QueueDef),
+    /// Delete a durable queue (and its bindings).
+    DeleteQueue {
+        /// Its vhost.
+        vhost: String,
+        /// Its name.
+        name: String,
+    },
+    /// Add a binding.
+    PutBinding(BindingDef),
+    /// Remove a binding.
+    DeleteBinding(BindingDef),
+}
+
+impl Definitions {
+    /// Applies one change.
+    pub fn apply(&mut self, change: &Change) {
+        match change {
+            Change::PutVhost(v) => {
+                if !self.vhosts.contains(v) {
+                    self.vhosts.push(v.clone());
+                }
+            }
+            Change::PutUser(u) => {
+                self.users.retain(|x| x.name != u.name);
+                self.users.push(u.clone());
+            }
+            Change::PutPermission(p) => {
+                self.permissions
+                    .retain(|x| !(x.user == p.user && x.vhost == p.vhost));
+                self.permissions.push(p.clone());
+            }
+            Change::PutExchange(e) => {
+                self.exchanges
+                    .retain(|x| !(x.vhost == e.vhost && x.name == e.name));
+                self.exchanges.push(e.clone());
+            }
+            Change::DeleteExchange { vhost, name } => {
+                self.exchanges
+                    .retain(|x| !(&x.vhost == vhost && &x.name == name));
+                self.bindings.retain(|b| {
+                    !(&b.vhost == vhost
+                        && (&b.source == name
+                            || (b.destination_is_exchange && &b.destination == name)))
+                });
+            }
+            Change::PutQueue(q) => {
+                self.queues
+                    .retain(|x| !(x.vhost == q.vhost && x.name == q.name));
+                self.queues.push(q.clone());
+            }
+            Change::DeleteQueue { vhost, name } => {
+                self.queues
+                    .retain(|x| !(&x.vhost == vhost && &x.name == name));
+                self.bindings.retain(|b| {
+                    !(&b.vhost == vhost && !b.destination_is_exchange && &b.destination == name)
+                });
+            }
+            Change::PutBinding(b) => {
+                if !self.bindings.contains(b) {
+                    self.bindings.push(b.clone());
+                }
+            }
+            Change::DeleteBinding(b) => self.bindings.retain(|x| x != b),
+        }
+    }
+}
+
+/// An error of a metadata store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetaError {
+    /// Reading or writing the store failed.
+    #[error("metadata store I/O error on {path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The stored definitions could not be decoded.
+    #[error("metadata file {path} is not valid: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Where the broker keeps its durable entities. A change is durable when
+/// [`MetadataStore::apply`] returns.
+pub trait MetadataStore: Send + std::fmt::Debug {
+    /// Everything stored.
+    fn load(&self) -> Definitions;
+    /// Applies and persists one change.
+    fn apply(&mut self, change: Change) -> Result<(), MetaError>;
+}
+
+/// Keeps everything in memory (tests, transient nodes).
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    defs: Definitions,
+}
+
+impl MetadataStore for MemoryStore {
+    fn load(&self) -> Definitions {
+        self.defs.clone()
+    }
+
+    fn apply(&mut self, change: Change) -> Result<(), MetaError> {
+        self.defs.apply(&change);
+        Ok(())
+    }
+}
+
+/// A JSON snapshot file, rewritten atomically (write, fsync, rename, fsync
+/// the directory) on every change.
+#[derive(Debug)]
+pub struct FileStore {
+    path: PathBuf,
+    defs: Definitions,
+}
+
+impl FileStore {
+    /// Opens (or starts empty) the store at `path`.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self, MetaError> {
+        let path = path.into();
+        let io = |source| MetaError::Io {
+            path: path.clone(),
+            source,
+        };
+        let defs = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| MetaError::Invalid {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Definitions::default(),
+            Err(e) => return Err(io(e)),
+        };
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io)?;
+        }
+        Ok(Self { path, defs })
+    }
+
+    fn write(&self) -> Result<(), MetaError> {
+        let io = |path: &Path, source| MetaError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&self.defs).map_err(|e| MetaError::Invalid {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut f = fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+        f.write_all(&bytes).map_err(|e| io(&tmp, e))?;
+        f.sync_all().map_err(|e| io(&tmp, e))?;
+        fs::rename(&tmp, &self.path).map_err(|e| io(&self.path, e))?;
+        if let Some(dir) = self.path.parent() {
+            let d = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            fs::File::open(d)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io(d, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl MetadataStore for FileStore {
+    fn load(&self) -> Definitions {
+        self.defs.clone()
+    }
+
+    fn apply(&mut self, change: Change) -> Result<(), MetaError> {
+        self.defs.apply(&change);
+        self.write()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_store_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.json");
+        let mut s = FileStore::open(&path).unwrap();
+        s.apply(Change::PutVhost("/".into())).unwrap();
+        s.apply(Change::PutQueue(QueueDef {
+            vhost: "/".into(),
+            name: "q".into(),
+            auto_delete: false,
+            arguments: FieldTable::default(),
+        }))
+        .unwrap();
+        s.apply(Change::PutBinding(BindingDef {
+            vhost: "/".into(),
+            source: "amq.direct".into(),
+            destination: "q".into(),
+            destination_is_exchange: false,
+            routing_key: "k".into(),
+            arguments: FieldTable::default(),
+        }))
+        .unwrap();
+        let s2 = FileStore::open(&path).unwrap();
+        assert_eq!(s2.load(), s.load());
+        let mut s3 = s2;
+        s3.apply(Change::DeleteQueue {
+            vhost: "/".into(),
+            name: "q".into(),
+        })
+        .unwrap();
+        let d = FileStore::open(&path).unwrap().load();
+        assert!(d.queues.is_empty() && d.bindings.is_empty());
+        assert_eq!(d.vhosts, vec!["/".to_string()]);
+    }
+}

@@ -1,0 +1,237 @@
+//! Exchange types and how each matches a message against a binding, and
+//! the per-message metadata stored in the backing queue.
+
+use bytes::{BufMut as _, Bytes, BytesMut};
+use warren_amqp::BasicProperties;
+use warren_amqp::amq_protocol::frame::WriteContext;
+use warren_amqp::amq_protocol::protocol::basic::{gen_properties, parse_properties};
+use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
+
+/// The four exchange types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
+
+impl Kind {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "direct" => Self::Direct,
+            "fanout" => Self::Fanout,
+            "topic" => Self::Topic,
+            "headers" => Self::Headers,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Fanout => "fanout",
+            Self::Topic => "topic",
+            Self::Headers => "headers",
+        }
+    }
+}
+
+/// Whether a topic binding pattern (`*` one word, `#` zero or more) matches a routing key.
+pub(crate) fn topic_matches(pattern: &str, key: &str) -> bool {
+    let p: Vec<&str> = pattern.split('.').collect();
+    let k: Vec<&str> = key.split('.').collect();
+    fn go(p: &[&str], k: &[&str]) -> bool {
+        match p.split_first() {
+            None => k.is_empty(),
+            Some((&"#", rest)) => (0..=k.len()).any(|i| go(rest, &k[i..])),
+            Some((&w, rest)) => match k.split_first() {
+                Some((&kw, krest)) => (w == "*" || w == kw) && go(rest, krest),
+                None => false,
+            },
+        }
+    }
+    go(&p, &k)
+}
+
+/// Whether a headers-exchange binding (with `x-match` all/any) matches the message headers.
+pub(crate) fn headers_match(binding: &FieldTable, headers: Option<&FieldTable>) -> bool {
+    let mode = match binding.inner().get("x-match") {
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        Some(AMQPValue::ShortString(s)) => s.as_str().to_owned(),
+        _ => "all".to_owned(),
+    };
+    let any = mode.starts_with("any");
+    let with_x = mode.ends_with("-with-x");
+    let empty = FieldTable::default();
+    let headers = headers.unwrap_or(&empty).inner();
+    for (k, v) in binding.inner() {
+        if k.as_str() == "x-match" || (!with_x && k.as_str().starts_with("x-")) {
+            continue;
+        }
+        let ok = match (v, headers.get(k)) {
+            (_, None) => false,
+            (AMQPValue::Void, Some(_)) => true,
+            (a, Some(b)) => values_equal(a, b),
+        };
+        if any && ok {
+            return true;
+        }
+        if !any && !ok {
+            return false;
+        }
+    }
+    !any
+}
+
+/// An integer argument, whatever integer type the client encoded it as.
+pub(crate) fn as_i64(v: &AMQPValue) -> Option<i64> {
+    Some(match v {
+        AMQPValue::ShortShortInt(x) => i64::from(*x),
+        AMQPValue::ShortShortUInt(x) => i64::from(*x),
+        AMQPValue::ShortInt(x) => i64::from(*x),
+        AMQPValue::ShortUInt(x) => i64::from(*x),
+        AMQPValue::LongInt(x) => i64::from(*x),
+        AMQPValue::LongUInt(x) => i64::from(*x),
+        AMQPValue::LongLongInt(x) => *x,
+        AMQPValue::Timestamp(x) => i64::try_from(*x).ok()?,
+        _ => return None,
+    })
+}
+
+/// A string argument.
+pub(crate) fn as_str(v: &AMQPValue) -> Option<String> {
+    match v {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// Equality of two field values, with integers compared by value and
+/// short/long strings alike.
+pub(crate) fn values_equal(a: &AMQPValue, b: &AMQPValue) -> bool {
+    if let (Some(x), Some(y)) = (as_i64(a), as_i64(b)) {
+        return x == y;
+    }
+    if let (Some(x), Some(y)) = (as_str(a), as_str(b)) {
+        return x == y;
+    }
+    a == b
+}
+
+/// A value shown in an error text.
+pub(crate) fn show_value(v: Option<&AMQPValue>) -> String {
+    match v {
+        None => "none".to_owned(),
+        Some(v) => match (as_i64(v), as_str(v)) {
+            (Some(i), _) => i.to_string(),
+            (_, Some(s)) => s,
+            _ => format!("{v:?}"),
+        },
+    }
+}
+
+/// What a queue keeps with each message besides its body: the exchange and
+/// routing key it was published with and its encoded properties.
+pub(crate) fn encode_meta(exchange: &str, routing_key: &str, props: &BasicProperties) -> Bytes {
+    let mut b = BytesMut::with_capacity(4 + exchange.len() + routing_key.len() + 16);
+    put_short(&mut b, exchange);
+    put_short(&mut b, routing_key);
+    match gen_properties(props)(WriteContext::from(Vec::new())) {
+        Ok(ctx) => b.extend_from_slice(&ctx.into_inner().0),
+        Err(_) => b.put_u16(0),
+    }
+    b.freeze()
+}
+
+fn put_short(b: &mut BytesMut, s: &str) {
+    let mut end = s.len().min(255);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    b.put_u8(end as u8);
+    b.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+/// The decoded form of [`encode_meta`].
+#[derive(Debug)]
+pub(crate) struct Meta {
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    pub(crate) properties: BasicProperties,
+}
+
+fn get_short(b: &[u8]) -> Option<(String, &[u8])> {
+    let (&n, rest) = b.split_first()?;
+    let n = usize::from(n);
+    if rest.len() < n {
+        return None;
+    }
+    Some((String::from_utf8_lossy(&rest[..n]).into_owned(), &rest[n..]))
+}
+
+/// Decodes what [`encode_meta`] made (empty values if it is damaged).
+pub(crate) fn decode_meta(b: &[u8]) -> Meta {
+    let parsed = (|| {
+        let (exchange, rest) = get_short(b)?;
+        let (routing_key, rest) = get_short(rest)?;
+        let properties = parse_properties(rest).ok()?.1;
+        Some(Meta {
+            exchange,
+            routing_key,
+            properties,
+        })
+    })();
+    parsed.unwrap_or(Meta {
+        exchange: String::new(),
+        routing_key: String::new(),
+        properties: BasicProperties::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_amqp::amq_protocol::types::ShortString;
+
+    #[test]
+    fn topics() {
+        assert!(topic_matches("a.*.c", "a.b.c"));
+        assert!(!topic_matches("a.*.c", "a.b.b.c"));
+        assert!(topic_matches("a.#.c", "a.b.b.c"));
+        assert!(topic_matches("a.#.c", "a.c"));
+        assert!(topic_matches("#", ""));
+        assert!(topic_matches("#", "x.y"));
+        assert!(topic_matches("*.x.#", "q.x"));
+        assert!(!topic_matches("*", "a.b"));
+        assert!(topic_matches("a", "a"));
+    }
+
+    #[test]
+    fn headers() {
+        let mut b = FieldTable::default();
+        b.insert("x-match".into(), AMQPValue::LongString("any".into()));
+        b.insert("a".into(), AMQPValue::LongInt(1));
+        b.insert("b".into(), AMQPValue::LongString("x".into()));
+        let mut h = FieldTable::default();
+        h.insert("a".into(), AMQPValue::ShortInt(1));
+        assert!(headers_match(&b, Some(&h)));
+        b.insert("x-match".into(), AMQPValue::LongString("all".into()));
+        assert!(!headers_match(&b, Some(&h)));
+        h.insert("b".into(), AMQPValue::ShortString(ShortString::from("x")));
+        assert!(headers_match(&b, Some(&h)));
+        assert!(!headers_match(&b, None));
+    }
+
+    #[test]
+    fn meta_roundtrip() {
+        let p = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("text/plain".into());
+        let m = decode_meta(&encode_meta("ex", "rk", &p));
+        assert_eq!(m.exchange, "ex");
+        assert_eq!(m.routing_key, "rk");
+        assert_eq!(m.properties, p);
+    }
+}

@@ -1,0 +1,398 @@
+//! `warren`: one Warren node speaking AMQP 0-9-1.
+//!
+//! A tokio shell around [`warren_broker::Broker`]: one task per client
+//! connection (read, feed the broker under its lock, write everything the
+//! turn produced in one write), a thread running the group commits of
+//! durable queues, a ticker for message and queue expiry, and a tiny HTTP
+//! endpoint with `/api/overview` and `/api/health/checks/alarms`.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use bytes::BytesMut;
+use clap::Parser;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use warren_broker::auth::{PermissionDef, UserDef, hash_password};
+use warren_broker::meta::FileStore;
+use warren_broker::{Broker, BrokerConfig};
+
+/// Command line of the `warren` binary.
+#[derive(Debug, Parser)]
+#[command(
+    name = "warren",
+    version,
+    about = "A Warren message broker node (AMQP 0-9-1)"
+)]
+struct Args {
+    /// Address of the AMQP listener.
+    #[arg(long, default_value = "127.0.0.1:5672")]
+    amqp_addr: String,
+    /// Address of the HTTP management listener.
+    #[arg(long, default_value = "127.0.0.1:15672")]
+    http_addr: String,
+    /// Directory of the node's data (metadata and queue logs).
+    #[arg(long, default_value = "./warren-data")]
+    data_dir: PathBuf,
+    /// The node's name.
+    #[arg(long, default_value = "warren@localhost")]
+    node_name: String,
+    /// A RabbitMQ-style definitions JSON file (vhosts, users, permissions)
+    /// to import at start.
+    #[arg(long)]
+    definitions: Option<PathBuf>,
+}
+
+type Shared = Arc<Mutex<Broker>>;
+
+fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
+    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(run(args))
+}
+
+/// Wakes the group-commit thread.
+#[derive(Debug, Default)]
+struct SyncSignal {
+    state: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl SyncSignal {
+    fn notify(&self) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.0 = true;
+        self.cv.notify_one();
+    }
+
+    fn stop(&self) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.1 = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for work; false once stopped.
+    fn wait(&self) -> bool {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !s.0 && !s.1 {
+            s = self
+                .cv
+                .wait(s)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        s.0 = false;
+        !s.1
+    }
+}
+
+fn sync_loop(broker: Shared, signal: Arc<SyncSignal>) {
+    while signal.wait() {
+        loop {
+            let mut batch = lock(&broker).prepare_sync();
+            if batch.is_empty() {
+                break;
+            }
+            batch.run();
+            if !lock(&broker).complete_sync(batch, now_ms()) {
+                break;
+            }
+        }
+    }
+}
+
+fn import_definitions(broker: &mut Broker, path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading definitions {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("parsing definitions {}", path.display()))?;
+    let s = |x: &serde_json::Value, k: &str| x.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    for vh in v
+        .get("vhosts")
+        .and_then(|x| x.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let name = s(vh, "name").context("a vhost without a name")?;
+        broker.add_vhost(&name)?;
+    }
+    for u in v
+        .get("users")
+        .and_then(|x| x.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let name = s(u, "name").context("a user without a name")?;
+        let password_hash = match (s(u, "password_hash"), s(u, "password")) {
+            (Some(h), _) => h,
+            (None, Some(p)) => hash_password(&p),
+            (None, None) => anyhow::bail!("user '{name}' has neither password nor password_hash"),
+        };
+        let tags = match u.get("tags") {
+            Some(serde_json::Value::String(t)) => t
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        };
+        broker.put_user(UserDef {
+            loopback_only: name == "guest",
+            name,
+            password_hash,
+            tags,
+        })?;
+    }
+    for p in v
+        .get("permissions")
+        .and_then(|x| x.as_array())
+        .into_iter()
+        .flatten()
+    {
+        broker.set_permissions(PermissionDef {
+            user: s(p, "user").context("a permission without a user")?,
+            vhost: s(p, "vhost").context("a permission without a vhost")?,
+            configure: s(p, "configure").unwrap_or_default(),
+            write: s(p, "write").unwrap_or_default(),
+            read: s(p, "read").unwrap_or_default(),
+        })?;
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    let store = FileStore::open(args.data_dir.join("metadata.json"))?;
+    let mut cfg = BrokerConfig::new(&args.data_dir);
+    cfg.node_name = args.node_name.clone();
+    let mut broker = Broker::open(cfg, Box::new(store))
+        .with_context(|| format!("opening the data in {}", args.data_dir.display()))?;
+    if let Some(path) = &args.definitions {
+        import_definitions(&mut broker, path)?;
+    }
+    let broker: Shared = Arc::new(Mutex::new(broker));
+
+    let signal = Arc::new(SyncSignal::default());
+    {
+        let sig = signal.clone();
+        lock(&broker).set_sync_waker(Arc::new(move || sig.notify()));
+    }
+    let syncer = {
+        let (b, s) = (broker.clone(), signal.clone());
+        std::thread::Builder::new()
+            .name("warren-sync".into())
+            .spawn(move || sync_loop(b, s))
+            .context("starting the sync thread")?
+    };
+
+    let ticker = {
+        let b = broker.clone();
+        tokio::spawn(async move {
+            let mut iv = tokio::time::interval(Duration::from_millis(50));
+            iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                iv.tick().await;
+                lock(&b).tick(now_ms());
+            }
+        })
+    };
+
+    let listener = TcpListener::bind(&args.amqp_addr)
+        .await
+        .with_context(|| format!("listening for AMQP on {}", args.amqp_addr))?;
+    let amqp_addr = listener.local_addr()?;
+    let http = match TcpListener::bind(&args.http_addr).await {
+        Ok(l) => {
+            let addr = l.local_addr()?;
+            tokio::spawn(http_server(l, broker.clone(), args.node_name.clone()));
+            Some(addr)
+        }
+        Err(e) => {
+            tracing::warn!(addr = %args.http_addr, error = %e, "HTTP API disabled: cannot listen");
+            None
+        }
+    };
+    let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, "ready");
+    println!(
+        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}",
+        args.node_name
+    );
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tokio::spawn(serve(broker.clone(), stream, peer));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+
+    tracing::info!("shutting down");
+    lock(&broker).close_all("broker shutdown");
+    // Give connection tasks a moment to write their connection.close.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    ticker.abort();
+    signal.stop();
+    let _ = tokio::task::spawn_blocking(move || syncer.join()).await;
+    lock(&broker).sync_all();
+    tracing::info!("stopped, everything on disk");
+    Ok(())
+}
+
+async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "set_nodelay failed");
+    }
+    let notify = Arc::new(Notify::new());
+    let id = {
+        let n = notify.clone();
+        lock(&broker).connect(peer, Arc::new(move || n.notify_one()))
+    };
+    let (mut rd, mut wr) = stream.into_split();
+    let mut input = BytesMut::with_capacity(64 * 1024);
+    let mut output = BytesMut::with_capacity(64 * 1024);
+    loop {
+        let deadline = lock(&broker).poll_conn_timeout(id);
+        let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
+        if input.capacity() - input.len() < 16 * 1024 {
+            input.reserve(64 * 1024);
+        }
+        let open = tokio::select! {
+            r = rd.read_buf(&mut input) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let mut b = lock(&broker);
+                    b.handle_input(id, &mut input, now_ms());
+                    b.take_output(id, &mut output)
+                }
+            },
+            () = notify.notified() => lock(&broker).take_output(id, &mut output),
+            () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
+                let mut b = lock(&broker);
+                b.handle_conn_tick(id, now_ms());
+                b.take_output(id, &mut output)
+            }
+        };
+        if !output.is_empty() {
+            if wr.write_all(&output).await.is_err() {
+                break;
+            }
+            output.clear();
+        }
+        if !open {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+    lock(&broker).disconnect(id, now_ms());
+}
+
+async fn http_server(listener: TcpListener, broker: Shared, node: String) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (b, node) = (broker.clone(), node.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            loop {
+                match stream.read(&mut buf[n..]).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => n += k,
+                }
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || n == buf.len() {
+                    break;
+                }
+            }
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (status, body) = match path {
+                "/api/overview" => {
+                    let o = lock(&b).overview();
+                    (
+                        "200 OK",
+                        serde_json::json!({
+                            "product_name": "Warren",
+                            "product_version": env!("CARGO_PKG_VERSION"),
+                            "node": node,
+                            "object_totals": {
+                                "connections": o.connections,
+                                "channels": o.channels,
+                                "exchanges": o.exchanges,
+                                "queues": o.queues,
+                                "consumers": o.consumers,
+                            },
+                            "queue_totals": {
+                                "messages": o.messages_ready + o.messages_unacknowledged,
+                                "messages_ready": o.messages_ready,
+                                "messages_unacknowledged": o.messages_unacknowledged,
+                            },
+                        }),
+                    )
+                }
+                "/api/health/checks/alarms" => ("200 OK", serde_json::json!({"status": "ok"})),
+                _ => (
+                    "404 Not Found",
+                    serde_json::json!({"error": "Object Not Found", "reason": "Not Found"}),
+                ),
+            };
+            let body = body.to_string();
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(resp.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
