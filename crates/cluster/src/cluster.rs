@@ -1,0 +1,1067 @@
+//! The [`Cluster`] handle: start, join, leave, forget, status, reads and writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState, Snapshot, SnapshotPolicy};
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+use warren_transport::{PeerAddr, Transport};
+use warren_wire::NodeName;
+
+use crate::error::ClusterError;
+use crate::peers::{CallError, Peers};
+use crate::rpc::{AdminRequest, AdminResponse, Network, Request, Response};
+use crate::state::{Command, Metadata, Outcome, QueueRecord, QueueView};
+use crate::store::{LogStore, StateMachine, raft_dir};
+use crate::types::{NodeId, PeerNode, Raft, node_id};
+
+/// How a node runs its part of the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node's name (must match the transport's configured name).
+    pub node: NodeName,
+    /// The address to listen on for peers; what the listener reports is what
+    /// peers are told to dial.
+    pub peer_addr: PeerAddr,
+    /// The node's data directory (the Raft log and snapshots go in `raft/`).
+    pub data_dir: PathBuf,
+    /// A running member to join on first start (ignored once the node has
+    /// cluster state). `None` on first start bootstraps a new one-node cluster.
+    pub join: Option<PeerAddr>,
+    /// The transport to peers.
+    pub transport: Arc<dyn Transport>,
+    /// Raft leader heartbeat interval.
+    pub raft_heartbeat_interval: Duration,
+    /// Raft election timeout, lower bound (randomised up to the upper bound).
+    pub election_timeout_min: Duration,
+    /// Raft election timeout, upper bound.
+    pub election_timeout_max: Duration,
+    /// The longest any operation needing a majority waits before failing
+    /// with [`ClusterError::NoMajority`].
+    pub command_timeout: Duration,
+    /// How often the failure detector sends heartbeats to each member.
+    pub heartbeat_interval: Duration,
+    /// A member not heard from for this long is reported down.
+    pub failure_timeout: Duration,
+    /// Boot wait per try (RabbitMQ's `mnesia_table_loading_retry_timeout`, 30 s).
+    pub boot_wait_timeout: Duration,
+    /// Boot wait tries (RabbitMQ's `mnesia_table_loading_retry_limit`, 10).
+    pub boot_wait_retries: u32,
+    /// How often a waiting boot logs which nodes it waits for.
+    pub boot_log_interval: Duration,
+    /// Take a snapshot (and compact the log) after this many entries.
+    pub snapshot_every: u64,
+}
+
+impl ClusterConfig {
+    /// Production defaults: 250 ms Raft heartbeats, 1–2 s elections, 10 s
+    /// command timeout, 1 s failure-detector heartbeats with a 5 s timeout,
+    /// a 10 × 30 s boot wait logged every 5 s, snapshots every 1000 entries.
+    pub fn new(
+        node: NodeName,
+        peer_addr: PeerAddr,
+        data_dir: impl Into<PathBuf>,
+        transport: Arc<dyn Transport>,
+    ) -> Self {
+        Self {
+            node,
+            peer_addr,
+            data_dir: data_dir.into(),
+            join: None,
+            transport,
+            raft_heartbeat_interval: Duration::from_millis(250),
+            election_timeout_min: Duration::from_millis(1000),
+            election_timeout_max: Duration::from_millis(2000),
+            command_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            failure_timeout: Duration::from_secs(5),
+            boot_wait_timeout: Duration::from_secs(30),
+            boot_wait_retries: 10,
+            boot_log_interval: Duration::from_secs(5),
+            snapshot_every: 1000,
+        }
+    }
+
+    /// The whole boot wait: tries × per-try timeout.
+    pub fn boot_wait_limit(&self) -> Duration {
+        self.boot_wait_timeout * self.boot_wait_retries
+    }
+
+    fn raft_config(&self) -> Result<openraft::Config, ClusterError> {
+        let ms = |d: Duration| d.as_millis().max(1) as u64;
+        openraft::Config {
+            cluster_name: "warren".into(),
+            heartbeat_interval: ms(self.raft_heartbeat_interval),
+            election_timeout_min: ms(self.election_timeout_min),
+            election_timeout_max: ms(self.election_timeout_max),
+            install_snapshot_timeout: ms(self.command_timeout),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every.max(1)),
+            max_in_snapshot_log_to_keep: self.snapshot_every.max(1),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| ClusterError::Config(e.to_string()))
+    }
+}
+
+/// A change in a member's liveness, as the failure detector sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// The member answers again (or for the first time).
+    Up(NodeName),
+    /// The member was not heard from within the failure timeout.
+    Down(NodeName),
+}
+
+/// One member in [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// The node name.
+    pub name: String,
+    /// Its peer address.
+    pub addr: String,
+    /// Whether it votes (a member that left gracefully is a non-voting learner
+    /// until it starts again).
+    pub voter: bool,
+    /// Whether it is running, as this node's failure detector sees it.
+    pub running: bool,
+}
+
+/// What `cluster_status` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// The node that answered.
+    pub node: String,
+    /// The current Raft leader, if known.
+    pub leader: Option<String>,
+    /// Every member, voters and learners, by name.
+    pub members: Vec<MemberStatus>,
+    /// The running members (this node included).
+    pub running: Vec<String>,
+}
+
+struct Inner {
+    config: ClusterConfig,
+    id: NodeId,
+    addr: PeerAddr,
+    raft: Raft,
+    sm: StateMachine,
+    peers: Peers,
+    events: broadcast::Sender<NodeEvent>,
+    up: watch::Sender<BTreeSet<NodeName>>,
+    stop: watch::Sender<bool>,
+    stopped: Mutex<bool>,
+}
+
+/// A running node's handle on the cluster; cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node", &self.inner.config.node)
+            .field("addr", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn stopped<E: std::fmt::Display>(e: E) -> ClusterError {
+    ClusterError::Stopped(e.to_string())
+}
+
+impl Cluster {
+    /// Starts this node's part of the cluster.
+    ///
+    /// - First start without `join`: bootstraps a one-node cluster.
+    /// - First start with `join`: joins through that member (as a learner that
+    ///   catches up, then as a voter); retries until the boot wait runs out.
+    /// - Restart (the data directory has state): waits until a leader is
+    ///   known, i.e. a majority of the voters is up, logging every
+    ///   `boot_log_interval` which members it waits for; after the boot wait
+    ///   it fails with [`ClusterError::BootTimeout`] naming them. A member
+    ///   that had left gracefully then asks to be a voter again.
+    pub async fn start(config: ClusterConfig) -> Result<Cluster, ClusterError> {
+        let dir = raft_dir(&config.data_dir);
+        std::fs::create_dir_all(&dir).map_err(|e| ClusterError::io(&dir, e))?;
+        let log = LogStore::open(&dir).map_err(|e| ClusterError::io(&dir, e))?;
+        let sm = StateMachine::open(&dir).map_err(|e| ClusterError::io(&dir, e))?;
+        let fresh = !log.has_state() && sm.read().last_applied.is_none();
+        let raft_config = Arc::new(config.raft_config()?);
+        let listener = config.transport.listen(&config.peer_addr).await?;
+        let addr = listener.local_addr();
+        let id = node_id(&config.node);
+        let peers = Peers::new(config.node.clone(), config.transport.clone());
+        let network = Network {
+            peers: peers.clone(),
+            backoff: config
+                .raft_heartbeat_interval
+                .max(Duration::from_millis(20)),
+        };
+        let raft = Raft::new(id, raft_config, network, log, sm.clone())
+            .await
+            .map_err(stopped)?;
+        let (events, _) = broadcast::channel(256);
+        let (up, _) = watch::channel(BTreeSet::new());
+        let (stop, _) = watch::channel(false);
+        let cluster = Cluster {
+            inner: Arc::new(Inner {
+                config,
+                id,
+                addr,
+                raft,
+                sm,
+                peers: peers.clone(),
+                events,
+                up,
+                stop,
+                stopped: Mutex::new(false),
+            }),
+        };
+        let weak = Arc::downgrade(&cluster.inner);
+        peers.set_handler(Arc::new(move |from, req| {
+            let weak = weak.clone();
+            Box::pin(async move { handle(weak, from, req).await })
+        }));
+        peers.serve(listener);
+        tokio::spawn(detector(Arc::downgrade(&cluster.inner)));
+        tracing::info!(node = %cluster.inner.config.node, addr = %cluster.inner.addr, fresh, "cluster node starting");
+
+        let booted = if fresh {
+            match cluster.inner.config.join.clone() {
+                None => cluster.bootstrap().await,
+                Some(seed) => cluster.join_via(&seed).await,
+            }
+        } else {
+            cluster.boot_wait().await
+        };
+        if let Err(e) = booted {
+            tracing::error!(node = %cluster.inner.config.node, error = %e, "cluster node failed to start");
+            cluster.shutdown().await;
+            return Err(e);
+        }
+        tracing::info!(node = %cluster.inner.config.node, "cluster node running");
+        Ok(cluster)
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &NodeName {
+        &self.inner.config.node
+    }
+
+    /// The address peers dial to reach this node.
+    pub fn peer_addr(&self) -> &PeerAddr {
+        &self.inner.addr
+    }
+
+    /// The metadata as this node has applied it: possibly stale, never blocks.
+    pub fn local(&self) -> Arc<Metadata> {
+        self.inner.sm.read().metadata.clone()
+    }
+
+    /// The metadata as of now: confirms with a majority (through the leader)
+    /// and waits until this node has applied everything committed before the
+    /// call. Fails with [`ClusterError::NoMajority`] in a minority.
+    pub async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
+        let deadline = Instant::now() + self.inner.config.command_timeout;
+        let index = match self
+            .to_leader("linearizable read", AdminRequest::ReadIndex, deadline)
+            .await?
+        {
+            AdminResponse::ReadIndex(i) => i,
+            other => return Err(self.unexpected(other)),
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        self.inner
+            .raft
+            .wait(Some(remaining.max(Duration::from_millis(1))))
+            .applied_index_at_least(Some(index), "linearizable read")
+            .await
+            .map_err(|_| self.no_majority("linearizable read", false))?;
+        Ok(self.local())
+    }
+
+    /// Commits a command through the leader and returns its outcome.
+    ///
+    /// A command is handed to a leader at most once (never retried after it
+    /// may have reached one), so it never commits twice. In a minority this
+    /// fails with [`ClusterError::NoMajority`] after `command_timeout`.
+    pub async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        let deadline = Instant::now() + self.inner.config.command_timeout;
+        match self
+            .to_leader("write", AdminRequest::Write(cmd), deadline)
+            .await?
+        {
+            AdminResponse::Written(r) => r.result.map_err(ClusterError::Rejected),
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    /// Compare-and-set on a queue's view (for the GM ring's view authority):
+    /// applies `view` if the queue's view is still at `expected_version`.
+    pub async fn set_queue_view(
+        &self,
+        vhost: &str,
+        name: &str,
+        expected_version: u64,
+        view: QueueView,
+    ) -> Result<QueueRecord, ClusterError> {
+        match self
+            .write(Command::SetQueueView {
+                vhost: vhost.into(),
+                name: name.into(),
+                expected_version,
+                view,
+            })
+            .await?
+        {
+            Outcome::Queue(q) => Ok(q),
+            other => Err(ClusterError::Remote(format!(
+                "unexpected outcome {other:?}"
+            ))),
+        }
+    }
+
+    /// Members, leader and running nodes.
+    pub fn cluster_status(&self) -> ClusterStatus {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let up = self.inner.up.borrow().clone();
+        let voters: BTreeSet<NodeId> = m.membership_config.voter_ids().collect();
+        let mut members: Vec<MemberStatus> = m
+            .membership_config
+            .nodes()
+            .map(|(id, n)| MemberStatus {
+                name: n.name.clone(),
+                addr: n.addr.clone(),
+                voter: voters.contains(id),
+                running: *id == self.inner.id
+                    || NodeName::new(n.name.clone()).is_ok_and(|nn| up.contains(&nn)),
+            })
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        let leader = m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.name.clone())
+        });
+        let running = members
+            .iter()
+            .filter(|m| m.running)
+            .map(|m| m.name.clone())
+            .collect();
+        ClusterStatus {
+            node: self.inner.config.node.to_string(),
+            leader,
+            members,
+            running,
+        }
+    }
+
+    /// Node up/down events from the failure detector.
+    pub fn subscribe(&self) -> broadcast::Receiver<NodeEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// The set of other members the failure detector sees as up.
+    pub fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
+        self.inner.up.subscribe()
+    }
+
+    /// A receiver that changes whenever this node applies new entries (or
+    /// installs a snapshot): re-read [`Cluster::local`] then.
+    pub fn metadata_changes(&self) -> watch::Receiver<u64> {
+        self.inner.sm.subscribe()
+    }
+
+    /// Removes a stopped member from the cluster (RabbitMQ's
+    /// `forget_cluster_node`). Its queue places are dropped: a queue mastered
+    /// there gets its oldest synchronised mirror as master, or is deleted if
+    /// it has none. Needs a majority.
+    pub async fn forget_cluster_node(&self, node: &NodeName) -> Result<(), ClusterError> {
+        if node == &self.inner.config.node {
+            return Err(ClusterError::ForgetSelf);
+        }
+        if self.inner.up.borrow().contains(node) {
+            return Err(ClusterError::NodeRunning(node.to_string()));
+        }
+        let deadline = Instant::now() + self.inner.config.command_timeout;
+        match self
+            .to_leader(
+                "forget_cluster_node",
+                AdminRequest::Forget {
+                    name: node.to_string(),
+                },
+                deadline,
+            )
+            .await?
+        {
+            AdminResponse::Done => {
+                tracing::warn!(node = %self.inner.config.node, forgotten = %node, "forgot cluster node");
+                Ok(())
+            }
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    /// Graceful stop: hands off before stopping so the others keep a majority.
+    ///
+    /// A voter that is not the last one turns itself into a non-voting member
+    /// (committed while the others can still commit) and, if it was the
+    /// leader, asks another voter to take over at once. The last voter stays a
+    /// voter: it is the last node to stop and may start first. Either way the
+    /// node then stops; an error means the hand-off did not happen (the node
+    /// still stopped).
+    pub async fn leave(&self) -> Result<(), ClusterError> {
+        let result = self.hand_off().await;
+        if let Err(e) = &result {
+            tracing::warn!(node = %self.inner.config.node, error = %e, "graceful hand-off failed; stopping anyway");
+        }
+        self.shutdown().await;
+        result
+    }
+
+    async fn hand_off(&self) -> Result<(), ClusterError> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let voters: Vec<NodeId> = m.membership_config.voter_ids().collect();
+        if !voters.contains(&self.inner.id) {
+            return Ok(());
+        }
+        if voters.len() == 1 {
+            tracing::info!(node = %self.inner.config.node, "last voting member stopping; it must be the first to start");
+            return Ok(());
+        }
+        let was_leader = m.current_leader == Some(self.inner.id);
+        let deadline = Instant::now() + self.inner.config.command_timeout;
+        match self
+            .to_leader(
+                "leave",
+                AdminRequest::Demote {
+                    name: self.inner.config.node.to_string(),
+                },
+                deadline,
+            )
+            .await?
+        {
+            AdminResponse::Done => {}
+            other => return Err(self.unexpected(other)),
+        }
+        tracing::info!(node = %self.inner.config.node, "left the voting members");
+        if was_leader {
+            let m = self.inner.raft.metrics().borrow().clone();
+            let next = m
+                .membership_config
+                .voter_ids()
+                .find(|v| *v != self.inner.id)
+                .and_then(|v| m.membership_config.membership().get_node(&v).cloned());
+            if let Some(n) = next
+                && let Ok(name) = NodeName::new(n.name.clone())
+            {
+                let _ = self
+                    .inner
+                    .peers
+                    .call(
+                        Some(&name),
+                        &PeerAddr::new(n.addr.clone()),
+                        Request::Admin(AdminRequest::Elect),
+                        self.inner.config.raft_heartbeat_interval * 4,
+                    )
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the node at once (no hand-off): Raft, connections, the failure
+    /// detector. Safe to call more than once.
+    pub async fn shutdown(&self) {
+        {
+            let mut s = self.inner.stopped.lock().unwrap_or_else(|e| e.into_inner());
+            if *s {
+                return;
+            }
+            *s = true;
+        }
+        self.inner.stop.send_replace(true);
+        let _ = self.inner.raft.shutdown().await;
+        self.inner.peers.stop();
+        tracing::info!(node = %self.inner.config.node, "cluster node stopped");
+    }
+
+    fn unexpected(&self, r: AdminResponse) -> ClusterError {
+        ClusterError::Remote(format!("unexpected answer from the leader: {r:?}"))
+    }
+
+    fn voter_names(&self) -> Vec<String> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let mut names: Vec<String> = m
+            .membership_config
+            .voter_ids()
+            .filter_map(|v| {
+                m.membership_config
+                    .membership()
+                    .get_node(&v)
+                    .map(|n| n.name.clone())
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn down_voters(&self) -> Vec<String> {
+        let up = self.inner.up.borrow().clone();
+        let me = self.inner.config.node.to_string();
+        self.voter_names()
+            .into_iter()
+            .filter(|n| n != &me && !NodeName::new(n.clone()).is_ok_and(|nn| up.contains(&nn)))
+            .collect()
+    }
+
+    fn no_majority(&self, op: &'static str, maybe_applied: bool) -> ClusterError {
+        ClusterError::NoMajority {
+            op,
+            waited: self.inner.config.command_timeout,
+            voters: self.voter_names(),
+            unreachable: self.down_voters(),
+            maybe_applied,
+        }
+    }
+
+    fn leader_node(&self) -> Option<(NodeId, PeerNode)> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let l = m.current_leader?;
+        let n = m.membership_config.membership().get_node(&l)?.clone();
+        Some((l, n))
+    }
+
+    /// Sends an admin request to the leader (or serves it here if this node
+    /// leads), retrying only while it surely has not reached a leader.
+    async fn to_leader(
+        &self,
+        op: &'static str,
+        req: AdminRequest,
+        deadline: Instant,
+    ) -> Result<AdminResponse, ClusterError> {
+        let pause = self
+            .inner
+            .config
+            .raft_heartbeat_interval
+            .min(Duration::from_millis(100));
+        loop {
+            if *self.inner.stop.borrow() {
+                return Err(ClusterError::Stopped("the node is stopping".into()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.no_majority(op, false));
+            }
+            let remaining = deadline - now;
+            let answer = match self.leader_node() {
+                Some((id, _)) if id == self.inner.id => {
+                    Some(handle_admin(&self.inner, req.clone(), remaining).await)
+                }
+                Some((_, node)) => {
+                    let name = NodeName::new(node.name.clone())
+                        .map_err(|e| ClusterError::Remote(e.to_string()))?;
+                    match self
+                        .inner
+                        .peers
+                        .call(
+                            Some(&name),
+                            &PeerAddr::new(node.addr.clone()),
+                            Request::Admin(req.clone()),
+                            remaining,
+                        )
+                        .await
+                    {
+                        Ok(Response::Admin(a)) => Some(a),
+                        Ok(other) => {
+                            return Err(ClusterError::Remote(format!(
+                                "unexpected answer {other:?}"
+                            )));
+                        }
+                        Err(CallError::Unreachable { .. }) => None,
+                        Err(CallError::Lost { .. } | CallError::Timeout { .. }) => {
+                            return Err(self.no_majority(op, true));
+                        }
+                    }
+                }
+                None => None,
+            };
+            match answer {
+                None | Some(AdminResponse::NotLeader { .. }) => {
+                    tokio::time::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
+                }
+                Some(AdminResponse::NoMajority { maybe_applied }) => {
+                    return Err(self.no_majority(op, maybe_applied));
+                }
+                Some(AdminResponse::Failed(e)) => return Err(ClusterError::Remote(e)),
+                Some(AdminResponse::NodeRunning(n)) => return Err(ClusterError::NodeRunning(n)),
+                Some(AdminResponse::NotAMember(n)) => return Err(ClusterError::NotAMember(n)),
+                Some(a) => return Ok(a),
+            }
+        }
+    }
+
+    async fn bootstrap(&self) -> Result<(), ClusterError> {
+        let me = PeerNode {
+            name: self.inner.config.node.to_string(),
+            addr: self.inner.addr.to_string(),
+        };
+        let members: BTreeMap<NodeId, PeerNode> = [(self.inner.id, me)].into();
+        self.inner
+            .raft
+            .initialize(members)
+            .await
+            .map_err(|e| ClusterError::Remote(format!("bootstrap: {e}")))?;
+        self.inner
+            .raft
+            .wait(Some(self.inner.config.command_timeout))
+            .current_leader(self.inner.id, "bootstrap")
+            .await
+            .map_err(|_| self.no_majority("bootstrap", false))?;
+        tracing::info!(node = %self.inner.config.node, "bootstrapped a new cluster");
+        Ok(())
+    }
+
+    /// Asks the member at `seed` (or the leader it names) to add this node as
+    /// a voter, until the boot wait runs out.
+    async fn join_via(&self, seed: &PeerAddr) -> Result<(), ClusterError> {
+        let limit = self.inner.config.boot_wait_limit();
+        let deadline = Instant::now() + limit;
+        let mut target: (Option<NodeName>, PeerAddr) = (None, seed.clone());
+        let mut last_err = String::from("no answer");
+        let mut next_log = Instant::now();
+        let req = AdminRequest::Join {
+            name: self.inner.config.node.to_string(),
+            addr: self.inner.addr.to_string(),
+        };
+        while Instant::now() < deadline {
+            let timeout = self.inner.config.command_timeout * 2;
+            let answer = self
+                .inner
+                .peers
+                .call(
+                    target.0.as_ref(),
+                    &target.1,
+                    Request::Admin(req.clone()),
+                    timeout,
+                )
+                .await;
+            match answer {
+                Ok(Response::Admin(AdminResponse::Done)) => {
+                    let waited = self
+                        .inner
+                        .raft
+                        .wait(Some(self.inner.config.command_timeout))
+                        .metrics(
+                            |m| m.membership_config.voter_ids().any(|v| v == self.inner.id),
+                            "join: become a voter",
+                        )
+                        .await;
+                    if waited.is_ok() {
+                        tracing::info!(node = %self.inner.config.node, via = %seed, "joined the cluster as a voter");
+                        return Ok(());
+                    }
+                    last_err = "the leader added this node but it has not seen the change".into();
+                }
+                Ok(Response::Admin(AdminResponse::NotLeader { leader: Some(l) })) => {
+                    target = (NodeName::new(l.name).ok(), PeerAddr::new(l.addr));
+                    continue;
+                }
+                Ok(Response::Admin(AdminResponse::NotLeader { leader: None })) => {
+                    last_err = "the member knows no leader".into();
+                }
+                Ok(other) => last_err = format!("{other:?}"),
+                Err(e) => last_err = e.to_string(),
+            }
+            if Instant::now() >= next_log {
+                tracing::info!(node = %self.inner.config.node, via = %target.1, reason = %last_err, "waiting to join the cluster");
+                next_log = Instant::now() + self.inner.config.boot_log_interval;
+            }
+            target = (None, seed.clone());
+            tokio::time::sleep(
+                self.inner
+                    .config
+                    .raft_heartbeat_interval
+                    .max(Duration::from_millis(50)),
+            )
+            .await;
+        }
+        Err(ClusterError::JoinFailed {
+            via: seed.to_string(),
+            reason: last_err,
+        })
+    }
+
+    /// At restart: waits for a leader (a majority of voters up), bounded.
+    async fn boot_wait(&self) -> Result<(), ClusterError> {
+        let cfg = &self.inner.config;
+        let limit = cfg.boot_wait_limit();
+        let start = Instant::now();
+        let mut next_log = start + cfg.boot_log_interval;
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            // A known leader is not enough (it may be this node's stale view):
+            // a read index proves a majority answers.
+            if metrics.borrow().current_leader.is_some() {
+                let probe = Instant::now()
+                    + cfg
+                        .command_timeout
+                        .min(cfg.boot_log_interval)
+                        .max(Duration::from_millis(100));
+                match self
+                    .to_leader("boot", AdminRequest::ReadIndex, probe.min(start + limit))
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e @ ClusterError::Stopped(_)) => return Err(e),
+                    Err(e) => tracing::debug!(node = %cfg.node, error = %e, "no majority yet"),
+                }
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= limit {
+                return Err(ClusterError::BootTimeout {
+                    waited: elapsed,
+                    waiting_for: self.down_voters(),
+                });
+            }
+            if Instant::now() >= next_log {
+                let tries_left =
+                    (limit - elapsed).as_millis() / cfg.boot_wait_timeout.as_millis().max(1);
+                tracing::info!(
+                    node = %cfg.node,
+                    waiting_for = ?self.down_voters(),
+                    tries_left = tries_left as u64,
+                    "waiting for a majority of the cluster to start"
+                );
+                next_log = Instant::now() + cfg.boot_log_interval;
+            }
+            let wake = (start + limit)
+                .min(next_log)
+                .min(Instant::now() + cfg.raft_heartbeat_interval.max(Duration::from_millis(50)));
+            let _ = tokio::time::timeout_at(wake, metrics.changed()).await;
+        }
+        let is_voter = self
+            .inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .voter_ids()
+            .any(|v| v == self.inner.id);
+        if !is_voter {
+            tracing::info!(node = %cfg.node, "member left gracefully before; rejoining as a voter");
+            let deadline = Instant::now() + limit.saturating_sub(start.elapsed());
+            let req = AdminRequest::Join {
+                name: cfg.node.to_string(),
+                addr: self.inner.addr.to_string(),
+            };
+            match self.to_leader("rejoin as a voter", req, deadline).await? {
+                AdminResponse::Done => {}
+                other => return Err(self.unexpected(other)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The node's Raft server state (for tests and status pages).
+    pub fn is_leader(&self) -> bool {
+        let m = self.inner.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader && m.current_leader == Some(self.inner.id)
+    }
+}
+
+/// Serves a request from a peer.
+async fn handle(weak: Weak<Inner>, _from: NodeName, req: Request) -> Response {
+    let Some(inner) = weak.upgrade() else {
+        return match req {
+            Request::AppendEntries(_) => Response::AppendEntries(Err("node stopped".into())),
+            Request::Vote(_) => Response::Vote(Err("node stopped".into())),
+            Request::Snapshot { .. } => Response::Snapshot(Err("node stopped".into())),
+            Request::Admin(_) => Response::Admin(AdminResponse::NotLeader { leader: None }),
+        };
+    };
+    match req {
+        Request::AppendEntries(r) => Response::AppendEntries(
+            inner
+                .raft
+                .append_entries(r)
+                .await
+                .map_err(|e| e.to_string()),
+        ),
+        Request::Vote(r) => Response::Vote(inner.raft.vote(r).await.map_err(|e| e.to_string())),
+        Request::Snapshot { vote, meta, data } => Response::Snapshot(
+            inner
+                .raft
+                .install_full_snapshot(
+                    vote,
+                    Snapshot {
+                        meta,
+                        snapshot: Box::new(Cursor::new(data)),
+                    },
+                )
+                .await
+                .map_err(|e| e.to_string()),
+        ),
+        Request::Admin(a) => {
+            let timeout = inner.config.command_timeout;
+            Response::Admin(handle_admin(&inner, a, timeout).await)
+        }
+    }
+}
+
+fn not_leader(inner: &Inner) -> AdminResponse {
+    let m = inner.raft.metrics().borrow().clone();
+    let leader = m
+        .current_leader
+        .filter(|l| *l != inner.id)
+        .and_then(|l| m.membership_config.membership().get_node(&l).cloned());
+    AdminResponse::NotLeader { leader }
+}
+
+fn write_err(
+    inner: &Inner,
+    e: RaftError<NodeId, ClientWriteError<NodeId, PeerNode>>,
+) -> AdminResponse {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => not_leader(inner),
+        other => AdminResponse::Failed(other.to_string()),
+    }
+}
+
+/// Serves an admin request on the leader.
+async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> AdminResponse {
+    let raft = &inner.raft;
+    if let AdminRequest::Elect = req {
+        tracing::info!(node = %inner.config.node, "asked to take over leadership");
+        return match raft.trigger().elect().await {
+            Ok(()) => AdminResponse::Done,
+            Err(e) => AdminResponse::Failed(e.to_string()),
+        };
+    }
+    let m = raft.metrics().borrow().clone();
+    if m.current_leader != Some(inner.id) {
+        return not_leader(inner);
+    }
+    let membership = m.membership_config.membership().clone();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let lost = AdminResponse::NoMajority {
+        maybe_applied: true,
+    };
+    match req {
+        AdminRequest::Write(cmd) => {
+            match tokio::time::timeout(timeout, raft.client_write(cmd)).await {
+                Ok(Ok(resp)) => AdminResponse::Written(resp.data),
+                Ok(Err(e)) => write_err(inner, e),
+                Err(_) => lost,
+            }
+        }
+        AdminRequest::ReadIndex => {
+            match tokio::time::timeout(timeout, raft.ensure_linearizable()).await {
+                Ok(Ok(l)) => AdminResponse::ReadIndex(l.map_or(0, |l| l.index)),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                    not_leader(inner)
+                }
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) | Err(_) => {
+                    AdminResponse::NoMajority {
+                        maybe_applied: false,
+                    }
+                }
+                Ok(Err(e)) => AdminResponse::Failed(e.to_string()),
+            }
+        }
+        AdminRequest::Join { name, addr } => {
+            let Ok(nn) = NodeName::new(name.clone()) else {
+                return AdminResponse::Failed(format!("invalid node name {name:?}"));
+            };
+            let id = node_id(&nn);
+            if voters.contains(&id) {
+                return AdminResponse::Done;
+            }
+            if let Some(other) = membership.get_node(&id)
+                && other.name != name
+            {
+                return AdminResponse::Failed(format!(
+                    "node id collision between {name} and {}",
+                    other.name
+                ));
+            }
+            let deadline = Instant::now() + timeout;
+            if membership.get_node(&id).is_none() {
+                let node = PeerNode {
+                    name: name.clone(),
+                    addr,
+                };
+                match tokio::time::timeout(timeout, raft.add_learner(id, node, false)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return write_err(inner, e),
+                    Err(_) => return lost,
+                }
+                tracing::info!(node = %inner.config.node, joiner = %name, "added learner");
+            }
+            // Let the learner catch up (bounded) before it counts for quorum.
+            let _ = raft
+                .wait(Some(deadline.saturating_duration_since(Instant::now())))
+                .metrics(
+                    |m| {
+                        let Some(repl) = &m.replication else {
+                            return true;
+                        };
+                        let matched = repl.get(&id).cloned().flatten().map(|l| l.index);
+                        matched.is_some()
+                            && matched >= m.last_log_index.map(|i| i.saturating_sub(2))
+                    },
+                    "learner catch-up",
+                )
+                .await;
+            let remaining = deadline
+                .saturating_duration_since(Instant::now())
+                .max(timeout / 2);
+            match tokio::time::timeout(
+                remaining,
+                raft.change_membership(ChangeMembers::AddVoterIds([id].into()), true),
+            )
+            .await
+            {
+                Ok(Ok(_)) => {
+                    tracing::info!(node = %inner.config.node, joiner = %name, "promoted to voter");
+                    AdminResponse::Done
+                }
+                Ok(Err(e)) => write_err(inner, e),
+                Err(_) => lost,
+            }
+        }
+        AdminRequest::Demote { name } => {
+            let Ok(nn) = NodeName::new(name.clone()) else {
+                return AdminResponse::NotAMember(name);
+            };
+            let id = node_id(&nn);
+            if !voters.contains(&id) {
+                return AdminResponse::Done;
+            }
+            if voters.len() == 1 {
+                return AdminResponse::Failed(format!("{name} is the last voting member"));
+            }
+            match tokio::time::timeout(
+                timeout,
+                raft.change_membership(ChangeMembers::RemoveVoters([id].into()), true),
+            )
+            .await
+            {
+                Ok(Ok(_)) => AdminResponse::Done,
+                Ok(Err(e)) => write_err(inner, e),
+                Err(_) => lost,
+            }
+        }
+        AdminRequest::Forget { name } => {
+            let Ok(nn) = NodeName::new(name.clone()) else {
+                return AdminResponse::NotAMember(name);
+            };
+            let id = node_id(&nn);
+            if membership.get_node(&id).is_none() {
+                return AdminResponse::NotAMember(name);
+            }
+            if id == inner.id {
+                return AdminResponse::Failed("the leader cannot forget itself".into());
+            }
+            if inner.up.borrow().contains(&nn) {
+                return AdminResponse::NodeRunning(name);
+            }
+            let change = if voters.contains(&id) {
+                ChangeMembers::RemoveVoters([id].into())
+            } else {
+                ChangeMembers::RemoveNodes([id].into())
+            };
+            match tokio::time::timeout(timeout, raft.change_membership(change, false)).await {
+                Ok(Ok(_)) => {
+                    inner.peers.drop_link(&nn);
+                    AdminResponse::Done
+                }
+                Ok(Err(e)) => write_err(inner, e),
+                Err(_) => lost,
+            }
+        }
+        AdminRequest::Elect => AdminResponse::Done,
+    }
+}
+
+/// The failure detector: heartbeats every member, reports up/down changes.
+async fn detector(weak: Weak<Inner>) {
+    let mut seq = 0u64;
+    let mut in_flight: BTreeMap<NodeName, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let (interval, mut stop) = match weak.upgrade() {
+        Some(inner) => (inner.config.heartbeat_interval, inner.stop.subscribe()),
+        None => return,
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        seq += 1;
+        let members: Vec<(NodeName, PeerAddr)> = inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .nodes()
+            .filter(|(id, _)| **id != inner.id)
+            .filter_map(|(_, n)| {
+                NodeName::new(n.name.clone())
+                    .ok()
+                    .map(|nn| (nn, PeerAddr::new(n.addr.clone())))
+            })
+            .collect();
+        in_flight.retain(|_, h| !h.is_finished());
+        for (name, addr) in &members {
+            if in_flight.contains_key(name) {
+                continue;
+            }
+            let peers = inner.peers.clone();
+            let (name2, addr2) = (name.clone(), addr.clone());
+            let bound = inner.config.failure_timeout;
+            in_flight.insert(
+                name.clone(),
+                tokio::spawn(async move {
+                    let _ = peers.heartbeat(&name2, &addr2, seq, bound).await;
+                }),
+            );
+        }
+        let now = Instant::now();
+        let up: BTreeSet<NodeName> = members
+            .iter()
+            .filter(|(n, _)| {
+                inner.peers.last_seen(n).is_some_and(|t| {
+                    now.saturating_duration_since(t) < inner.config.failure_timeout
+                })
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let before = inner.up.borrow().clone();
+        if before != up {
+            for n in up.difference(&before) {
+                tracing::info!(node = %inner.config.node, peer = %n, "node up");
+                let _ = inner.events.send(NodeEvent::Up(n.clone()));
+            }
+            for n in before.difference(&up) {
+                tracing::warn!(node = %inner.config.node, peer = %n, "node down");
+                let _ = inner.events.send(NodeEvent::Down(n.clone()));
+            }
+            inner.up.send_replace(up);
+        }
+    }
+}

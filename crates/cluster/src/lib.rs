@@ -1,0 +1,82 @@
+//! Warren's cluster: membership, failure detection and the metadata store.
+//!
+//! The cluster's metadata (nodes, vhosts, users and permissions, policies,
+//! exchanges, bindings, and queue records with their master, mirrors,
+//! synchronised mirrors and view version) is a state machine ([`Metadata`])
+//! replicated by Raft (the `openraft` crate, 0.9) over Warren's own
+//! [`Transport`](warren_transport::Transport): TCP, QUIC or in-memory. Only a
+//! majority of the voting members decides, so a node cut off in a minority
+//! can read what it has but cannot change anything: that is what keeps
+//! RabbitMQ's split-brain (two masters for one queue) out of Warren.
+//!
+//! # Using it
+//!
+//! [`Cluster::start`] runs a node: it bootstraps a one-node cluster, joins
+//! one through [`ClusterConfig::join`], or, on restart, waits for a majority.
+//! Then:
+//!
+//! - [`Cluster::write`] commits a typed [`Command`]; [`Cluster::set_queue_view`]
+//!   is the compare-and-set a queue's ring view changes through.
+//! - [`Cluster::local`] reads what this node has applied (possibly stale);
+//!   [`Cluster::read_linearizable`] confirms with a majority first.
+//! - [`Cluster::cluster_status`], [`Cluster::forget_cluster_node`],
+//!   [`Cluster::leave`] (graceful stop) and [`Cluster::shutdown`] (abrupt).
+//! - [`Cluster::subscribe`] and [`Cluster::up_nodes`]: node up/down from the
+//!   failure detector (heartbeats over the transport; `failure_timeout`).
+//! - [`offline::forget_cluster_node_offline`] on a stopped node's data directory.
+//!
+//! Every operation that needs a majority is bounded by
+//! [`ClusterConfig::command_timeout`] and fails with
+//! [`ClusterError::NoMajority`]; it never hangs. A command is handed to a
+//! leader at most once, so it never commits twice.
+//!
+//! # Boot ordering
+//!
+//! A restarted node waits until it sees a leader, logging every few seconds
+//! which voters it waits for, for at most `boot_wait_retries ×
+//! boot_wait_timeout` (default 10 × 30 s, like RabbitMQ); then
+//! [`Cluster::start`] fails with [`ClusterError::BootTimeout`], which names
+//! the nodes to start or to forget. Nodes restarted within that window find
+//! each other whatever the order.
+//!
+//! # Two-node clusters
+//!
+//! Raft needs a majority of the voters, and the majority of two is two. So:
+//!
+//! - A two-node cluster **survives a clean stop of either node**: a node that
+//!   stops with [`Cluster::leave`] first removes itself from the voters while
+//!   the other can still commit, leaving a one-voter cluster that carries on
+//!   alone. The node that stops last stays a voter and may start first; the
+//!   other rejoins as a voter when it starts again (in either order, within
+//!   the boot wait).
+//! - It does **not** survive the crash of either node (or a partition between
+//!   them): the survivor cannot commit, so queue views cannot change, until
+//!   the other comes back or an operator runs `forget_cluster_node` (offline
+//!   on a stopped node, see [`offline`]).
+//!
+//! Three nodes (or five) are recommended: they survive the crash of any one
+//! (or two) without an operator.
+//!
+//! # On disk
+//!
+//! `<data_dir>/raft/` holds the Raft log (fsynced appends with CRCs; a torn
+//! tail is cut off at start), the vote, and the latest snapshot; see the
+//! `store` module's docs.
+
+mod cluster;
+mod error;
+pub mod offline;
+mod peers;
+mod rpc;
+mod state;
+mod store;
+mod types;
+
+pub use cluster::{Cluster, ClusterConfig, ClusterStatus, MemberStatus, NodeEvent};
+pub use error::ClusterError;
+pub use state::{
+    ArgValue, Arguments, BindingRecord, Command, CommandResponse, DestinationKind, ExchangeRecord,
+    LogIndex, Metadata, NodeRecord, Outcome, Permissions, PolicyRecord, QueueRecord, QueueView,
+    Rejection, UserRecord,
+};
+pub use types::{NodeId, PeerNode, TypeConfig, node_id};

@@ -1,0 +1,480 @@
+//! One connection per pair of nodes, carrying request/response RPCs
+//! (multiplexed by id) and failure-detector heartbeats.
+//!
+//! Either node may dial. If both dial at once, both ends keep the connection
+//! dialed by the node with the smaller name and close the other, so a pair
+//! converges on one connection. Every call is bounded by a timeout; a
+//! connection that breaks fails its calls in flight at once.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use warren_transport::{Connection, FrameReceiver, FrameSender, Listener, PeerAddr, Transport};
+use warren_wire::{NodeName, PeerFrame, decode_message, encode_message};
+
+use crate::rpc::{Request, Response};
+
+/// Frames queued per connection before senders wait.
+const LINK_QUEUE: usize = 1024;
+
+/// The metadata store's frames inside [`PeerFrame::Metadata`].
+#[derive(Debug, Serialize, Deserialize)]
+enum RpcFrame {
+    Request { id: u64, body: Request },
+    Response { id: u64, body: Response },
+}
+
+/// Why a call to a peer failed (the request may or may not have been handled).
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum CallError {
+    /// The request was not sent.
+    #[error("cannot reach {peer}: {reason}")]
+    Unreachable { peer: String, reason: String },
+    /// The request was sent but the connection broke before the answer.
+    #[error("lost the connection to {peer} before its answer")]
+    Lost { peer: String },
+    #[error("no answer from {peer} within {after:?}")]
+    Timeout { peer: String, after: Duration },
+}
+
+/// Handles requests from peers.
+pub(crate) type Handler =
+    Arc<dyn Fn(NodeName, Request) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
+
+struct Link {
+    serial: u64,
+    peer: NodeName,
+    dialer: NodeName,
+    tx: mpsc::Sender<Bytes>,
+    pending: Mutex<BTreeMap<u64, oneshot::Sender<Response>>>,
+    closed: AtomicBool,
+    close_tx: watch::Sender<bool>,
+}
+
+impl Link {
+    fn pending(&self) -> MutexGuard<'_, BTreeMap<u64, oneshot::Sender<Response>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.close_tx.send_replace(true);
+        self.pending().clear();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+struct Inner {
+    me: NodeName,
+    transport: Arc<dyn Transport>,
+    links: Mutex<BTreeMap<NodeName, Arc<Link>>>,
+    last_seen: Mutex<BTreeMap<NodeName, Instant>>,
+    handler: Mutex<Option<Handler>>,
+    dialing: tokio::sync::Mutex<()>,
+    next: AtomicU64,
+    stopped: watch::Sender<bool>,
+}
+
+/// The node's connections to its peers; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Peers {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peers")
+            .field("me", &self.inner.me)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Peers {
+    pub(crate) fn new(me: NodeName, transport: Arc<dyn Transport>) -> Self {
+        let (stopped, _) = watch::channel(false);
+        Self {
+            inner: Arc::new(Inner {
+                me,
+                transport,
+                links: Mutex::new(BTreeMap::new()),
+                last_seen: Mutex::new(BTreeMap::new()),
+                handler: Mutex::new(None),
+                dialing: tokio::sync::Mutex::new(()),
+                next: AtomicU64::new(1),
+                stopped,
+            }),
+        }
+    }
+
+    /// Sets the request handler (before serving).
+    pub(crate) fn set_handler(&self, handler: Handler) {
+        *lock(&self.inner.handler) = Some(handler);
+    }
+
+    /// Accepts peers on `listener` until [`Peers::stop`].
+    pub(crate) fn serve(&self, mut listener: Box<dyn Listener>) {
+        let this = self.clone();
+        let mut stopped = self.inner.stopped.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let conn = tokio::select! {
+                    c = listener.accept() => c,
+                    _ = stopped.wait_for(|s| *s) => break,
+                };
+                match conn {
+                    Ok(conn) => {
+                        let peer = conn.peer_node().clone();
+                        this.adopt(conn, peer);
+                    }
+                    Err(e) => {
+                        tracing::debug!(node = %this.inner.me, error = %e, "listener closed");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Closes every connection and stops accepting.
+    pub(crate) fn stop(&self) {
+        self.inner.stopped.send_replace(true);
+        let links: Vec<Arc<Link>> = lock(&self.inner.links).values().cloned().collect();
+        for l in links {
+            l.close();
+        }
+        lock(&self.inner.links).clear();
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        *self.inner.stopped.borrow()
+    }
+
+    /// When a frame last arrived from `peer`.
+    pub(crate) fn last_seen(&self, peer: &NodeName) -> Option<Instant> {
+        lock(&self.inner.last_seen).get(peer).copied()
+    }
+
+    fn touch(&self, peer: &NodeName) {
+        lock(&self.inner.last_seen).insert(peer.clone(), Instant::now());
+    }
+
+    /// Registers a new connection; returns the link the pair should use.
+    fn adopt(&self, conn: Connection, dialer: NodeName) -> Arc<Link> {
+        let peer = conn.peer_node().clone();
+        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let (close_tx, close_rx) = watch::channel(false);
+        let link = Arc::new(Link {
+            serial: self.inner.next.fetch_add(1, Ordering::Relaxed),
+            peer: peer.clone(),
+            dialer,
+            tx,
+            pending: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
+            close_tx,
+        });
+        let (sender, receiver) = conn.split();
+        let winner = {
+            let mut links = lock(&self.inner.links);
+            let keep_new = match links.get(&peer) {
+                None => true,
+                Some(old) if old.is_closed() => true,
+                Some(old) => {
+                    let preferred = std::cmp::min(&self.inner.me, &peer);
+                    if old.dialer == link.dialer {
+                        true
+                    } else {
+                        &link.dialer == preferred
+                    }
+                }
+            };
+            if keep_new {
+                if let Some(old) = links.insert(peer.clone(), link.clone())
+                    && !old.is_closed()
+                {
+                    tracing::debug!(node = %self.inner.me, peer = %peer, "replacing duplicate connection");
+                    old.close();
+                }
+                link.clone()
+            } else {
+                links.get(&peer).cloned().unwrap_or_else(|| link.clone())
+            }
+        };
+        if !Arc::ptr_eq(&winner, &link) {
+            tracing::debug!(node = %self.inner.me, peer = %peer, "dropping duplicate connection");
+            link.close();
+        }
+        self.touch(&peer);
+        tokio::spawn(write_loop(link.clone(), sender, rx, close_rx.clone()));
+        tokio::spawn(self.clone().read_loop(link, receiver, close_rx));
+        winner
+    }
+
+    async fn read_loop(
+        self,
+        link: Arc<Link>,
+        mut receiver: Box<dyn FrameReceiver>,
+        mut close_rx: watch::Receiver<bool>,
+    ) {
+        let mut batch = Vec::new();
+        loop {
+            batch.clear();
+            let got = tokio::select! {
+                r = receiver.recv_batch(&mut batch, 64) => r,
+                _ = close_rx.wait_for(|c| *c) => break,
+            };
+            match got {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(node = %self.inner.me, peer = %link.peer, error = %e, "connection lost");
+                    break;
+                }
+            }
+            self.touch(&link.peer);
+            for frame in batch.drain(..) {
+                self.on_frame(&link, &frame);
+            }
+        }
+        link.close();
+        let mut links = lock(&self.inner.links);
+        if links
+            .get(&link.peer)
+            .is_some_and(|l| l.serial == link.serial)
+        {
+            links.remove(&link.peer);
+        }
+    }
+
+    fn on_frame(&self, link: &Arc<Link>, frame: &[u8]) {
+        let body = match decode_message::<PeerFrame>(frame) {
+            Ok(PeerFrame::Metadata { body }) => body,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(node = %self.inner.me, peer = %link.peer, error = %e, "malformed peer frame");
+                return;
+            }
+        };
+        match decode_message::<RpcFrame>(&body) {
+            Ok(RpcFrame::Response { id, body }) => {
+                if let Some(tx) = link.pending().remove(&id) {
+                    let _ = tx.send(body);
+                }
+            }
+            Ok(RpcFrame::Request { id, body }) => {
+                let handler = lock(&self.inner.handler).clone();
+                let Some(handler) = handler else { return };
+                let link = link.clone();
+                let me = self.inner.me.clone();
+                tokio::spawn(async move {
+                    let resp = handler(link.peer.clone(), body).await;
+                    match encode_frame(&RpcFrame::Response { id, body: resp }) {
+                        Ok(bytes) => {
+                            let _ = link.tx.send(bytes).await;
+                        }
+                        Err(e) => {
+                            tracing::error!(node = %me, error = %e, "cannot encode a response")
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.inner.me, peer = %link.peer, error = %e, "malformed metadata frame");
+            }
+        }
+    }
+
+    /// The live link to `peer`, dialing `addr` if there is none.
+    async fn link(&self, peer: Option<&NodeName>, addr: &PeerAddr) -> Result<Arc<Link>, CallError> {
+        let unreachable = |reason: String| CallError::Unreachable {
+            peer: peer.map_or_else(|| addr.to_string(), ToString::to_string),
+            reason,
+        };
+        if self.is_stopped() {
+            return Err(unreachable("this node is stopping".into()));
+        }
+        if let Some(p) = peer
+            && let Some(l) = lock(&self.inner.links).get(p)
+            && !l.is_closed()
+        {
+            return Ok(l.clone());
+        }
+        let _guard = self.inner.dialing.lock().await;
+        if let Some(p) = peer
+            && let Some(l) = lock(&self.inner.links).get(p)
+            && !l.is_closed()
+        {
+            return Ok(l.clone());
+        }
+        let conn = self
+            .inner
+            .transport
+            .connect(addr)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        if let Some(p) = peer
+            && conn.peer_node() != p
+        {
+            return Err(unreachable(format!(
+                "{addr} is node {}, not {p}",
+                conn.peer_node()
+            )));
+        }
+        if self.is_stopped() {
+            return Err(unreachable("this node is stopping".into()));
+        }
+        Ok(self.adopt(conn, self.inner.me.clone()))
+    }
+
+    /// Calls `peer` (dialing `addr` if needed) and waits at most `timeout`.
+    /// With `peer: None` the node at `addr` answers, whoever it is.
+    pub(crate) async fn call(
+        &self,
+        peer: Option<&NodeName>,
+        addr: &PeerAddr,
+        req: Request,
+        timeout: Duration,
+    ) -> Result<Response, CallError> {
+        let who = peer.map_or_else(|| addr.to_string(), ToString::to_string);
+        let attempt = async {
+            let link = self.link(peer, addr).await?;
+            let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            link.pending().insert(id, tx);
+            let guard = PendingGuard {
+                link: link.clone(),
+                id,
+            };
+            let bytes = encode_frame(&RpcFrame::Request { id, body: req }).map_err(|e| {
+                CallError::Unreachable {
+                    peer: who.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            if link.is_closed() || link.tx.send(bytes).await.is_err() {
+                return Err(CallError::Unreachable {
+                    peer: who.clone(),
+                    reason: "connection closed".into(),
+                });
+            }
+            let resp = rx.await.map_err(|_| CallError::Lost { peer: who.clone() });
+            drop(guard);
+            resp
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout {
+                peer: who.clone(),
+                after: timeout,
+            }),
+        }
+    }
+
+    /// Sends a heartbeat to `peer` (dialing if needed, bounded by `timeout`).
+    pub(crate) async fn heartbeat(
+        &self,
+        peer: &NodeName,
+        addr: &PeerAddr,
+        seq: u64,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
+        let send = async {
+            let link = self.link(Some(peer), addr).await?;
+            let bytes = encode_message(&PeerFrame::Heartbeat { seq })
+                .map(Bytes::from)
+                .map_err(|e| CallError::Unreachable {
+                    peer: peer.to_string(),
+                    reason: e.to_string(),
+                })?;
+            link.tx
+                .send(bytes)
+                .await
+                .map_err(|_| CallError::Unreachable {
+                    peer: peer.to_string(),
+                    reason: "connection closed".into(),
+                })
+        };
+        tokio::time::timeout(timeout, send)
+            .await
+            .unwrap_or_else(|_| {
+                Err(CallError::Timeout {
+                    peer: peer.to_string(),
+                    after: timeout,
+                })
+            })
+    }
+
+    /// Closes the connection to `peer`, if any.
+    pub(crate) fn drop_link(&self, peer: &NodeName) {
+        if let Some(l) = lock(&self.inner.links).remove(peer) {
+            l.close();
+        }
+    }
+}
+
+struct PendingGuard {
+    link: Arc<Link>,
+    id: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.link.pending().remove(&self.id);
+    }
+}
+
+fn encode_frame(frame: &RpcFrame) -> Result<Bytes, warren_wire::WireError> {
+    let body = encode_message(frame)?;
+    encode_message(&PeerFrame::Metadata {
+        body: Bytes::from(body),
+    })
+    .map(Bytes::from)
+}
+
+async fn write_loop(
+    link: Arc<Link>,
+    mut sender: Box<dyn FrameSender>,
+    mut rx: mpsc::Receiver<Bytes>,
+    mut close_rx: watch::Receiver<bool>,
+) {
+    loop {
+        let first = tokio::select! {
+            f = rx.recv() => f,
+            _ = close_rx.wait_for(|c| *c) => None,
+        };
+        let Some(first) = first else { break };
+        let mut ok = sender.feed(first).is_ok();
+        while ok {
+            match rx.try_recv() {
+                Ok(f) => ok = sender.feed(f).is_ok(),
+                Err(_) => break,
+            }
+        }
+        if !ok {
+            break;
+        }
+        let flushed = tokio::select! {
+            r = sender.flush() => r.is_ok(),
+            _ = close_rx.wait_for(|c| *c) => false,
+        };
+        if !flushed {
+            break;
+        }
+    }
+    link.close();
+    let _ = tokio::time::timeout(Duration::from_secs(1), sender.close()).await;
+}

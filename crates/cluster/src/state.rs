@@ -1,0 +1,859 @@
+//! The metadata state machine: what the cluster knows, and the typed commands
+//! that change it.
+//!
+//! [`Metadata::apply`] is a pure function of the current state and one
+//! command (no clock, no I/O), so every replica that applies the same log
+//! reaches the same state. Commands never fail at the Raft level: a command
+//! that does not fit the state (a stale view version, an unknown queue) is
+//! *rejected* in its [`CommandResponse`] and changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use warren_policy::PolicySpec;
+
+/// A Raft log index.
+pub type LogIndex = u64;
+
+/// A value in AMQP arguments (a field table), in a form every replica stores alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ArgValue {
+    /// No value.
+    Void,
+    /// A boolean.
+    Bool(bool),
+    /// Any integer.
+    Int(i64),
+    /// A string (long or short).
+    Str(String),
+    /// Raw bytes.
+    Bytes(Vec<u8>),
+    /// A list.
+    List(Vec<ArgValue>),
+    /// A nested table.
+    Table(BTreeMap<String, ArgValue>),
+}
+
+/// AMQP arguments: a sorted field table.
+pub type Arguments = BTreeMap<String, ArgValue>;
+
+/// A cluster member as the metadata store records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The node's name (`warren@host`).
+    pub name: String,
+    /// The address it listens on for peers.
+    pub peer_addr: String,
+    /// The Raft log index of the membership change that first added it.
+    pub joined_at: LogIndex,
+}
+
+/// A user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRecord {
+    /// The user name.
+    pub name: String,
+    /// The password hash (opaque here; the broker hashes and checks).
+    pub password_hash: String,
+    /// Tags such as `administrator`.
+    pub tags: Vec<String>,
+}
+
+/// A user's permissions in one vhost (regexes, as in RabbitMQ).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permissions {
+    /// Resources the user may configure.
+    pub configure: String,
+    /// Resources the user may write to.
+    pub write: String,
+    /// Resources the user may read from.
+    pub read: String,
+}
+
+/// A policy as stored: [`PolicySpec`] with its definition kept as JSON text
+/// (so that every encoding of the log can carry it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRecord {
+    /// The vhost.
+    pub vhost: String,
+    /// The policy name.
+    pub name: String,
+    /// The regex over entity names.
+    pub pattern: String,
+    /// `apply-to`, in its JSON spelling (`all`, `queues`, …).
+    pub apply_to: String,
+    /// Higher wins.
+    pub priority: i64,
+    /// The definition, as a JSON object's text.
+    pub definition: String,
+}
+
+impl PolicyRecord {
+    /// Stores a policy spec.
+    pub fn from_spec(spec: &PolicySpec) -> Self {
+        let apply_to = serde_json::to_value(spec.apply_to)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "all".to_owned());
+        Self {
+            vhost: spec.vhost.clone(),
+            name: spec.name.clone(),
+            pattern: spec.pattern.clone(),
+            apply_to,
+            priority: spec.priority,
+            definition: spec.definition.to_string(),
+        }
+    }
+
+    /// The policy spec back, for validation and matching by `warren-policy`.
+    pub fn to_spec(&self) -> Result<PolicySpec, serde_json::Error> {
+        let definition: serde_json::Value = serde_json::from_str(&self.definition)?;
+        serde_json::from_value(serde_json::json!({
+            "vhost": self.vhost,
+            "name": self.name,
+            "pattern": self.pattern,
+            "apply-to": self.apply_to,
+            "priority": self.priority,
+            "definition": definition,
+        }))
+    }
+}
+
+/// An exchange.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExchangeRecord {
+    /// The vhost.
+    pub vhost: String,
+    /// The exchange name.
+    pub name: String,
+    /// The type (`direct`, `fanout`, `topic`, `headers`).
+    pub kind: String,
+    /// Survives a restart.
+    pub durable: bool,
+    /// Deleted when its last binding goes.
+    pub auto_delete: bool,
+    /// Clients cannot publish to it directly.
+    pub internal: bool,
+    /// Declaration arguments.
+    pub arguments: Arguments,
+}
+
+/// What a binding routes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DestinationKind {
+    /// A queue.
+    Queue,
+    /// An exchange (exchange-to-exchange binding).
+    Exchange,
+}
+
+/// A binding from an exchange to a queue or exchange.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingRecord {
+    /// The vhost.
+    pub vhost: String,
+    /// The source exchange.
+    pub source: String,
+    /// The destination's kind.
+    pub destination_kind: DestinationKind,
+    /// The destination's name.
+    pub destination: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// Binding arguments.
+    pub arguments: Arguments,
+}
+
+/// A queue: its declaration and where its master and mirrors live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRecord {
+    /// The vhost.
+    pub vhost: String,
+    /// The queue name.
+    pub name: String,
+    /// Survives a restart.
+    pub durable: bool,
+    /// The owning connection of an exclusive queue (never mirrored).
+    pub exclusive_owner: Option<String>,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Declaration arguments.
+    pub arguments: Arguments,
+    /// The node of the queue master.
+    pub master: String,
+    /// Mirror nodes, oldest first (join order).
+    pub mirrors: Vec<String>,
+    /// The synchronised subset of `mirrors`, in join order.
+    pub synchronised: Vec<String>,
+    /// The version of the queue's ring view; grows by one at every change of
+    /// master or mirrors.
+    pub view_version: u64,
+}
+
+/// A queue's placement: master, mirrors and synchronised mirrors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueView {
+    /// The master's node.
+    pub master: String,
+    /// Mirror nodes in join order.
+    pub mirrors: Vec<String>,
+    /// Synchronised mirrors (a subset of `mirrors`).
+    pub synchronised: Vec<String>,
+}
+
+/// A typed change to the metadata. Applied in log order on every replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Command {
+    /// Creates a vhost (no-op if it exists).
+    PutVhost {
+        /// The vhost name.
+        name: String,
+    },
+    /// Deletes a vhost and everything in it.
+    DeleteVhost {
+        /// The vhost name.
+        name: String,
+    },
+    /// Creates or replaces a user.
+    PutUser(UserRecord),
+    /// Deletes a user and its permissions.
+    DeleteUser {
+        /// The user name.
+        name: String,
+    },
+    /// Sets a user's permissions in a vhost.
+    SetPermissions {
+        /// The vhost.
+        vhost: String,
+        /// The user.
+        user: String,
+        /// The permissions.
+        permissions: Permissions,
+    },
+    /// Clears a user's permissions in a vhost.
+    ClearPermissions {
+        /// The vhost.
+        vhost: String,
+        /// The user.
+        user: String,
+    },
+    /// Creates or replaces a policy.
+    PutPolicy(PolicyRecord),
+    /// Deletes a policy.
+    DeletePolicy {
+        /// The vhost.
+        vhost: String,
+        /// The policy name.
+        name: String,
+    },
+    /// Declares an exchange; an existing one is left as it is and returned.
+    DeclareExchange(ExchangeRecord),
+    /// Deletes an exchange and its bindings.
+    DeleteExchange {
+        /// The vhost.
+        vhost: String,
+        /// The exchange name.
+        name: String,
+    },
+    /// Adds a binding (no-op if present).
+    Bind(BindingRecord),
+    /// Removes a binding.
+    Unbind(BindingRecord),
+    /// Declares a queue; an existing one is left as it is and returned.
+    /// A new queue's view version is 1.
+    DeclareQueue(QueueRecord),
+    /// Deletes a queue (and its bindings) if its view is at `expected_version`
+    /// (or unconditionally when `None`).
+    DeleteQueue {
+        /// The vhost.
+        vhost: String,
+        /// The queue name.
+        name: String,
+        /// Compare-and-set guard on the view version.
+        expected_version: Option<u64>,
+    },
+    /// Compare-and-set on a queue's view: replaces master, mirrors and
+    /// synchronised mirrors if the view is still at `expected_version`; the
+    /// version then grows by one.
+    SetQueueView {
+        /// The vhost.
+        vhost: String,
+        /// The queue name.
+        name: String,
+        /// The version the proposer based its change on.
+        expected_version: u64,
+        /// The new placement.
+        view: QueueView,
+    },
+}
+
+/// Why a command changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The vhost does not exist.
+    #[error("no vhost {0:?}")]
+    NoVhost(String),
+    /// The user does not exist.
+    #[error("no user {0:?}")]
+    NoUser(String),
+    /// The queue does not exist.
+    #[error("no queue {name:?} in vhost {vhost:?}")]
+    NoQueue {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        name: String,
+    },
+    /// The exchange does not exist.
+    #[error("no exchange {name:?} in vhost {vhost:?}")]
+    NoExchange {
+        /// The vhost.
+        vhost: String,
+        /// The exchange.
+        name: String,
+    },
+    /// A compare-and-set lost: the view moved on.
+    #[error("view conflict: expected version {expected}, current is {current}")]
+    ViewConflict {
+        /// The version the proposer expected.
+        expected: u64,
+        /// The current version.
+        current: u64,
+    },
+    /// The proposed view is malformed (a synchronised node that is not a
+    /// mirror, the master listed as a mirror, or a duplicate).
+    #[error("invalid queue view: {0}")]
+    InvalidView(String),
+    /// An exclusive queue cannot have mirrors.
+    #[error("exclusive queues are never mirrored")]
+    ExclusiveMirrored,
+}
+
+/// What applying a command produced.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Applied; nothing to return.
+    #[default]
+    Done,
+    /// A queue record (after declare or view change; on declare, the existing
+    /// record if there was one).
+    Queue(QueueRecord),
+    /// An exchange record (after declare; the existing one if there was one).
+    Exchange(ExchangeRecord),
+    /// The command was a no-op because the thing already existed or was absent.
+    Unchanged,
+}
+
+/// The state machine's answer to one log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandResponse {
+    /// The outcome, or why nothing changed.
+    pub result: Result<Outcome, Rejection>,
+}
+
+impl Default for CommandResponse {
+    fn default() -> Self {
+        Self {
+            result: Ok(Outcome::Done),
+        }
+    }
+}
+
+/// The whole replicated metadata: the state machine's state.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Metadata {
+    /// Cluster members by name (from Raft membership; see [`Metadata::apply_membership`]).
+    pub nodes: BTreeMap<String, NodeRecord>,
+    /// Vhost names.
+    pub vhosts: BTreeSet<String>,
+    /// Users by name.
+    pub users: BTreeMap<String, UserRecord>,
+    /// Permissions by (vhost, user).
+    pub permissions: BTreeMap<(String, String), Permissions>,
+    /// Policies by (vhost, name).
+    pub policies: BTreeMap<(String, String), PolicyRecord>,
+    /// Exchanges by (vhost, name).
+    pub exchanges: BTreeMap<(String, String), ExchangeRecord>,
+    /// Bindings, in a canonical order.
+    pub bindings: Vec<BindingRecord>,
+    /// Queues by (vhost, name).
+    pub queues: BTreeMap<(String, String), QueueRecord>,
+}
+
+fn key(vhost: &str, name: &str) -> (String, String) {
+    (vhost.to_owned(), name.to_owned())
+}
+
+fn check_view(view: &QueueView, exclusive: bool) -> Result<(), Rejection> {
+    if exclusive && !view.mirrors.is_empty() {
+        return Err(Rejection::ExclusiveMirrored);
+    }
+    let mut seen = BTreeSet::new();
+    for m in &view.mirrors {
+        if m == &view.master {
+            return Err(Rejection::InvalidView(format!(
+                "the master {m} is also listed as a mirror"
+            )));
+        }
+        if !seen.insert(m) {
+            return Err(Rejection::InvalidView(format!(
+                "mirror {m} is listed twice"
+            )));
+        }
+    }
+    let mut synced = BTreeSet::new();
+    for s in &view.synchronised {
+        if !seen.contains(s) {
+            return Err(Rejection::InvalidView(format!(
+                "synchronised node {s} is not a mirror"
+            )));
+        }
+        if !synced.insert(s) {
+            return Err(Rejection::InvalidView(format!(
+                "synchronised node {s} is listed twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Metadata {
+    /// Applies one command; rejected commands change nothing.
+    pub fn apply(&mut self, cmd: &Command) -> CommandResponse {
+        CommandResponse {
+            result: self.apply_inner(cmd),
+        }
+    }
+
+    fn apply_inner(&mut self, cmd: &Command) -> Result<Outcome, Rejection> {
+        match cmd {
+            Command::PutVhost { name } => Ok(if self.vhosts.insert(name.clone()) {
+                Outcome::Done
+            } else {
+                Outcome::Unchanged
+            }),
+            Command::DeleteVhost { name } => {
+                if !self.vhosts.remove(name) {
+                    return Err(Rejection::NoVhost(name.clone()));
+                }
+                self.permissions.retain(|(v, _), _| v != name);
+                self.policies.retain(|(v, _), _| v != name);
+                self.exchanges.retain(|(v, _), _| v != name);
+                self.queues.retain(|(v, _), _| v != name);
+                self.bindings.retain(|b| &b.vhost != name);
+                Ok(Outcome::Done)
+            }
+            Command::PutUser(user) => {
+                self.users.insert(user.name.clone(), user.clone());
+                Ok(Outcome::Done)
+            }
+            Command::DeleteUser { name } => {
+                if self.users.remove(name).is_none() {
+                    return Err(Rejection::NoUser(name.clone()));
+                }
+                self.permissions.retain(|(_, u), _| u != name);
+                Ok(Outcome::Done)
+            }
+            Command::SetPermissions {
+                vhost,
+                user,
+                permissions,
+            } => {
+                if !self.vhosts.contains(vhost) {
+                    return Err(Rejection::NoVhost(vhost.clone()));
+                }
+                if !self.users.contains_key(user) {
+                    return Err(Rejection::NoUser(user.clone()));
+                }
+                self.permissions
+                    .insert(key(vhost, user), permissions.clone());
+                Ok(Outcome::Done)
+            }
+            Command::ClearPermissions { vhost, user } => {
+                Ok(match self.permissions.remove(&key(vhost, user)) {
+                    Some(_) => Outcome::Done,
+                    None => Outcome::Unchanged,
+                })
+            }
+            Command::PutPolicy(p) => {
+                if !self.vhosts.contains(&p.vhost) {
+                    return Err(Rejection::NoVhost(p.vhost.clone()));
+                }
+                self.policies.insert(key(&p.vhost, &p.name), p.clone());
+                Ok(Outcome::Done)
+            }
+            Command::DeletePolicy { vhost, name } => {
+                Ok(match self.policies.remove(&key(vhost, name)) {
+                    Some(_) => Outcome::Done,
+                    None => Outcome::Unchanged,
+                })
+            }
+            Command::DeclareExchange(x) => {
+                if !self.vhosts.contains(&x.vhost) {
+                    return Err(Rejection::NoVhost(x.vhost.clone()));
+                }
+                let entry = self
+                    .exchanges
+                    .entry(key(&x.vhost, &x.name))
+                    .or_insert_with(|| x.clone());
+                Ok(Outcome::Exchange(entry.clone()))
+            }
+            Command::DeleteExchange { vhost, name } => {
+                if self.exchanges.remove(&key(vhost, name)).is_none() {
+                    return Err(Rejection::NoExchange {
+                        vhost: vhost.clone(),
+                        name: name.clone(),
+                    });
+                }
+                self.bindings.retain(|b| {
+                    !(&b.vhost == vhost
+                        && (&b.source == name
+                            || (b.destination_kind == DestinationKind::Exchange
+                                && &b.destination == name)))
+                });
+                Ok(Outcome::Done)
+            }
+            Command::Bind(b) => {
+                if !self.exchanges.contains_key(&key(&b.vhost, &b.source)) {
+                    return Err(Rejection::NoExchange {
+                        vhost: b.vhost.clone(),
+                        name: b.source.clone(),
+                    });
+                }
+                let dest_exists = match b.destination_kind {
+                    DestinationKind::Queue => {
+                        self.queues.contains_key(&key(&b.vhost, &b.destination))
+                    }
+                    DestinationKind::Exchange => {
+                        self.exchanges.contains_key(&key(&b.vhost, &b.destination))
+                    }
+                };
+                if !dest_exists {
+                    return Err(match b.destination_kind {
+                        DestinationKind::Queue => Rejection::NoQueue {
+                            vhost: b.vhost.clone(),
+                            name: b.destination.clone(),
+                        },
+                        DestinationKind::Exchange => Rejection::NoExchange {
+                            vhost: b.vhost.clone(),
+                            name: b.destination.clone(),
+                        },
+                    });
+                }
+                if self.bindings.contains(b) {
+                    return Ok(Outcome::Unchanged);
+                }
+                self.bindings.push(b.clone());
+                Ok(Outcome::Done)
+            }
+            Command::Unbind(b) => {
+                let before = self.bindings.len();
+                self.bindings.retain(|x| x != b);
+                Ok(if self.bindings.len() < before {
+                    Outcome::Done
+                } else {
+                    Outcome::Unchanged
+                })
+            }
+            Command::DeclareQueue(q) => {
+                if !self.vhosts.contains(&q.vhost) {
+                    return Err(Rejection::NoVhost(q.vhost.clone()));
+                }
+                if let Some(existing) = self.queues.get(&key(&q.vhost, &q.name)) {
+                    return Ok(Outcome::Queue(existing.clone()));
+                }
+                let view = QueueView {
+                    master: q.master.clone(),
+                    mirrors: q.mirrors.clone(),
+                    synchronised: q.synchronised.clone(),
+                };
+                check_view(&view, q.exclusive_owner.is_some())?;
+                let mut q = q.clone();
+                q.view_version = 1;
+                self.queues.insert(key(&q.vhost, &q.name), q.clone());
+                Ok(Outcome::Queue(q))
+            }
+            Command::DeleteQueue {
+                vhost,
+                name,
+                expected_version,
+            } => {
+                let k = key(vhost, name);
+                let Some(q) = self.queues.get(&k) else {
+                    return Err(Rejection::NoQueue {
+                        vhost: vhost.clone(),
+                        name: name.clone(),
+                    });
+                };
+                if let Some(expected) = *expected_version
+                    && expected != q.view_version
+                {
+                    return Err(Rejection::ViewConflict {
+                        expected,
+                        current: q.view_version,
+                    });
+                }
+                self.queues.remove(&k);
+                self.bindings.retain(|b| {
+                    !(&b.vhost == vhost
+                        && b.destination_kind == DestinationKind::Queue
+                        && &b.destination == name)
+                });
+                Ok(Outcome::Done)
+            }
+            Command::SetQueueView {
+                vhost,
+                name,
+                expected_version,
+                view,
+            } => {
+                let Some(q) = self.queues.get_mut(&key(vhost, name)) else {
+                    return Err(Rejection::NoQueue {
+                        vhost: vhost.clone(),
+                        name: name.clone(),
+                    });
+                };
+                if q.view_version != *expected_version {
+                    return Err(Rejection::ViewConflict {
+                        expected: *expected_version,
+                        current: q.view_version,
+                    });
+                }
+                check_view(view, q.exclusive_owner.is_some())?;
+                q.master = view.master.clone();
+                q.mirrors = view.mirrors.clone();
+                q.synchronised = view.synchronised.clone();
+                q.view_version += 1;
+                Ok(Outcome::Queue(q.clone()))
+            }
+        }
+    }
+
+    /// Applies a Raft membership change committed at `index`: new members are
+    /// recorded as joined at `index`; members no longer in the membership are
+    /// forgotten, and so are their places in queue views (a forgotten master is
+    /// replaced by its oldest synchronised mirror; a queue with none left is
+    /// deleted, as RabbitMQ's `forget_cluster_node` does).
+    pub fn apply_membership(&mut self, index: LogIndex, members: &BTreeMap<String, String>) {
+        for (name, addr) in members {
+            self.nodes
+                .entry(name.clone())
+                .and_modify(|n| n.peer_addr.clone_from(addr))
+                .or_insert_with(|| NodeRecord {
+                    name: name.clone(),
+                    peer_addr: addr.clone(),
+                    joined_at: index,
+                });
+        }
+        let gone: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|n| !members.contains_key(*n))
+            .cloned()
+            .collect();
+        for node in gone {
+            self.nodes.remove(&node);
+            self.forget_node_in_queues(&node);
+        }
+    }
+
+    fn forget_node_in_queues(&mut self, node: &str) {
+        let mut deleted = Vec::new();
+        for (k, q) in &mut self.queues {
+            let in_view = q.master == node || q.mirrors.iter().any(|m| m == node);
+            if !in_view {
+                continue;
+            }
+            q.mirrors.retain(|m| m != node);
+            q.synchronised.retain(|m| m != node);
+            if q.master == node {
+                match q.synchronised.first().cloned() {
+                    Some(promoted) => {
+                        q.mirrors.retain(|m| m != &promoted);
+                        q.synchronised.retain(|m| m != &promoted);
+                        q.master = promoted;
+                    }
+                    None => deleted.push(k.clone()),
+                }
+            }
+            q.view_version += 1;
+        }
+        for k in deleted {
+            self.queues.remove(&k);
+            self.bindings.retain(|b| {
+                !(b.vhost == k.0
+                    && b.destination_kind == DestinationKind::Queue
+                    && b.destination == k.1)
+            });
+        }
+    }
+
+    /// A queue's record.
+    pub fn queue(&self, vhost: &str, name: &str) -> Option<&QueueRecord> {
+        self.queues.get(&key(vhost, name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str, master: &str, mirrors: &[&str], synced: &[&str]) -> QueueRecord {
+        QueueRecord {
+            vhost: "/".into(),
+            name: name.into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: Arguments::new(),
+            master: master.into(),
+            mirrors: mirrors.iter().map(|s| s.to_string()).collect(),
+            synchronised: synced.iter().map(|s| s.to_string()).collect(),
+            view_version: 0,
+        }
+    }
+
+    fn md() -> Metadata {
+        let mut m = Metadata::default();
+        m.apply(&Command::PutVhost { name: "/".into() });
+        m
+    }
+
+    #[test]
+    fn queue_view_compare_and_set() {
+        let mut m = md();
+        let r = m.apply(&Command::DeclareQueue(queue("q", "a", &["b"], &[])));
+        let Ok(Outcome::Queue(q)) = r.result else {
+            panic!("{r:?}")
+        };
+        assert_eq!(q.view_version, 1);
+        let set = |v, synced: &[&str]| Command::SetQueueView {
+            vhost: "/".into(),
+            name: "q".into(),
+            expected_version: v,
+            view: QueueView {
+                master: "a".into(),
+                mirrors: vec!["b".into()],
+                synchronised: synced.iter().map(|s| s.to_string()).collect(),
+            },
+        };
+        assert!(m.apply(&set(1, &["b"])).result.is_ok());
+        assert_eq!(
+            m.apply(&set(1, &[])).result,
+            Err(Rejection::ViewConflict {
+                expected: 1,
+                current: 2
+            })
+        );
+        assert_eq!(m.queue("/", "q").unwrap().synchronised, vec!["b"]);
+        assert!(matches!(
+            m.apply(&set(2, &["c"])).result,
+            Err(Rejection::InvalidView(_))
+        ));
+    }
+
+    #[test]
+    fn redeclare_returns_the_existing_queue() {
+        let mut m = md();
+        m.apply(&Command::DeclareQueue(queue("q", "a", &[], &[])));
+        let r = m.apply(&Command::DeclareQueue(queue("q", "b", &[], &[])));
+        let Ok(Outcome::Queue(q)) = r.result else {
+            panic!()
+        };
+        assert_eq!(q.master, "a");
+    }
+
+    #[test]
+    fn exclusive_queues_are_never_mirrored() {
+        let mut m = md();
+        let mut q = queue("q", "a", &["b"], &[]);
+        q.exclusive_owner = Some("conn-1".into());
+        assert_eq!(
+            m.apply(&Command::DeclareQueue(q)).result,
+            Err(Rejection::ExclusiveMirrored)
+        );
+    }
+
+    #[test]
+    fn forgetting_a_node_promotes_the_oldest_synchronised_mirror_or_deletes() {
+        let mut m = md();
+        m.apply(&Command::DeclareQueue(queue(
+            "q1",
+            "a",
+            &["b", "c"],
+            &["c", "b"],
+        )));
+        m.apply(&Command::DeclareQueue(queue("q2", "a", &["b"], &[])));
+        m.apply(&Command::DeclareQueue(queue("q3", "b", &["a"], &[])));
+        let members = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| (n.to_string(), format!("{n}:1")))
+                .collect::<BTreeMap<_, _>>()
+        };
+        m.apply_membership(1, &members(&["a", "b", "c"]));
+        assert_eq!(m.nodes["a"].joined_at, 1);
+        m.apply_membership(5, &members(&["b", "c"]));
+        assert!(!m.nodes.contains_key("a"));
+        let q1 = m.queue("/", "q1").unwrap();
+        assert_eq!(q1.master, "c");
+        assert_eq!(q1.mirrors, vec!["b"]);
+        assert_eq!(q1.view_version, 2);
+        assert!(m.queue("/", "q2").is_none());
+        let q3 = m.queue("/", "q3").unwrap();
+        assert_eq!((q3.master.as_str(), q3.mirrors.len()), ("b", 0));
+    }
+
+    #[test]
+    fn deleting_things_cascades() {
+        let mut m = md();
+        m.apply(&Command::DeclareExchange(ExchangeRecord {
+            vhost: "/".into(),
+            name: "x".into(),
+            kind: "direct".into(),
+            durable: true,
+            auto_delete: false,
+            internal: false,
+            arguments: Arguments::new(),
+        }));
+        m.apply(&Command::DeclareQueue(queue("q", "a", &[], &[])));
+        let b = BindingRecord {
+            vhost: "/".into(),
+            source: "x".into(),
+            destination_kind: DestinationKind::Queue,
+            destination: "q".into(),
+            routing_key: "k".into(),
+            arguments: Arguments::new(),
+        };
+        assert_eq!(m.apply(&Command::Bind(b.clone())).result, Ok(Outcome::Done));
+        assert_eq!(m.apply(&Command::Bind(b)).result, Ok(Outcome::Unchanged));
+        m.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "q".into(),
+            expected_version: None,
+        });
+        assert!(m.bindings.is_empty());
+        m.apply(&Command::DeleteVhost { name: "/".into() });
+        assert!(m.exchanges.is_empty());
+    }
+
+    #[test]
+    fn policies_round_trip_through_their_stored_form() {
+        let spec = PolicySpec::new(
+            "/",
+            "ha-all",
+            "^ha\\.",
+            serde_json::json!({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+        )
+        .priority(3);
+        let rec = PolicyRecord::from_spec(&spec);
+        assert_eq!(rec.to_spec().unwrap(), spec);
+        let bytes = postcard::to_stdvec(&Command::PutPolicy(rec.clone())).unwrap();
+        assert_eq!(
+            postcard::from_bytes::<Command>(&bytes).unwrap(),
+            Command::PutPolicy(rec)
+        );
+    }
+}

@@ -1,0 +1,628 @@
+//! The Raft log and the state machine, on disk in the node's data directory.
+//!
+//! Layout of `<data_dir>/raft/`:
+//!
+//! - `log`: the log, an append-only file of records `[len: u32 BE][crc32c: u32 BE][postcard entry]`.
+//!   Appends are fsynced before openraft is told they are durable. A torn or
+//!   corrupt tail (a crash mid-append) is cut off at the first bad record on load.
+//! - `vote`, `committed`, `purged`: one small record each, replaced atomically
+//!   (write a temporary file, fsync, rename, fsync the directory).
+//! - `snapshot`: the latest snapshot (meta + the serialised [`Metadata`]),
+//!   replaced atomically. The state machine itself lives in memory and is
+//!   rebuilt at start from the snapshot plus the committed log.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Cursor, Read, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AnyError, EntryPayload, ErrorSubject, ErrorVerb, LogState, OptionalSend, RaftLogReader,
+    RaftSnapshotBuilder, Snapshot, StorageIOError,
+};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::state::{CommandResponse, Metadata};
+use crate::types::{
+    Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
+};
+
+const LOG_FILE: &str = "log";
+const VOTE_FILE: &str = "vote";
+const COMMITTED_FILE: &str = "committed";
+const PURGED_FILE: &str = "purged";
+const SNAPSHOT_FILE: &str = "snapshot";
+
+fn io_err(verb: ErrorVerb, subject: ErrorSubject<NodeId>, e: impl Into<AnyError>) -> StorageError {
+    StorageError::IO {
+        source: StorageIOError::new(subject, verb, e),
+    }
+}
+
+fn any(e: &io::Error) -> AnyError {
+    AnyError::new(e)
+}
+
+/// The Raft directory inside a data directory.
+pub(crate) fn raft_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("raft")
+}
+
+fn encode_record<T: Serialize>(value: &T) -> io::Result<Vec<u8>> {
+    let body = postcard::to_stdvec(value).map_err(io::Error::other)?;
+    let mut out = Vec::with_capacity(body.len() + 8);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes the record at the start of `buf`: `Ok(None)` for a torn or corrupt record.
+fn decode_record<T: DeserializeOwned>(buf: &[u8]) -> Option<(T, usize)> {
+    if buf.len() < 8 {
+        return None;
+    }
+    let len = u32::from_be_bytes(buf[0..4].try_into().ok()?) as usize;
+    let crc = u32::from_be_bytes(buf[4..8].try_into().ok()?);
+    let body = buf.get(8..8 + len)?;
+    if crc32c::crc32c(body) != crc {
+        return None;
+    }
+    let value = postcard::from_bytes(body).ok()?;
+    Some((value, 8 + len))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Replaces `dir/name` atomically with one record holding `value`.
+pub(crate) fn write_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = File::create(&tmp)?;
+    f.write_all(&encode_record(value)?)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Reads a file written by [`write_atomic`]; `Ok(None)` if absent.
+pub(crate) fn read_atomic<T: DeserializeOwned>(dir: &Path, name: &str) -> io::Result<Option<T>> {
+    let mut buf = Vec::new();
+    match File::open(dir.join(name)) {
+        Ok(mut f) => f.read_to_end(&mut buf)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match decode_record(&buf) {
+        Some((v, _)) => Ok(Some(v)),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is corrupt", dir.join(name).display()),
+        )),
+    }
+}
+
+/// Everything the log directory holds, read at once (also used offline).
+#[derive(Debug, Default)]
+pub(crate) struct LogFiles {
+    pub(crate) vote: Option<Vote>,
+    pub(crate) committed: Option<LogId>,
+    pub(crate) purged: Option<LogId>,
+    /// Entries after `purged`, with the file offset where each record starts.
+    pub(crate) entries: BTreeMap<u64, (Entry, u64)>,
+    /// Where the valid part of the log file ends.
+    pub(crate) end: u64,
+}
+
+impl LogFiles {
+    pub(crate) fn load(dir: &Path) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let vote = read_atomic(dir, VOTE_FILE)?;
+        let committed: Option<LogId> = read_atomic::<Option<LogId>>(dir, COMMITTED_FILE)?.flatten();
+        let purged: Option<LogId> = read_atomic(dir, PURGED_FILE)?;
+        let mut buf = Vec::new();
+        if let Ok(mut f) = File::open(dir.join(LOG_FILE)) {
+            f.read_to_end(&mut buf)?;
+        }
+        let mut entries = BTreeMap::new();
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let Some((entry, used)) = decode_record::<Entry>(&buf[pos..]) else {
+                tracing::warn!(
+                    offset = pos,
+                    len = buf.len(),
+                    "raft log has a torn or corrupt tail; cutting it off"
+                );
+                break;
+            };
+            let index = entry.log_id.index;
+            if purged.is_none_or(|p| index > p.index) {
+                // A later record for an index supersedes a truncated one.
+                entries.split_off(&index);
+                entries.insert(index, (entry, pos as u64));
+            }
+            pos += used;
+        }
+        tracing::debug!(
+            dir = %dir.display(),
+            entries = entries.len(),
+            last = entries.last_key_value().map(|(i, _)| *i),
+            ?committed,
+            "loaded raft log"
+        );
+        Ok(Self {
+            vote,
+            committed,
+            purged,
+            entries,
+            end: pos as u64,
+        })
+    }
+}
+
+struct LogInner {
+    dir: PathBuf,
+    file: File,
+    files: LogFiles,
+}
+
+impl LogInner {
+    fn append_records(&mut self, entries: Vec<Entry>) -> io::Result<()> {
+        let mut buf = Vec::new();
+        let mut placed = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let offset = self.files.end + buf.len() as u64;
+            buf.extend_from_slice(&encode_record(&entry)?);
+            placed.push((entry, offset));
+        }
+        self.file.write_all(&buf)?;
+        self.file.sync_data()?;
+        tracing::trace!(
+            first = placed.first().map(|(e, _)| e.log_id.index),
+            last = placed.last().map(|(e, _)| e.log_id.index),
+            at = self.files.end,
+            "appended raft log entries"
+        );
+        self.files.end += buf.len() as u64;
+        for (entry, offset) in placed {
+            let index = entry.log_id.index;
+            self.files.entries.split_off(&index);
+            self.files.entries.insert(index, (entry, offset));
+        }
+        Ok(())
+    }
+
+    fn truncate_from(&mut self, index: u64) -> io::Result<()> {
+        let Some((_, offset)) = self.files.entries.get(&index).cloned() else {
+            return Ok(());
+        };
+        self.file.set_len(offset)?;
+        self.file.sync_all()?;
+        self.files.end = offset;
+        self.files.entries.split_off(&index);
+        Ok(())
+    }
+
+    /// Rewrites the log file with only the entries still kept.
+    fn rewrite(&mut self) -> io::Result<()> {
+        let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
+        let mut f = File::create(&tmp)?;
+        let mut buf = Vec::new();
+        let mut offsets = Vec::new();
+        for (index, (entry, _)) in &self.files.entries {
+            offsets.push((*index, buf.len() as u64));
+            buf.extend_from_slice(&encode_record(entry)?);
+        }
+        f.write_all(&buf)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, self.dir.join(LOG_FILE))?;
+        sync_dir(&self.dir)?;
+        self.file = OpenOptions::new()
+            .append(true)
+            .open(self.dir.join(LOG_FILE))?;
+        for (index, offset) in offsets {
+            if let Some(e) = self.files.entries.get_mut(&index) {
+                e.1 = offset;
+            }
+        }
+        self.files.end = buf.len() as u64;
+        Ok(())
+    }
+}
+
+/// The on-disk Raft log (openraft's `RaftLogStorage`); cheap to clone.
+#[derive(Clone)]
+pub(crate) struct LogStore {
+    inner: Arc<Mutex<LogInner>>,
+}
+
+impl std::fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`, cutting off a torn tail.
+    pub(crate) fn open(dir: &Path) -> io::Result<Self> {
+        let files = LogFiles::load(dir)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(LOG_FILE))?;
+        if file.metadata()?.len() != files.end {
+            file.set_len(files.end)?;
+            file.sync_all()?;
+        }
+        Ok(Self {
+            inner: Arc::new(Mutex::new(LogInner {
+                dir: dir.to_owned(),
+                file,
+                files,
+            })),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LogInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether any vote or entry was ever stored (the node has Raft state).
+    pub(crate) fn has_state(&self) -> bool {
+        let g = self.lock();
+        g.files.vote.is_some() || !g.files.entries.is_empty() || g.files.purged.is_some()
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + std::fmt::Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let g = self.lock();
+        Ok(g.files
+            .entries
+            .range(range)
+            .map(|(_, (e, _))| e.clone())
+            .collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let g = self.lock();
+        let last = g
+            .files
+            .entries
+            .last_key_value()
+            .map(|(_, (e, _))| e.log_id)
+            .or(g.files.purged);
+        Ok(LogState {
+            last_purged_log_id: g.files.purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let mut g = self.lock();
+        write_atomic(&g.dir, VOTE_FILE, vote)
+            .map_err(|e| io_err(ErrorVerb::Write, ErrorSubject::Vote, any(&e)))?;
+        g.files.vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        Ok(self.lock().files.vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let mut g = self.lock();
+        write_atomic(&g.dir, COMMITTED_FILE, &committed)
+            .map_err(|e| io_err(ErrorVerb::Write, ErrorSubject::Store, any(&e)))?;
+        g.files.committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.lock().files.committed)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let res = self.lock().append_records(entries);
+        match res {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let err = io_err(ErrorVerb::Write, ErrorSubject::Logs, any(&e));
+                callback.log_io_completed(Err(e));
+                Err(err)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(%log_id, "truncating raft log");
+        self.lock()
+            .truncate_from(log_id.index)
+            .map_err(|e| io_err(ErrorVerb::Delete, ErrorSubject::Logs, any(&e)))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let mut g = self.lock();
+        let res = (|| {
+            write_atomic(&g.dir, PURGED_FILE, &log_id)?;
+            g.files.purged = Some(log_id);
+            let keep = g.files.entries.split_off(&(log_id.index + 1));
+            g.files.entries = keep;
+            g.rewrite()
+        })();
+        res.map_err(|e| io_err(ErrorVerb::Delete, ErrorSubject::Logs, any(&e)))
+    }
+}
+
+/// A snapshot as stored on disk and sent to peers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct StoredSnapshot {
+    pub(crate) meta: SnapshotMeta,
+    /// postcard of [`SnapshotState`].
+    pub(crate) data: Vec<u8>,
+}
+
+/// The state machine's content as a snapshot carries it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SnapshotState {
+    pub(crate) last_applied: Option<LogId>,
+    pub(crate) membership: StoredMembership,
+    pub(crate) metadata: Metadata,
+}
+
+/// The state machine's live state, shared with the [`Cluster`](crate::Cluster) for local reads.
+#[derive(Debug, Default)]
+pub(crate) struct SmState {
+    pub(crate) last_applied: Option<LogId>,
+    pub(crate) membership: StoredMembership,
+    pub(crate) metadata: Arc<Metadata>,
+}
+
+/// Applies one entry to a state machine state.
+pub(crate) fn apply_entry(st: &mut SmState, entry: &Entry) -> CommandResponse {
+    st.last_applied = Some(entry.log_id);
+    match &entry.payload {
+        EntryPayload::Blank => CommandResponse::default(),
+        EntryPayload::Normal(cmd) => Arc::make_mut(&mut st.metadata).apply(cmd),
+        EntryPayload::Membership(m) => {
+            st.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+            let members = m
+                .nodes()
+                .map(|(_, n)| (n.name.clone(), n.addr.clone()))
+                .collect();
+            Arc::make_mut(&mut st.metadata).apply_membership(entry.log_id.index, &members);
+            CommandResponse::default()
+        }
+    }
+}
+
+/// The state machine (openraft's `RaftStateMachine`); cheap to clone.
+#[derive(Clone)]
+pub(crate) struct StateMachine {
+    dir: PathBuf,
+    pub(crate) state: Arc<RwLock<SmState>>,
+    current: Arc<Mutex<Option<StoredSnapshot>>>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for StateMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateMachine")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateMachine {
+    /// Opens the state machine: the stored snapshot, if any.
+    pub(crate) fn open(dir: &Path) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let snap: Option<StoredSnapshot> = read_atomic(dir, SNAPSHOT_FILE)?;
+        let mut state = SmState::default();
+        if let Some(s) = &snap {
+            let content: SnapshotState = postcard::from_bytes(&s.data).map_err(io::Error::other)?;
+            state.last_applied = content.last_applied;
+            state.membership = content.membership;
+            state.metadata = Arc::new(content.metadata);
+        }
+        let (changed, _) = tokio::sync::watch::channel(0);
+        Ok(Self {
+            dir: dir.to_owned(),
+            state: Arc::new(RwLock::new(state)),
+            current: Arc::new(Mutex::new(snap)),
+            changed,
+        })
+    }
+
+    /// A receiver that sees a new value after every applied batch.
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, SmState> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, SmState> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn snap(&self) -> MutexGuard<'_, Option<StoredSnapshot>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[allow(clippy::result_large_err)] // openraft's own error type
+    fn install(&self, snap: StoredSnapshot) -> Result<(), StorageError> {
+        let content: SnapshotState = postcard::from_bytes(&snap.data).map_err(|e| {
+            io_err(
+                ErrorVerb::Read,
+                ErrorSubject::Snapshot(Some(snap.meta.signature())),
+                AnyError::error(e.to_string()),
+            )
+        })?;
+        write_atomic(&self.dir, SNAPSHOT_FILE, &snap).map_err(|e| {
+            io_err(
+                ErrorVerb::Write,
+                ErrorSubject::Snapshot(Some(snap.meta.signature())),
+                any(&e),
+            )
+        })?;
+        {
+            let mut st = self.write();
+            st.last_applied = content.last_applied;
+            st.membership = content.membership;
+            st.metadata = Arc::new(content.metadata);
+        }
+        *self.snap() = Some(snap);
+        self.changed.send_modify(|v| *v += 1);
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (content, last_applied, membership) = {
+            let st = self.read();
+            (
+                SnapshotState {
+                    last_applied: st.last_applied,
+                    membership: st.membership.clone(),
+                    metadata: (*st.metadata).clone(),
+                },
+                st.last_applied,
+                st.membership.clone(),
+            )
+        };
+        let data = postcard::to_stdvec(&content).map_err(|e| {
+            io_err(
+                ErrorVerb::Write,
+                ErrorSubject::Snapshot(None),
+                AnyError::error(e.to_string()),
+            )
+        })?;
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, data.len()),
+            None => format!("empty-{}", data.len()),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        };
+        write_atomic(&self.dir, SNAPSHOT_FILE, &stored).map_err(|e| {
+            io_err(
+                ErrorVerb::Write,
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                any(&e),
+            )
+        })?;
+        *self.snap() = Some(stored);
+        tracing::debug!(snapshot = %meta.snapshot_id, "built snapshot");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let st = self.read();
+        Ok((st.last_applied, st.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResponse>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let out: Vec<CommandResponse> = {
+            let mut st = self.write();
+            entries
+                .into_iter()
+                .map(|e| apply_entry(&mut st, &e))
+                .collect()
+        };
+        self.changed.send_modify(|v| *v += 1);
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        tracing::info!(snapshot = %meta.snapshot_id, "installing snapshot from the leader");
+        self.install(StoredSnapshot {
+            meta: meta.clone(),
+            data: snapshot.into_inner(),
+        })
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(self.snap().clone().map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}
+
+/// Writes a whole new state (snapshot + empty log) into a stopped node's Raft
+/// directory: used by the offline forget.
+pub(crate) fn replace_offline(dir: &Path, snap: &StoredSnapshot, last: LogId) -> io::Result<()> {
+    write_atomic(dir, SNAPSHOT_FILE, snap)?;
+    write_atomic(dir, PURGED_FILE, &last)?;
+    write_atomic(dir, COMMITTED_FILE, &Some(last))?;
+    let tmp = dir.join(format!("{LOG_FILE}.tmp"));
+    File::create(&tmp)?.sync_all()?;
+    fs::rename(&tmp, dir.join(LOG_FILE))?;
+    sync_dir(dir)
+}
+
+/// Reads the stored snapshot of a (stopped) node's Raft directory.
+pub(crate) fn read_snapshot(dir: &Path) -> io::Result<Option<StoredSnapshot>> {
+    read_atomic(dir, SNAPSHOT_FILE)
+}

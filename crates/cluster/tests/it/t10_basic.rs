@@ -1,0 +1,114 @@
+//! One node and a healthy three-node cluster.
+
+use warren_cluster::{
+    Arguments, ClusterError, Command, Outcome, QueueRecord, QueueView, Rejection,
+};
+
+use crate::harness::*;
+
+pub fn queue(name: &str, master: &str, mirrors: &[&str]) -> QueueRecord {
+    QueueRecord {
+        vhost: "/".into(),
+        name: name.into(),
+        durable: true,
+        exclusive_owner: None,
+        auto_delete: false,
+        arguments: Arguments::new(),
+        master: master.into(),
+        mirrors: mirrors.iter().map(|s| s.to_string()).collect(),
+        synchronised: Vec::new(),
+        view_version: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10_one_node_bootstraps_commits_and_restarts_from_its_data_dir() {
+    let mut tc = TestCluster::new(1);
+    tc.snapshot_every = 5;
+    let a = tc.start("a", None).await;
+    assert!(a.is_leader());
+    a.write(vhost("/")).await.unwrap();
+    let Outcome::Queue(q) = a
+        .write(Command::DeclareQueue(queue("q", "a", &[])))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(q.view_version, 1);
+    // Enough writes to take snapshots and compact the log.
+    for i in 0..12 {
+        a.write(vhost(&format!("v{i}"))).await.unwrap();
+    }
+    let md = a.read_linearizable().await.unwrap();
+    assert_eq!(md.vhosts.len(), 13);
+    assert_eq!(md.nodes["a"].peer_addr, "a");
+    tc.kill("a").await;
+
+    let a = tc.start("a", None).await;
+    eventually(&a, "state restored", |m| {
+        m.vhosts.len() == 13 && m.queue("/", "q").is_some()
+    })
+    .await;
+    let status = a.cluster_status();
+    assert_eq!(status.leader.as_deref(), Some("a"));
+    assert_eq!(status.members.len(), 1);
+    tc.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t11_three_nodes_join_replicate_and_compare_and_set_views() {
+    let mut tc = TestCluster::new(2);
+    tc.form(&["a", "b", "c"]).await;
+    let leader = tc.leader(&["a", "b", "c"]).await;
+    let status = tc.node("c").cluster_status();
+    assert_eq!(status.leader.as_deref(), Some(leader.as_str()));
+    assert!(status.members.iter().all(|m| m.voter), "{status:?}");
+    assert_eq!(status.members.len(), 3);
+
+    // Writes from any node go through the leader.
+    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    let f = tc.node(follower);
+    f.write(vhost("/")).await.unwrap();
+    f.write(Command::DeclareQueue(queue("q", "a", &["b"])))
+        .await
+        .unwrap();
+    // Compare-and-set: the first proposer at version 1 wins, the second loses.
+    let view = QueueView {
+        master: "a".into(),
+        mirrors: vec!["b".into(), "c".into()],
+        synchronised: vec!["b".into()],
+    };
+    let q = tc
+        .node("b")
+        .set_queue_view("/", "q", 1, view.clone())
+        .await
+        .unwrap();
+    assert_eq!(q.view_version, 2);
+    let err = tc
+        .node("c")
+        .set_queue_view("/", "q", 1, view)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClusterError::Rejected(Rejection::ViewConflict {
+                expected: 1,
+                current: 2
+            })
+        ),
+        "{err}"
+    );
+    // A linearizable read on any node sees the committed view.
+    for name in ["a", "b", "c"] {
+        let md = tc.node(name).read_linearizable().await.unwrap();
+        let q = md.queue("/", "q").unwrap();
+        assert_eq!(
+            (q.view_version, q.synchronised.clone()),
+            (2, vec!["b".to_string()])
+        );
+        assert_eq!(md.nodes.len(), 3);
+    }
+    tc.shutdown_all().await;
+}

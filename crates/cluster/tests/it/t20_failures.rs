@@ -1,0 +1,158 @@
+//! Crashes, partitions and healing: only a majority commits, nothing is
+//! committed twice or lost.
+
+use std::collections::BTreeMap;
+
+use warren_cluster::offline::read_log_commands;
+use warren_cluster::{ClusterError, Command, NodeEvent};
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_leader_killed_the_others_elect_and_continue_and_it_catches_up() {
+    let mut tc = TestCluster::new(20);
+    tc.form(&["a", "b", "c"]).await;
+    let names = ["a", "b", "c"];
+    let leader = tc.leader(&names).await;
+    let rest: Vec<&str> = names.iter().copied().filter(|n| *n != leader).collect();
+    let watcher = tc.node(rest[0]);
+    let mut events = watcher.subscribe();
+    tc.node(rest[1]).write(vhost("before")).await.unwrap();
+
+    tc.kill(&leader).await;
+    // The failure detector reports the old leader down.
+    wait_event(&mut events, NodeEvent::Down(n(&leader))).await;
+
+    write_eventually(&tc.node(rest[0]), vhost("after")).await;
+    let new_leader = tc.leader(&rest).await;
+    assert_ne!(new_leader, leader);
+
+    // The old leader restarts from its data directory and catches up.
+    let old = tc.start(&leader, None).await;
+    eventually(&old, "the write made while it was down", |m| {
+        m.vhosts.contains("after") && m.vhosts.contains("before")
+    })
+    .await;
+    wait_event(&mut events, NodeEvent::Up(n(&leader))).await;
+    tc.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t21_minority_cannot_commit_majority_continues_heal_converges() {
+    let mut tc = TestCluster::new(21);
+    let names = ["a", "b", "c", "d", "e"];
+    tc.form(&names).await;
+    let leader = tc.leader(&names).await;
+    tc.node("a").write(vhost("/")).await.unwrap();
+    // Put the current leader in the minority, so the minority has a stale leader.
+    let minority: Vec<&str> = std::iter::once(leader.as_str())
+        .chain(names.iter().copied().filter(|n| *n != leader).take(1))
+        .collect();
+    let majority: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !minority.contains(n))
+        .collect();
+    let group = |ns: &[&str]| ns.iter().map(|s| n(s)).collect::<Vec<_>>();
+    let (gmin, gmaj) = (group(&minority), group(&majority));
+    tc.net.partition(&[&gmin, &gmaj]);
+
+    // The minority cannot change anything: a bounded, typed error.
+    for name in &minority {
+        let err = tc.node(name).write(vhost(&format!("lost-{name}"))).await;
+        assert!(
+            matches!(err, Err(ClusterError::NoMajority { .. })),
+            "{name}: {err:?}"
+        );
+        let read = tc.node(name).read_linearizable().await;
+        assert!(
+            matches!(read, Err(ClusterError::NoMajority { .. })),
+            "{name}: {read:?}"
+        );
+        // Local (stale) reads still work.
+        assert!(tc.node(name).local().vhosts.contains("/"));
+    }
+    // The majority elects a leader and carries on.
+    write_eventually(&tc.node(majority[0]), vhost("majority")).await;
+    let md = tc.node(majority[1]).read_linearizable().await.unwrap();
+    assert!(md.vhosts.contains("majority"));
+    for name in &minority {
+        assert!(!md.vhosts.contains(&format!("lost-{name}")));
+    }
+
+    tc.net.heal();
+    for name in names {
+        eventually(&tc.node(name), "the majority's write", |m| {
+            m.vhosts.contains("majority")
+        })
+        .await;
+    }
+    let leader = tc.leader(&names).await;
+    assert!(majority.contains(&leader.as_str()), "{leader}");
+    write_eventually(&tc.node(minority[0]), vhost("healed")).await;
+    let md = tc.node(minority[1]).read_linearizable().await.unwrap();
+    assert!(md.vhosts.contains("healed"));
+    tc.shutdown_all().await;
+}
+
+/// Writes from every node while the leader is killed and restarted: every
+/// acknowledged write is there afterwards, and no command is in any log twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t22_nothing_committed_twice_or_lost_across_a_leader_crash() {
+    let mut tc = TestCluster::new(22);
+    let names = ["a", "b", "c"];
+    tc.form(&names).await;
+    tc.node("a").write(vhost("/")).await.unwrap();
+    let mut acked = Vec::new();
+    let mut failed = Vec::new();
+    let mut killed = None;
+    for i in 0..60 {
+        if i == 20 {
+            let leader = tc.leader(&names).await;
+            tc.kill(&leader).await;
+            killed = Some(leader);
+        }
+        if i == 40 {
+            let k = killed.clone().unwrap();
+            tc.start(&k, None).await;
+        }
+        let alive: Vec<String> = tc.nodes.keys().cloned().collect();
+        let via = &alive[i % alive.len()];
+        let name = format!("v{i}");
+        match tc.node(via).write(vhost(&name)).await {
+            Ok(_) => acked.push(name),
+            Err(ClusterError::NoMajority { .. } | ClusterError::Remote(_)) => failed.push(name),
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert!(
+        acked.len() >= 30,
+        "too few writes went through: {}",
+        acked.len()
+    );
+    write_eventually(&tc.node("a"), vhost("last")).await;
+    for name in names {
+        eventually(&tc.node(name), "every acknowledged write", |m| {
+            m.vhosts.contains("last") && acked.iter().all(|v| m.vhosts.contains(v))
+        })
+        .await;
+    }
+    tc.shutdown_all().await;
+    for name in names {
+        let dir = tc.data_dir(name);
+        let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+        for (index, cmd) in read_log_commands(&dir).unwrap() {
+            if let Command::PutVhost { name: v } = cmd
+                && let Some(prev) = seen.insert(v.clone(), index)
+            {
+                panic!("{name}: {v} is in the log twice (indexes {prev} and {index})");
+            }
+        }
+        for v in &acked {
+            assert!(
+                seen.contains_key(v),
+                "{name}: acknowledged {v} missing from the log"
+            );
+        }
+    }
+}
