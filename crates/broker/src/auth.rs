@@ -110,12 +110,13 @@ pub(crate) struct Permission {
     read: Option<Regex>,
 }
 
-/// RabbitMQ anchors permission regexes: they must match the whole name.
+/// As in RabbitMQ, a permission regex matches anywhere in the name unless it
+/// is anchored (`^app\\.`), and the empty regex matches nothing.
 fn compile(re: &str) -> Option<Regex> {
     if re.is_empty() {
         return None;
     }
-    Regex::new(&format!("^(?:{re})$")).ok()
+    Regex::new(re).ok()
 }
 
 impl Permission {
@@ -164,11 +165,11 @@ mod tests {
     }
 
     #[test]
-    fn permissions_are_anchored() {
+    fn permissions_match_like_rabbitmq() {
         let p = Permission::new(&PermissionDef {
             user: "u".into(),
             vhost: "/".into(),
-            configure: "app-.*".into(),
+            configure: "^app-".into(),
             write: "".into(),
             read: ".*".into(),
         });

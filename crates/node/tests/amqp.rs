@@ -1,0 +1,839 @@
+//! End-to-end tests: the `warren` binary as a process, driven by lapin.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Node, code, within};
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
+    BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeBindOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+
+fn persistent() -> BasicProperties {
+    BasicProperties::default().with_delivery_mode(2)
+}
+
+async fn declare(ch: &Channel, name: &str, opts: QueueDeclareOptions, args: FieldTable) -> u32 {
+    ch.queue_declare(name.into(), opts, args)
+        .await
+        .expect("queue.declare")
+        .message_count()
+}
+
+async fn count(conn: &Connection, name: &str) -> u32 {
+    let ch = conn.create_channel().await.expect("channel");
+    let n = declare(
+        &ch,
+        name,
+        QueueDeclareOptions::default().passive(),
+        FieldTable::default(),
+    )
+    .await;
+    ch.close(200, "bye".into()).await.expect("close");
+    n
+}
+
+async fn publish(ch: &Channel, exchange: &str, key: &str, body: &[u8], props: BasicProperties) {
+    ch.basic_publish(
+        exchange.into(),
+        key.into(),
+        BasicPublishOptions::default(),
+        body,
+        props,
+    )
+    .await
+    .expect("basic.publish");
+}
+
+async fn get(ch: &Channel, queue: &str, no_ack: bool) -> Option<lapin::message::BasicGetMessage> {
+    ch.basic_get(queue.into(), BasicGetOptions { no_ack })
+        .await
+        .expect("basic.get")
+}
+
+fn table(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in pairs {
+        t.insert((*k).into(), v.clone());
+    }
+    t
+}
+
+#[tokio::test]
+async fn publish_consume_ack_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "work",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        for i in 0..100u32 {
+            publish(
+                &ch,
+                "",
+                "work",
+                &i.to_be_bytes(),
+                BasicProperties::default(),
+            )
+            .await;
+        }
+        let mut consumer = ch
+            .basic_consume(
+                "work".into(),
+                "c1".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(consumer.tag().as_str(), "c1");
+        for i in 0..100u32 {
+            let d = consumer.next().await.expect("delivery").expect("ok");
+            assert_eq!(d.data, i.to_be_bytes());
+            assert_eq!(d.routing_key.as_str(), "work");
+            assert!(!d.redelivered);
+            d.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        assert_eq!(count(&conn, "work").await, 0);
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn get_reject_requeue_nack_multiple_and_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "q",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        publish(&ch, "", "q", b"a", BasicProperties::default()).await;
+        publish(&ch, "", "q", b"b", BasicProperties::default()).await;
+
+        let m = get(&ch, "q", false).await.expect("a message");
+        assert_eq!(m.delivery.data, b"a");
+        assert_eq!(m.message_count, 1);
+        m.delivery
+            .reject(BasicRejectOptions { requeue: true })
+            .await
+            .unwrap();
+        let m = get(&ch, "q", false).await.expect("a again");
+        assert_eq!(m.delivery.data, b"a");
+        assert!(m.delivery.redelivered);
+        let m2 = get(&ch, "q", false).await.expect("b");
+        assert_eq!(m2.delivery.data, b"b");
+        assert!(get(&ch, "q", false).await.is_none(), "get-empty");
+        // nack both (multiple) back into the queue.
+        ch.basic_nack(
+            m2.delivery.delivery_tag,
+            BasicNackOptions {
+                multiple: true,
+                requeue: true,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(count(&conn, "q").await, 2);
+        let n = ch
+            .queue_purge("q".into(), QueuePurgeOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(n, 2);
+        assert!(get(&ch, "q", true).await.is_none());
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn exchanges_route_by_type_and_exchange_bindings() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = ExchangeDeclareOptions::default();
+        let none = FieldTable::default;
+        ch.exchange_declare("fan".into(), ExchangeKind::Fanout, opts, none())
+            .await
+            .unwrap();
+        ch.exchange_declare("top".into(), ExchangeKind::Topic, opts, none())
+            .await
+            .unwrap();
+        ch.exchange_declare("hdr".into(), ExchangeKind::Headers, opts, none())
+            .await
+            .unwrap();
+        for q in ["f1", "f2", "t", "h", "d"] {
+            declare(&ch, q, QueueDeclareOptions::default(), none()).await;
+        }
+        let bind = |q: &'static str, x: &'static str, k: &'static str, args: FieldTable| {
+            let ch = ch.clone();
+            async move {
+                ch.queue_bind(
+                    q.into(),
+                    x.into(),
+                    k.into(),
+                    QueueBindOptions::default(),
+                    args,
+                )
+                .await
+                .unwrap();
+            }
+        };
+        bind("f1", "fan", "", none()).await;
+        bind("f2", "fan", "", none()).await;
+        bind("t", "top", "a.*.c", none()).await;
+        bind("d", "amq.direct", "key", none()).await;
+        bind(
+            "h",
+            "hdr",
+            "",
+            table(&[
+                ("x-match", AMQPValue::LongString(LongString::from("all"))),
+                ("kind", AMQPValue::LongString(LongString::from("x"))),
+            ]),
+        )
+        .await;
+        // amq.topic → fan: an exchange-to-exchange binding.
+        ch.exchange_bind(
+            "fan".into(),
+            "amq.topic".into(),
+            "#".into(),
+            ExchangeBindOptions::default(),
+            none(),
+        )
+        .await
+        .unwrap();
+
+        publish(&ch, "fan", "", b"fan", BasicProperties::default()).await;
+        publish(&ch, "top", "a.b.c", b"top-hit", BasicProperties::default()).await;
+        publish(
+            &ch,
+            "top",
+            "a.b.b.c",
+            b"top-miss",
+            BasicProperties::default(),
+        )
+        .await;
+        publish(
+            &ch,
+            "amq.direct",
+            "key",
+            b"direct",
+            BasicProperties::default(),
+        )
+        .await;
+        let hdrs = table(&[("kind", AMQPValue::LongString(LongString::from("x")))]);
+        publish(
+            &ch,
+            "hdr",
+            "",
+            b"hdr",
+            BasicProperties::default().with_headers(hdrs),
+        )
+        .await;
+        publish(&ch, "hdr", "", b"hdr-miss", BasicProperties::default()).await;
+        publish(
+            &ch,
+            "amq.topic",
+            "any.key",
+            b"e2e",
+            BasicProperties::default(),
+        )
+        .await;
+
+        let body = |m: Option<lapin::message::BasicGetMessage>| m.map(|m| m.delivery.data);
+        assert_eq!(
+            body(get(&ch, "f1", true).await).as_deref(),
+            Some(&b"fan"[..])
+        );
+        assert_eq!(
+            body(get(&ch, "f1", true).await).as_deref(),
+            Some(&b"e2e"[..])
+        );
+        assert_eq!(
+            body(get(&ch, "f2", true).await).as_deref(),
+            Some(&b"fan"[..])
+        );
+        assert_eq!(
+            body(get(&ch, "f2", true).await).as_deref(),
+            Some(&b"e2e"[..])
+        );
+        assert_eq!(
+            body(get(&ch, "t", true).await).as_deref(),
+            Some(&b"top-hit"[..])
+        );
+        assert_eq!(body(get(&ch, "t", true).await), None);
+        assert_eq!(
+            body(get(&ch, "d", true).await).as_deref(),
+            Some(&b"direct"[..])
+        );
+        assert_eq!(
+            body(get(&ch, "h", true).await).as_deref(),
+            Some(&b"hdr"[..])
+        );
+        assert_eq!(body(get(&ch, "h", true).await), None);
+
+        // delete if-unused refuses an exchange with bindings.
+        let err = ch
+            .exchange_delete(
+                "fan".into(),
+                ExchangeDeleteOptions {
+                    if_unused: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(406));
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn confirms_and_mandatory_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        declare(
+            &ch,
+            "durable",
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await;
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                "durable".into(),
+                BasicPublishOptions::default(),
+                b"p",
+                persistent(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+        for i in 0..500u32 {
+            publish(&ch, "", "durable", &i.to_be_bytes(), persistent()).await;
+        }
+        assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+        assert_eq!(count(&conn, "durable").await, 501);
+
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                "no-such-queue".into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                b"lost",
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+        let returned = confirm.take_message().expect("basic.return");
+        assert_eq!(returned.reply_code, 312);
+        assert_eq!(returned.delivery.data, b"lost");
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn error_codes_404_406_405_403() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let other = node.connect().await;
+
+        let ch = conn.create_channel().await.unwrap();
+        let err = ch
+            .queue_declare(
+                "missing".into(),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(404));
+        let ch = conn.create_channel().await.unwrap();
+        publish_err(&ch, "no-such-exchange", 404).await;
+
+        let ch = conn.create_channel().await.unwrap();
+        let ttl = |ms: i32| table(&[("x-message-ttl", AMQPValue::LongInt(ms))]);
+        declare(&ch, "args", QueueDeclareOptions::default(), ttl(1000)).await;
+        let err = ch
+            .queue_declare("args".into(), QueueDeclareOptions::default(), ttl(2000))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(406));
+        let ch = conn.create_channel().await.unwrap();
+        let err = ch
+            .exchange_declare(
+                "amq.direct".into(),
+                ExchangeKind::Fanout,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(406));
+        let ch = conn.create_channel().await.unwrap();
+        let m = {
+            declare(
+                &ch,
+                "tags",
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await;
+            ch.basic_ack(42, BasicAckOptions::default()).await.unwrap();
+            // The 406 for the unknown tag closes the channel; the next call sees it.
+            ch.queue_declare(
+                "tags".into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+        };
+        assert!(m.is_err());
+
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "mine",
+            QueueDeclareOptions::exclusive(),
+            FieldTable::default(),
+        )
+        .await;
+        let och = other.create_channel().await.unwrap();
+        let err = och
+            .basic_consume(
+                "mine".into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(405));
+
+        let ch = conn.create_channel().await.unwrap();
+        let err = ch
+            .queue_declare(
+                "amq.reserved".into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(403));
+
+        // The exclusive queue goes with its connection.
+        conn.close(200, "bye".into()).await.unwrap();
+        let och = other.create_channel().await.unwrap();
+        let err = och
+            .queue_declare(
+                "mine".into(),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(404));
+        other.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+async fn publish_err(ch: &Channel, exchange: &str, want: u16) {
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let res = ch
+        .basic_publish(
+            exchange.into(),
+            "k".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            BasicProperties::default(),
+        )
+        .await;
+    let err = match res {
+        Ok(confirm) => confirm.await.expect_err("a channel error"),
+        Err(e) => e,
+    };
+    assert_eq!(code(&err), Some(want), "{err:?}");
+}
+
+#[tokio::test]
+async fn permissions_and_logins() {
+    let dir = tempfile::tempdir().unwrap();
+    let defs = dir.path().join("defs.json");
+    std::fs::write(
+        &defs,
+        r#"{"vhosts":[{"name":"/"},{"name":"other"}],
+            "users":[{"name":"app","password":"secret","tags":""}],
+            "permissions":[{"user":"app","vhost":"/","configure":"^app\\.","write":"^(app\\.|amq\\.default$)","read":"^app\\."}]}"#,
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let node = Node::start(&data, &["--definitions", defs.to_str().unwrap()]);
+    within(async {
+        let bad = Connection::connect(
+            &node.url_as("app", "wrong"),
+            ConnectionProperties::default(),
+        )
+        .await;
+        assert!(bad.is_err(), "a wrong password is refused");
+        let other_vhost = format!("amqp://app:secret@127.0.0.1:{}/other", node.port);
+        let refused = Connection::connect(&other_vhost, ConnectionProperties::default()).await;
+        assert_eq!(refused.map(|_| ()).map_err(|e| code(&e)), Err(Some(530)));
+
+        let conn = Connection::connect(
+            &node.url_as("app", "secret"),
+            ConnectionProperties::default(),
+        )
+        .await
+        .expect("app logs in");
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "app.q",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        publish(&ch, "", "app.q", b"ok", BasicProperties::default()).await;
+        let err = ch
+            .queue_declare(
+                "private".into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(403));
+        let ch = conn.create_channel().await.unwrap();
+        publish_err(&ch, "amq.direct", 403).await;
+        let ch = conn.create_channel().await.unwrap();
+        assert_eq!(
+            get(&ch, "app.q", true).await.map(|m| m.delivery.data),
+            Some(b"ok".to_vec())
+        );
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn prefetch_limits_deliveries_and_round_robin() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "rr",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
+        let opts = BasicConsumeOptions::default();
+        let mut a = ch
+            .basic_consume("rr".into(), "a".into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let mut b = ch
+            .basic_consume("rr".into(), "b".into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        for i in 0..4u8 {
+            publish(&ch, "", "rr", &[i], BasicProperties::default()).await;
+        }
+        let da = a.next().await.unwrap().unwrap();
+        let db = b.next().await.unwrap().unwrap();
+        assert_eq!((da.data[0], db.data[0]), (0, 1), "round robin");
+        // Each consumer has one unacked message: two stay ready.
+        assert_eq!(count(&conn, "rr").await, 2);
+        da.ack(BasicAckOptions::default()).await.unwrap();
+        let da = a.next().await.unwrap().unwrap();
+        assert_eq!(da.data[0], 2);
+        assert_eq!(count(&conn, "rr").await, 1);
+        // Deleting the queue cancels the consumers (basic.cancel from the server).
+        let other = conn.create_channel().await.unwrap();
+        other
+            .queue_delete("rr".into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        assert!(a.next().await.is_none(), "consumer a cancelled");
+        assert!(b.next().await.is_none(), "consumer b cancelled");
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dead_lettering_on_reject_and_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "dlq",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        let dl = |extra: Option<(&str, AMQPValue)>| {
+            let mut t = table(&[
+                (
+                    "x-dead-letter-exchange",
+                    AMQPValue::LongString(LongString::from("")),
+                ),
+                (
+                    "x-dead-letter-routing-key",
+                    AMQPValue::LongString(LongString::from("dlq")),
+                ),
+            ]);
+            if let Some((k, v)) = extra {
+                t.insert(k.into(), v);
+            }
+            t
+        };
+        declare(&ch, "src", QueueDeclareOptions::default(), dl(None)).await;
+        publish(&ch, "", "src", b"rejected", BasicProperties::default()).await;
+        let m = get(&ch, "src", false).await.unwrap();
+        m.delivery
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+            .unwrap();
+        let d = get(&ch, "dlq", true).await.expect("dead-lettered");
+        assert_eq!(d.delivery.data, b"rejected");
+        let headers = d.delivery.properties.headers().clone().unwrap();
+        assert!(headers.inner().contains_key("x-death"));
+        assert_eq!(
+            headers.inner().get("x-first-death-reason"),
+            Some(&AMQPValue::LongString(LongString::from("rejected")))
+        );
+
+        // Over x-max-length the head is dropped and dead-lettered.
+        declare(
+            &ch,
+            "short",
+            QueueDeclareOptions::default(),
+            dl(Some(("x-max-length", AMQPValue::LongInt(1)))),
+        )
+        .await;
+        publish(&ch, "", "short", b"first", BasicProperties::default()).await;
+        publish(&ch, "", "short", b"second", BasicProperties::default()).await;
+        assert_eq!(
+            get(&ch, "dlq", true).await.map(|m| m.delivery.data),
+            Some(b"first".to_vec())
+        );
+        assert_eq!(
+            get(&ch, "short", true).await.map(|m| m.delivery.data),
+            Some(b"second".to_vec())
+        );
+
+        // Expired messages go to the dead-letter queue too.
+        declare(
+            &ch,
+            "ttl",
+            QueueDeclareOptions::default(),
+            dl(Some(("x-message-ttl", AMQPValue::LongInt(1)))),
+        )
+        .await;
+        publish(&ch, "", "ttl", b"expired", BasicProperties::default()).await;
+        let mut got = None;
+        for _ in 0..500 {
+            if let Some(m) = get(&ch, "dlq", true).await {
+                got = Some(m.delivery.data);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(got.as_deref(), Some(&b"expired"[..]));
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn transactions_commit_and_rollback() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "tx",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        ch.tx_select().await.unwrap();
+        publish(&ch, "", "tx", b"rolled back", BasicProperties::default()).await;
+        assert_eq!(count(&conn, "tx").await, 0);
+        ch.tx_rollback().await.unwrap();
+        assert_eq!(count(&conn, "tx").await, 0);
+        publish(&ch, "", "tx", b"committed", BasicProperties::default()).await;
+        ch.tx_commit().await.unwrap();
+        assert_eq!(count(&conn, "tx").await, 1);
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sigkill_keeps_confirmed_persistent_messages_and_durable_entities() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path(), &[]);
+    let n = 2000u32;
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.exchange_declare(
+            "events".into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        declare(
+            &ch,
+            "kept",
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await;
+        declare(
+            &ch,
+            "transient",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        ch.queue_bind(
+            "kept".into(),
+            "events".into(),
+            "order.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for i in 0..n {
+            publish(&ch, "events", "order.new", &i.to_be_bytes(), persistent()).await;
+        }
+        assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+    })
+    .await;
+    node.kill();
+
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        assert_eq!(count(&conn, "kept").await, n);
+        let ch = conn.create_channel().await.unwrap();
+        let err = ch
+            .queue_declare(
+                "transient".into(),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(404), "non-durable queues are gone");
+        let ch = conn.create_channel().await.unwrap();
+        // The durable binding came back too.
+        publish(&ch, "events", "order.late", b"late", persistent()).await;
+        for i in 0..n {
+            let m = get(&ch, "kept", true).await.expect("recovered message");
+            assert_eq!(m.delivery.data, i.to_be_bytes());
+        }
+        assert_eq!(
+            get(&ch, "kept", true).await.map(|m| m.delivery.data),
+            Some(b"late".to_vec())
+        );
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sigterm_exits_cleanly_and_keeps_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "kept",
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await;
+        for i in 0..100u32 {
+            publish(&ch, "", "kept", &i.to_be_bytes(), persistent()).await;
+        }
+        // Without confirms: make sure the broker has them before stopping it.
+        assert_eq!(count(&conn, "kept").await, 100);
+    })
+    .await;
+    assert!(node.terminate().success());
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        assert_eq!(count(&conn, "kept").await, 100);
+    })
+    .await;
+}

@@ -1,0 +1,108 @@
+//! Starts the `warren` binary as a process for end-to-end tests.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+/// A running `warren` process.
+pub struct Node {
+    child: Child,
+    /// The AMQP port it listens on.
+    pub port: u16,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+}
+
+impl Node {
+    /// Starts a node on free ports with data in `data_dir`, waiting for its ready line.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_warren"))
+            .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start warren");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read ready line");
+        // "Warren node NAME ready, AMQP on 127.0.0.1:PORT, HTTP on …"
+        let port = line
+            .split("AMQP on ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no ready line from warren, got {line:?}"));
+        Self {
+            child,
+            port,
+            data_dir: data_dir.to_owned(),
+        }
+    }
+
+    /// The guest URL of vhost `/`.
+    pub fn url(&self) -> String {
+        self.url_as("guest", "guest")
+    }
+
+    /// The URL of vhost `/` for a user.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("amqp://{user}:{password}@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Connects as guest.
+    pub async fn connect(&self) -> Connection {
+        Connection::connect(&self.url(), ConnectionProperties::default())
+            .await
+            .expect("connect")
+    }
+
+    /// Kills the process with SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        self.child.wait().expect("wait for warren")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The reply code of a lapin protocol error.
+pub fn code(e: &lapin::Error) -> Option<u16> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(p) => Some(p.get_id()),
+        _ => None,
+    }
+}
+
+/// Runs `f` with a deadline so that a broken broker fails a test instead of hanging it.
+pub async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test timed out")
+}

@@ -1,0 +1,231 @@
+"""A second opinion with pika: the `warren` binary driven by RabbitMQ's Python client.
+
+Run:  python3 crates/node/tests/python/test_pika.py  (needs `pip install pika`)
+The binary is $WARREN_BIN, or target/debug/warren under the workspace.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import pika
+from pika.exceptions import ChannelClosedByBroker, UnroutableError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
+BIN = os.environ.get("WARREN_BIN") or os.path.join(ROOT, "target", "debug", "warren")
+
+
+class Node:
+    """A running warren process on a free port."""
+
+    def __init__(self, data_dir, extra=()):
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [BIN, "--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+             "--data-dir", data_dir, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "RUST_LOG": "warn"},
+        )
+        line = self.proc.stdout.readline()
+        if "AMQP on " not in line:
+            raise RuntimeError(f"warren did not start: {line!r}")
+        self.port = int(line.split("AMQP on ")[1].split(",")[0].rsplit(":", 1)[1])
+
+    def params(self, user="guest", password="guest", vhost="/"):
+        return pika.ConnectionParameters(
+            host="127.0.0.1", port=self.port, virtual_host=vhost,
+            credentials=pika.PlainCredentials(user, password),
+            connection_attempts=1, blocked_connection_timeout=30,
+        )
+
+    def connect(self, **kw):
+        return pika.BlockingConnection(self.params(**kw))
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+    def terminate(self):
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        return code
+
+
+class PikaTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="warren-pika-")
+        self.node = Node(os.path.join(self.dir, "data"))
+        self.conn = self.node.connect()
+        self.ch = self.conn.channel()
+
+    def tearDown(self):
+        try:
+            if self.conn is not None and self.conn.is_open:
+                self.conn.close()
+        finally:
+            self.node.kill()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def assert_closed_with(self, code, fn, *args, **kw):
+        with self.assertRaises(ChannelClosedByBroker) as cm:
+            fn(*args, **kw)
+        self.assertEqual(cm.exception.reply_code, code, cm.exception.reply_text)
+        self.ch = self.conn.channel()
+
+    def test_publish_consume_ack(self):
+        q = self.ch.queue_declare("", exclusive=True).method.queue
+        self.assertTrue(q.startswith("amq.gen-"))
+        for i in range(50):
+            self.ch.basic_publish("", q, str(i).encode())
+        got = []
+
+        def on_message(ch, method, props, body):
+            got.append(int(body))
+            ch.basic_ack(method.delivery_tag)
+            if len(got) == 50:
+                ch.stop_consuming()
+
+        self.ch.basic_consume(q, on_message, consumer_tag="pika-1")
+        self.ch.start_consuming()
+        self.assertEqual(got, list(range(50)))
+        self.assertEqual(self.ch.queue_declare(q, passive=True).method.message_count, 0)
+
+    def test_get_empty_reject_recover(self):
+        self.ch.queue_declare("g")
+        self.assertEqual(self.ch.basic_get("g"), (None, None, None))
+        self.ch.basic_publish("", "g", b"one")
+        method, _, body = self.ch.basic_get("g")
+        self.assertEqual(body, b"one")
+        self.ch.basic_reject(method.delivery_tag, requeue=True)
+        method, _, body = self.ch.basic_get("g")
+        self.assertTrue(method.redelivered)
+        self.ch.basic_recover(requeue=True)
+        method, _, body = self.ch.basic_get("g", auto_ack=True)
+        self.assertEqual(body, b"one")
+        self.assertEqual(self.ch.queue_delete("g").method.message_count, 0)
+
+    def test_exchanges(self):
+        self.ch.exchange_declare("t", "topic")
+        self.ch.exchange_declare("f", "fanout", durable=True)
+        self.ch.queue_declare("tq")
+        self.ch.queue_declare("fq")
+        self.ch.queue_bind("tq", "t", "a.#")
+        self.ch.exchange_bind("f", "t", "a.b")
+        self.ch.queue_bind("fq", "f")
+        self.ch.basic_publish("t", "a.b", b"both")
+        self.ch.basic_publish("t", "a.c", b"topic only")
+        self.assertEqual(self.ch.basic_get("tq", auto_ack=True)[2], b"both")
+        self.assertEqual(self.ch.basic_get("tq", auto_ack=True)[2], b"topic only")
+        self.assertEqual(self.ch.basic_get("fq", auto_ack=True)[2], b"both")
+        self.assertEqual(self.ch.basic_get("fq", auto_ack=True)[0], None)
+        self.ch.queue_unbind("tq", "t", "a.#")
+        self.ch.basic_publish("t", "a.x", b"nowhere")
+        self.assertEqual(self.ch.basic_get("tq", auto_ack=True)[0], None)
+
+    def test_confirms_and_mandatory(self):
+        self.ch.confirm_delivery()
+        self.ch.queue_declare("d", durable=True)
+        for i in range(100):
+            self.ch.basic_publish("", "d", b"x", pika.BasicProperties(delivery_mode=2))
+        self.assertEqual(self.ch.queue_declare("d", passive=True, durable=True).method.message_count, 100)
+        with self.assertRaises(UnroutableError):
+            self.ch.basic_publish("", "nowhere", b"x", mandatory=True)
+
+    def test_errors(self):
+        self.assert_closed_with(404, self.ch.queue_declare, "missing", passive=True)
+        self.assert_closed_with(404, self.ch.exchange_declare, "missing", passive=True)
+        self.ch.queue_declare("ttl", arguments={"x-message-ttl": 1000})
+        self.assert_closed_with(406, self.ch.queue_declare, "ttl", arguments={"x-message-ttl": 5})
+        self.assert_closed_with(406, self.ch.queue_declare, "ttl", durable=True, arguments={"x-message-ttl": 1000})
+        self.assert_closed_with(403, self.ch.queue_declare, "amq.mine")
+        self.assert_closed_with(403, self.ch.exchange_declare, "amq.mine", "direct")
+        self.ch.queue_declare("excl", exclusive=True)
+        other = self.node.connect()
+        och = other.channel()
+        with self.assertRaises(ChannelClosedByBroker) as cm:
+            och.basic_consume("excl", lambda *a: None)
+        self.assertEqual(cm.exception.reply_code, 405)
+        other.close()
+        self.ch.queue_declare("full")
+        self.ch.basic_publish("", "full", b"x")
+        self.assert_closed_with(406, self.ch.queue_delete, "full", if_empty=True)
+
+    def test_bad_login(self):
+        with self.assertRaises(pika.exceptions.AMQPConnectionError):
+            self.node.connect(password="nope")
+
+    def test_qos_prefetch(self):
+        self.ch.queue_declare("p")
+        for i in range(10):
+            self.ch.basic_publish("", "p", str(i).encode())
+        self.ch.basic_qos(prefetch_count=3)
+        seen = []
+        self.ch.basic_consume("p", lambda ch, m, p, b: seen.append(m.delivery_tag))
+        deadline = time.time() + 30
+        while len(seen) < 3 and time.time() < deadline:
+            self.conn.process_data_events(time_limit=0.05)
+        self.conn.process_data_events(time_limit=0.2)
+        self.assertEqual(len(seen), 3)
+        self.ch.basic_ack(seen[-1], multiple=True)
+        while len(seen) < 6 and time.time() < deadline:
+            self.conn.process_data_events(time_limit=0.05)
+        self.assertEqual(len(seen), 6)
+
+    def test_tx(self):
+        self.ch.queue_declare("tx")
+        self.ch.tx_select()
+        self.ch.basic_publish("", "tx", b"a")
+        self.ch.tx_rollback()
+        self.ch.basic_publish("", "tx", b"b")
+        self.ch.tx_commit()
+        self.assertEqual(self.ch.basic_get("tx", auto_ack=True)[2], b"b")
+        self.assertEqual(self.ch.basic_get("tx", auto_ack=True)[0], None)
+
+    def test_dead_letter(self):
+        self.ch.queue_declare("dead")
+        self.ch.queue_declare("live", arguments={"x-dead-letter-exchange": "",
+                                                 "x-dead-letter-routing-key": "dead"})
+        self.ch.basic_publish("", "live", b"bye")
+        method, _, _ = self.ch.basic_get("live")
+        self.ch.basic_nack(method.delivery_tag, requeue=False)
+        method, props, body = self.ch.basic_get("dead", auto_ack=True)
+        self.assertEqual(body, b"bye")
+        self.assertEqual(props.headers["x-death"][0]["reason"], "rejected")
+
+    def test_sigkill_keeps_confirmed(self):
+        self.ch.confirm_delivery()
+        self.ch.queue_declare("keep", durable=True)
+        for i in range(300):
+            self.ch.basic_publish("", "keep", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        self.conn = None
+        self.node.kill()
+        self.node = Node(self.node.data_dir)
+        self.conn = self.node.connect()
+        self.ch = self.conn.channel()
+        self.assertEqual(self.ch.queue_declare("keep", passive=True).method.message_count, 300)
+        self.assertEqual(self.ch.basic_get("keep", auto_ack=True)[2], b"0")
+
+    def test_sigterm(self):
+        self.ch.queue_declare("keep", durable=True)
+        self.ch.basic_publish("", "keep", b"m", pika.BasicProperties(delivery_mode=2))
+        self.ch.queue_declare("keep", passive=True)
+        self.conn = None
+        self.assertEqual(self.node.terminate(), 0)
+        self.node = Node(self.node.data_dir)
+        self.conn = self.node.connect()
+        self.ch = self.conn.channel()
+        self.assertEqual(self.ch.basic_get("keep", auto_ack=True)[2], b"m")
+
+
+if __name__ == "__main__":
+    if not os.path.exists(BIN):
+        sys.exit(f"no warren binary at {BIN}: build it or set WARREN_BIN")
+    unittest.main(verbosity=2)
