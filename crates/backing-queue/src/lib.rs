@@ -26,6 +26,10 @@
 //!   is cut off; a corrupt record elsewhere is a [`StoreError::Corrupt`]
 //!   naming file and offset, or is skipped with [`StoreConfig::skip_corrupt`].
 //!
+//! - The log's files sit behind the [`Storage`] trait: [`FsStorage`] is the
+//!   file system, [`MemStorage`] keeps files in memory with a crash model
+//!   (only synced data survives [`MemStorage::crash`]) for simulation.
+//!
 //! The record format is described in the `record` module's source.
 
 mod core;
@@ -34,6 +38,7 @@ mod log;
 mod message;
 mod queue;
 mod record;
+mod storage;
 
 pub use error::{QueueError, StoreError};
 pub use log::{RecoveryReport, StoreConfig, SyncJob};
@@ -41,3 +46,4 @@ pub use message::{
     Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId,
 };
 pub use queue::{BackingQueue, OpOutcome, QueueConfig, Stats};
+pub use storage::{FsStorage, MemStorage, Storage, StorageFile};

@@ -13,8 +13,6 @@
 //!   earlier one, so an interrupted deletion is harmless.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -23,6 +21,7 @@ use bytes::Bytes;
 use crate::core::{Entry, Removed, StoreRef};
 use crate::error::StoreError;
 use crate::record::{self, Invalid, PublishMeta, Record};
+use crate::storage::{Storage, StorageFile};
 
 /// Options of the durable store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +69,7 @@ const MARKS_BATCH: usize = 4096;
 struct Segment {
     id: u32,
     path: PathBuf,
-    file: Arc<File>,
+    file: Arc<dyn StorageFile>,
     /// Bytes appended, including those still in the write buffer.
     len: u64,
     /// Bytes written to the file.
@@ -82,6 +81,7 @@ struct Segment {
 /// The segment log of one durable queue.
 #[derive(Debug)]
 pub(crate) struct SegmentLog {
+    storage: Arc<dyn Storage>,
     dir: PathBuf,
     cfg: StoreConfig,
     segments: VecDeque<Segment>,
@@ -112,17 +112,16 @@ pub(crate) struct SegmentLog {
 #[derive(Debug)]
 pub struct SyncJob {
     generation: u64,
-    file: Option<(Arc<File>, PathBuf)>,
+    storage: Arc<dyn Storage>,
+    file: Option<(Arc<dyn StorageFile>, PathBuf)>,
     dir: Option<PathBuf>,
     up_to: u64,
     retired: Vec<PathBuf>,
     ran: bool,
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io(dir, e))
+fn sync_dir(storage: &dyn Storage, dir: &Path) -> Result<(), StoreError> {
+    storage.sync_dir(dir).map_err(|e| StoreError::io(dir, e))
 }
 
 impl SyncJob {
@@ -132,18 +131,18 @@ impl SyncJob {
             file.sync_data().map_err(|e| StoreError::io(path, e))?;
         }
         if let Some(dir) = &self.dir {
-            sync_dir(dir)?;
+            sync_dir(&*self.storage, dir)?;
         }
         // Oldest first, each unlink made durable before the next, so that a
         // crash never keeps an older segment whose removals lived in a newer one.
         for path in &self.retired {
-            match fs::remove_file(path) {
+            match self.storage.remove(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StoreError::io(path, e)),
             }
             if let Some(dir) = path.parent() {
-                sync_dir(dir)?;
+                sync_dir(&*self.storage, dir)?;
             }
         }
         self.ran = true;
@@ -178,15 +177,16 @@ pub(crate) struct Opened {
 
 impl SegmentLog {
     /// Opens (creating if needed) the log in `dir` and replays it.
-    pub(crate) fn open(dir: &Path, cfg: StoreConfig) -> Result<Opened, StoreError> {
-        fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
-        let mut ids = Vec::new();
-        for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))? {
-            let entry = entry.map_err(|e| StoreError::io(dir, e))?;
-            if let Some(id) = segment_id(&entry.path()) {
-                ids.push(id);
-            }
-        }
+    pub(crate) fn open(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        cfg: StoreConfig,
+    ) -> Result<Opened, StoreError> {
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| StoreError::io(dir, e))?;
+        let listing = storage.list(dir).map_err(|e| StoreError::io(dir, e))?;
+        let mut ids: Vec<u32> = listing.iter().filter_map(|p| segment_id(p)).collect();
         ids.sort_unstable();
 
         let mut report = RecoveryReport::default();
@@ -197,7 +197,7 @@ impl SegmentLog {
         for (i, &id) in ids.iter().enumerate() {
             let is_last = i + 1 == ids.len();
             let path = segment_path(dir, id);
-            let data = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
+            let data = storage.read(&path).map_err(|e| StoreError::io(&path, e))?;
             let mut valid_len = data.len() as u64;
             let header_len = record::SEGMENT_HEADER_LEN as usize;
             match record::parse_segment_header(&data) {
@@ -261,11 +261,7 @@ impl SegmentLog {
                     }
                 }
             }
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| StoreError::io(&path, e))?;
+            let file = storage.open(&path).map_err(|e| StoreError::io(&path, e))?;
             if valid_len < data.len() as u64 {
                 file.set_len(valid_len)
                     .map_err(|e| StoreError::io(&path, e))?;
@@ -275,7 +271,7 @@ impl SegmentLog {
             segments.push_back(Segment {
                 id,
                 path,
-                file: Arc::new(file),
+                file,
                 len: valid_len,
                 written: valid_len,
                 live: 0,
@@ -284,6 +280,7 @@ impl SegmentLog {
         }
 
         let mut log = SegmentLog {
+            storage: Arc::clone(&storage),
             dir: dir.to_path_buf(),
             cfg,
             segments,
@@ -311,7 +308,7 @@ impl SegmentLog {
             Some(_) => {}
             None => log.new_segment(0, next_seq)?,
         }
-        sync_dir(dir)?;
+        sync_dir(&*storage, dir)?;
 
         let mut messages = Vec::with_capacity(found.len());
         for (_, f) in found {
@@ -339,18 +336,16 @@ impl SegmentLog {
 
     fn new_segment(&mut self, id: u32, base_seq: u64) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let file = self
+            .storage
+            .create_new(&path)
             .map_err(|e| StoreError::io(&path, e))?;
         self.buf
             .extend_from_slice(&record::segment_header(base_seq));
         self.segments.push_back(Segment {
             id,
             path,
-            file: Arc::new(file),
+            file,
             len: record::SEGMENT_HEADER_LEN,
             written: 0,
             live: 0,
@@ -374,7 +369,7 @@ impl SegmentLog {
         }
         let buf = std::mem::take(&mut self.buf);
         let seg = self.active();
-        let res = seg.file.write_all_at(&buf, seg.written);
+        let res = seg.file.write_at(&buf, seg.written);
         res.map_err(|e| StoreError::io(&seg.path, e))?;
         seg.written += buf.len() as u64;
         self.buf = buf;
@@ -392,7 +387,7 @@ impl SegmentLog {
         };
         file.sync_data().map_err(|e| StoreError::io(&path, e))?;
         if self.dir_dirty {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.storage, &self.dir)?;
             self.dir_dirty = false;
         }
         self.synced_seq = self.synced_seq.max(self.appended_seq);
@@ -542,7 +537,7 @@ impl SegmentLog {
         };
         let mut header = [0u8; record::RECORD_HEADER_LEN];
         seg.file
-            .read_exact_at(&mut header, u64::from(at.offset))
+            .read_at(&mut header, u64::from(at.offset))
             .map_err(|e| StoreError::io(&seg.path, e))?;
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
         if len == 0 || len > record::MAX_RECORD_LEN {
@@ -550,7 +545,7 @@ impl SegmentLog {
         }
         let mut buf = vec![0u8; record::RECORD_HEADER_LEN + len as usize];
         seg.file
-            .read_exact_at(&mut buf, u64::from(at.offset))
+            .read_at(&mut buf, u64::from(at.offset))
             .map_err(|e| StoreError::io(&seg.path, e))?;
         let (_, payload) = record::check(&buf).map_err(|e| match e {
             Invalid::Truncated => corrupt("record truncated".into()),
@@ -576,6 +571,7 @@ impl SegmentLog {
         self.gen_prepared += 1;
         Ok(SyncJob {
             generation: self.gen_prepared,
+            storage: Arc::clone(&self.storage),
             file,
             dir,
             up_to: self.appended_seq,

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
@@ -11,6 +12,7 @@ use crate::error::{QueueError, StoreError};
 use crate::log::{RecoveryReport, SegmentLog, StoreConfig, SyncJob};
 use crate::message::{Delivery, DeliveryTag, Dropped, Limits, NewMessage, Op, Published, SeqId};
 use crate::record::PublishMeta;
+use crate::storage::{FsStorage, Storage};
 
 /// Options of a queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -65,6 +67,11 @@ pub enum OpOutcome {
 /// [`prepare_sync`](Self::prepare_sync) / [`SyncJob::run`] /
 /// [`complete_sync`](Self::complete_sync)); [`drain_confirmed`](Self::drain_confirmed)
 /// lists those seqs.
+///
+/// Dropping a queue does not sync: call [`sync`](Self::sync) first for a
+/// clean shutdown. Drain [`drain_confirmed`](Self::drain_confirmed) (and
+/// [`take_ops`](Self::take_ops), [`take_dropped`](Self::take_dropped) when
+/// turned on) regularly: they accumulate until drained.
 #[derive(Debug)]
 pub struct BackingQueue {
     core: QueueCore,
@@ -108,7 +115,17 @@ impl BackingQueue {
         cfg: QueueConfig,
         store: StoreConfig,
     ) -> Result<(Self, RecoveryReport), StoreError> {
-        let opened = SegmentLog::open(dir, store)?;
+        Self::open_in(Arc::new(FsStorage), dir, cfg, store)
+    }
+
+    /// [`open`](Self::open) on another [`Storage`], such as [`MemStorage`](crate::MemStorage).
+    pub fn open_in(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        cfg: QueueConfig,
+        store: StoreConfig,
+    ) -> Result<(Self, RecoveryReport), StoreError> {
+        let opened = SegmentLog::open(storage, dir, store)?;
         let mut q = Self::in_memory(cfg);
         q.core.restore(opened.messages, opened.next_seq);
         q.log = Some(opened.log);

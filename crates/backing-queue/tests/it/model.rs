@@ -2,8 +2,11 @@
 //! included, against a plain in-memory model.
 
 use proptest::prelude::*;
+use std::sync::Arc;
+
 use warren_backing_queue::{
-    BackingQueue, Limits, NewMessage, QueueConfig, QueueError, StoreConfig,
+    BackingQueue, FsStorage, Limits, MemStorage, NewMessage, QueueConfig, QueueError, Storage,
+    StoreConfig,
 };
 
 #[derive(Debug, Clone)]
@@ -126,13 +129,25 @@ fn check_equal(q: &BackingQueue, m: &Model) {
     assert_eq!(seqs, want, "ready order");
 }
 
-fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits) {
+/// `mem`: run on `MemStorage`, where a crash is a power loss (only synced
+/// data survives); otherwise on real files, where a crash is a process exit
+/// without a final sync (written data survives in the page cache).
+fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
     let dir = tempfile::tempdir().unwrap();
+    let mem_storage = mem.then(MemStorage::new);
+    let storage: Arc<dyn Storage> = match &mem_storage {
+        Some(m) => Arc::new(m.clone()),
+        None => Arc::new(FsStorage),
+    };
     let cfg = QueueConfig {
         limits,
         ..QueueConfig::default()
     };
-    let reopen = || BackingQueue::open(dir.path(), cfg, store).unwrap().0;
+    let reopen = || {
+        BackingQueue::open_in(Arc::clone(&storage), dir.path(), cfg, store)
+            .unwrap()
+            .0
+    };
     let mut q = reopen();
     let mut m = Model {
         next_seq: 1,
@@ -259,6 +274,9 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits) {
                     .collect();
                 must.sort_unstable();
                 drop(q);
+                if let Some(m) = &mem_storage {
+                    m.crash();
+                }
                 q = reopen();
                 let got: Vec<u64> = q.ready_seqs().collect();
                 assert!(got.windows(2).all(|w| w[0] < w[1]), "recovered in order");
@@ -335,7 +353,8 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..120),
         store in store_config(),
         limits in limits(),
+        mem in any::<bool>(),
     ) {
-        run(steps, store, limits);
+        run(steps, store, limits, mem);
     }
 }
