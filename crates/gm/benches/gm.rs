@@ -158,14 +158,15 @@ impl InProc {
         }
     }
 
-    /// Broadcasts `count` messages from member 0 and returns once all are confirmed.
-    fn run(&mut self, count: u64, payload: &Bytes, timer: &mut Timer) -> Duration {
+    /// Broadcasts `count` messages from member 0, at most `window` unconfirmed,
+    /// and returns once all are confirmed.
+    fn run(&mut self, count: u64, window: u64, payload: &Bytes, timer: &mut Timer) -> Duration {
         let start = Instant::now();
         let target = self.members[0].last_broadcast() + count;
         while self.confirmed < target {
             let sent = self.members[0].last_broadcast();
-            if sent < target && sent - self.confirmed < WINDOW {
-                let n = (target - sent).min(BATCH as u64);
+            if sent < target && sent - self.confirmed < window {
+                let n = (target - sent).min(BATCH as u64).min(window);
                 for _ in 0..n {
                     self.members[0].broadcast(payload.clone()).unwrap();
                 }
@@ -200,14 +201,17 @@ fn bench_inproc(c: &mut Criterion) {
             let payload = Bytes::from(vec![7u8; size]);
             let id = format!("inproc/{members}/{label}");
             let mut ring = InProc::new(members);
-            g.bench_function(format!("{members}members/{label}"), |b| {
-                b.iter_custom(|iters| {
-                    let mut timer = Timer::new();
-                    let took = ring.run(iters, &payload, &mut timer);
-                    record(&id, &timer.samples, iters, took);
-                    took
+            for (window, mode) in [(WINDOW, "load"), (1, "idle")] {
+                let id = format!("{id}/{mode}");
+                g.bench_function(format!("{members}members/{label}/{mode}"), |b| {
+                    b.iter_custom(|iters| {
+                        let mut timer = Timer::new();
+                        let took = ring.run(iters, window, &payload, &mut timer);
+                        record(&id, &timer.samples, iters, took);
+                        took
+                    });
                 });
-            });
+            }
         }
     }
     g.finish();
@@ -315,13 +319,19 @@ async fn net_ring(kind: &str, members: usize) -> NetRing {
 }
 
 impl NetRing {
-    async fn run(&mut self, count: u64, payload: &Bytes, timer: &mut Timer) -> Duration {
+    async fn run(
+        &mut self,
+        count: u64,
+        window: u64,
+        payload: &Bytes,
+        timer: &mut Timer,
+    ) -> Duration {
         let start = Instant::now();
         let target = self.sent + count;
         let mut events = Vec::new();
         while self.confirmed < target {
-            while self.sent < target && self.sent - self.confirmed < WINDOW {
-                let n = (target - self.sent).min(BATCH as u64) as usize;
+            while self.sent < target && self.sent - self.confirmed < window {
+                let n = (target - self.sent).min(BATCH as u64).min(window) as usize;
                 let batch = vec![payload.clone(); n];
                 self.sent = self.publisher.broadcast(batch).await.unwrap();
                 timer.sent(self.sent);
@@ -356,20 +366,23 @@ fn bench_net(c: &mut Criterion) {
             ));
             for (size, label) in sizes() {
                 let payload = Bytes::from(vec![7u8; size]);
-                let id = format!("{kind}/{members}/{label}");
-                g.bench_function(format!("{members}members/{label}"), |b| {
-                    b.to_async(&rt).iter_custom(|iters| {
-                        let ring = ring.clone();
-                        let payload = payload.clone();
-                        let id = id.clone();
-                        async move {
-                            let mut timer = Timer::new();
-                            let took = ring.lock().await.run(iters, &payload, &mut timer).await;
-                            record(&id, &timer.samples, iters, took);
-                            took
-                        }
+                for (window, mode) in [(WINDOW, "load"), (1, "idle")] {
+                    let id = format!("{kind}/{members}/{label}/{mode}");
+                    g.bench_function(format!("{members}members/{label}/{mode}"), |b| {
+                        b.to_async(&rt).iter_custom(|iters| {
+                            let ring = ring.clone();
+                            let payload = payload.clone();
+                            let id = id.clone();
+                            async move {
+                                let mut timer = Timer::new();
+                                let mut ring = ring.lock().await;
+                                let took = ring.run(iters, window, &payload, &mut timer).await;
+                                record(&id, &timer.samples, iters, took);
+                                took
+                            }
+                        });
                     });
-                });
+                }
             }
         }
         g.finish();
@@ -388,23 +401,31 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 fn print_table(_c: &mut Criterion) {
     let lat = LATENCIES.lock().unwrap();
     let thr = THROUGHPUT.lock().unwrap();
+    let pct = |id: &str| {
+        let mut s = lat.get(id).cloned().unwrap_or_default();
+        s.sort_unstable();
+        (percentile(&s, 0.5), percentile(&s, 0.99))
+    };
     println!();
     println!(
-        "| ring | members | payload | confirmed msgs/s (all samples) | confirm p50 | confirm p99 |"
+        "| transport | members | payload | confirmed msgs/s (window {WINDOW}) | p50 / p99 confirm latency under that load | p50 / p99 one message at a time |"
     );
     println!("|---|---|---|---|---|---|");
-    for (id, samples) in lat.iter() {
-        let mut s = samples.clone();
-        s.sort_unstable();
-        let parts: Vec<&str> = id.split('/').collect();
+    let bases: std::collections::BTreeSet<String> = lat
+        .keys()
+        .filter_map(|id| id.rsplit_once('/').map(|(base, _)| base.to_owned()))
+        .collect();
+    for base in bases {
+        let parts: Vec<&str> = base.split('/').collect();
+        let load = format!("{base}/load");
+        let (l50, l99) = pct(&load);
+        let (i50, i99) = pct(&format!("{base}/idle"));
         println!(
-            "| {} | {} | {} | {:.0} | {} µs | {} µs |",
+            "| {} | {} | {} | {:.0} | {l50} µs / {l99} µs | {i50} µs / {i99} µs |",
             parts[0],
             parts[1],
             parts[2],
-            thr.get(id).map_or(0.0, |&(n, secs)| n as f64 / secs),
-            percentile(&s, 0.5),
-            percentile(&s, 0.99)
+            thr.get(&load).map_or(0.0, |&(n, secs)| n as f64 / secs),
         );
     }
 }

@@ -281,6 +281,7 @@ impl GmNode {
             removing: BTreeSet::new(),
             loopback: VecDeque::new(),
             woken: BTreeSet::new(),
+            dirty: BTreeSet::new(),
         };
         spawn_tracked(&tasks, task.run(cmd_rx, in_rx));
         Ok(Self {
@@ -442,6 +443,8 @@ struct NodeTask {
     removing: BTreeSet<(String, MemberId)>,
     loopback: VecDeque<(String, MemberId, Frame)>,
     woken: BTreeSet<NodeName>,
+    /// Members that took input since the last flush.
+    dirty: BTreeSet<(String, MemberId)>,
 }
 
 impl NodeTask {
@@ -556,6 +559,7 @@ impl NodeTask {
                     }
                 }
                 let _ = reply.send(result);
+                self.dirty.insert((ring.clone(), member));
                 self.drive(&ring, member);
             }
         }
@@ -647,6 +651,7 @@ impl NodeTask {
             Ok(RingMsg::Frame { to, frame }) => {
                 if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&to)) {
                     local.member.handle_frame(frame);
+                    self.dirty.insert((ring.clone(), to));
                     self.drive(&ring, to);
                     self.run_loopback();
                 }
@@ -680,6 +685,7 @@ impl NodeTask {
             }
         }
         for (ring, id) in touched {
+            self.dirty.insert((ring.clone(), id));
             self.drive(&ring, id);
         }
         self.run_loopback();
@@ -713,16 +719,16 @@ impl NodeTask {
                 self.fetch(&ring);
             }
         }
-        self.each_member(Member::handle_tick);
-    }
-
-    /// Applies `f` to every local member and runs their actions.
-    fn each_member(&mut self, f: fn(&mut Member)) {
-        let keys: Vec<(String, MemberId)> = self
+        let all = self
             .rings
             .iter()
             .flat_map(|(r, m)| m.keys().map(move |id| (r.clone(), *id)))
             .collect();
+        self.each_member(all, Member::handle_tick);
+    }
+
+    /// Applies `f` to the local members `keys` and runs their actions.
+    fn each_member(&mut self, keys: Vec<(String, MemberId)>, f: fn(&mut Member)) {
         for (ring, id) in keys {
             if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&id)) {
                 f(&mut local.member);
@@ -859,6 +865,7 @@ impl NodeTask {
             if let Some(local) = self.rings.get_mut(ring).and_then(|r| r.get_mut(&id)) {
                 local.member.handle_view(view.clone());
             }
+            self.dirty.insert((ring.to_owned(), id));
             self.drive(ring, id);
         }
         self.run_loopback();
@@ -885,6 +892,7 @@ impl NodeTask {
         let Some(local) = self.rings.get_mut(ring).and_then(|r| r.get_mut(&id)) else {
             return;
         };
+
         let mut events = Vec::new();
         let mut sends = Vec::new();
         let mut proposals = Vec::new();
@@ -949,13 +957,18 @@ impl NodeTask {
         while let Some((ring, to, frame)) = self.loopback.pop_front() {
             if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&to)) {
                 local.member.handle_frame(frame);
+                self.dirty.insert((ring.clone(), to));
                 self.drive(&ring, to);
             }
         }
     }
 
+    /// Flushes the members that took input this turn: one batch per neighbour per turn.
     fn flush_all(&mut self) {
-        self.each_member(Member::flush);
+        while !self.dirty.is_empty() {
+            let dirty = std::mem::take(&mut self.dirty).into_iter().collect();
+            self.each_member(dirty, Member::flush);
+        }
         for node in std::mem::take(&mut self.woken) {
             if let Some(outbox) = self.peers.get(&node).and_then(|p| p.outbox.as_ref()) {
                 outbox.wake();

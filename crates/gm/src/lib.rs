@@ -58,7 +58,7 @@
 //! (causal or total), or delivery of messages whose sender died before any
 //! member that stays received them.
 //!
-//! These are checked by the deterministic simulation in `tests/sim.rs` over
+//! These are checked by the deterministic simulation in `tests/sim/` over
 //! more than a thousand seeds; a failing seed prints the command that replays it.
 
 pub mod authority;

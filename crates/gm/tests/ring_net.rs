@@ -109,6 +109,29 @@ async fn start_node(net: &Net, name: &str, authority: &Arc<InMemoryAuthority>) -
     .expect("start node")
 }
 
+/// `count` nodes that all know each other.
+async fn cluster(
+    net: &Net,
+    prefix: &str,
+    count: usize,
+    authority: &Arc<InMemoryAuthority>,
+) -> Vec<GmNode> {
+    let mut nodes = Vec::new();
+    for i in 1..=count {
+        nodes.push(start_node(net, &format!("{prefix}{i}@gm"), authority).await);
+    }
+    for a in &nodes {
+        for b in &nodes {
+            if a.node() != b.node() {
+                a.add_peer(b.node().clone(), b.local_addr().clone())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    nodes
+}
+
 async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     for _ in 0..3_000 {
         if ok() {
@@ -152,19 +175,7 @@ async fn ring_test(kind: Kind) {
         mem: MemNetwork::new(7),
     };
     let authority = Arc::new(InMemoryAuthority::new());
-    let mut nodes = Vec::new();
-    for i in 1..=6 {
-        nodes.push(start_node(&net, &format!("n{i}@gm"), &authority).await);
-    }
-    for a in &nodes {
-        for b in &nodes {
-            if a.node() != b.node() {
-                a.add_peer(b.node().clone(), b.local_addr().clone())
-                    .await
-                    .unwrap();
-            }
-        }
-    }
+    let nodes = cluster(&net, "n", 6, &authority).await;
     let mut members = Vec::new();
     for node in &nodes[..5] {
         members.push(join(node).await);
@@ -291,4 +302,61 @@ async fn ring_over_tcp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ring_over_quic() {
     ring_test(Kind::Quic).await;
+}
+
+/// Two rings share the nodes' connections; one ring has two members on one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rings_share_connections_and_nodes() {
+    let net = Net {
+        kind: Kind::Mem,
+        mem: MemNetwork::new(3),
+    };
+    let authority = Arc::new(InMemoryAuthority::new());
+    let nodes = cluster(&net, "s", 3, &authority).await;
+    let mut rings: Vec<Vec<Member>> = vec![Vec::new(), Vec::new()];
+    for (r, placement) in [[0usize, 1, 2], [0, 0, 1]].iter().enumerate() {
+        for &n in placement {
+            let handle = Arc::new(nodes[n].join(&format!("ring{r}")).await.expect("join"));
+            let seen = collect(handle.clone());
+            let want = rings[r].len() as u64 + 1;
+            wait_until("the joiner's view", || {
+                seen.lock()
+                    .unwrap()
+                    .views
+                    .last()
+                    .is_some_and(|&v| v >= want)
+            })
+            .await;
+            rings[r].push(Member {
+                handle,
+                seen,
+                sent: 0,
+            });
+        }
+    }
+    for members in &rings {
+        wait_until("full views", || {
+            members
+                .iter()
+                .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
+        })
+        .await;
+    }
+    for _ in 0..10 {
+        for members in &mut rings {
+            broadcast_round(members, &[0, 1, 2]).await;
+        }
+    }
+    for members in &rings {
+        wait_until("every broadcast confirmed and delivered", || {
+            members.iter().all(|m| {
+                let s = m.seen.lock().unwrap();
+                s.confirmed == m.sent
+                    && members.iter().all(|p| {
+                        s.delivered.get(&p.handle.member()).map(Vec::len) == Some(p.sent as usize)
+                    })
+            })
+        })
+        .await;
+    }
 }
