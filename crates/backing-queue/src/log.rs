@@ -62,6 +62,8 @@ pub struct RecoveryReport {
 
 /// Below this many buffered bytes, appends stay in memory until a sync.
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Bodies this large are written to the file directly, not through the buffer.
+const LARGE_BODY_BYTES: usize = 64 << 10;
 /// Pending remove/delivered marks are written as one record per this many.
 const MARKS_BATCH: usize = 4096;
 
@@ -197,7 +199,7 @@ impl SegmentLog {
         for (i, &id) in ids.iter().enumerate() {
             let is_last = i + 1 == ids.len();
             let path = segment_path(dir, id);
-            let data = storage.read(&path).map_err(|e| StoreError::io(&path, e))?;
+            let data = Bytes::from(storage.read(&path).map_err(|e| StoreError::io(&path, e))?);
             let mut valid_len = data.len() as u64;
             let header_len = record::SEGMENT_HEADER_LEN as usize;
             match record::parse_segment_header(&data) {
@@ -226,7 +228,15 @@ impl SegmentLog {
                             segment: id,
                             offset: pos as u32,
                         };
-                        apply_record(&mut found, &mut max_seq, &mut resident, &cfg, rec, store);
+                        apply_record(
+                            &data,
+                            &mut found,
+                            &mut max_seq,
+                            &mut resident,
+                            &cfg,
+                            rec,
+                            store,
+                        );
                         pos += total;
                     }
                     Err(invalid) => {
@@ -422,7 +432,17 @@ impl SegmentLog {
     ) -> Result<StoreRef, StoreError> {
         let rec_len = crate::core::record_len(props.len() as u32, body.len() as u32);
         self.append(rec_len)?;
-        record::encode_publish(&mut self.buf, meta, props, body);
+        if body.len() >= LARGE_BODY_BYTES {
+            // Written straight from the caller's buffer, never copied.
+            record::encode_publish_head(&mut self.buf, meta, props, body);
+            self.write_out()?;
+            let seg = self.active();
+            let res = seg.file.write_at(body, seg.written);
+            res.map_err(|e| StoreError::io(&seg.path, e))?;
+            seg.written += body.len() as u64;
+        } else {
+            record::encode_publish(&mut self.buf, meta, props, body);
+        }
         let seg = self.active();
         let store = StoreRef {
             segment: seg.id,
@@ -633,6 +653,7 @@ fn next_valid(data: &[u8], from: usize) -> Option<usize> {
 }
 
 fn apply_record(
+    segment: &Bytes,
     found: &mut BTreeMap<u64, Entry>,
     max_seq: &mut u64,
     resident: &mut u64,
@@ -649,10 +670,16 @@ fn apply_record(
             *resident = resident.saturating_add(body.len() as u64);
             let keep = *resident <= cfg.resident_bytes_max;
             let data = keep.then(|| {
-                let mut v = Vec::with_capacity(props.len() + body.len());
-                v.extend_from_slice(props);
-                v.extend_from_slice(body);
-                Bytes::from(v)
+                if body.len() >= LARGE_BODY_BYTES {
+                    // Props and body are adjacent in the segment: share it.
+                    let start = props.as_ptr() as usize - segment.as_ptr() as usize;
+                    segment.slice(start..start + props.len() + body.len())
+                } else {
+                    let mut v = Vec::with_capacity(props.len() + body.len());
+                    v.extend_from_slice(props);
+                    v.extend_from_slice(body);
+                    Bytes::from(v)
+                }
             });
             // A later copy (compaction) replaces an earlier one.
             let was_delivered = found.get(&meta.seq).is_some_and(Entry::delivered);

@@ -82,9 +82,17 @@ pub(crate) struct PublishMeta {
 
 /// Appends a publish record to `out`.
 pub(crate) fn encode_publish(out: &mut Vec<u8>, meta: PublishMeta, props: &[u8], body: &[u8]) {
+    out.reserve(PUBLISH_OVERHEAD as usize + props.len() + body.len());
+    encode_publish_head(out, meta, props, body);
+    out.extend_from_slice(body);
+}
+
+/// Appends a publish record to `out` without its body, which the caller
+/// writes right after (so that a large body is never copied into a buffer).
+/// The checksum covers the body.
+pub(crate) fn encode_publish_head(out: &mut Vec<u8>, meta: PublishMeta, props: &[u8], body: &[u8]) {
     let payload_len = PUBLISH_FIXED + props.len() + body.len();
     let start = out.len();
-    out.reserve(RECORD_HEADER_LEN + payload_len);
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     out.push(KIND_PUBLISH);
@@ -94,8 +102,9 @@ pub(crate) fn encode_publish(out: &mut Vec<u8>, meta: PublishMeta, props: &[u8],
     out.push(u8::from(meta.delivered) | (u8::from(meta.transient) << 1));
     out.extend_from_slice(&(props.len() as u32).to_le_bytes());
     out.extend_from_slice(props);
-    out.extend_from_slice(body);
-    seal(out, start);
+    let len: [u8; 4] = [out[start], out[start + 1], out[start + 2], out[start + 3]];
+    let crc = crc32c::crc32c_append(crc_of(len, &out[start + RECORD_HEADER_LEN..]), body);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Appends a remove or delivered record listing `seqs` to `out`.

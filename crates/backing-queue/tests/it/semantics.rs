@@ -305,3 +305,38 @@ fn power_loss_on_mem_storage_keeps_exactly_what_was_synced() {
     assert_eq!(ids[..30], (0..30).collect::<Vec<_>>()[..]);
     assert!(ids.windows(2).all(|w| w[0] + 1 == w[1]));
 }
+
+#[test]
+fn large_bodies_round_trip_through_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    for resident_bytes_max in [u64::MAX, 0] {
+        let store = StoreConfig {
+            resident_bytes_max,
+            ..small_store()
+        };
+        let mut q = open(dir.path(), store);
+        let mut m = NewMessage::new(1, big.clone(), true);
+        m.props = Bytes::from_static(b"hdr");
+        q.publish(0, m).unwrap();
+        q.publish(0, msg(2, 10, true)).unwrap();
+        q.sync().unwrap();
+        let d = q.fetch(0).unwrap().unwrap();
+        assert_eq!((&d.props[..], &d.body[..]), (&b"hdr"[..], &big[..]));
+        q.requeue(d.tag).unwrap();
+        q.sync().unwrap();
+        drop(q);
+        let mut q = open(dir.path(), store);
+        let got = drain(&mut q, 0);
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (&got[0].props[..], &got[0].body[..]),
+            (&b"hdr"[..], &big[..])
+        );
+        assert!(got[0].redelivered);
+        for d in got {
+            q.ack(d.tag).unwrap();
+        }
+        q.sync().unwrap();
+    }
+}
