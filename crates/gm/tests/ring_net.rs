@@ -360,3 +360,58 @@ async fn rings_share_connections_and_nodes() {
         .await;
     }
 }
+
+/// A link cut shorter than the failure detector's timeout: the connection is
+/// redialled, the neighbours resynchronise, and nothing is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_cut_heals_without_a_view_change() {
+    let net = Net {
+        kind: Kind::Mem,
+        mem: MemNetwork::new(5),
+    };
+    let authority = Arc::new(InMemoryAuthority::new());
+    let nodes = cluster(&net, "c", 3, &authority).await;
+    let mut members = Vec::new();
+    for node in &nodes {
+        let m = join(node).await;
+        let want = members.len() as u64 + 1;
+        wait_until("the joiner's view", || {
+            m.seen
+                .lock()
+                .unwrap()
+                .views
+                .last()
+                .is_some_and(|&v| v >= want)
+        })
+        .await;
+        members.push(m);
+    }
+    wait_until("full views", || {
+        members
+            .iter()
+            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
+    })
+    .await;
+    for round in 0..30 {
+        if round == 10 {
+            net.mem.cut(nodes[0].node(), nodes[1].node());
+        }
+        if round == 20 {
+            net.mem.heal();
+        }
+        broadcast_round(&mut members, &[0, 1, 2]).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wait_until("every broadcast confirmed and delivered", || {
+        members.iter().all(|m| {
+            let s = m.seen.lock().unwrap();
+            s.confirmed == m.sent
+                && members.iter().all(|p| {
+                    s.delivered.get(&p.handle.member()).cloned()
+                        == Some((1..=p.sent).collect::<Vec<_>>())
+                })
+        })
+    })
+    .await;
+    assert_eq!(authority.current_now("q").version, 3, "no view change");
+}
