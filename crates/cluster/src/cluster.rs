@@ -491,7 +491,7 @@ impl Cluster {
         }
         self.inner.stop.send_replace(true);
         let _ = self.inner.raft.shutdown().await;
-        self.inner.peers.stop();
+        self.inner.peers.stop().await;
         tracing::info!(node = %self.inner.config.node, "cluster node stopped");
     }
 
@@ -752,16 +752,18 @@ impl Cluster {
                 .min(Instant::now() + cfg.raft_heartbeat_interval.max(Duration::from_millis(50)));
             let _ = tokio::time::timeout_at(wake, metrics.changed()).await;
         }
-        let is_voter = self
-            .inner
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .voter_ids()
-            .any(|v| v == self.inner.id);
-        if !is_voter {
-            tracing::info!(node = %cfg.node, "member left gracefully before; rejoining as a voter");
+        let (is_voter, same_addr) = {
+            let m = self.inner.raft.metrics().borrow().clone();
+            let mc = &m.membership_config;
+            (
+                mc.voter_ids().any(|v| v == self.inner.id),
+                mc.membership()
+                    .get_node(&self.inner.id)
+                    .is_some_and(|n| n.addr == self.inner.addr.as_str()),
+            )
+        };
+        if !is_voter || !same_addr {
+            tracing::info!(node = %cfg.node, is_voter, same_addr, "rejoining as a voter at this address");
             let deadline = Instant::now() + limit.saturating_sub(start.elapsed());
             let req = AdminRequest::Join {
                 name: cfg.node.to_string(),
@@ -886,16 +888,40 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
                 return AdminResponse::Failed(format!("invalid node name {name:?}"));
             };
             let id = node_id(&nn);
-            if voters.contains(&id) {
-                return AdminResponse::Done;
-            }
-            if let Some(other) = membership.get_node(&id)
+            let known = membership.get_node(&id).cloned();
+            if let Some(other) = &known
                 && other.name != name
             {
                 return AdminResponse::Failed(format!(
                     "node id collision between {name} and {}",
                     other.name
                 ));
+            }
+            if let Some(known) = &known
+                && known.addr != addr
+            {
+                // The member restarted elsewhere (a new address, or its data
+                // directory moved to a new host under the same name). Peers
+                // authenticate names, so pointing the id at the new address is safe.
+                let node = PeerNode {
+                    name: name.clone(),
+                    addr: addr.clone(),
+                };
+                match tokio::time::timeout(
+                    timeout,
+                    raft.change_membership(ChangeMembers::SetNodes([(id, node)].into()), true),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => {
+                        tracing::info!(node = %inner.config.node, member = %name, %addr, "member address updated")
+                    }
+                    Ok(Err(e)) => return write_err(inner, e),
+                    Err(_) => return lost,
+                }
+            }
+            if voters.contains(&id) {
+                return AdminResponse::Done;
             }
             let deadline = Instant::now() + timeout;
             if membership.get_node(&id).is_none() {

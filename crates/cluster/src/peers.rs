@@ -81,9 +81,10 @@ struct Inner {
     links: Mutex<BTreeMap<NodeName, Arc<Link>>>,
     last_seen: Mutex<BTreeMap<NodeName, Instant>>,
     handler: Mutex<Option<Handler>>,
-    dialing: tokio::sync::Mutex<()>,
+    dialing: Mutex<BTreeMap<PeerAddr, Arc<tokio::sync::Mutex<()>>>>,
     next: AtomicU64,
     stopped: watch::Sender<bool>,
+    serving: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The node's connections to its peers; cheap to clone.
@@ -114,9 +115,10 @@ impl Peers {
                 links: Mutex::new(BTreeMap::new()),
                 last_seen: Mutex::new(BTreeMap::new()),
                 handler: Mutex::new(None),
-                dialing: tokio::sync::Mutex::new(()),
+                dialing: Mutex::new(BTreeMap::new()),
                 next: AtomicU64::new(1),
                 stopped,
+                serving: Mutex::new(None),
             }),
         }
     }
@@ -130,7 +132,7 @@ impl Peers {
     pub(crate) fn serve(&self, mut listener: Box<dyn Listener>) {
         let this = self.clone();
         let mut stopped = self.inner.stopped.subscribe();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 let conn = tokio::select! {
                     c = listener.accept() => c,
@@ -147,12 +149,19 @@ impl Peers {
                     }
                 }
             }
+            drop(listener);
         });
+        *lock(&self.inner.serving) = Some(task);
     }
 
-    /// Closes every connection and stops accepting.
-    pub(crate) fn stop(&self) {
+    /// Closes every connection and stops accepting; returns once the
+    /// listener is closed (so the address can be listened on again).
+    pub(crate) async fn stop(&self) {
         self.inner.stopped.send_replace(true);
+        let serving = lock(&self.inner.serving).take();
+        if let Some(task) = serving {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
         let links: Vec<Arc<Link>> = lock(&self.inner.links).values().cloned().collect();
         for l in links {
             l.close();
@@ -313,7 +322,12 @@ impl Peers {
         {
             return Ok(l.clone());
         }
-        let _guard = self.inner.dialing.lock().await;
+        // One dial at a time per address (a dead peer never holds up the others).
+        let dial_lock = lock(&self.inner.dialing)
+            .entry(addr.clone())
+            .or_default()
+            .clone();
+        let _guard = dial_lock.lock().await;
         if let Some(p) = peer
             && let Some(l) = lock(&self.inner.links).get(p)
             && !l.is_closed()

@@ -626,3 +626,104 @@ pub(crate) fn replace_offline(dir: &Path, snap: &StoredSnapshot, last: LogId) ->
 pub(crate) fn read_snapshot(dir: &Path) -> io::Result<Option<StoredSnapshot>> {
     read_atomic(dir, SNAPSHOT_FILE)
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, Entry as RaftEntry};
+
+    use super::*;
+    use crate::state::Command;
+
+    fn entry(term: u64, index: u64) -> Entry {
+        RaftEntry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(Command::PutVhost {
+                name: format!("v{index}"),
+            }),
+        }
+    }
+
+    fn indexes(dir: &Path) -> Vec<(u64, u64)> {
+        LogFiles::load(dir)
+            .unwrap()
+            .entries
+            .values()
+            .map(|(e, _)| (e.log_id.leader_id.term, e.log_id.index))
+            .collect()
+    }
+
+    #[test]
+    fn appends_truncates_purges_and_survives_reopening() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let log = LogStore::open(dir).unwrap();
+        log.lock()
+            .append_records((1..=6).map(|i| entry(1, i)).collect())
+            .unwrap();
+        // A new leader overwrites 4.. (truncate, then append at term 2).
+        log.lock().truncate_from(4).unwrap();
+        log.lock()
+            .append_records((4..=5).map(|i| entry(2, i)).collect())
+            .unwrap();
+        drop(log);
+        assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3), (2, 4), (2, 5)]);
+        let log = LogStore::open(dir).unwrap();
+        {
+            let mut g = log.lock();
+            let purged = g.files.entries[&2].0.log_id;
+            write_atomic(dir, PURGED_FILE, &purged).unwrap();
+            g.files.purged = Some(purged);
+            let keep = g.files.entries.split_off(&3);
+            g.files.entries = keep;
+            g.rewrite().unwrap();
+            g.append_records(vec![entry(2, 6)]).unwrap();
+        }
+        drop(log);
+        assert_eq!(indexes(dir), vec![(1, 3), (2, 4), (2, 5), (2, 6)]);
+        assert_eq!(LogFiles::load(dir).unwrap().purged.unwrap().index, 2);
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_off_and_appends_continue_after_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let log = LogStore::open(dir).unwrap();
+        log.lock()
+            .append_records((1..=3).map(|i| entry(1, i)).collect())
+            .unwrap();
+        drop(log);
+        // A crash in the middle of an append: half a record, then garbage.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join(LOG_FILE))
+            .unwrap();
+        let rec = encode_record(&entry(1, 4)).unwrap();
+        f.write_all(&rec[..rec.len() / 2]).unwrap();
+        drop(f);
+        let log = LogStore::open(dir).unwrap();
+        assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3)]);
+        log.lock().append_records(vec![entry(1, 4)]).unwrap();
+        drop(log);
+        assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3), (1, 4)]);
+
+        // A flipped bit in the last record is caught by its CRC.
+        let path = dir.join(LOG_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        fs::write(&path, bytes).unwrap();
+        assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3)]);
+    }
+
+    #[test]
+    fn vote_and_committed_round_trip() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vote = Vote::new(3, 7);
+        write_atomic(tmp.path(), VOTE_FILE, &vote).unwrap();
+        let committed = Some(LogId::new(CommittedLeaderId::new(3, 7), 42));
+        write_atomic(tmp.path(), COMMITTED_FILE, &committed).unwrap();
+        let files = LogFiles::load(tmp.path()).unwrap();
+        assert_eq!(files.vote, Some(vote));
+        assert_eq!(files.committed, committed);
+    }
+}

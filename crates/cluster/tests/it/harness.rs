@@ -26,6 +26,19 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Test timings: fast elections and failure detection, short bounded waits.
+pub fn short_timeouts(c: &mut ClusterConfig) {
+    c.raft_heartbeat_interval = Duration::from_millis(50);
+    c.election_timeout_min = Duration::from_millis(250);
+    c.election_timeout_max = Duration::from_millis(500);
+    c.command_timeout = Duration::from_secs(2);
+    c.heartbeat_interval = Duration::from_millis(100);
+    c.failure_timeout = Duration::from_millis(600);
+    c.boot_wait_timeout = Duration::from_secs(2);
+    c.boot_wait_retries = 5;
+    c.boot_log_interval = Duration::from_millis(500);
+}
+
 pub struct TestCluster {
     pub net: MemNetwork,
     dirs: BTreeMap<String, TempDir>,
@@ -61,15 +74,9 @@ impl TestCluster {
         let dir = self.data_dir(name);
         let mut c = ClusterConfig::new(n(name), PeerAddr::new(name), dir, transport);
         c.join = join.map(PeerAddr::new);
-        c.raft_heartbeat_interval = Duration::from_millis(50);
-        c.election_timeout_min = Duration::from_millis(250);
-        c.election_timeout_max = Duration::from_millis(500);
-        c.command_timeout = Duration::from_secs(2);
-        c.heartbeat_interval = Duration::from_millis(100);
-        c.failure_timeout = Duration::from_millis(600);
+        short_timeouts(&mut c);
         c.boot_wait_timeout = self.boot_wait_timeout;
         c.boot_wait_retries = self.boot_wait_retries;
-        c.boot_log_interval = Duration::from_millis(500);
         c.snapshot_every = self.snapshot_every;
         c
     }

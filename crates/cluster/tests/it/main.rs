@@ -4,3 +4,4 @@ mod harness;
 mod t10_basic;
 mod t20_failures;
 mod t30_membership;
+mod t40_tcp;
