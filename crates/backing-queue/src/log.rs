@@ -220,7 +220,7 @@ impl SegmentLog {
             }
             let mut pos = header_len;
             while valid_len != 0 && pos < data.len() {
-                let parsed = record::check(&data[pos..])
+                let parsed = record::check(&data[pos..], id)
                     .and_then(|(total, payload)| Ok((total, record::decode(payload)?)));
                 match parsed {
                     Ok((total, rec)) => {
@@ -240,7 +240,7 @@ impl SegmentLog {
                         pos += total;
                     }
                     Err(invalid) => {
-                        let next = next_valid(&data, pos + 1);
+                        let next = next_valid(&data, pos + 1, id);
                         let reason = match invalid {
                             Invalid::Truncated => "record runs past the end of the file".to_owned(),
                             Invalid::Bad(r) => r,
@@ -434,14 +434,16 @@ impl SegmentLog {
         self.append(rec_len)?;
         if body.len() >= LARGE_BODY_BYTES {
             // Written straight from the caller's buffer, never copied.
-            record::encode_publish_head(&mut self.buf, meta, props, body);
+            let seed = self.active().id;
+            record::encode_publish_head(&mut self.buf, seed, meta, props, body);
             self.write_out()?;
             let seg = self.active();
             let res = seg.file.write_at(body, seg.written);
             res.map_err(|e| StoreError::io(&seg.path, e))?;
             seg.written += body.len() as u64;
         } else {
-            record::encode_publish(&mut self.buf, meta, props, body);
+            let seed = self.active().id;
+            record::encode_publish(&mut self.buf, seed, meta, props, body);
         }
         let seg = self.active();
         let store = StoreRef {
@@ -461,6 +463,7 @@ impl SegmentLog {
     }
 
     fn flush_marks(&mut self) {
+        let seed = self.active().id;
         for delivered in [true, false] {
             let marks = if delivered {
                 &mut self.pending_delivered
@@ -471,7 +474,7 @@ impl SegmentLog {
                 continue;
             }
             let before = self.buf.len();
-            record::encode_seqs(&mut self.buf, delivered, marks);
+            record::encode_seqs(&mut self.buf, seed, delivered, marks);
             marks.clear();
             let added = (self.buf.len() - before) as u64;
             self.active().len += added;
@@ -567,7 +570,7 @@ impl SegmentLog {
         seg.file
             .read_at(&mut buf, u64::from(at.offset))
             .map_err(|e| StoreError::io(&seg.path, e))?;
-        let (_, payload) = record::check(&buf).map_err(|e| match e {
+        let (_, payload) = record::check(&buf, at.segment).map_err(|e| match e {
             Invalid::Truncated => corrupt("record truncated".into()),
             Invalid::Bad(r) => corrupt(r),
         })?;
@@ -644,9 +647,9 @@ fn is_torn_header(data: &[u8]) -> bool {
 }
 
 /// The offset of the next valid record at or after `from`, if any.
-fn next_valid(data: &[u8], from: usize) -> Option<usize> {
+fn next_valid(data: &[u8], from: usize, seed: u32) -> Option<usize> {
     (from..data.len().saturating_sub(record::RECORD_HEADER_LEN)).find(|&p| {
-        record::check(&data[p..])
+        record::check(&data[p..], seed)
             .ok()
             .is_some_and(|(_, payload)| record::decode(payload).is_ok())
     })

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! len: u32 LE      payload length (1 ..= MAX_RECORD_LEN)
-//! crc: u32 LE      CRC32C of the 4 length bytes followed by the payload
+//! crc: u32 LE      CRC32C, starting from the segment id, of the 4 length
+//!                  bytes followed by the payload
 //! payload:         kind: u8, then
 //!   1 PUBLISH      seq u64, id u64, expiry_ms u64,
 //!                  flags u8 (bit 0: delivered; bit 1: transient, paged out only, not recovered),
@@ -45,8 +46,10 @@ pub(crate) enum Record<'a> {
     Delivered(Vec<u64>),
 }
 
-fn crc_of(len: [u8; 4], payload: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&len), payload)
+/// The record checksum, seeded with the segment id: a recycled segment file's
+/// stale records never pass as records of its new life.
+fn crc_of(seed: u32, len: [u8; 4], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c_append(seed, &len), payload)
 }
 
 /// Encodes a segment header.
@@ -81,16 +84,28 @@ pub(crate) struct PublishMeta {
 }
 
 /// Appends a publish record to `out`.
-pub(crate) fn encode_publish(out: &mut Vec<u8>, meta: PublishMeta, props: &[u8], body: &[u8]) {
+pub(crate) fn encode_publish(
+    out: &mut Vec<u8>,
+    seed: u32,
+    meta: PublishMeta,
+    props: &[u8],
+    body: &[u8],
+) {
     out.reserve(PUBLISH_OVERHEAD as usize + props.len() + body.len());
-    encode_publish_head(out, meta, props, body);
+    encode_publish_head(out, seed, meta, props, body);
     out.extend_from_slice(body);
 }
 
 /// Appends a publish record to `out` without its body, which the caller
 /// writes right after (so that a large body is never copied into a buffer).
 /// The checksum covers the body.
-pub(crate) fn encode_publish_head(out: &mut Vec<u8>, meta: PublishMeta, props: &[u8], body: &[u8]) {
+pub(crate) fn encode_publish_head(
+    out: &mut Vec<u8>,
+    seed: u32,
+    meta: PublishMeta,
+    props: &[u8],
+    body: &[u8],
+) {
     let payload_len = PUBLISH_FIXED + props.len() + body.len();
     let start = out.len();
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
@@ -103,12 +118,12 @@ pub(crate) fn encode_publish_head(out: &mut Vec<u8>, meta: PublishMeta, props: &
     out.extend_from_slice(&(props.len() as u32).to_le_bytes());
     out.extend_from_slice(props);
     let len: [u8; 4] = [out[start], out[start + 1], out[start + 2], out[start + 3]];
-    let crc = crc32c::crc32c_append(crc_of(len, &out[start + RECORD_HEADER_LEN..]), body);
+    let crc = crc32c::crc32c_append(crc_of(seed, len, &out[start + RECORD_HEADER_LEN..]), body);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Appends a remove or delivered record listing `seqs` to `out`.
-pub(crate) fn encode_seqs(out: &mut Vec<u8>, delivered: bool, seqs: &[u64]) {
+pub(crate) fn encode_seqs(out: &mut Vec<u8>, seed: u32, delivered: bool, seqs: &[u64]) {
     let payload_len = 1 + 4 + 8 * seqs.len();
     let start = out.len();
     out.reserve(RECORD_HEADER_LEN + payload_len);
@@ -123,12 +138,12 @@ pub(crate) fn encode_seqs(out: &mut Vec<u8>, delivered: bool, seqs: &[u64]) {
     for s in seqs {
         out.extend_from_slice(&s.to_le_bytes());
     }
-    seal(out, start);
+    seal(out, seed, start);
 }
 
-fn seal(out: &mut [u8], start: usize) {
+fn seal(out: &mut [u8], seed: u32, start: usize) {
     let len: [u8; 4] = [out[start], out[start + 1], out[start + 2], out[start + 3]];
-    let crc = crc_of(len, &out[start + RECORD_HEADER_LEN..]);
+    let crc = crc_of(seed, len, &out[start + RECORD_HEADER_LEN..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -149,9 +164,9 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// Checks the record at the start of `buf`; returns its total length
-/// (header included) and its payload.
-pub(crate) fn check(buf: &[u8]) -> Result<(usize, &[u8]), Invalid> {
+/// Checks the record at the start of `buf` (of the segment whose id is
+/// `seed`); returns its total length (header included) and its payload.
+pub(crate) fn check(buf: &[u8], seed: u32) -> Result<(usize, &[u8]), Invalid> {
     let len = u32_at(buf, 0).ok_or(Invalid::Truncated)?;
     if len == 0 || len > MAX_RECORD_LEN {
         return Err(Invalid::Bad(format!("impossible record length {len}")));
@@ -164,7 +179,7 @@ pub(crate) fn check(buf: &[u8]) -> Result<(usize, &[u8]), Invalid> {
         return Err(Invalid::Bad(format!("unknown record kind {}", payload[0])));
     }
     let crc = u32_at(buf, 4).ok_or(Invalid::Truncated)?;
-    let actual = crc_of(len.to_le_bytes(), payload);
+    let actual = crc_of(seed, len.to_le_bytes(), payload);
     if crc != actual {
         return Err(Invalid::Bad(format!(
             "checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
@@ -233,9 +248,10 @@ mod tests {
             delivered: true,
             transient: false,
         };
-        encode_publish(&mut buf, meta, b"pp", b"body");
+        encode_publish(&mut buf, 3, meta, b"pp", b"body");
         assert_eq!(buf.len() as u64, PUBLISH_OVERHEAD + 6);
-        let (total, payload) = check(&buf).unwrap();
+        assert!(check(&buf, 4).is_err(), "another segment's seed");
+        let (total, payload) = check(&buf, 3).unwrap();
         assert_eq!(total, buf.len());
         assert_eq!(
             decode(payload).unwrap(),
@@ -245,16 +261,16 @@ mod tests {
                 body: b"body"
             }
         );
-        assert_eq!(check(&buf[..buf.len() - 1]), Err(Invalid::Truncated));
+        assert_eq!(check(&buf[..buf.len() - 1], 3), Err(Invalid::Truncated));
         buf[12] ^= 1;
-        assert!(matches!(check(&buf), Err(Invalid::Bad(_))));
+        assert!(matches!(check(&buf, 3), Err(Invalid::Bad(_))));
     }
 
     #[test]
     fn seqs_round_trip() {
         let mut buf = Vec::new();
-        encode_seqs(&mut buf, false, &[1, 2, 3]);
-        let (_, payload) = check(&buf).unwrap();
+        encode_seqs(&mut buf, 0, false, &[1, 2, 3]);
+        let (_, payload) = check(&buf, 0).unwrap();
         assert_eq!(decode(payload).unwrap(), Record::Remove(vec![1, 2, 3]));
         assert_eq!(parse_segment_header(&segment_header(42)), Some(42));
     }
