@@ -16,7 +16,7 @@ use warren_wire::NodeName;
 use crate::error::ClusterError;
 use crate::peers::{CallError, Peers};
 use crate::rpc::{AdminRequest, AdminResponse, Network, Request, Response};
-use crate::state::{Command, Metadata, Outcome, QueueRecord, QueueView};
+use crate::state::{Command, Metadata, Outcome, QueueRecord, QueueView, RingRecord};
 use crate::store::{LogStore, StateMachine, raft_dir};
 use crate::types::{NodeId, PeerNode, Raft, node_id};
 
@@ -329,6 +329,30 @@ impl Cluster {
         }
     }
 
+    /// Compare-and-set on a GM ring's view (opaque bytes, see
+    /// [`Command::SetRingView`]); a GM `ViewAuthority` maps onto this and
+    /// [`Metadata::rings`].
+    pub async fn set_ring_view(
+        &self,
+        ring: &str,
+        expected_version: u64,
+        view: Vec<u8>,
+    ) -> Result<RingRecord, ClusterError> {
+        match self
+            .write(Command::SetRingView {
+                ring: ring.into(),
+                expected_version,
+                view,
+            })
+            .await?
+        {
+            Outcome::Ring(r) => Ok(r),
+            other => Err(ClusterError::Remote(format!(
+                "unexpected outcome {other:?}"
+            ))),
+        }
+    }
+
     /// Members, leader and running nodes.
     pub fn cluster_status(&self) -> ClusterStatus {
         let m = self.inner.raft.metrics().borrow().clone();
@@ -490,7 +514,12 @@ impl Cluster {
             *s = true;
         }
         self.inner.stop.send_replace(true);
-        let _ = self.inner.raft.shutdown().await;
+        if tokio::time::timeout(Duration::from_secs(5), self.inner.raft.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(node = %self.inner.config.node, "raft did not stop within 5 s");
+        }
         self.inner.peers.stop().await;
         tracing::info!(node = %self.inner.config.node, "cluster node stopped");
     }

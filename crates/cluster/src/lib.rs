@@ -25,6 +25,28 @@
 //!   failure detector (heartbeats over the transport; `failure_timeout`).
 //! - [`offline::forget_cluster_node_offline`] on a stopped node's data directory.
 //!
+//! ```no_run
+//! # async fn demo() -> Result<(), warren_cluster::ClusterError> {
+//! use std::sync::Arc;
+//! use warren_cluster::{Cluster, ClusterConfig, Command};
+//! use warren_transport::mem::MemNetwork;
+//! use warren_transport::{ClusterSecret, NodeName, PeerAddr, TransportConfig};
+//!
+//! let net = MemNetwork::new(1);
+//! let name = NodeName::new("warren@a").unwrap();
+//! let transport = Arc::new(net.transport(TransportConfig::new(
+//!     name.clone(),
+//!     ClusterSecret::new("secret"),
+//! )));
+//! let config = ClusterConfig::new(name, PeerAddr::new("a"), "/var/lib/warren", transport);
+//! let cluster = Cluster::start(config).await?; // bootstraps: no `join`, no state
+//! cluster.write(Command::PutVhost { name: "/".into() }).await?;
+//! assert!(cluster.local().vhosts.contains("/"));
+//! cluster.leave().await?; // graceful stop
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Every operation that needs a majority is bounded by
 //! [`ClusterConfig::command_timeout`] and fails with
 //! [`ClusterError::NoMajority`]; it never hangs. A command is handed to a
@@ -56,6 +78,27 @@
 //!
 //! Three nodes (or five) are recommended: they survive the crash of any one
 //! (or two) without an operator.
+//!
+//! # Operating a cluster
+//!
+//! - **Form**: start the first node without `join`; it is a one-node cluster.
+//! - **Grow**: start a new node (empty data directory) with `join` set to any
+//!   running member. It is added as a learner, catches up (by snapshot if the
+//!   log was compacted), then becomes a voter. Joining again is a no-op.
+//! - **Shrink**: stop the node gracefully ([`Cluster::leave`]), then run
+//!   [`Cluster::forget_cluster_node`] on any running member; a running node
+//!   cannot be forgotten. Its queues lose it as master or mirror (see
+//!   [`Metadata::apply_membership`]).
+//! - **Restart**: nodes restarted from their data directories find each
+//!   other (a node that comes back at a new address tells the others). Start
+//!   the last node that stopped first if you can; any majority of voters
+//!   restarted within the boot wait also works.
+//! - **Recover** when nodes are lost for good (seed 000 §2.5): if a majority
+//!   survives, `forget_cluster_node` the lost ones from a running member
+//!   (scenario 3). If not, stop everything and run
+//!   [`offline::forget_cluster_node_offline`] on a survivor's data directory
+//!   (scenario 4), start it alone, then join new nodes to it. A data directory
+//!   copied to a new host under the same node name is that node (scenario 5).
 //!
 //! # On disk
 //!

@@ -286,6 +286,32 @@ pub enum Command {
         /// The new placement.
         view: QueueView,
     },
+    /// Compare-and-set on a GM ring's view, stored opaque (the ring's own
+    /// encoding): replaces it if the ring is at `expected_version`; the ring
+    /// is then at `expected_version + 1`. A ring never set is at version 0.
+    /// This is what a GM `ViewAuthority` is backed by.
+    SetRingView {
+        /// The ring's name.
+        ring: String,
+        /// The version the proposer based its change on.
+        expected_version: u64,
+        /// The new view, encoded by its owner.
+        view: Vec<u8>,
+    },
+    /// Drops a ring's view (when its queue is deleted).
+    DeleteRingView {
+        /// The ring's name.
+        ring: String,
+    },
+}
+
+/// A GM ring's view as the metadata store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingRecord {
+    /// The view's version.
+    pub version: u64,
+    /// The view, encoded by the ring's owner.
+    pub view: Vec<u8>,
 }
 
 /// Why a command changed nothing.
@@ -342,6 +368,8 @@ pub enum Outcome {
     Queue(QueueRecord),
     /// An exchange record (after declare; the existing one if there was one).
     Exchange(ExchangeRecord),
+    /// A ring's view after a successful compare-and-set.
+    Ring(RingRecord),
     /// The command was a no-op because the thing already existed or was absent.
     Unchanged,
 }
@@ -380,6 +408,8 @@ pub struct Metadata {
     pub bindings: Vec<BindingRecord>,
     /// Queues by (vhost, name).
     pub queues: BTreeMap<(String, String), QueueRecord>,
+    /// GM ring views by ring name.
+    pub rings: BTreeMap<String, RingRecord>,
 }
 
 fn key(vhost: &str, name: &str) -> (String, String) {
@@ -628,6 +658,29 @@ impl Metadata {
                 q.view_version += 1;
                 Ok(Outcome::Queue(q.clone()))
             }
+            Command::SetRingView {
+                ring,
+                expected_version,
+                view,
+            } => {
+                let current = self.rings.get(ring).map_or(0, |r| r.version);
+                if current != *expected_version {
+                    return Err(Rejection::ViewConflict {
+                        expected: *expected_version,
+                        current,
+                    });
+                }
+                let rec = RingRecord {
+                    version: current + 1,
+                    view: view.clone(),
+                };
+                self.rings.insert(ring.clone(), rec.clone());
+                Ok(Outcome::Ring(rec))
+            }
+            Command::DeleteRingView { ring } => Ok(match self.rings.remove(ring) {
+                Some(_) => Outcome::Done,
+                None => Outcome::Unchanged,
+            }),
         }
     }
 
@@ -752,6 +805,32 @@ mod tests {
             m.apply(&set(2, &["c"])).result,
             Err(Rejection::InvalidView(_))
         ));
+    }
+
+    #[test]
+    fn ring_views_compare_and_set_from_version_zero() {
+        let mut m = Metadata::default();
+        let set = |v: u64, b: u8| Command::SetRingView {
+            ring: "/q".into(),
+            expected_version: v,
+            view: vec![b],
+        };
+        assert_eq!(
+            m.apply(&set(0, 1)).result,
+            Ok(Outcome::Ring(RingRecord {
+                version: 1,
+                view: vec![1]
+            }))
+        );
+        assert_eq!(
+            m.apply(&set(0, 2)).result,
+            Err(Rejection::ViewConflict {
+                expected: 0,
+                current: 1
+            })
+        );
+        assert!(m.apply(&set(1, 3)).result.is_ok());
+        assert_eq!(m.rings["/q"].view, vec![3]);
     }
 
     #[test]

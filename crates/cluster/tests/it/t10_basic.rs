@@ -100,6 +100,18 @@ async fn t11_three_nodes_join_replicate_and_compare_and_set_views() {
         ),
         "{err}"
     );
+    // Ring views (opaque to the store) follow the same compare-and-set rule.
+    let r = tc.node("c").set_ring_view("/q", 0, vec![7]).await.unwrap();
+    assert_eq!(r.version, 1);
+    let err = tc
+        .node("a")
+        .set_ring_view("/q", 0, vec![8])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClusterError::Rejected(Rejection::ViewConflict { .. })),
+        "{err}"
+    );
     // A linearizable read on any node sees the committed view.
     for name in ["a", "b", "c"] {
         let md = tc.node(name).read_linearizable().await.unwrap();
@@ -109,6 +121,7 @@ async fn t11_three_nodes_join_replicate_and_compare_and_set_views() {
             (2, vec!["b".to_string()])
         );
         assert_eq!(md.nodes.len(), 3);
+        assert_eq!(md.rings["/q"].view, vec![7]);
     }
     tc.shutdown_all().await;
 }

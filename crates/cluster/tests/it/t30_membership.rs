@@ -250,3 +250,49 @@ async fn t33_boot_wait_times_out_naming_the_missing_nodes() {
     write_eventually(&c, vhost("back")).await;
     tc.shutdown_all().await;
 }
+
+/// A follower that stops cleanly leaves the voters; with it gone, the two
+/// remaining voters both count. When it starts again it is a voter again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t34_a_follower_leaves_and_rejoins_as_a_voter_on_restart() {
+    let mut tc = TestCluster::new(34);
+    let names = ["a", "b", "c"];
+    tc.form(&names).await;
+    let leader = tc.leader(&names).await;
+    let others: Vec<&str> = names.iter().copied().filter(|n| *n != leader).collect();
+    let (leaver, other) = (others[0], others[1]);
+    tc.node(leaver).leave().await.unwrap();
+    tc.nodes.remove(leaver);
+    let status = tc.node(&leader).cluster_status();
+    let voters: Vec<&str> = status
+        .members
+        .iter()
+        .filter(|m| m.voter)
+        .map(|m| m.name.as_str())
+        .collect();
+    assert_eq!(voters.len(), 2, "{status:?}");
+    assert!(!voters.contains(&leaver), "{status:?}");
+    tc.node(other).write(vhost("two-voters")).await.unwrap();
+
+    // It restarts, rejoins as a voter and catches up.
+    let back = tc.start(leaver, None).await;
+    eventually(&back, "the write made while it was away", |m| {
+        m.vhosts.contains("two-voters")
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !tc
+        .node(&leader)
+        .cluster_status()
+        .members
+        .iter()
+        .all(|m| m.voter)
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Three voters again: one crash is survivable.
+    tc.kill(other).await;
+    write_eventually(&back, vhost("after")).await;
+    tc.shutdown_all().await;
+}
