@@ -5,8 +5,11 @@
 //! - `log`: the log, an append-only file of records `[len: u32 BE][crc32c: u32 BE][postcard entry]`.
 //!   Appends are fsynced before openraft is told they are durable. A torn or
 //!   corrupt tail (a crash mid-append) is cut off at the first bad record on load.
-//! - `vote`, `committed`, `purged`: one small record each, replaced atomically
+//! - `vote`, `purged`: one small record each, replaced atomically and durably
 //!   (write a temporary file, fsync, rename, fsync the directory).
+//! - `committed`: the commit index, a hint for how far to re-apply the log at
+//!   start; replaced by rename without fsync (a stale or damaged one only
+//!   means re-applying less until the leader says more).
 //! - `snapshot`: the latest snapshot (meta + the serialised [`Metadata`]),
 //!   replaced atomically. The state machine itself lives in memory and is
 //!   rebuilt at start from the snapshot plus the committed log.
@@ -79,7 +82,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Replaces `dir/name` atomically with one record holding `value`.
+/// Replaces `dir/name` atomically and durably with one record holding `value`.
 pub(crate) fn write_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp)?;
@@ -88,6 +91,21 @@ pub(crate) fn write_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> i
     drop(f);
     fs::rename(&tmp, dir.join(name))?;
     sync_dir(dir)
+}
+
+/// Replaces `dir/name` with one record holding `value`, without fsync: for
+/// hints whose loss or corruption in a crash is harmless (read them with
+/// [`read_hint`]).
+fn write_hint<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    fs::write(&tmp, encode_record(value)?)?;
+    fs::rename(&tmp, dir.join(name))
+}
+
+/// Reads a hint written by [`write_hint`]: `None` if absent or damaged.
+fn read_hint<T: DeserializeOwned>(dir: &Path, name: &str) -> Option<T> {
+    let buf = fs::read(dir.join(name)).ok()?;
+    decode_record(&buf).map(|(v, _)| v)
 }
 
 /// Reads a file written by [`write_atomic`]; `Ok(None)` if absent.
@@ -123,7 +141,9 @@ impl LogFiles {
     pub(crate) fn load(dir: &Path) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         let vote = read_atomic(dir, VOTE_FILE)?;
-        let committed: Option<LogId> = read_atomic::<Option<LogId>>(dir, COMMITTED_FILE)?.flatten();
+        // The commit index is only a hint (how far to re-apply at start):
+        // Raft learns it again from the leader, so it is not fsynced.
+        let committed: Option<LogId> = read_hint::<Option<LogId>>(dir, COMMITTED_FILE).flatten();
         let purged: Option<LogId> = read_atomic(dir, PURGED_FILE)?;
         let mut buf = Vec::new();
         if let Ok(mut f) = File::open(dir.join(LOG_FILE)) {
@@ -329,7 +349,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let mut g = self.lock();
-        write_atomic(&g.dir, COMMITTED_FILE, &committed)
+        write_hint(&g.dir, COMMITTED_FILE, &committed)
             .map_err(|e| io_err(ErrorVerb::Write, ErrorSubject::Store, any(&e)))?;
         g.files.committed = committed;
         Ok(())
