@@ -64,6 +64,8 @@ pub struct RecoveryReport {
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// Bodies this large are written to the file directly, not through the buffer.
 const LARGE_BODY_BYTES: usize = 64 << 10;
+/// Old segment files kept for reuse.
+const MAX_SPARES: usize = 2;
 /// Pending remove/delivered marks are written as one record per this many.
 const MARKS_BATCH: usize = 4096;
 
@@ -98,6 +100,11 @@ pub(crate) struct SegmentLog {
     dir_dirty: bool,
     /// Head segments with no live messages, to delete after the next sync.
     retired: Vec<PathBuf>,
+    /// Old segment files kept for reuse (renamed `*.spare`): writing into
+    /// already allocated blocks makes `fdatasync` cheaper.
+    spares: Vec<PathBuf>,
+    /// Spares being made by the sync job in flight.
+    spares_in_flight: usize,
     live_bytes: u64,
     disk_bytes: u64,
     gen_prepared: u64,
@@ -118,7 +125,9 @@ pub struct SyncJob {
     file: Option<(Arc<dyn StorageFile>, PathBuf)>,
     dir: Option<PathBuf>,
     up_to: u64,
-    retired: Vec<PathBuf>,
+    /// Retired segments, oldest first, each with the spare name to rename it
+    /// to (or `None`: delete it).
+    retired: Vec<(PathBuf, Option<PathBuf>)>,
     ran: bool,
 }
 
@@ -137,8 +146,12 @@ impl SyncJob {
         }
         // Oldest first, each unlink made durable before the next, so that a
         // crash never keeps an older segment whose removals lived in a newer one.
-        for path in &self.retired {
-            match self.storage.remove(path) {
+        for (path, spare) in &self.retired {
+            let res = match spare {
+                Some(spare) => self.storage.rename(path, spare),
+                None => self.storage.remove(path),
+            };
+            match res {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StoreError::io(path, e)),
@@ -189,6 +202,17 @@ impl SegmentLog {
             .map_err(|e| StoreError::io(dir, e))?;
         let listing = storage.list(dir).map_err(|e| StoreError::io(dir, e))?;
         let mut ids: Vec<u32> = listing.iter().filter_map(|p| segment_id(p)).collect();
+        let mut spares: Vec<PathBuf> = listing
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "spare"))
+            .cloned()
+            .collect();
+        spares.sort();
+        for extra in spares.split_off(spares.len().min(MAX_SPARES)) {
+            storage
+                .remove(&extra)
+                .map_err(|e| StoreError::io(&extra, e))?;
+        }
         ids.sort_unstable();
 
         let mut report = RecoveryReport::default();
@@ -301,6 +325,8 @@ impl SegmentLog {
             synced_seq: max_seq,
             dir_dirty: false,
             retired: Vec::new(),
+            spares,
+            spares_in_flight: 0,
             live_bytes: 0,
             disk_bytes: 0,
             gen_prepared: 0,
@@ -346,10 +372,18 @@ impl SegmentLog {
 
     fn new_segment(&mut self, id: u32, base_seq: u64) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, id);
-        let file = self
-            .storage
-            .create_new(&path)
-            .map_err(|e| StoreError::io(&path, e))?;
+        // A spare's old records fail the CRC seeded with the new id. If the
+        // spare is gone (removed by hand), make a new file.
+        let recycled = self
+            .spares
+            .pop()
+            .is_some_and(|spare| self.storage.rename(&spare, &path).is_ok());
+        let file = if recycled {
+            self.storage.open(&path)
+        } else {
+            self.storage.create_new(&path)
+        }
+        .map_err(|e| StoreError::io(&path, e))?;
         self.buf
             .extend_from_slice(&record::segment_header(base_seq));
         self.segments.push_back(Segment {
@@ -395,6 +429,10 @@ impl SegmentLog {
             let s = self.active();
             (s.id, s.path.clone(), Arc::clone(&s.file))
         };
+        // A recycled file may be longer: cut its stale tail, so that only the
+        // last segment ever has bytes past its valid records.
+        let len = self.active().len;
+        file.set_len(len).map_err(|e| StoreError::io(&path, e))?;
         file.sync_data().map_err(|e| StoreError::io(&path, e))?;
         if self.dir_dirty {
             sync_dir(&*self.storage, &self.dir)?;
@@ -591,6 +629,13 @@ impl SegmentLog {
         let seg = self.active();
         let file = Some((Arc::clone(&seg.file), seg.path.clone()));
         let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone());
+        let mut retired = Vec::with_capacity(self.retired.len());
+        for path in std::mem::take(&mut self.retired) {
+            let spare = (self.spares.len() + self.spares_in_flight < MAX_SPARES)
+                .then(|| path.with_extension("spare"));
+            self.spares_in_flight += usize::from(spare.is_some());
+            retired.push((path, spare));
+        }
         self.gen_prepared += 1;
         Ok(SyncJob {
             generation: self.gen_prepared,
@@ -598,7 +643,7 @@ impl SegmentLog {
             file,
             dir,
             up_to: self.appended_seq,
-            retired: std::mem::take(&mut self.retired),
+            retired,
             ran: false,
         })
     }
@@ -617,6 +662,10 @@ impl SegmentLog {
             });
         }
         self.gen_completed = job.generation;
+        for spare in job.retired.iter().filter_map(|(_, s)| s.clone()) {
+            self.spares.push(spare);
+            self.spares_in_flight -= 1;
+        }
         self.synced_seq = self.synced_seq.max(job.up_to);
         Ok(self.synced_seq)
     }

@@ -37,6 +37,8 @@ pub trait Storage: Send + Sync + Debug {
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
     /// Removes a file.
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames a file (replacing `to` if it exists).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
@@ -95,6 +97,10 @@ impl Storage for FsStorage {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -238,6 +244,16 @@ impl Storage for MemStorage {
             .remove(path)
             .map(drop)
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut d = lock(&self.0);
+        let f = d
+            .current
+            .remove(from)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        d.current.insert(to.to_path_buf(), f);
+        Ok(())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
