@@ -64,6 +64,9 @@ pub struct RecoveryReport {
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// Bodies this large are written to the file directly, not through the buffer.
 const LARGE_BODY_BYTES: usize = 64 << 10;
+/// Written after the last record (a record length of zero, which no record
+/// has); overwritten by the next append.
+const END_MARK: [u8; 4] = [0; 4];
 /// Old segment files kept for reuse.
 const MAX_SPARES: usize = 2;
 /// Pending remove/delivered marks are written as one record per this many.
@@ -270,6 +273,10 @@ impl SegmentLog {
                             Invalid::Bad(r) => r,
                         };
                         match next {
+                            None if is_last && data[pos..].starts_with(&END_MARK) => {
+                                valid_len = pos as u64;
+                                break;
+                            }
                             None if is_last => {
                                 tracing::warn!(file = %path.display(), offset = pos, "cutting off torn tail of segment log");
                                 report.truncated = Some((path.clone(), pos as u64));
@@ -411,11 +418,15 @@ impl SegmentLog {
         if self.buf.is_empty() {
             return Ok(());
         }
+        // The end mark goes out with the data and is overwritten by the next
+        // write: recovery tells the clean end of the log from a torn write (or
+        // from the stale tail of a recycled file).
+        self.buf.extend_from_slice(&END_MARK);
         let buf = std::mem::take(&mut self.buf);
         let seg = self.active();
         let res = seg.file.write_at(&buf, seg.written);
         res.map_err(|e| StoreError::io(&seg.path, e))?;
-        seg.written += buf.len() as u64;
+        seg.written += (buf.len() - END_MARK.len()) as u64;
         self.buf = buf;
         self.buf.clear();
         Ok(())
@@ -479,6 +490,8 @@ impl SegmentLog {
             let res = seg.file.write_at(body, seg.written);
             res.map_err(|e| StoreError::io(&seg.path, e))?;
             seg.written += body.len() as u64;
+            let res = seg.file.write_at(&END_MARK, seg.written);
+            res.map_err(|e| StoreError::io(&seg.path, e))?;
         } else {
             let seed = self.active().id;
             record::encode_publish(&mut self.buf, seed, meta, props, body);
