@@ -5,3 +5,4 @@ mod t10_basic;
 mod t20_failures;
 mod t30_membership;
 mod t40_tcp;
+mod t50_chaos;
