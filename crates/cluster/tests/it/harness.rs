@@ -1,8 +1,10 @@
 //! In-process clusters over the in-memory transport.
 
 use std::collections::BTreeMap;
+
 use std::sync::Arc;
 use std::time::Duration;
+use warren_cluster::offline::read_log_commands;
 
 use tempfile::TempDir;
 use warren_cluster::{Cluster, ClusterConfig, ClusterError, Command, Metadata, NodeEvent};
@@ -205,4 +207,42 @@ pub async fn wait_event(events: &mut tokio::sync::broadcast::Receiver<NodeEvent>
     })
     .await;
     assert!(seen.is_ok(), "never saw {want:?}");
+}
+
+/// The end of a faulty run: commits `"last"` through `via` (retrying, so it
+/// may be in the logs more than once), waits until every node has it and
+/// every `acked` write, stops the cluster, then checks that no node's log
+/// holds any other vhost command twice.
+pub async fn check_every_ack_applied_once(
+    tc: &mut TestCluster,
+    names: &[&str],
+    acked: &[String],
+    via: &str,
+    context: &str,
+) {
+    write_eventually(&tc.node(via), vhost("last")).await;
+    for name in names {
+        eventually(&tc.node(name), "every acknowledged write", |m| {
+            m.vhosts.contains("last") && acked.iter().all(|v| m.vhosts.contains(v))
+        })
+        .await;
+    }
+    tc.shutdown_all().await;
+    for name in names {
+        let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+        for (index, cmd) in read_log_commands(&tc.data_dir(name)).unwrap() {
+            if let Command::PutVhost { name: v } = cmd
+                && v != "last"
+                && let Some(prev) = seen.insert(v.clone(), index)
+            {
+                panic!("{context}, {name}: {v} committed twice (indexes {prev} and {index})");
+            }
+        }
+        for v in acked {
+            assert!(
+                seen.contains_key(v),
+                "{context}, {name}: acknowledged {v} missing from the log"
+            );
+        }
+    }
 }

@@ -2,12 +2,11 @@
 //! with writes throughout: afterwards every acknowledged write is on every
 //! node, and no command is in any node's log twice.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use warren_cluster::offline::read_log_commands;
-use warren_cluster::{ClusterError, Command};
+use warren_cluster::ClusterError;
 
 use crate::harness::*;
 
@@ -71,26 +70,8 @@ async fn chaos(seed: u64, steps: usize) {
     for back in std::mem::take(&mut down) {
         tc.start(back, None).await;
     }
-    let first = tc.node("a");
-    write_eventually(&first, vhost("final")).await;
-    for name in names {
-        eventually(&tc.node(name), "every acknowledged write", |m| {
-            m.vhosts.contains("final") && acked.iter().all(|v| m.vhosts.contains(v))
-        })
-        .await;
-    }
-    tc.shutdown_all().await;
-    for name in names {
-        let mut seen: BTreeMap<String, u64> = BTreeMap::new();
-        for (index, cmd) in read_log_commands(&tc.data_dir(name)).unwrap() {
-            if let Command::PutVhost { name: v } = cmd
-                && v != "final"
-                && let Some(prev) = seen.insert(v.clone(), index)
-            {
-                panic!("seed {seed}, {name}: {v} committed twice ({prev} and {index})");
-            }
-        }
-    }
+    let context = format!("seed {seed}");
+    check_every_ack_applied_once(&mut tc, &names, &acked, "a", &context).await;
 }
 
 /// One seed by default; `WARREN_CHAOS_SEEDS=N` runs seeds 50..50+N (a
