@@ -25,6 +25,9 @@ use crate::auth::{self, Access, Permission, PermissionDef, UserDef};
 use crate::meta::{BindingDef, Change, ExchangeDef, MetadataStore, QueueDef};
 use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta};
 
+#[path = "introspect.rs"]
+pub(crate) mod introspect;
+
 /// Identifies one client connection.
 pub type ConnId = u64;
 
@@ -940,6 +943,11 @@ impl Broker {
             if let Some(c) = self.conns.get_mut(&id) {
                 c.amqp.take_output(dst);
                 c.out_pending = 0;
+                // Still more to hand out: come back once this is written.
+                if c.throttled {
+                    c.woken = true;
+                    (c.waker)();
+                }
             }
         }
         self.conns.get(&id).is_some_and(|c| !c.closed)

@@ -59,6 +59,30 @@ pub struct BindingDef {
     pub arguments: FieldTable,
 }
 
+/// A stored policy or operator policy, as the management API shows it.
+///
+/// The broker keeps it as given; validation (`warren-policy`) happens
+/// before it is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyDef {
+    /// Its vhost.
+    pub vhost: String,
+    /// Its name, unique per vhost and kind.
+    pub name: String,
+    /// The regex over entity names.
+    pub pattern: String,
+    /// `all`, `queues`, `classic_queues` or `exchanges`.
+    #[serde(rename = "apply-to")]
+    pub apply_to: String,
+    /// Higher wins.
+    pub priority: i64,
+    /// The definition, a JSON object.
+    pub definition: serde_json::Value,
+    /// An operator policy (else a regular one).
+    #[serde(default)]
+    pub operator: bool,
+}
+
 /// Every durable entity: what a [`MetadataStore`] holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Definitions {
@@ -74,6 +98,9 @@ pub struct Definitions {
     pub queues: Vec<QueueDef>,
     /// Bindings between durable entities.
     pub bindings: Vec<BindingDef>,
+    /// Policies and operator policies.
+    #[serde(default)]
+    pub policies: Vec<PolicyDef>,
 }
 
 /// One change to the durable entities.
@@ -107,6 +134,28 @@ pub enum Change {
     PutBinding(BindingDef),
     /// Remove a binding.
     DeleteBinding(BindingDef),
+    /// Delete a vhost with everything in it.
+    DeleteVhost(String),
+    /// Delete a user and their permissions.
+    DeleteUser(String),
+    /// Clear a user's permissions in a vhost.
+    DeletePermission {
+        /// The user.
+        user: String,
+        /// The vhost.
+        vhost: String,
+    },
+    /// Add or replace a policy (same vhost, name and kind).
+    PutPolicy(PolicyDef),
+    /// Delete a policy.
+    DeletePolicy {
+        /// Its vhost.
+        vhost: String,
+        /// Its name.
+        name: String,
+        /// An operator policy (else a regular one).
+        operator: bool,
+    },
 }
 
 impl Definitions {
@@ -159,6 +208,36 @@ impl Definitions {
                 }
             }
             Change::DeleteBinding(b) => self.bindings.retain(|x| x != b),
+            Change::DeleteVhost(v) => {
+                self.vhosts.retain(|x| x != v);
+                self.permissions.retain(|x| &x.vhost != v);
+                self.exchanges.retain(|x| &x.vhost != v);
+                self.queues.retain(|x| &x.vhost != v);
+                self.bindings.retain(|x| &x.vhost != v);
+                self.policies.retain(|x| &x.vhost != v);
+            }
+            Change::DeleteUser(u) => {
+                self.users.retain(|x| &x.name != u);
+                self.permissions.retain(|x| &x.user != u);
+            }
+            Change::DeletePermission { user, vhost } => {
+                self.permissions
+                    .retain(|x| !(&x.user == user && &x.vhost == vhost));
+            }
+            Change::PutPolicy(p) => {
+                self.policies.retain(|x| {
+                    !(x.vhost == p.vhost && x.name == p.name && x.operator == p.operator)
+                });
+                self.policies.push(p.clone());
+            }
+            Change::DeletePolicy {
+                vhost,
+                name,
+                operator,
+            } => {
+                self.policies
+                    .retain(|x| !(&x.vhost == vhost && &x.name == name && &x.operator == operator));
+            }
         }
     }
 }

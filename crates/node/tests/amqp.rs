@@ -837,3 +837,46 @@ async fn sigterm_exits_cleanly_and_keeps_messages() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn auto_ack_consumer_drains_a_backlog_larger_than_the_output_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "big",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        let body = vec![7u8; 4096];
+        let n = 3000u32; // 12 MiB: several times the per-connection output limit
+        for _ in 0..n {
+            publish(&ch, "", "big", &body, BasicProperties::default()).await;
+        }
+        assert_eq!(count(&conn, "big").await, n);
+        let consumer_conn = node.connect().await;
+        let cch = consumer_conn.create_channel().await.unwrap();
+        let mut c = cch
+            .basic_consume(
+                "big".into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        for _ in 0..n {
+            let d = c.next().await.expect("delivery").expect("ok");
+            assert_eq!(d.data.len(), 4096);
+        }
+        assert_eq!(count(&conn, "big").await, 0);
+    })
+    .await;
+}
