@@ -1830,7 +1830,7 @@ impl Broker {
             return Ok(());
         };
         let taken: Vec<(u64, Unacked)> = if multiple {
-            if tag == 0 {
+            if tag == 0 || tag == u64::MAX {
                 std::mem::take(&mut chan.unacked).into_iter().collect()
             } else {
                 let rest = chan.unacked.split_off(&(tag + 1));
