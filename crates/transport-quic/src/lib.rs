@@ -26,7 +26,8 @@ use tokio::sync::{OnceCell, mpsc};
 use warren_tls::{CLUSTER_SERVER_NAME, NodeIdentity};
 use warren_transport::stream::{StreamReceiver, StreamSender};
 use warren_transport::{
-    Connection, Listener, PeerAddr, Role, Transport, TransportConfig, TransportError, run_handshake,
+    ChannelListener, Connection, Listener, PeerAddr, Role, Transport, TransportConfig,
+    TransportError, run_handshake,
 };
 
 /// ALPN protocol id for Warren's peer links.
@@ -339,50 +340,15 @@ impl Transport for QuicTransport {
                 });
             }
         });
-        Ok(Box::new(QuicListener {
-            local,
-            endpoint,
-            rx,
-            task,
-        }))
+        Ok(Box::new(ChannelListener::new(local, rx, task).on_drop(
+            move || {
+                endpoint.set_server_config(None);
+            },
+        )))
     }
 
     async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError> {
         let (conn, send, recv) = self.dial(addr).await?;
         establish(conn, send, recv, &self.config, Role::Dialer, addr).await
-    }
-}
-
-/// Accepts QUIC peers; closes its endpoint when dropped.
-struct QuicListener {
-    local: PeerAddr,
-    endpoint: Endpoint,
-    rx: mpsc::Receiver<Connection>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl std::fmt::Debug for QuicListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuicListener")
-            .field("local", &self.local)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl Listener for QuicListener {
-    fn local_addr(&self) -> PeerAddr {
-        self.local.clone()
-    }
-
-    async fn accept(&mut self) -> Result<Connection, TransportError> {
-        self.rx.recv().await.ok_or(TransportError::Closed)
-    }
-}
-
-impl Drop for QuicListener {
-    fn drop(&mut self) {
-        self.task.abort();
-        self.endpoint.set_server_config(None);
     }
 }

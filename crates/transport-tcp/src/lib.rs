@@ -21,7 +21,8 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use warren_tls::NodeIdentity;
 use warren_transport::stream::{StreamReceiver, StreamSender};
 use warren_transport::{
-    Connection, Listener, PeerAddr, Role, Transport, TransportConfig, TransportError, run_handshake,
+    ChannelListener, Connection, Listener, PeerAddr, Role, Transport, TransportConfig,
+    TransportError, run_handshake,
 };
 
 /// ALPN protocol id for Warren's peer links.
@@ -207,7 +208,7 @@ impl Transport for TcpTransport {
                 });
             }
         });
-        Ok(Box::new(TcpPeerListener { local, rx, task }))
+        Ok(Box::new(ChannelListener::new(local, rx, task)))
     }
 
     async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError> {
@@ -230,37 +231,5 @@ impl Transport for TcpTransport {
                 establish(tls_stream, &self.config, Role::Dialer, addr).await
             }
         }
-    }
-}
-
-/// Accepts TCP peers; its accept loop stops when it is dropped.
-struct TcpPeerListener {
-    local: PeerAddr,
-    rx: mpsc::Receiver<Connection>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl std::fmt::Debug for TcpPeerListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpPeerListener")
-            .field("local", &self.local)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl Listener for TcpPeerListener {
-    fn local_addr(&self) -> PeerAddr {
-        self.local.clone()
-    }
-
-    async fn accept(&mut self) -> Result<Connection, TransportError> {
-        self.rx.recv().await.ok_or(TransportError::Closed)
-    }
-}
-
-impl Drop for TcpPeerListener {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }

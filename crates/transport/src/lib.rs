@@ -27,6 +27,7 @@ mod config;
 pub mod conformance;
 mod error;
 mod handshake;
+mod listener;
 pub mod mem;
 pub mod stream;
 
@@ -38,6 +39,7 @@ use bytes::Bytes;
 pub use config::{PeerAddr, TransportConfig};
 pub use error::TransportError;
 pub use handshake::run_handshake;
+pub use listener::ChannelListener;
 pub use warren_wire::{ClusterSecret, NodeName, Role};
 
 /// A way to reach other nodes: listen for them and dial them.

@@ -27,8 +27,8 @@ use tokio::time::Instant;
 use warren_wire::{NodeName, Role, WireError};
 
 use crate::{
-    Connection, FrameReceiver, FrameSender, Listener, PeerAddr, Transport, TransportConfig,
-    TransportError, run_handshake,
+    ChannelListener, Connection, FrameReceiver, FrameSender, Listener, PeerAddr, Transport,
+    TransportConfig, TransportError, run_handshake,
 };
 
 /// Batches in flight per direction of a link before `flush` waits.
@@ -301,7 +301,7 @@ impl Transport for MemTransport {
         let (accepted_tx, accepted_rx) = mpsc::channel(64);
         let config = self.config.clone();
         let listen_addr = addr.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             while let Some(mut end) = rx.recv().await {
                 let config = config.clone();
                 let accepted_tx = accepted_tx.clone();
@@ -323,12 +323,15 @@ impl Transport for MemTransport {
                 });
             }
         });
-        Ok(Box::new(MemListener {
-            net: self.net.clone(),
-            addr: addr.clone(),
-            id,
-            accepted: accepted_rx,
-        }))
+        let net = self.net.clone();
+        let registered = addr.clone();
+        let listener = ChannelListener::new(addr.clone(), accepted_rx, task).on_drop(move || {
+            let mut st = net.lock();
+            if st.listeners.get(&registered).is_some_and(|r| r.id == id) {
+                st.listeners.remove(&registered);
+            }
+        });
+        Ok(Box::new(listener))
     }
 
     async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError> {
@@ -348,46 +351,6 @@ impl Transport for MemTransport {
             Box::new(end.sender),
             Box::new(end.receiver),
         ))
-    }
-}
-
-/// Accepts connections at one in-memory address; unregisters it when dropped.
-struct MemListener {
-    net: MemNetwork,
-    addr: PeerAddr,
-    id: u64,
-    accepted: mpsc::Receiver<Connection>,
-}
-
-impl fmt::Debug for MemListener {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemListener")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl Listener for MemListener {
-    fn local_addr(&self) -> PeerAddr {
-        self.addr.clone()
-    }
-
-    async fn accept(&mut self) -> Result<Connection, TransportError> {
-        self.accepted.recv().await.ok_or(TransportError::Closed)
-    }
-}
-
-impl Drop for MemListener {
-    fn drop(&mut self) {
-        let mut st = self.net.lock();
-        if st
-            .listeners
-            .get(&self.addr)
-            .is_some_and(|r| r.id == self.id)
-        {
-            st.listeners.remove(&self.addr);
-        }
     }
 }
 
