@@ -77,6 +77,22 @@ impl Entry {
         }
     }
 
+    /// A message installed from a snapshot, without its data yet.
+    pub(crate) fn from_snapshot(m: &crate::message::SnapshotMessage, store: StoreRef) -> Self {
+        let mut e = Self {
+            seq: m.seq,
+            id: m.id,
+            expiry_ms: m.expiry_ms,
+            data: None,
+            props_len: m.props.len() as u32,
+            body_len: m.body.len() as u32,
+            store,
+            flags: if m.persistent { PERSISTENT } else { 0 },
+        };
+        e.set_delivered(m.delivered);
+        e
+    }
+
     /// A persistent message read back from the log.
     pub(crate) fn restored(
         meta: PublishMeta,
@@ -329,5 +345,42 @@ impl QueueCore {
     /// Sequence numbers of ready messages, head first.
     pub(crate) fn ready_seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
         self.ready.iter().map(|e| e.seq)
+    }
+
+    /// The next delivery tag to be given.
+    pub(crate) fn next_tag(&self) -> DeliveryTag {
+        self.next_tag
+    }
+
+    /// Every message held: ready ones (head first, no tag), then unacked ones by tag.
+    pub(crate) fn held(&self) -> impl Iterator<Item = (Option<DeliveryTag>, &Entry)> + '_ {
+        self.ready
+            .iter()
+            .map(|e| (None, e))
+            .chain(self.unacked.iter().map(|(t, e)| (Some(*t), e)))
+    }
+
+    /// Whether the core holds no message at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ready.is_empty() && self.unacked.is_empty()
+    }
+
+    /// Installs another queue's state (for a mirror's synchronisation): ready
+    /// entries in seq order, unacked entries by tag, and the counters.
+    pub(crate) fn install(
+        &mut self,
+        ready: Vec<Entry>,
+        unacked: Vec<(DeliveryTag, Entry)>,
+        next_seq: SeqId,
+        next_tag: DeliveryTag,
+        limits: Limits,
+    ) {
+        self.ready_bytes = ready.iter().map(|e| u64::from(e.body_len)).sum();
+        self.unacked_bytes = unacked.iter().map(|(_, e)| u64::from(e.body_len)).sum();
+        self.ready = ready.into();
+        self.unacked = unacked.into_iter().collect();
+        self.next_seq = next_seq;
+        self.next_tag = next_tag;
+        self.limits = limits;
     }
 }

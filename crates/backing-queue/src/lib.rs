@@ -12,6 +12,9 @@
 //! - Every operation is also an [`Op`] (serde + postcard): a mirror that
 //!   applies its master's ops ends in the same state. The bookkeeping is
 //!   sans-IO and deterministic: time is an input (`now_ms`), never read.
+//! - [`BackingQueue::snapshot`] and [`BackingQueue::install_snapshot`] copy a
+//!   queue's whole state (same seqs, same tags) to a fresh replica, for a
+//!   mirror's synchronisation.
 //! - Durable queues ([`BackingQueue::open`]) log persistent messages with a
 //!   CRC32C per record, group-commit with one `fdatasync` for everything
 //!   appended since the last ([`BackingQueue::sync`], or
@@ -43,7 +46,8 @@ mod storage;
 pub use error::{QueueError, StoreError};
 pub use log::{RecoveryReport, StoreConfig, SyncJob};
 pub use message::{
-    Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId,
+    Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,
+    SnapshotMessage,
 };
 pub use queue::{BackingQueue, OpOutcome, QueueConfig, Stats};
 pub use storage::{FsStorage, MemStorage, Storage, StorageFile};

@@ -166,3 +166,40 @@ impl Op {
         postcard::from_bytes(bytes)
     }
 }
+
+/// One message of a [`Snapshot`]: everything a replica needs to hold it
+/// exactly as the queue it was taken from does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMessage {
+    /// Its sequence number.
+    pub seq: SeqId,
+    /// The caller's message id.
+    pub id: u64,
+    /// Encoded properties.
+    pub props: Bytes,
+    /// The body.
+    pub body: Bytes,
+    /// Whether it is persistent.
+    pub persistent: bool,
+    /// Absolute expiry time (`u64::MAX`: never).
+    pub expiry_ms: u64,
+    /// Whether it has been delivered before (`redelivered` at its next delivery).
+    pub delivered: bool,
+    /// Its delivery tag when it is pending ack; `None` when ready.
+    pub tag: Option<DeliveryTag>,
+}
+
+/// A queue's whole state, for a mirror's synchronisation: installed with
+/// [`BackingQueue::install_snapshot`](crate::BackingQueue::install_snapshot),
+/// the replica then applies the source's later [`Op`]s with the same results.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The next sequence number the queue gives.
+    pub next_seq: SeqId,
+    /// The next delivery tag the queue gives.
+    pub next_tag: DeliveryTag,
+    /// Its limits.
+    pub limits: Limits,
+    /// Ready messages head first, then unacked ones by tag.
+    pub messages: Vec<SnapshotMessage>,
+}

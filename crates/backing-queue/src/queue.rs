@@ -10,7 +10,10 @@ use bytes::{Bytes, BytesMut};
 use crate::core::{Entry, QueueCore, StoreRef};
 use crate::error::{QueueError, StoreError};
 use crate::log::{RecoveryReport, SegmentLog, StoreConfig, SyncJob};
-use crate::message::{Delivery, DeliveryTag, Dropped, Limits, NewMessage, Op, Published, SeqId};
+use crate::message::{
+    Delivery, DeliveryTag, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,
+    SnapshotMessage,
+};
 use crate::record::PublishMeta;
 use crate::storage::{FsStorage, Storage};
 
@@ -353,6 +356,81 @@ impl BackingQueue {
     /// Sequence numbers of the ready messages, head first.
     pub fn ready_seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
         self.core.ready_seqs()
+    }
+
+    /// The queue's whole state (bodies read back from the log when paged
+    /// out), for a mirror's synchronisation.
+    pub fn snapshot(&mut self) -> Result<Snapshot, QueueError> {
+        let mut messages = Vec::new();
+        for (tag, e) in self.core.held() {
+            let data = match (&e.data, &mut self.log) {
+                (Some(d), _) => d.clone(),
+                (None, Some(log)) => log.read(e.store)?,
+                (None, None) => Bytes::new(),
+            };
+            let props_len = (e.props_len as usize).min(data.len());
+            messages.push(SnapshotMessage {
+                seq: e.seq,
+                id: e.id,
+                props: data.slice(..props_len),
+                body: data.slice(props_len..),
+                persistent: e.persistent(),
+                expiry_ms: e.expiry_ms,
+                delivered: e.delivered(),
+                tag,
+            });
+        }
+        Ok(Snapshot {
+            next_seq: self.core.next_seq(),
+            next_tag: self.core.next_tag(),
+            limits: self.core.limits(),
+            messages,
+        })
+    }
+
+    /// Makes this queue, which must hold no message, a copy of the snapshot's
+    /// queue: same messages, seqs, tags and limits, so that the source's later
+    /// ops give the same results here. Persistent messages go to the log of a
+    /// durable queue (durable after the next sync). Returns `false` (and
+    /// changes nothing) if the queue holds messages.
+    pub fn install_snapshot(&mut self, snap: Snapshot) -> Result<bool, QueueError> {
+        if !self.core.is_empty() {
+            return Ok(false);
+        }
+        let mut ready = Vec::new();
+        let mut unacked = Vec::new();
+        let mut msgs = snap.messages;
+        msgs.sort_by_key(|m| m.seq);
+        for m in &msgs {
+            let mut store = StoreRef::NONE;
+            if let Some(log) = &mut self.log
+                && m.persistent
+            {
+                let meta = PublishMeta {
+                    seq: m.seq,
+                    id: m.id,
+                    expiry_ms: m.expiry_ms,
+                    delivered: m.delivered,
+                    transient: false,
+                };
+                store = log.append_publish(meta, &m.props, &m.body)?;
+                self.unconfirmed.push_back(m.seq);
+            }
+            let mut e = Entry::from_snapshot(m, store);
+            e.data = Some(join(&m.props, m.body.clone()));
+            match m.tag {
+                Some(t) => unacked.push((t, e)),
+                None => ready.push(e),
+            }
+        }
+        self.core
+            .install(ready, unacked, snap.next_seq, snap.next_tag, snap.limits);
+        Ok(true)
+    }
+
+    /// Tags of the deliveries pending ack, in tag order.
+    pub fn unacked_tags(&self) -> Vec<DeliveryTag> {
+        self.core.held().filter_map(|(t, _)| t).collect()
     }
 
     /// Whether a group commit has anything to do.

@@ -1,0 +1,1384 @@
+//! The sans-IO replica: one queue's master or mirror role as a state machine.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use bytes::Bytes;
+use warren_backing_queue::{
+    BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, QueueConfig, QueueError, SeqId,
+    Snapshot, SnapshotMessage, Stats, StoreError,
+};
+use warren_gm::{MemberId, Seq, View};
+use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
+
+use crate::wire::{Body, HeldPublishes, PublishId, RingMsg};
+
+/// A queue record as the mirror layer sees it: the placement part of
+/// `warren_cluster::QueueRecord`, by node name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordView {
+    /// The record's view version (grows at every change).
+    pub version: u64,
+    /// The master's node.
+    pub master: String,
+    /// Mirror nodes, oldest first.
+    pub mirrors: Vec<String>,
+    /// Synchronised mirror nodes, in join order.
+    pub synchronised: Vec<String>,
+}
+
+impl RecordView {
+    fn same_placement(&self, other: &RecordView) -> bool {
+        self.master == other.master
+            && self.mirrors == other.mirrors
+            && self.synchronised == other.synchronised
+    }
+}
+
+/// The mirroring settings of one queue (from its effective `ha-*` policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// `ha-sync-mode` (default manual).
+    pub sync_mode: SyncMode,
+    /// `ha-sync-batch-size` (default 4096).
+    pub sync_batch_size: u64,
+    /// `ha-promote-on-failure` (Warren's default: when-synced).
+    pub promote_on_failure: PromoteOn,
+    /// `ha-promote-on-shutdown` (default: when-synced).
+    pub promote_on_shutdown: PromoteOn,
+    /// `ha-min-sync-replicas` (default 1): confirms wait while fewer members
+    /// (the master included) are synchronised.
+    pub min_sync_replicas: u32,
+    /// Keep dropped messages (expired, over the limits, rejected) for
+    /// dead-lettering: reported as [`Output::Dropped`] on the master.
+    pub report_dropped: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            sync_mode: SyncMode::Manual,
+            sync_batch_size: DEFAULT_SYNC_BATCH_SIZE,
+            promote_on_failure: PromoteOn::WhenSynced,
+            promote_on_shutdown: PromoteOn::WhenSynced,
+            min_sync_replicas: 1,
+            report_dropped: false,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings an `ha-*` policy gives (defaults where it is silent).
+    pub fn from_policy(ha: &HaPolicy) -> Self {
+        let d = Self::default();
+        Self {
+            sync_mode: ha.sync_mode(),
+            sync_batch_size: ha.sync_batch_size(DEFAULT_SYNC_BATCH_SIZE).max(1),
+            promote_on_failure: ha.promote_on_failure.unwrap_or(d.promote_on_failure),
+            promote_on_shutdown: ha.promote_on_shutdown.unwrap_or(d.promote_on_shutdown),
+            min_sync_replicas: ha.min_sync_replicas.map_or(1, |n| n.get()),
+            report_dropped: false,
+        }
+    }
+}
+
+/// Makes a fresh, empty backing queue for this replica (durable queues: an
+/// empty log directory, old content deleted). The replica sets `record_ops`.
+pub type QueueFactory = Box<dyn FnMut(QueueConfig) -> Result<BackingQueue, StoreError> + Send>;
+
+/// Why a replica refused an operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MirrorError {
+    /// Only the master serves this; the caller should forward to it.
+    #[error("this replica is not the queue's master")]
+    NotMaster,
+    /// The replica has stopped (deposed, removed from the ring, or shut down).
+    #[error("the replica has stopped")]
+    Stopped,
+    /// The queue has no mirror to synchronise.
+    #[error("the queue is not mirrored")]
+    NotMirrored,
+    /// The backing queue refused the operation.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// Making a fresh backing queue failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The role a replica plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Serves the queue and broadcasts every operation.
+    Master,
+    /// Applies the master's operations.
+    Mirror,
+    /// Out of the game: deposed, removed from the ring or stopped. Start a new
+    /// replica (a fresh mirror) to take part again.
+    Stopped,
+}
+
+/// What `sync` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncStart {
+    /// A sync started (or was already running) for these many mirrors.
+    Started {
+        /// Mirrors being synchronised.
+        targets: usize,
+    },
+    /// Every mirror is already synchronised.
+    AlreadySynced,
+}
+
+/// A sync's progress: messages sent (master) or received (mirror) of the total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncProgress {
+    /// Messages synced so far.
+    pub synced: u64,
+    /// Messages to sync.
+    pub total: u64,
+}
+
+/// A replica's role and synchronisation state, for `list_queues` and the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The role.
+    pub role: Role,
+    /// The master epoch it follows (or leads).
+    pub epoch: u64,
+    /// Whether it holds everything the master holds (the master always does).
+    pub synchronised: bool,
+    /// A sync in progress (master: sending; mirror: receiving).
+    pub syncing: Option<SyncProgress>,
+    /// Members the master counts as synchronised (the master excluded).
+    pub synced_members: Vec<MemberId>,
+}
+
+/// What the replica asks its driver (or broker) to do or to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Broadcast this payload on the ring. The replica numbers its own
+    /// broadcasts 1, 2, … in output order: the ring's sequence numbers.
+    Broadcast(Bytes),
+    /// Compare-and-set the queue record: set this placement if the record is
+    /// still at `expected_version`; feed the outcome (or the current record on
+    /// a conflict) back with [`Replica::record_settled`].
+    ProposeRecord {
+        /// The version the change is based on.
+        expected_version: u64,
+        /// The new placement (`version` is ignored).
+        view: RecordView,
+    },
+    /// These publishes are confirmed (send `basic.ack`).
+    Confirmed(Vec<PublishId>),
+    /// These publishes will never be confirmed by this replica (send
+    /// `basic.nack`; the publisher resends).
+    Nacked(Vec<PublishId>),
+    /// A fetch finished: the delivery may now go to the consumer.
+    Fetched {
+        /// The token [`Replica::fetch`] returned.
+        token: u64,
+        /// The message, or `None` if the queue was empty.
+        delivery: Option<Delivery>,
+    },
+    /// A fetch will never finish (the master was deposed or stopped).
+    FetchFailed {
+        /// The token [`Replica::fetch`] returned.
+        token: u64,
+    },
+    /// This replica became the master at `epoch` and its takeover is
+    /// confirmed on the ring: every publish up to `held[publisher]` is held
+    /// (confirm them); the others pending at the old master were lost (nack).
+    Promoted {
+        /// The new epoch.
+        epoch: u64,
+        /// Publishes held, per publisher.
+        held: HeldPublishes,
+    },
+    /// This master lost its role to a newer master: its pending publishes
+    /// were nacked and its fetches failed.
+    Deposed {
+        /// The epoch it had.
+        epoch: u64,
+    },
+    /// This mirror holds everything the master holds (it told the master,
+    /// which commits it to the queue record).
+    SyncComplete,
+    /// Messages the master dropped (expired, over the limits, rejected), for
+    /// dead-lettering (only with [`Settings::report_dropped`]).
+    Dropped(Vec<Dropped>),
+}
+
+#[derive(Debug)]
+struct PendingConfirm {
+    /// The ring sequence number of the broadcast that carries it (0: not broadcast yet).
+    gm_seq: Seq,
+    /// The queue seq the local fsync must cover, for persistent messages of durable queues.
+    bq_seq: Option<SeqId>,
+    what: Confirmable,
+}
+
+#[derive(Debug)]
+enum Confirmable {
+    Publish(PublishId),
+    Promotion { epoch: u64, held: HeldPublishes },
+}
+
+#[derive(Debug)]
+struct PendingFetch {
+    gm_seq: Seq,
+    token: u64,
+    delivery: Option<Delivery>,
+}
+
+/// The master's running sync.
+#[derive(Debug)]
+struct SyncRun {
+    id: u64,
+    targets: BTreeSet<MemberId>,
+    rest: VecDeque<SnapshotMessage>,
+    total: u64,
+    sent: u64,
+    end: Body,
+}
+
+/// A mirror's synchronisation state.
+#[derive(Debug)]
+enum MirrorSync {
+    /// Holds nothing; ignores the master's ops.
+    Idle,
+    /// Receiving a sync; buffers the master's ops that follow the sync point.
+    Receiving {
+        sync: u64,
+        total: u64,
+        msgs: Vec<SnapshotMessage>,
+        buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
+    },
+    /// Holds the master's state (the backing queue is present) and applies its ops.
+    Holding,
+}
+
+/// One replica of a mirrored queue: master or mirror, as a sans-IO state machine.
+///
+/// Inputs: the caller's operations on the master ([`publish`](Self::publish),
+/// [`fetch`](Self::fetch), [`ack`](Self::ack), …), the ring's events
+/// ([`handle_deliver`](Self::handle_deliver), [`handle_confirm`](Self::handle_confirm),
+/// [`handle_view`](Self::handle_view), [`handle_removed`](Self::handle_removed)),
+/// the queue record ([`handle_record`](Self::handle_record),
+/// [`record_settled`](Self::record_settled)), time ([`tick`](Self::tick)),
+/// and the local fsync ([`sync_storage`](Self::sync_storage)). Outputs:
+/// [`Output`]s, drained with [`poll_output`](Self::poll_output). Call
+/// [`flush`](Self::flush) when the input queue runs dry: it turns the ops
+/// applied since the last flush into one broadcast (and sends a sync batch).
+pub struct Replica {
+    queue: String,
+    node: String,
+    member: MemberId,
+    role: Role,
+    settings: Settings,
+    factory: QueueFactory,
+    bq: Option<BackingQueue>,
+    epoch: u64,
+    master_member: Option<MemberId>,
+    view: View,
+    record: RecordView,
+    broadcasts: Seq,
+    gm_confirmed: Seq,
+    outputs: VecDeque<Output>,
+    held: HeldPublishes,
+    synced_members: BTreeSet<MemberId>,
+    // Master.
+    out_ops: Vec<Op>,
+    out_pubs: Vec<PublishId>,
+    confirms: VecDeque<PendingConfirm>,
+    fetches: VecDeque<PendingFetch>,
+    next_token: u64,
+    sync_run: Option<SyncRun>,
+    next_sync: u64,
+    record_inflight: bool,
+    // Mirror.
+    msync: MirrorSync,
+    master_stopping: bool,
+    promoting: bool,
+    refused: u64,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("queue", &self.queue)
+            .field("node", &self.node)
+            .field("member", &self.member)
+            .field("role", &self.role)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+fn queue_config(settings: &Settings, limits: warren_backing_queue::Limits) -> QueueConfig {
+    QueueConfig {
+        limits,
+        record_ops: true,
+        report_dropped: settings.report_dropped,
+    }
+}
+
+impl Replica {
+    /// The master of a queue, at `epoch` (the queue record's version at which
+    /// this node became or re-claimed master), holding `bq` (a new queue, or
+    /// one recovered from disk). `bq` must have been made with `record_ops`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_master(
+        queue: impl Into<String>,
+        node: impl Into<String>,
+        member: MemberId,
+        settings: Settings,
+        factory: QueueFactory,
+        bq: BackingQueue,
+        record: RecordView,
+    ) -> Self {
+        let mut r = Self::blank(queue, node, member, settings, factory, record);
+        r.role = Role::Master;
+        r.epoch = r.record.version;
+        r.master_member = Some(member);
+        r.bq = Some(bq);
+        r.msync = MirrorSync::Holding;
+        r.push_msg(Body::Master);
+        tracing::info!(node = %r.node, queue = %r.queue, view = r.epoch, "queue master started");
+        r
+    }
+
+    /// A mirror: starts empty and unsynchronised, whatever the node held before.
+    pub fn new_mirror(
+        queue: impl Into<String>,
+        node: impl Into<String>,
+        member: MemberId,
+        settings: Settings,
+        factory: QueueFactory,
+        record: RecordView,
+    ) -> Self {
+        let mut r = Self::blank(queue, node, member, settings, factory, record);
+        r.role = Role::Mirror;
+        r.epoch = 0;
+        tracing::info!(node = %r.node, queue = %r.queue, view = r.record.version, "queue mirror started");
+        r
+    }
+
+    fn blank(
+        queue: impl Into<String>,
+        node: impl Into<String>,
+        member: MemberId,
+        settings: Settings,
+        factory: QueueFactory,
+        record: RecordView,
+    ) -> Self {
+        Self {
+            queue: queue.into(),
+            node: node.into(),
+            member,
+            role: Role::Mirror,
+            settings,
+            factory,
+            bq: None,
+            epoch: 0,
+            master_member: None,
+            view: View::empty(),
+            record,
+            broadcasts: 0,
+            gm_confirmed: 0,
+            outputs: VecDeque::new(),
+            held: HeldPublishes::new(),
+            synced_members: BTreeSet::new(),
+            out_ops: Vec::new(),
+            out_pubs: Vec::new(),
+            confirms: VecDeque::new(),
+            fetches: VecDeque::new(),
+            next_token: 1,
+            sync_run: None,
+            next_sync: 1,
+            record_inflight: false,
+            msync: MirrorSync::Idle,
+            master_stopping: false,
+            promoting: false,
+            refused: 0,
+        }
+    }
+
+    // ----- queries -------------------------------------------------------
+
+    /// The ring member this replica speaks through.
+    pub fn member(&self) -> MemberId {
+        self.member
+    }
+
+    /// The replica's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The master epoch it follows or leads.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The queue record as last seen.
+    pub fn record(&self) -> &RecordView {
+        &self.record
+    }
+
+    /// Ring messages refused (older epoch, undecodable).
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Message counts, if the replica holds the queue's state.
+    pub fn stats(&self) -> Option<Stats> {
+        match self.msync {
+            MirrorSync::Holding => self.bq.as_ref().map(BackingQueue::stats),
+            _ => None,
+        }
+    }
+
+    /// The ready messages' seqs, head first (empty unless holding state).
+    pub fn ready_seqs(&self) -> Vec<SeqId> {
+        match (&self.msync, &self.bq) {
+            (MirrorSync::Holding, Some(bq)) => bq.ready_seqs().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Publishes held, per publisher.
+    pub fn held(&self) -> &HeldPublishes {
+        &self.held
+    }
+
+    /// Role and synchronisation state.
+    pub fn status(&self) -> Status {
+        let syncing = match (&self.role, &self.msync, &self.sync_run) {
+            (Role::Master, _, Some(run)) => Some(SyncProgress {
+                synced: run.sent,
+                total: run.total,
+            }),
+            (Role::Mirror, MirrorSync::Receiving { total, msgs, .. }, _) => Some(SyncProgress {
+                synced: msgs.len() as u64,
+                total: *total,
+            }),
+            _ => None,
+        };
+        Status {
+            role: self.role,
+            epoch: self.epoch,
+            synchronised: self.role == Role::Master
+                || (matches!(self.msync, MirrorSync::Holding)
+                    && self.synced_members.contains(&self.member)),
+            syncing,
+            synced_members: self.synced_members.iter().copied().collect(),
+        }
+    }
+
+    /// Whether the local backing queue has appended data to fsync.
+    pub fn needs_storage_sync(&self) -> bool {
+        self.bq.as_ref().is_some_and(BackingQueue::needs_sync)
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// All outputs, in order.
+    pub fn drain_outputs(&mut self) -> impl Iterator<Item = Output> + '_ {
+        self.outputs.drain(..)
+    }
+
+    /// When [`tick`](Self::tick) next has work (the head message's expiry), if ever.
+    pub fn next_timer_ms(&self) -> Option<u64> {
+        match self.role {
+            Role::Master => self.bq.as_ref().and_then(BackingQueue::next_expiry_ms),
+            _ => None,
+        }
+    }
+
+    // ----- master operations --------------------------------------------
+
+    fn master_bq(&mut self) -> Result<&mut BackingQueue, MirrorError> {
+        match self.role {
+            Role::Master => self.bq.as_mut().ok_or(MirrorError::Stopped),
+            Role::Mirror => Err(MirrorError::NotMaster),
+            Role::Stopped => Err(MirrorError::Stopped),
+        }
+    }
+
+    /// Moves the ops the backing queue recorded into the outgoing batch.
+    fn collect_ops(&mut self) {
+        let Some(bq) = self.bq.as_mut() else { return };
+        self.out_ops.extend(bq.take_ops());
+        if self.settings.report_dropped {
+            let mut dropped = Vec::new();
+            bq.take_dropped(&mut dropped);
+            if !dropped.is_empty() {
+                self.outputs.push_back(Output::Dropped(dropped));
+            }
+        }
+    }
+
+    /// Publishes a message (master only). It is confirmed with
+    /// [`Output::Confirmed`] once every member of the view holds it, the
+    /// local fsync covers it (persistent message, durable queue) and enough
+    /// members are synchronised.
+    pub fn publish(
+        &mut self,
+        now_ms: u64,
+        id: PublishId,
+        msg: NewMessage,
+    ) -> Result<(), MirrorError> {
+        let published = self.master_bq()?.publish(now_ms, msg)?;
+        self.collect_ops();
+        self.out_pubs.push(id);
+        note_held(&mut self.held, id);
+        self.confirms.push_back(PendingConfirm {
+            gm_seq: 0,
+            bq_seq: published.needs_sync.then_some(published.seq),
+            what: Confirmable::Publish(id),
+        });
+        Ok(())
+    }
+
+    /// Fetches the next message (master only). The result comes as
+    /// [`Output::Fetched`] with the returned token once the ring has the
+    /// fetch, so that a new master never hands out a delivered message again
+    /// without the redelivered flag.
+    pub fn fetch(&mut self, now_ms: u64) -> Result<u64, MirrorError> {
+        let delivery = self.master_bq()?.fetch(now_ms)?;
+        self.collect_ops();
+        let token = self.next_token;
+        self.next_token += 1;
+        self.fetches.push_back(PendingFetch {
+            gm_seq: 0,
+            token,
+            delivery,
+        });
+        Ok(token)
+    }
+
+    /// Acks a delivery (master only).
+    pub fn ack(&mut self, tag: DeliveryTag) -> Result<(), MirrorError> {
+        self.master_bq()?.ack(tag)?;
+        self.collect_ops();
+        Ok(())
+    }
+
+    /// Requeues a delivery (master only): back to its place, redelivered.
+    pub fn requeue(&mut self, tag: DeliveryTag) -> Result<(), MirrorError> {
+        self.master_bq()?.requeue(tag)?;
+        self.collect_ops();
+        Ok(())
+    }
+
+    /// Rejects a delivery without requeue (master only).
+    pub fn discard(&mut self, tag: DeliveryTag) -> Result<(), MirrorError> {
+        self.master_bq()?.discard(tag)?;
+        self.collect_ops();
+        Ok(())
+    }
+
+    /// Purges the ready messages (master only); returns how many.
+    pub fn purge(&mut self) -> Result<u64, MirrorError> {
+        let n = self.master_bq()?.purge()?;
+        self.collect_ops();
+        Ok(n)
+    }
+
+    /// Changes the queue's limits (master only; a policy changed).
+    pub fn set_limits(&mut self, limits: warren_backing_queue::Limits) -> Result<(), MirrorError> {
+        self.master_bq()?.set_limits(limits)?;
+        self.collect_ops();
+        Ok(())
+    }
+
+    /// Changes the mirroring settings (a policy changed). Switching to
+    /// automatic starts a sync of unsynchronised mirrors.
+    pub fn set_settings(&mut self, settings: Settings) {
+        self.settings = settings;
+        self.maybe_auto_sync();
+        self.release();
+    }
+
+    /// Time passes (master: expires messages at the head; mirrors never act
+    /// on their own).
+    pub fn tick(&mut self, now_ms: u64) {
+        if self.role != Role::Master {
+            return;
+        }
+        let due = self
+            .bq
+            .as_ref()
+            .and_then(BackingQueue::next_expiry_ms)
+            .is_some_and(|t| t < now_ms);
+        if due && let Some(bq) = self.bq.as_mut() {
+            if let Err(e) = bq.expire(now_ms) {
+                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "expiry failed");
+            }
+            self.collect_ops();
+        }
+    }
+
+    /// Runs the local group commit (fsync) if there is anything to sync, then
+    /// releases the confirms it covers.
+    pub fn sync_storage(&mut self) -> Result<(), MirrorError> {
+        if let Some(bq) = self.bq.as_mut()
+            && bq.needs_sync()
+        {
+            bq.sync()?;
+        }
+        self.release();
+        Ok(())
+    }
+
+    /// Starts synchronising the unsynchronised mirrors (master only); the
+    /// queue keeps serving while the sync runs.
+    pub fn sync(&mut self) -> Result<SyncStart, MirrorError> {
+        self.master_bq()?;
+        if let Some(run) = &self.sync_run {
+            return Ok(SyncStart::Started {
+                targets: run.targets.len(),
+            });
+        }
+        if self.view.alive().all(|m| m == self.member) {
+            return Err(MirrorError::NotMirrored);
+        }
+        let targets = self.unsynced_mirrors();
+        if targets.is_empty() {
+            return Ok(SyncStart::AlreadySynced);
+        }
+        self.start_sync(targets.clone())?;
+        Ok(SyncStart::Started {
+            targets: targets.len(),
+        })
+    }
+
+    /// Cancels a running sync (master only): its mirrors drop what they got
+    /// and stay unsynchronised. `false` if no sync was running.
+    pub fn cancel_sync(&mut self) -> Result<bool, MirrorError> {
+        self.master_bq()?;
+        let Some(run) = self.sync_run.take() else {
+            return Ok(false);
+        };
+        tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, "synchronisation cancelled");
+        self.push_msg(Body::SyncCancel { sync: run.id });
+        Ok(true)
+    }
+
+    /// Clean stop of this replica. A master tells the mirrors (promotion then
+    /// follows `ha-promote-on-shutdown`) and nacks what it has not confirmed.
+    /// Flush and send the outputs before leaving the ring.
+    pub fn stop(&mut self) {
+        if self.role == Role::Master {
+            self.push_msg(Body::Stopping);
+            self.fail_pending();
+        }
+        self.role = Role::Stopped;
+    }
+
+    /// Sends what accumulated: the ops applied since the last flush as one
+    /// broadcast, then (while a sync runs) one sync batch.
+    pub fn flush(&mut self) {
+        if self.role != Role::Master {
+            return;
+        }
+        self.flush_ops();
+        self.send_sync_batch();
+        self.release();
+    }
+
+    // ----- ring and record inputs ---------------------------------------
+
+    /// The ring installed a view.
+    pub fn handle_view(&mut self, view: View) {
+        if view.version <= self.view.version {
+            return;
+        }
+        self.view = view;
+        match self.role {
+            Role::Master => {
+                let before = self.synced_members.len();
+                let view = &self.view;
+                self.synced_members.retain(|m| view.is_alive(*m));
+                let mut cancel = false;
+                if let Some(run) = &mut self.sync_run {
+                    run.targets.retain(|m| view.is_alive(*m));
+                    cancel = run.targets.is_empty();
+                }
+                if self.synced_members.len() != before {
+                    self.announce_synced();
+                }
+                if cancel {
+                    let _ = self.cancel_sync();
+                }
+                self.reconcile_record();
+                self.maybe_auto_sync();
+                self.release();
+            }
+            Role::Mirror => self.maybe_promote(),
+            Role::Stopped => {}
+        }
+    }
+
+    /// The ring confirmed this replica's broadcasts up to `up_to`.
+    pub fn handle_confirm(&mut self, up_to: Seq) {
+        self.gm_confirmed = self.gm_confirmed.max(up_to);
+        self.release();
+    }
+
+    /// This replica's ring member was removed from the ring: it is out.
+    pub fn handle_removed(&mut self) {
+        if self.role == Role::Master {
+            self.fail_pending();
+            self.outputs
+                .push_back(Output::Deposed { epoch: self.epoch });
+        }
+        tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, "replica removed from the ring");
+        self.role = Role::Stopped;
+    }
+
+    /// The queue record changed (or was read).
+    pub fn handle_record(&mut self, rec: RecordView) {
+        if rec.version < self.record.version {
+            return;
+        }
+        self.record = rec;
+        match self.role {
+            Role::Master => {
+                if self.record.master != self.node {
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, new_master = %self.record.master, "master deposed by the queue record");
+                    self.depose();
+                } else {
+                    self.reconcile_record();
+                    self.maybe_auto_sync();
+                    self.release();
+                }
+            }
+            Role::Mirror => {
+                if self.record.master == self.node {
+                    let synced = matches!(self.msync, MirrorSync::Holding)
+                        && self.synced_members.contains(&self.member);
+                    if self.promoting || synced {
+                        self.become_master();
+                        return;
+                    }
+                }
+                self.maybe_promote();
+            }
+            Role::Stopped => {}
+        }
+    }
+
+    /// A [`Output::ProposeRecord`] finished: `rec` is the record it wrote, or
+    /// the current record if the compare-and-set lost (or failed: then the
+    /// last known one).
+    pub fn record_settled(&mut self, rec: RecordView) {
+        self.record_inflight = false;
+        let promoting = self.promoting;
+        self.promoting = false;
+        if rec.version < self.record.version {
+            self.maybe_promote();
+            return;
+        }
+        if self.role == Role::Mirror && rec.master == self.node && promoting {
+            self.promoting = true;
+        }
+        self.handle_record(rec);
+    }
+
+    /// A ring delivery from `publisher` (the replica's own are ignored).
+    pub fn handle_deliver(&mut self, publisher: MemberId, payload: &[u8]) {
+        if publisher == self.member || self.role == Role::Stopped {
+            return;
+        }
+        let Some(msg) = RingMsg::decode(payload) else {
+            self.refused += 1;
+            return;
+        };
+        if let Body::SyncDone { sync } = msg.body {
+            self.on_sync_done(publisher, msg.epoch, sync);
+            return;
+        }
+        if msg.epoch < self.epoch {
+            self.refused += 1;
+            tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, old = msg.epoch, "message of a deposed master refused");
+            return;
+        }
+        if msg.epoch > self.epoch {
+            if self.role == Role::Master {
+                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, newer = msg.epoch, "a newer master speaks: deposed");
+                self.depose();
+                return;
+            }
+            self.follow(publisher, msg.epoch);
+        } else if self.role == Role::Master {
+            self.refused += 1;
+            return;
+        } else if self.master_member.is_none() {
+            self.master_member = Some(publisher);
+        } else if self.master_member != Some(publisher) {
+            self.refused += 1;
+            return;
+        }
+        self.on_master_msg(msg.body);
+    }
+
+    // ----- internals -------------------------------------------------------
+
+    fn push_msg(&mut self, body: Body) {
+        if !matches!(body, Body::Ops { .. }) {
+            self.flush_ops();
+        }
+        let msg = RingMsg {
+            epoch: self.epoch,
+            body,
+        };
+        self.broadcasts += 1;
+        self.outputs.push_back(Output::Broadcast(msg.encode()));
+    }
+
+    fn flush_ops(&mut self) {
+        if self.out_ops.is_empty() {
+            return;
+        }
+        let ops = std::mem::take(&mut self.out_ops);
+        let publishes = std::mem::take(&mut self.out_pubs);
+        self.push_msg(Body::Ops { ops, publishes });
+        let seq = self.broadcasts;
+        for c in self.confirms.iter_mut().rev() {
+            if c.gm_seq != 0 {
+                break;
+            }
+            c.gm_seq = seq;
+        }
+        for f in self.fetches.iter_mut().rev() {
+            if f.gm_seq != 0 {
+                break;
+            }
+            f.gm_seq = seq;
+        }
+    }
+
+    fn synced_alive(&self) -> usize {
+        self.synced_members
+            .iter()
+            .filter(|m| self.view.is_alive(**m))
+            .count()
+    }
+
+    fn release(&mut self) {
+        if self.role != Role::Master {
+            return;
+        }
+        let Some(bq) = self.bq.as_ref() else { return };
+        let synced_seq = bq.synced_seq();
+        let storage_clean = !bq.needs_sync();
+        let enough = 1 + self.synced_alive() >= self.settings.min_sync_replicas as usize;
+        let mut confirmed = Vec::new();
+        while let Some(c) = self.confirms.front() {
+            let ring = c.gm_seq != 0 && c.gm_seq <= self.gm_confirmed;
+            let disk = c.bq_seq.is_none_or(|s| s <= synced_seq);
+            let ok = match c.what {
+                Confirmable::Publish(_) => ring && disk && enough,
+                Confirmable::Promotion { .. } => ring && storage_clean,
+            };
+            if !ok {
+                break;
+            }
+            let Some(c) = self.confirms.pop_front() else {
+                break;
+            };
+            match c.what {
+                Confirmable::Publish(id) => confirmed.push(id),
+                Confirmable::Promotion { epoch, held } => {
+                    if !confirmed.is_empty() {
+                        self.outputs
+                            .push_back(Output::Confirmed(std::mem::take(&mut confirmed)));
+                    }
+                    tracing::info!(node = %self.node, queue = %self.queue, view = epoch, "promotion confirmed on the ring");
+                    self.outputs.push_back(Output::Promoted { epoch, held });
+                }
+            }
+        }
+        if !confirmed.is_empty() {
+            self.outputs.push_back(Output::Confirmed(confirmed));
+        }
+        while let Some(f) = self.fetches.front() {
+            if f.gm_seq == 0 || f.gm_seq > self.gm_confirmed {
+                break;
+            }
+            if let Some(f) = self.fetches.pop_front() {
+                self.outputs.push_back(Output::Fetched {
+                    token: f.token,
+                    delivery: f.delivery,
+                });
+            }
+        }
+    }
+
+    fn fail_pending(&mut self) {
+        let nacked: Vec<PublishId> = self
+            .confirms
+            .drain(..)
+            .filter_map(|c| match c.what {
+                Confirmable::Publish(id) => Some(id),
+                Confirmable::Promotion { .. } => None,
+            })
+            .collect();
+        if !nacked.is_empty() {
+            self.outputs.push_back(Output::Nacked(nacked));
+        }
+        for f in self.fetches.drain(..) {
+            self.outputs
+                .push_back(Output::FetchFailed { token: f.token });
+        }
+    }
+
+    fn depose(&mut self) {
+        self.fail_pending();
+        self.sync_run = None;
+        self.outputs
+            .push_back(Output::Deposed { epoch: self.epoch });
+        self.role = Role::Stopped;
+    }
+
+    fn announce_synced(&mut self) {
+        let members = self.synced_members.iter().copied().collect();
+        self.push_msg(Body::SyncedSet(members));
+    }
+
+    fn unsynced_mirrors(&self) -> BTreeSet<MemberId> {
+        self.view
+            .alive()
+            .filter(|m| *m != self.member && !self.synced_members.contains(m))
+            .collect()
+    }
+
+    fn node_of(&self, m: MemberId) -> Option<String> {
+        self.view.entry(m).map(|e| e.node.as_str().to_owned())
+    }
+
+    /// The placement the master wants the record to show.
+    fn desired_record(&self) -> RecordView {
+        let mut alive: Vec<(u64, String, MemberId)> = self
+            .view
+            .entries
+            .iter()
+            .filter(|e| e.alive && e.id != self.member && e.node.as_str() != self.node)
+            .map(|e| (e.joined_at, e.node.as_str().to_owned(), e.id))
+            .collect();
+        alive.sort();
+        let mut mirrors: Vec<String> = self
+            .record
+            .mirrors
+            .iter()
+            .filter(|n| alive.iter().any(|(_, an, _)| an == *n))
+            .cloned()
+            .collect();
+        for (_, n, _) in &alive {
+            if !mirrors.contains(n) {
+                mirrors.push(n.clone());
+            }
+        }
+        let synced_nodes: BTreeSet<String> = self
+            .synced_members
+            .iter()
+            .filter(|m| self.view.is_alive(**m))
+            .filter_map(|m| self.node_of(*m))
+            .collect();
+        let synchronised = mirrors
+            .iter()
+            .filter(|n| synced_nodes.contains(*n))
+            .cloned()
+            .collect();
+        RecordView {
+            version: self.record.version,
+            master: self.node.clone(),
+            mirrors,
+            synchronised,
+        }
+    }
+
+    fn reconcile_record(&mut self) {
+        if self.role != Role::Master || self.record_inflight || self.view.version == 0 {
+            return;
+        }
+        let desired = self.desired_record();
+        if desired.same_placement(&self.record) {
+            return;
+        }
+        self.record_inflight = true;
+        self.outputs.push_back(Output::ProposeRecord {
+            expected_version: self.record.version,
+            view: desired,
+        });
+    }
+
+    fn maybe_auto_sync(&mut self) {
+        if self.role != Role::Master || self.sync_run.is_some() || self.view.version == 0 {
+            return;
+        }
+        let targets = self.unsynced_mirrors();
+        if targets.is_empty() {
+            return;
+        }
+        let empty = self
+            .bq
+            .as_ref()
+            .is_some_and(|bq| bq.stats().ready + bq.stats().unacked == 0);
+        if (self.settings.sync_mode == SyncMode::Automatic || empty)
+            && let Err(e) = self.start_sync(targets)
+        {
+            tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not start synchronisation");
+        }
+    }
+
+    fn start_sync(&mut self, targets: BTreeSet<MemberId>) -> Result<(), MirrorError> {
+        // The sync point: everything applied so far goes out first.
+        self.flush_ops();
+        let snap = match self.bq.as_mut() {
+            Some(bq) => bq.snapshot()?,
+            None => return Err(MirrorError::Stopped),
+        };
+        let id = self.next_sync;
+        self.next_sync += 1;
+        let total = snap.messages.len() as u64;
+        tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = id, mirrors = targets.len(), messages = total, batch = self.settings.sync_batch_size, "synchronising");
+        self.push_msg(Body::SyncStart {
+            sync: id,
+            targets: targets.iter().copied().collect(),
+            total,
+        });
+        self.sync_run = Some(SyncRun {
+            id,
+            targets,
+            rest: snap.messages.into(),
+            total,
+            sent: 0,
+            end: Body::SyncEnd {
+                sync: id,
+                next_seq: snap.next_seq,
+                next_tag: snap.next_tag,
+                limits: snap.limits,
+                held: self.held.clone(),
+            },
+        });
+        self.send_sync_batch();
+        Ok(())
+    }
+
+    fn send_sync_batch(&mut self) {
+        let Some(run) = self.sync_run.as_mut() else {
+            return;
+        };
+        let n = (self.settings.sync_batch_size as usize).max(1);
+        if !run.rest.is_empty() {
+            let take = n.min(run.rest.len());
+            let msgs: Vec<SnapshotMessage> = run.rest.drain(..take).collect();
+            run.sent += msgs.len() as u64;
+            let sync = run.id;
+            self.push_msg(Body::SyncBatch { sync, msgs });
+            return;
+        }
+        if let Some(run) = self.sync_run.take() {
+            tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = run.id, messages = run.total, "synchronisation sent");
+            self.push_msg(run.end);
+        }
+    }
+
+    fn on_sync_done(&mut self, from: MemberId, epoch: u64, sync: u64) {
+        if self.role != Role::Master || epoch != self.epoch || sync >= self.next_sync {
+            return;
+        }
+        if !self.view.is_alive(from) || !self.synced_members.insert(from) {
+            return;
+        }
+        tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, mirror = %from, "mirror synchronised");
+        self.announce_synced();
+        self.reconcile_record();
+        self.release();
+    }
+
+    /// A newer master (higher epoch) speaks: follow it.
+    fn follow(&mut self, master: MemberId, epoch: u64) {
+        tracing::info!(node = %self.node, queue = %self.queue, view = epoch, master = %master, "following a new master");
+        self.epoch = epoch;
+        self.master_member = Some(master);
+        self.master_stopping = false;
+        self.promoting = false;
+        if let MirrorSync::Receiving { .. } = self.msync {
+            // The old master's sync will never finish.
+            self.msync = MirrorSync::Idle;
+        }
+    }
+
+    fn on_master_msg(&mut self, body: Body) {
+        match body {
+            Body::Master | Body::SyncDone { .. } => {}
+            Body::Ops { ops, publishes } => match &mut self.msync {
+                MirrorSync::Holding => self.apply_ops(ops, &publishes),
+                MirrorSync::Receiving { buffered, .. } => buffered.push((ops, publishes)),
+                MirrorSync::Idle => {}
+            },
+            Body::SyncedSet(members) => {
+                let was = self.synced_members.contains(&self.member);
+                self.synced_members = members.into_iter().collect();
+                if !was && self.synced_members.contains(&self.member) {
+                    tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, "mirror counted as synchronised");
+                }
+                self.maybe_promote();
+            }
+            Body::Stopping => {
+                self.master_stopping = true;
+                self.maybe_promote();
+            }
+            Body::SyncStart {
+                sync,
+                targets,
+                total,
+            } => {
+                if targets.contains(&self.member) {
+                    self.bq = None;
+                    self.msync = MirrorSync::Receiving {
+                        sync,
+                        total,
+                        msgs: Vec::new(),
+                        buffered: Vec::new(),
+                    };
+                }
+            }
+            Body::SyncBatch { sync, msgs } => {
+                if let MirrorSync::Receiving {
+                    sync: s, msgs: got, ..
+                } = &mut self.msync
+                    && *s == sync
+                {
+                    got.extend(msgs);
+                }
+            }
+            Body::SyncEnd {
+                sync,
+                next_seq,
+                next_tag,
+                limits,
+                held,
+            } => {
+                if !matches!(self.msync, MirrorSync::Receiving { sync: s, .. } if s == sync) {
+                    return;
+                }
+                let MirrorSync::Receiving { msgs, buffered, .. } =
+                    std::mem::replace(&mut self.msync, MirrorSync::Idle)
+                else {
+                    return;
+                };
+                if let Err(e) = self.install(
+                    Snapshot {
+                        next_seq,
+                        next_tag,
+                        limits,
+                        messages: msgs,
+                    },
+                    held,
+                    buffered,
+                ) {
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not install the sync");
+                    self.bq = None;
+                    return;
+                }
+                self.msync = MirrorSync::Holding;
+                tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync, "mirror holds the master's state");
+                self.push_msg(Body::SyncDone { sync });
+                self.outputs.push_back(Output::SyncComplete);
+            }
+            Body::SyncCancel { sync } => {
+                if matches!(self.msync, MirrorSync::Receiving { sync: s, .. } if s == sync) {
+                    self.msync = MirrorSync::Idle;
+                }
+            }
+        }
+    }
+
+    fn install(
+        &mut self,
+        snap: Snapshot,
+        held: HeldPublishes,
+        buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
+    ) -> Result<(), MirrorError> {
+        let mut bq = (self.factory)(queue_config(&self.settings, snap.limits))?;
+        if !bq.install_snapshot(snap)? {
+            return Err(MirrorError::Stopped);
+        }
+        self.bq = Some(bq);
+        self.held = held;
+        for (ops, pubs) in buffered {
+            self.apply_ops(ops, &pubs);
+        }
+        Ok(())
+    }
+
+    fn apply_ops(&mut self, ops: Vec<Op>, publishes: &[PublishId]) {
+        let Some(bq) = self.bq.as_mut() else { return };
+        for op in ops {
+            if let Err(e) = bq.apply(op) {
+                tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "mirror could not apply the master's op");
+            }
+        }
+        bq.take_ops();
+        let mut dropped = Vec::new();
+        bq.take_dropped(&mut dropped);
+        for id in publishes {
+            note_held(&mut self.held, *id);
+        }
+    }
+
+    /// The master this mirror follows, if it is known or can be inferred.
+    fn master_is_gone(&self) -> bool {
+        match self.master_member {
+            // Gone only once its alias is erased: every message it broadcast
+            // that any survivor holds has been delivered here.
+            Some(m) => self.view.entry(m).is_none(),
+            None => {
+                let master_alive = self
+                    .view
+                    .entries
+                    .iter()
+                    .any(|e| e.alive && e.node.as_str() == self.record.master);
+                !master_alive && self.view.entries.iter().all(|e| e.alive)
+            }
+        }
+    }
+
+    fn maybe_promote(&mut self) {
+        if self.role != Role::Mirror
+            || self.promoting
+            || self.record_inflight
+            || self.view.version == 0
+            || !self.view.is_alive(self.member)
+            || !self.master_is_gone()
+        {
+            return;
+        }
+        let policy = if self.master_stopping {
+            self.settings.promote_on_shutdown
+        } else {
+            self.settings.promote_on_failure
+        };
+        let mut alive: Vec<(u64, MemberId)> = self
+            .view
+            .entries
+            .iter()
+            .filter(|e| e.alive)
+            .map(|e| (e.joined_at, e.id))
+            .collect();
+        alive.sort();
+        let synced: Vec<MemberId> = alive
+            .iter()
+            .map(|(_, m)| *m)
+            .filter(|m| self.synced_members.contains(m))
+            .collect();
+        let candidate = match synced.first() {
+            Some(m) => Some(*m),
+            None if policy == PromoteOn::Always => alive.first().map(|(_, m)| *m),
+            None => None,
+        };
+        if candidate != Some(self.member) {
+            if candidate.is_none() {
+                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, "master gone and no synchronised mirror: the queue waits for its master");
+            }
+            return;
+        }
+        if synced.is_empty() && matches!(self.msync, MirrorSync::Holding) {
+            // Promoting an unsynchronised mirror: say so.
+            tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, "promoting an unsynchronised mirror (ha-promote-on-* = always): messages may be lost");
+        }
+        let old_master = self.record.master.clone();
+        let keep = |n: &String| n != &self.node && n != &old_master;
+        let view = RecordView {
+            version: self.record.version,
+            master: self.node.clone(),
+            mirrors: self
+                .record
+                .mirrors
+                .iter()
+                .filter(|n| keep(n))
+                .cloned()
+                .collect(),
+            synchronised: self
+                .record
+                .synchronised
+                .iter()
+                .filter(|n| keep(n))
+                .cloned()
+                .collect(),
+        };
+        tracing::info!(node = %self.node, queue = %self.queue, view = self.record.version, old_master = %old_master, "promoting this mirror to master");
+        self.promoting = true;
+        self.record_inflight = true;
+        self.outputs.push_back(Output::ProposeRecord {
+            expected_version: self.record.version,
+            view,
+        });
+    }
+
+    fn become_master(&mut self) {
+        let epoch = self.record.version;
+        tracing::info!(node = %self.node, queue = %self.queue, view = epoch, "promoted to master");
+        self.role = Role::Master;
+        self.epoch = epoch;
+        self.master_member = Some(self.member);
+        self.promoting = false;
+        self.master_stopping = false;
+        self.record_inflight = false;
+        if !matches!(self.msync, MirrorSync::Holding) || self.bq.is_none() {
+            match (self.factory)(queue_config(
+                &self.settings,
+                warren_backing_queue::Limits::default(),
+            )) {
+                Ok(bq) => self.bq = Some(bq),
+                Err(e) => {
+                    tracing::error!(node = %self.node, queue = %self.queue, view = epoch, error = %e, "no backing queue for the new master");
+                    self.role = Role::Stopped;
+                    return;
+                }
+            }
+        }
+        self.msync = MirrorSync::Holding;
+        let me = self.member;
+        let view = &self.view;
+        self.synced_members
+            .retain(|m| *m != me && view.is_alive(*m));
+        self.push_msg(Body::Master);
+        self.announce_synced();
+        // Every delivered but unacked message goes back, redelivered.
+        if let Some(bq) = self.bq.as_mut() {
+            for tag in bq.unacked_tags() {
+                if let Err(e) = bq.requeue(tag) {
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = epoch, error = %e, "requeue at promotion failed");
+                }
+            }
+        }
+        self.collect_ops();
+        self.flush_ops();
+        let bq_seq = None;
+        self.confirms.push_back(PendingConfirm {
+            gm_seq: self.broadcasts,
+            bq_seq,
+            what: Confirmable::Promotion {
+                epoch,
+                held: self.held.clone(),
+            },
+        });
+        self.reconcile_record();
+        self.maybe_auto_sync();
+        self.release();
+    }
+}
+
+fn note_held(held: &mut HeldPublishes, id: PublishId) {
+    let e = held.entry(id.publisher).or_insert(0);
+    *e = (*e).max(id.seq);
+}
