@@ -1,0 +1,1262 @@
+//! `warrenctl`: rabbitmqctl's verbs against a Warren node's management
+//! HTTP API.
+//!
+//! Output follows rabbitmqctl: a banner line, a header row and
+//! tab-separated rows (`-q` drops the banner, `-s` the header too), or JSON
+//! with `--formatter json`. Exit codes: 0 success, 64 usage, 65 data
+//! refused by the node (e.g. a policy the validator rejects), 69 node
+//! unreachable or the verb not supported by the node yet, 70 other errors.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use base64::Engine as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Map, Value, json};
+
+/// Command line of `warrenctl`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "warrenctl",
+    version,
+    about = "Manage a Warren node (rabbitmqctl's verbs over the management HTTP API)"
+)]
+struct Cli {
+    /// The node's management HTTP address.
+    #[arg(long, short = 'n', global = true, default_value = "127.0.0.1:15672")]
+    node: String,
+    /// User for the management API.
+    #[arg(long, global = true, default_value = "guest")]
+    username: String,
+    /// Password for the management API.
+    #[arg(long, global = true, default_value = "guest")]
+    password: String,
+    /// Virtual host.
+    #[arg(short = 'p', long = "vhost", global = true, default_value = "/")]
+    vhost: String,
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value_t = Formatter::Table)]
+    formatter: Formatter,
+    /// Drop informational lines.
+    #[arg(short = 'q', long, global = true)]
+    quiet: bool,
+    /// Drop informational lines and table headers.
+    #[arg(short = 's', long, global = true)]
+    silent: bool,
+    /// Drop table headers.
+    #[arg(long, global = true)]
+    no_table_headers: bool,
+    /// Request timeout in seconds.
+    #[arg(short = 't', long, global = true, default_value_t = 60)]
+    timeout: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Formatter {
+    /// Tab-separated columns.
+    Table,
+    /// JSON.
+    Json,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+#[command(rename_all = "snake_case")]
+enum Cmd {
+    /// Node status.
+    Status,
+    /// Cluster membership and listeners.
+    ClusterStatus,
+    /// Join a cluster.
+    JoinCluster {
+        /// A node of the cluster to join.
+        seed: String,
+        /// Accepted and ignored (RAM nodes are not supported).
+        #[arg(long)]
+        ram: bool,
+    },
+    /// Remove a node from the cluster.
+    ForgetClusterNode {
+        /// The node to remove.
+        node_name: String,
+        /// The cluster is down.
+        #[arg(long)]
+        offline: bool,
+    },
+    /// Stop the node.
+    Stop,
+    /// Stop the broker application.
+    StopApp,
+    /// Start the broker application.
+    StartApp,
+    /// Add a virtual host.
+    AddVhost {
+        /// Its name.
+        name: String,
+    },
+    /// Delete a virtual host.
+    DeleteVhost {
+        /// Its name.
+        name: String,
+    },
+    /// List virtual hosts.
+    ListVhosts {
+        /// Columns (default: name).
+        items: Vec<String>,
+    },
+    /// Add a user.
+    AddUser {
+        /// User name.
+        user: String,
+        /// Password.
+        password: String,
+    },
+    /// Delete a user.
+    DeleteUser {
+        /// User name.
+        user: String,
+    },
+    /// Change a user's password.
+    ChangePassword {
+        /// User name.
+        user: String,
+        /// The new password.
+        password: String,
+    },
+    /// Set a user's tags (replacing the old ones).
+    SetUserTags {
+        /// User name.
+        user: String,
+        /// Tags (administrator, monitoring, policymaker, management).
+        tags: Vec<String>,
+    },
+    /// List users.
+    ListUsers,
+    /// Set a user's permissions in a vhost.
+    SetPermissions {
+        /// User name.
+        user: String,
+        /// Configure regex.
+        conf: String,
+        /// Write regex.
+        write: String,
+        /// Read regex.
+        read: String,
+    },
+    /// Clear a user's permissions in a vhost.
+    ClearPermissions {
+        /// User name.
+        user: String,
+    },
+    /// List the permissions in a vhost.
+    ListPermissions,
+    /// List a user's permissions in every vhost.
+    ListUserPermissions {
+        /// User name.
+        user: String,
+    },
+    /// Set a policy.
+    SetPolicy(PolicyArgs),
+    /// Clear a policy.
+    ClearPolicy {
+        /// The policy's name.
+        name: String,
+    },
+    /// List policies in a vhost.
+    ListPolicies,
+    /// Set an operator policy.
+    SetOperatorPolicy(PolicyArgs),
+    /// Clear an operator policy.
+    ClearOperatorPolicy {
+        /// The policy's name.
+        name: String,
+    },
+    /// List operator policies in a vhost.
+    ListOperatorPolicies,
+    /// List queues.
+    ListQueues {
+        /// Columns (default: name messages).
+        items: Vec<String>,
+        /// Only queues whose master is on the target node.
+        #[arg(long)]
+        local: bool,
+        /// Accepted for compatibility (every queue is online).
+        #[arg(long)]
+        online: bool,
+        /// Accepted for compatibility (no queue is offline).
+        #[arg(long)]
+        offline: bool,
+    },
+    /// List exchanges.
+    ListExchanges {
+        /// Columns (default: name type).
+        items: Vec<String>,
+    },
+    /// List bindings.
+    ListBindings {
+        /// Columns (default: source_name source_kind destination_name destination_kind routing_key arguments).
+        items: Vec<String>,
+    },
+    /// List client connections.
+    ListConnections {
+        /// Columns (default: user peer_host peer_port state).
+        items: Vec<String>,
+    },
+    /// List consumers.
+    ListConsumers {
+        /// Columns (default: queue_name channel_pid consumer_tag ack_required prefetch_count active arguments).
+        items: Vec<String>,
+    },
+    /// Synchronise a queue's mirrors.
+    SyncQueue {
+        /// The queue.
+        queue: String,
+    },
+    /// Cancel a queue's synchronisation.
+    CancelSyncQueue {
+        /// The queue.
+        queue: String,
+    },
+    /// Purge a queue's ready messages.
+    PurgeQueue {
+        /// The queue.
+        queue: String,
+    },
+    /// Delete a queue.
+    DeleteQueue {
+        /// The queue.
+        queue: String,
+        /// Only if it has no ready messages.
+        #[arg(long, short = 'e')]
+        if_empty: bool,
+        /// Only if it has no consumers.
+        #[arg(long, short = 'u')]
+        if_unused: bool,
+    },
+    /// Export definitions to a file (`-` for standard output).
+    ExportDefinitions {
+        /// The file.
+        path: String,
+    },
+    /// Import definitions from a file (`-` for standard input).
+    ImportDefinitions {
+        /// The file.
+        path: String,
+    },
+}
+
+/// Arguments of `set_policy` and `set_operator_policy`.
+#[derive(Debug, clap::Args)]
+struct PolicyArgs {
+    /// Policy priority.
+    #[arg(long, default_value_t = 0)]
+    priority: i64,
+    /// all, queues, classic_queues or exchanges.
+    #[arg(long, default_value = "all")]
+    apply_to: String,
+    /// The policy's name.
+    name: String,
+    /// The regex over entity names.
+    pattern: String,
+    /// The definition (JSON object).
+    definition: String,
+}
+
+/// A failure with its exit code.
+#[derive(Debug)]
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+const EX_USAGE: u8 = 64;
+const EX_DATAERR: u8 = 65;
+const EX_UNAVAILABLE: u8 = 69;
+const EX_SOFTWARE: u8 = 70;
+
+type Res<T> = Result<T, Failure>;
+
+/// Percent-encodes one path segment (`/` → `%2F`).
+fn enc(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A client for one node's management API.
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    node: String,
+    auth: String,
+}
+
+impl Client {
+    fn new(cli: &Cli) -> Self {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(cli.timeout.max(1)))
+            .build();
+        let base = if cli.node.starts_with("http://") || cli.node.starts_with("https://") {
+            cli.node.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{}", cli.node)
+        };
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", cli.username, cli.password))
+        );
+        Self {
+            agent,
+            base,
+            node: cli.node.clone(),
+            auth,
+        }
+    }
+
+    /// Sends a request; the status and the parsed body (Null when empty).
+    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Res<(u16, Value)> {
+        let url = format!("{}{path}", self.base);
+        let req = self
+            .agent
+            .request(method, &url)
+            .set("Authorization", &self.auth)
+            .set("Accept", "application/json");
+        let result = match body {
+            Some(b) => req
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
+            None => req.call(),
+        };
+        let resp = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(ureq::Error::Transport(t)) => {
+                return Err(Failure::new(
+                    EX_UNAVAILABLE,
+                    format!(
+                        "could not reach node {}: {t}\n\nIs a Warren node running with its management listener (--http-addr) on {}?",
+                        self.node, self.node
+                    ),
+                ));
+            }
+        };
+        let status = resp.status();
+        let text = resp
+            .into_string()
+            .map_err(|e| Failure::new(EX_SOFTWARE, format!("reading the reply: {e}")))?;
+        let v = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Ok((status, v))
+    }
+
+    /// Sends and turns a non-2xx status into a failure.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Res<Value> {
+        let (status, v) = self.send(method, path, body)?;
+        if (200..300).contains(&status) {
+            return Ok(v);
+        }
+        let reason = v
+            .get("reason")
+            .and_then(Value::as_str)
+            .map_or_else(|| v.to_string(), str::to_owned);
+        let code = match status {
+            400 => EX_DATAERR,
+            401 | 403 => EX_USAGE,
+            404 => EX_DATAERR,
+            _ => EX_SOFTWARE,
+        };
+        let message = match status {
+            401 | 403 => format!("not authorised by node {}: {reason}", self.node),
+            404 => format!("not found on node {}: {reason}", self.node),
+            _ => reason,
+        };
+        Err(Failure::new(code, message))
+    }
+
+    fn get(&self, path: &str) -> Res<Value> {
+        self.call("GET", path, None)
+    }
+}
+
+/// How a `list_*` command prints.
+struct Out<'a> {
+    cli: &'a Cli,
+}
+
+impl Out<'_> {
+    fn info(&self, line: &str) {
+        if !(self.cli.quiet || self.cli.silent) && self.cli.formatter == Formatter::Table {
+            println!("{line}");
+        }
+    }
+
+    /// Prints rows of `(column, value)` in the chosen format.
+    fn table(&self, columns: &[String], rows: &[Vec<Value>]) {
+        match self.cli.formatter {
+            Formatter::Json => {
+                let arr: Vec<Value> = rows
+                    .iter()
+                    .map(|r| {
+                        let mut m = Map::new();
+                        for (c, v) in columns.iter().zip(r) {
+                            m.insert(c.clone(), v.clone());
+                        }
+                        Value::Object(m)
+                    })
+                    .collect();
+                println!("{}", Value::Array(arr));
+            }
+            Formatter::Table => {
+                let mut out = std::io::stdout().lock();
+                if !(self.cli.silent || self.cli.no_table_headers) {
+                    let _ = writeln!(out, "{}", columns.join("\t"));
+                }
+                for r in rows {
+                    let cells: Vec<String> = r.iter().map(cell).collect();
+                    let _ = writeln!(out, "{}", cells.join("\t"));
+                }
+            }
+        }
+    }
+}
+
+/// A value as a table cell: strings bare, lists as `[a, b]`, objects as JSON.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => {
+            let parts: Vec<String> = a.iter().map(cell).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Picks `items` (or `default`) from each object with `get`, refusing
+/// unknown columns with the list of valid ones.
+fn select(
+    objects: &[Value],
+    items: &[String],
+    default: &[&str],
+    valid: &[&str],
+    get: impl Fn(&Value, &str) -> Value,
+) -> Res<(Vec<String>, Vec<Vec<Value>>)> {
+    let columns: Vec<String> = if items.is_empty() {
+        default.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        items.to_vec()
+    };
+    let bad: Vec<&String> = columns
+        .iter()
+        .filter(|c| !valid.contains(&c.as_str()))
+        .collect();
+    if !bad.is_empty() {
+        let bad: Vec<&str> = bad.iter().map(|s| s.as_str()).collect();
+        return Err(Failure::new(
+            EX_USAGE,
+            format!(
+                "Info key(s) {} are not supported. Valid keys are: {}",
+                bad.join(","),
+                valid.join(", ")
+            ),
+        ));
+    }
+    let rows = objects
+        .iter()
+        .map(|o| columns.iter().map(|c| get(o, c)).collect())
+        .collect();
+    Ok((columns, rows))
+}
+
+fn field(o: &Value, k: &str) -> Value {
+    o.get(k).cloned().unwrap_or(Value::Null)
+}
+
+fn list(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(a) => a,
+        Value::Object(mut o) => match o.remove("items") {
+            Some(Value::Array(a)) => a,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+const QUEUE_KEYS: &[&str] = &[
+    "name",
+    "durable",
+    "auto_delete",
+    "arguments",
+    "policy",
+    "operator_policy",
+    "effective_policy_definition",
+    "pid",
+    "owner_pid",
+    "exclusive",
+    "exclusive_consumer_pid",
+    "exclusive_consumer_tag",
+    "messages_ready",
+    "messages_unacknowledged",
+    "messages",
+    "messages_ready_ram",
+    "messages_unacknowledged_ram",
+    "messages_ram",
+    "messages_persistent",
+    "message_bytes",
+    "message_bytes_ready",
+    "message_bytes_unacknowledged",
+    "message_bytes_ram",
+    "message_bytes_persistent",
+    "head_message_timestamp",
+    "disk_reads",
+    "disk_writes",
+    "consumers",
+    "consumer_utilisation",
+    "consumer_capacity",
+    "memory",
+    "slave_pids",
+    "synchronised_slave_pids",
+    "state",
+    "type",
+    "leader",
+    "members",
+    "online",
+    "mirror_pids",
+    "synchronised_mirror_pids",
+    "node",
+];
+
+/// A mirror's stand-in pid: `<node.queue-id>`.
+fn mirror_pids(q: &Value, key: &str) -> Value {
+    let uid = q
+        .get("pid")
+        .and_then(Value::as_str)
+        .and_then(|p| p.trim_end_matches('>').rsplit('.').next())
+        .unwrap_or("0")
+        .to_owned();
+    Value::Array(
+        q.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(|n| Value::String(format!("<{n}.{uid}>")))
+            .collect(),
+    )
+}
+
+fn queue_item(q: &Value, k: &str) -> Value {
+    match k {
+        "slave_pids" | "mirror_pids" => mirror_pids(q, "slave_nodes"),
+        "synchronised_slave_pids" | "synchronised_mirror_pids" => {
+            mirror_pids(q, "synchronised_slave_nodes")
+        }
+        "leader" => field(q, "node"),
+        "members" => {
+            let mut m = vec![field(q, "node")];
+            m.extend(
+                q.get("slave_nodes")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            Value::Array(m)
+        }
+        "online" => Value::Array(vec![field(q, "node")]),
+        "messages_ready_ram" => field(q, "messages_ready"),
+        "messages_unacknowledged_ram" => field(q, "messages_unacknowledged"),
+        "messages_ram" => field(q, "messages"),
+        "message_bytes_ram" => field(q, "message_bytes"),
+        "messages_persistent"
+        | "message_bytes_persistent"
+        | "disk_reads"
+        | "disk_writes"
+        | "memory" => json!(0),
+        "state" => match q.get("sync_messages") {
+            Some(n) => Value::String(format!("{{syncing, {n}}}")),
+            None => field(q, "state"),
+        },
+        "exclusive_consumer_pid" | "exclusive_consumer_tag" | "head_message_timestamp" => {
+            field(q, k)
+        }
+        _ => field(q, k),
+    }
+}
+
+fn vpath(cli: &Cli) -> String {
+    enc(&cli.vhost)
+}
+
+fn read_input(path: &str) -> Res<String> {
+    if path == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| Failure::new(EX_SOFTWARE, format!("reading standard input: {e}")))?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| Failure::new(EX_DATAERR, format!("cannot read {path}: {e}")))
+    }
+}
+
+fn not_supported(verb: &str, node: &str) -> Failure {
+    Failure::new(
+        EX_UNAVAILABLE,
+        format!(
+            "{verb} is not supported by this node yet ({node}): Warren nodes do not expose it over the management API"
+        ),
+    )
+}
+
+fn set_policy(c: &Client, cli: &Cli, a: &PolicyArgs, operator: bool) -> Res<()> {
+    let definition: Value = serde_json::from_str(&a.definition).map_err(|e| {
+        Failure::new(
+            EX_DATAERR,
+            format!(
+                "Validation failed\n\n'{}' is not a valid JSON definition: {e}",
+                a.definition
+            ),
+        )
+    })?;
+    let kind = if operator {
+        "operator policy"
+    } else {
+        "policy"
+    };
+    let root = if operator {
+        "operator-policies"
+    } else {
+        "policies"
+    };
+    let out = Out { cli };
+    out.info(&format!(
+        "Setting {kind} \"{}\" for pattern \"{}\" to \"{}\" with priority \"{}\" for vhost \"{}\" ...",
+        a.name, a.pattern, a.definition, a.priority, cli.vhost
+    ));
+    let body = json!({
+        "pattern": a.pattern,
+        "definition": definition,
+        "priority": a.priority,
+        "apply-to": a.apply_to,
+    });
+    c.call(
+        "PUT",
+        &format!("/api/{root}/{}/{}", vpath(cli), enc(&a.name)),
+        Some(&body),
+    )
+    .map_err(|f| {
+        if f.code == EX_DATAERR {
+            Failure::new(f.code, format!("Validation failed\n\n{}", f.message))
+        } else {
+            f
+        }
+    })?;
+    Ok(())
+}
+
+fn list_policies(c: &Client, cli: &Cli, operator: bool) -> Res<()> {
+    let root = if operator {
+        "operator-policies"
+    } else {
+        "policies"
+    };
+    let kind = if operator {
+        "operator policies"
+    } else {
+        "policies"
+    };
+    let out = Out { cli };
+    out.info(&format!("Listing {kind} for vhost \"{}\" ...", cli.vhost));
+    let ps = list(c.get(&format!("/api/{root}/{}", vpath(cli)))?);
+    let cols = [
+        "vhost",
+        "name",
+        "pattern",
+        "apply-to",
+        "definition",
+        "priority",
+    ];
+    let (columns, rows) = select(&ps, &[], &cols, &cols, |o, k| match k {
+        "definition" if cli.formatter == Formatter::Table => Value::String(field(o, k).to_string()),
+        _ => field(o, k),
+    })?;
+    out.table(&columns, &rows);
+    Ok(())
+}
+
+fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
+    let o = c.get("/api/overview")?;
+    let nodes = list(c.get("/api/nodes")?);
+    let node = o
+        .get("node")
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_owned();
+    if cli.formatter == Formatter::Json {
+        let v = if cluster {
+            let names: Vec<Value> = nodes.iter().map(|n| field(n, "name")).collect();
+            json!({
+                "cluster_name": field(&o, "cluster_name"),
+                "disk_nodes": names,
+                "running_nodes": names,
+                "alarms": [],
+                "partitions": {},
+                "listeners": field(&o, "listeners"),
+                "versions": {node.clone(): {"warren_version": field(&o, "product_version"), "rabbitmq_version": field(&o, "rabbitmq_version")}},
+            })
+        } else {
+            json!({
+                "node": node,
+                "product_name": field(&o, "product_name"),
+                "product_version": field(&o, "product_version"),
+                "rabbitmq_version": field(&o, "rabbitmq_version"),
+                "listeners": field(&o, "listeners"),
+                "object_totals": field(&o, "object_totals"),
+                "queue_totals": field(&o, "queue_totals"),
+                "nodes": nodes,
+            })
+        };
+        println!("{v}");
+        return Ok(());
+    }
+    let listeners: Vec<String> = o
+        .get("listeners")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            let proto = l.get("protocol").and_then(Value::as_str).unwrap_or("");
+            let purpose = match proto {
+                "amqp" => "AMQP 0-9-1 and AMQP 1.0",
+                "http" => "HTTP API",
+                _ => "",
+            };
+            format!(
+                "Node: {}, interface: {}, port: {}, protocol: {proto}, purpose: {purpose}",
+                cell(&field(l, "node")),
+                cell(&field(l, "ip_address")),
+                cell(&field(l, "port")),
+            )
+        })
+        .collect();
+    let mut s = String::new();
+    if cluster {
+        let names: Vec<String> = nodes.iter().map(|n| cell(&field(n, "name"))).collect();
+        s.push_str(&format!(
+            "Cluster status of node {node} ...\nBasics\n\nCluster name: {}\n",
+            cell(&field(&o, "cluster_name"))
+        ));
+        s.push_str("\nDisk Nodes\n\n");
+        for n in &names {
+            s.push_str(&format!("{n}\n"));
+        }
+        s.push_str("\nRunning Nodes\n\n");
+        for n in &names {
+            s.push_str(&format!("{n}\n"));
+        }
+        s.push_str(&format!(
+            "\nVersions\n\n{node}: Warren {} (RabbitMQ {} compatible)\n",
+            cell(&field(&o, "product_version")),
+            cell(&field(&o, "rabbitmq_version"))
+        ));
+        s.push_str("\nMaintenance status\n\n");
+        for n in &names {
+            s.push_str(&format!("Node: {n}, status: not under maintenance\n"));
+        }
+        s.push_str("\nAlarms\n\n(none)\n\nNetwork Partitions\n\n(none)\n\nListeners\n\n");
+        for l in &listeners {
+            s.push_str(&format!("{l}\n"));
+        }
+        s.push_str("\nFeature flags\n\n(none)\n");
+    } else {
+        let n = nodes.first().cloned().unwrap_or(Value::Null);
+        let totals = field(&o, "queue_totals");
+        let objects = field(&o, "object_totals");
+        s.push_str(&format!("Status of node {node} ...\nRuntime\n\n"));
+        s.push_str(&format!("OS PID: {}\n", cell(&field(&n, "os_pid"))));
+        s.push_str(&format!(
+            "Product name: {}\n",
+            cell(&field(&o, "product_name"))
+        ));
+        s.push_str(&format!(
+            "Product version: {}\n",
+            cell(&field(&o, "product_version"))
+        ));
+        s.push_str(&format!(
+            "RabbitMQ version: {}\n",
+            cell(&field(&o, "rabbitmq_version"))
+        ));
+        let uptime = n.get("uptime").and_then(Value::as_u64).unwrap_or(0) / 1000;
+        s.push_str(&format!("Uptime (seconds): {uptime}\n"));
+        s.push_str(&format!(
+            "\nMemory\n\nTotal memory used: {} bytes\n",
+            cell(&field(&n, "mem_used"))
+        ));
+        s.push_str(&format!(
+            "\nFile Descriptors\n\nTotal: {}, limit: {}\n",
+            cell(&field(&n, "fd_used")),
+            cell(&field(&n, "fd_total"))
+        ));
+        s.push_str("\nAlarms\n\n(none)\n\nTotals\n\n");
+        for k in [
+            "connections",
+            "channels",
+            "queues",
+            "exchanges",
+            "consumers",
+        ] {
+            s.push_str(&format!("{k}: {}\n", cell(&field(&objects, k))));
+        }
+        for k in ["messages", "messages_ready", "messages_unacknowledged"] {
+            s.push_str(&format!("{k}: {}\n", cell(&field(&totals, k))));
+        }
+        s.push_str("\nListeners\n\n");
+        for l in &listeners {
+            s.push_str(&format!("{l}\n"));
+        }
+    }
+    print!("{s}");
+    Ok(())
+}
+
+fn run(cli: &Cli) -> Res<()> {
+    let c = Client::new(cli);
+    let out = Out { cli };
+    let vh = vpath(cli);
+    match &cli.cmd {
+        Cmd::Status => status(&c, cli, false),
+        Cmd::ClusterStatus => status(&c, cli, true),
+        Cmd::JoinCluster { .. } => {
+            c.get("/api/overview")?;
+            Err(not_supported("join_cluster", &cli.node))
+        }
+        Cmd::ForgetClusterNode { .. } => {
+            c.get("/api/overview")?;
+            Err(not_supported("forget_cluster_node", &cli.node))
+        }
+        Cmd::Stop => {
+            c.get("/api/overview")?;
+            Err(not_supported("stop", &cli.node))
+        }
+        Cmd::StopApp => {
+            c.get("/api/overview")?;
+            Err(not_supported("stop_app", &cli.node))
+        }
+        Cmd::StartApp => {
+            c.get("/api/overview")?;
+            Err(not_supported("start_app", &cli.node))
+        }
+        Cmd::AddVhost { name } => {
+            out.info(&format!("Adding vhost \"{name}\" ..."));
+            c.call(
+                "PUT",
+                &format!("/api/vhosts/{}", enc(name)),
+                Some(&json!({})),
+            )?;
+            Ok(())
+        }
+        Cmd::DeleteVhost { name } => {
+            out.info(&format!("Deleting vhost \"{name}\" ..."));
+            c.call("DELETE", &format!("/api/vhosts/{}", enc(name)), None)?;
+            Ok(())
+        }
+        Cmd::ListVhosts { items } => {
+            out.info("Listing vhosts ...");
+            let vs = list(c.get("/api/vhosts")?);
+            let valid = [
+                "name",
+                "description",
+                "tags",
+                "tracing",
+                "cluster_state",
+                "default_queue_type",
+                "messages",
+                "messages_ready",
+                "messages_unacknowledged",
+            ];
+            let (cols, rows) = select(&vs, items, &["name"], &valid, field)?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::AddUser { user, password } => {
+            out.info(&format!("Adding user \"{user}\" ..."));
+            let (status, _) = c.send("GET", &format!("/api/users/{}", enc(user)), None)?;
+            if status == 200 {
+                return Err(Failure::new(
+                    EX_DATAERR,
+                    format!("User \"{user}\" already exists"),
+                ));
+            }
+            c.call(
+                "PUT",
+                &format!("/api/users/{}", enc(user)),
+                Some(&json!({"password": password, "tags": ""})),
+            )?;
+            Ok(())
+        }
+        Cmd::DeleteUser { user } => {
+            out.info(&format!("Deleting user \"{user}\" ..."));
+            c.call("DELETE", &format!("/api/users/{}", enc(user)), None)?;
+            Ok(())
+        }
+        Cmd::ChangePassword { user, password } => {
+            out.info(&format!("Changing password for user \"{user}\" ..."));
+            c.get(&format!("/api/users/{}", enc(user)))?;
+            c.call(
+                "PUT",
+                &format!("/api/users/{}", enc(user)),
+                Some(&json!({"password": password})),
+            )?;
+            Ok(())
+        }
+        Cmd::SetUserTags { user, tags } => {
+            out.info(&format!(
+                "Setting tags for user \"{user}\" to [{}] ...",
+                tags.join(", ")
+            ));
+            c.get(&format!("/api/users/{}", enc(user)))?;
+            c.call(
+                "PUT",
+                &format!("/api/users/{}", enc(user)),
+                Some(&json!({"tags": tags})),
+            )?;
+            Ok(())
+        }
+        Cmd::ListUsers => {
+            out.info("Listing users ...");
+            let us = list(c.get("/api/users")?);
+            let cols = ["user", "tags"];
+            let (cols, rows) = select(&us, &[], &cols, &cols, |o, k| match k {
+                "user" => field(o, "name"),
+                _ => field(o, k),
+            })?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::SetPermissions {
+            user,
+            conf,
+            write,
+            read,
+        } => {
+            out.info(&format!(
+                "Setting permissions for user \"{user}\" in vhost \"{}\" ...",
+                cli.vhost
+            ));
+            c.call(
+                "PUT",
+                &format!("/api/permissions/{vh}/{}", enc(user)),
+                Some(&json!({"configure": conf, "write": write, "read": read})),
+            )?;
+            Ok(())
+        }
+        Cmd::ClearPermissions { user } => {
+            out.info(&format!(
+                "Clearing permissions for user \"{user}\" in vhost \"{}\" ...",
+                cli.vhost
+            ));
+            c.call(
+                "DELETE",
+                &format!("/api/permissions/{vh}/{}", enc(user)),
+                None,
+            )?;
+            Ok(())
+        }
+        Cmd::ListPermissions => {
+            out.info(&format!(
+                "Listing permissions for vhost \"{}\" ...",
+                cli.vhost
+            ));
+            let ps: Vec<Value> = list(c.get("/api/permissions")?)
+                .into_iter()
+                .filter(|p| p.get("vhost").and_then(Value::as_str) == Some(cli.vhost.as_str()))
+                .collect();
+            let cols = ["user", "configure", "write", "read"];
+            let (cols, rows) = select(&ps, &[], &cols, &cols, field)?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::ListUserPermissions { user } => {
+            out.info(&format!("Listing permissions for user \"{user}\" ..."));
+            let ps: Vec<Value> = list(c.get("/api/permissions")?)
+                .into_iter()
+                .filter(|p| p.get("user").and_then(Value::as_str) == Some(user.as_str()))
+                .collect();
+            let cols = ["vhost", "configure", "write", "read"];
+            let (cols, rows) = select(&ps, &[], &cols, &cols, field)?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::SetPolicy(a) => set_policy(&c, cli, a, false),
+        Cmd::SetOperatorPolicy(a) => set_policy(&c, cli, a, true),
+        Cmd::ClearPolicy { name } => {
+            out.info(&format!(
+                "Clearing policy \"{name}\" on vhost \"{}\" ...",
+                cli.vhost
+            ));
+            c.call("DELETE", &format!("/api/policies/{vh}/{}", enc(name)), None)?;
+            Ok(())
+        }
+        Cmd::ClearOperatorPolicy { name } => {
+            out.info(&format!(
+                "Clearing operator policy \"{name}\" on vhost \"{}\" ...",
+                cli.vhost
+            ));
+            c.call(
+                "DELETE",
+                &format!("/api/operator-policies/{vh}/{}", enc(name)),
+                None,
+            )?;
+            Ok(())
+        }
+        Cmd::ListPolicies => list_policies(&c, cli, false),
+        Cmd::ListOperatorPolicies => list_policies(&c, cli, true),
+        Cmd::ListQueues { items, local, .. } => {
+            out.info(&format!("Listing queues for vhost {} ...", cli.vhost));
+            let mut qs = list(c.get(&format!("/api/queues/{vh}"))?);
+            if *local {
+                let node = c.get("/api/overview")?;
+                let me = field(&node, "node");
+                qs.retain(|q| field(q, "node") == me);
+            }
+            let (cols, rows) = select(&qs, items, &["name", "messages"], QUEUE_KEYS, queue_item)?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::ListExchanges { items } => {
+            out.info(&format!("Listing exchanges for vhost {} ...", cli.vhost));
+            let xs = list(c.get(&format!("/api/exchanges/{vh}"))?);
+            let valid = [
+                "name",
+                "type",
+                "durable",
+                "auto_delete",
+                "internal",
+                "arguments",
+                "policy",
+            ];
+            let (cols, rows) = select(&xs, items, &["name", "type"], &valid, field)?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::ListBindings { items } => {
+            out.info(&format!("Listing bindings for vhost {}...", cli.vhost));
+            let bs = list(c.get(&format!("/api/bindings/{vh}"))?);
+            let valid = [
+                "source_name",
+                "source_kind",
+                "destination_name",
+                "destination_kind",
+                "routing_key",
+                "arguments",
+            ];
+            let (cols, rows) = select(&bs, items, &valid, &valid, |o, k| match k {
+                "source_name" => field(o, "source"),
+                "source_kind" => json!("exchange"),
+                "destination_name" => field(o, "destination"),
+                "destination_kind" => field(o, "destination_type"),
+                _ => field(o, k),
+            })?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::ListConnections { items } => {
+            out.info("Listing connections ...");
+            let cs = list(c.get("/api/connections")?);
+            let valid = [
+                "name",
+                "node",
+                "user",
+                "vhost",
+                "peer_host",
+                "peer_port",
+                "state",
+                "channels",
+                "protocol",
+                "ssl",
+                "auth_mechanism",
+                "type",
+            ];
+            let (cols, rows) = select(
+                &cs,
+                items,
+                &["user", "peer_host", "peer_port", "state"],
+                &valid,
+                field,
+            )?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::ListConsumers { items } => {
+            out.info(&format!("Listing consumers in vhost {} ...", cli.vhost));
+            let cs = list(c.get(&format!("/api/consumers/{vh}"))?);
+            let valid = [
+                "queue_name",
+                "channel_pid",
+                "consumer_tag",
+                "ack_required",
+                "prefetch_count",
+                "active",
+                "activity_status",
+                "arguments",
+                "exclusive",
+            ];
+            let default = [
+                "queue_name",
+                "channel_pid",
+                "consumer_tag",
+                "ack_required",
+                "prefetch_count",
+                "active",
+                "arguments",
+            ];
+            let (cols, rows) = select(&cs, items, &default, &valid, |o, k| match k {
+                "queue_name" => o.get("queue").map_or(Value::Null, |q| field(q, "name")),
+                "channel_pid" => o
+                    .get("channel_details")
+                    .map_or(Value::Null, |c| field(c, "name")),
+                _ => field(o, k),
+            })?;
+            out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::SyncQueue { queue } => {
+            out.info(&format!(
+                "Synchronising queue '{queue}' in vhost '{}' ...",
+                cli.vhost
+            ));
+            c.call(
+                "POST",
+                &format!("/api/queues/{vh}/{}/actions", enc(queue)),
+                Some(&json!({"action": "sync"})),
+            )?;
+            Ok(())
+        }
+        Cmd::CancelSyncQueue { queue } => {
+            out.info(&format!(
+                "Stopping synchronising queue '{queue}' in vhost '{}' ...",
+                cli.vhost
+            ));
+            c.call(
+                "POST",
+                &format!("/api/queues/{vh}/{}/actions", enc(queue)),
+                Some(&json!({"action": "cancel_sync"})),
+            )?;
+            Ok(())
+        }
+        Cmd::PurgeQueue { queue } => {
+            out.info(&format!(
+                "Purging queue '{queue}' in vhost '{}' ...",
+                cli.vhost
+            ));
+            c.call(
+                "DELETE",
+                &format!("/api/queues/{vh}/{}/contents", enc(queue)),
+                None,
+            )?;
+            Ok(())
+        }
+        Cmd::DeleteQueue {
+            queue,
+            if_empty,
+            if_unused,
+        } => {
+            out.info(&format!(
+                "Deleting queue '{queue}' on vhost '{}' ...",
+                cli.vhost
+            ));
+            let q = c.get(&format!("/api/queues/{vh}/{}", enc(queue)))?;
+            let mut path = format!("/api/queues/{vh}/{}", enc(queue));
+            let mut sep = '?';
+            if *if_empty {
+                path.push_str("?if-empty=true");
+                sep = '&';
+            }
+            if *if_unused {
+                path.push(sep);
+                path.push_str("if-unused=true");
+            }
+            c.call("DELETE", &path, None)?;
+            let n = q.get("messages_ready").and_then(Value::as_u64).unwrap_or(0);
+            out.info(&format!(
+                "Queue was successfully deleted with {n} ready messages"
+            ));
+            Ok(())
+        }
+        Cmd::ExportDefinitions { path } => {
+            let d = c.get("/api/definitions")?;
+            let text = serde_json::to_string_pretty(&d)
+                .map_err(|e| Failure::new(EX_SOFTWARE, e.to_string()))?;
+            if path == "-" {
+                println!("{text}");
+            } else {
+                out.info(&format!(
+                    "Exporting definitions in JSON to a file at \"{path}\" ..."
+                ));
+                std::fs::write(path, text)
+                    .map_err(|e| Failure::new(EX_SOFTWARE, format!("cannot write {path}: {e}")))?;
+            }
+            Ok(())
+        }
+        Cmd::ImportDefinitions { path } => {
+            out.info(&format!(
+                "Importing definitions in JSON from a file at \"{path}\" ..."
+            ));
+            let text = read_input(path)?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| Failure::new(EX_DATAERR, format!("{path} is not valid JSON: {e}")))?;
+            c.call("POST", "/api/definitions", Some(&v))?;
+            out.info("Successfully started definition import. This process is asynchronous and can take some time.");
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if cli.formatter == Formatter::Json {
+                eprintln!("{}", json!({"result": "error", "message": f.message}));
+            } else {
+                eprintln!("Error:\n{}", f.message);
+            }
+            ExitCode::from(f.code)
+        }
+    }
+}

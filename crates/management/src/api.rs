@@ -1,0 +1,1289 @@
+//! The `/api` handlers.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+use warren_broker::auth::{PermissionDef, UserDef, check_password, hash_password};
+use warren_broker::meta::PolicyDef;
+use warren_broker::{ConnectionInfo, ConsumerInfo, QueueInfo, json_to_table};
+use warren_policy::{Policy, PolicyKind, PolicySet, PolicySpec};
+
+use crate::{Management, QueueMirrors, defs};
+
+/// An API error: status plus RabbitMQ's `{"error":…,"reason":…}` body.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    error: &'static str,
+    reason: String,
+}
+
+impl ApiError {
+    pub(crate) fn bad_request(reason: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            error: "bad_request",
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn not_found() -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            error: "Object Not Found",
+            reason: "Not Found".into(),
+        }
+    }
+
+    fn unauthorized(reason: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            error: "not_authorized",
+            reason: reason.into(),
+        }
+    }
+
+    fn internal(reason: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            error: "internal_error",
+            reason: reason.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": self.error, "reason": self.reason}).to_string();
+        let mut r = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"RabbitMQ Management\""),
+            );
+        }
+        r
+    }
+}
+
+impl From<warren_broker::BrokerError> for ApiError {
+    fn from(e: warren_broker::BrokerError) -> Self {
+        match e {
+            warren_broker::BrokerError::Invalid(m) => ApiError::bad_request(m),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+fn ok(v: Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn created_or_updated(created: bool) -> Response {
+    if created {
+        StatusCode::CREATED.into_response()
+    } else {
+        StatusCode::NO_CONTENT.into_response()
+    }
+}
+
+pub(crate) fn parse_body(body: &Bytes) -> ApiResult<Value> {
+    if body.is_empty() {
+        return Ok(Value::Object(Map::new()));
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// The logged-in user, put in the request's extensions by [`auth`].
+#[derive(Debug, Clone)]
+pub(crate) struct AuthUser {
+    pub(crate) name: String,
+    pub(crate) tags: Vec<String>,
+}
+
+const VIEW_TAGS: [&str; 4] = ["administrator", "monitoring", "policymaker", "management"];
+
+fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let encoded = value
+        .strip_prefix("Basic ")
+        .or_else(|| value.strip_prefix("basic "))?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_owned(), p.to_owned()))
+}
+
+/// HTTP basic auth and tag checks for everything under `/api` except the
+/// OpenAPI document.
+async fn auth(State(s): State<Management>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    if path == "/api/openapi.json" {
+        return next.run(req).await;
+    }
+    let Some((user, pass)) = basic_credentials(req.headers()) else {
+        return ApiError::unauthorized("Not_Authorized").into_response();
+    };
+    let peer_is_loopback = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_none_or(|c| c.0.ip().is_loopback());
+    let found = s.broker().user(&user).cloned();
+    let Some(u) = found.filter(|u| check_password(&u.password_hash, &pass)) else {
+        return ApiError::unauthorized("Not_Authorized").into_response();
+    };
+    if u.loopback_only && !peer_is_loopback {
+        return ApiError::unauthorized("User can only log in via localhost").into_response();
+    }
+    let has = |t: &str| u.tags.iter().any(|x| x == t);
+    if !VIEW_TAGS.iter().any(|t| has(t)) {
+        return ApiError::unauthorized("Not management user").into_response();
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let policy_path =
+            path.starts_with("/api/policies") || path.starts_with("/api/operator-policies");
+        let allowed = has("administrator") || (policy_path && has("policymaker"));
+        if !allowed {
+            return ApiError::unauthorized("Not administrator user").into_response();
+        }
+    }
+    req.extensions_mut().insert(AuthUser {
+        name: u.name,
+        tags: u.tags,
+    });
+    next.run(req).await
+}
+
+/// The `/api` routes with auth.
+pub(crate) fn routes(state: Management) -> Router {
+    Router::new()
+        .route("/api/overview", get(overview))
+        .route("/api/whoami", get(whoami))
+        .route("/api/nodes", get(nodes))
+        .route("/api/nodes/{name}", get(node_one))
+        .route("/api/vhosts", get(vhosts))
+        .route(
+            "/api/vhosts/{vhost}",
+            get(vhost_get).put(vhost_put).delete(vhost_delete),
+        )
+        .route("/api/users", get(users))
+        .route(
+            "/api/users/{name}",
+            get(user_get).put(user_put).delete(user_delete),
+        )
+        .route("/api/permissions", get(permissions))
+        .route(
+            "/api/permissions/{vhost}/{user}",
+            get(permission_get)
+                .put(permission_put)
+                .delete(permission_delete),
+        )
+        .route("/api/policies", get(policies_all))
+        .route("/api/policies/{vhost}", get(policies_vhost))
+        .route(
+            "/api/policies/{vhost}/{name}",
+            get(policy_get).put(policy_put).delete(policy_delete),
+        )
+        .route("/api/operator-policies", get(op_policies_all))
+        .route("/api/operator-policies/{vhost}", get(op_policies_vhost))
+        .route(
+            "/api/operator-policies/{vhost}/{name}",
+            get(op_policy_get)
+                .put(op_policy_put)
+                .delete(op_policy_delete),
+        )
+        .route("/api/queues", get(queues_all))
+        .route("/api/queues/{vhost}", get(queues_vhost))
+        .route(
+            "/api/queues/{vhost}/{name}",
+            get(queue_get).put(queue_put).delete(queue_delete),
+        )
+        .route(
+            "/api/queues/{vhost}/{name}/contents",
+            axum::routing::delete(queue_purge),
+        )
+        .route("/api/queues/{vhost}/{name}/actions", post(queue_action))
+        .route("/api/exchanges", get(exchanges_all))
+        .route("/api/exchanges/{vhost}", get(exchanges_vhost))
+        .route("/api/exchanges/{vhost}/{name}", get(exchange_get))
+        .route("/api/bindings", get(bindings_all))
+        .route("/api/bindings/{vhost}", get(bindings_vhost))
+        .route("/api/connections", get(connections))
+        .route("/api/consumers", get(consumers_all))
+        .route("/api/consumers/{vhost}", get(consumers_vhost))
+        .route(
+            "/api/definitions",
+            get(defs::export_all).post(defs::import_all),
+        )
+        .route(
+            "/api/definitions/{vhost}",
+            get(defs::export_vhost).post(defs::import_vhost),
+        )
+        .route("/api/health/checks/alarms", get(health_ok))
+        .route("/api/health/checks/local-alarms", get(health_ok))
+        .route("/api/health/checks/virtual-hosts", get(health_ok))
+        .route(
+            "/api/health/checks/node-is-mirror-sync-critical",
+            get(mirror_sync_critical),
+        )
+        .route("/api/health/checks/node-is-quorum-critical", get(health_ok))
+        .route("/api/cluster-name", get(cluster_name))
+        .route("/api/openapi.json", get(openapi))
+        .route("/api/{*rest}", get(api_not_found).put(api_not_found))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+async fn api_not_found() -> ApiError {
+    ApiError::not_found()
+}
+
+async fn openapi() -> Response {
+    ok(crate::openapi::openapi_document())
+}
+
+// ---------------------------------------------------------------- overview
+
+async fn overview(State(s): State<Management>) -> Response {
+    let b = s.broker();
+    let o = b.overview();
+    let mut listeners = Vec::new();
+    if let Some(a) = s.amqp_addr {
+        listeners.push(json!({"node": s.node, "protocol": "amqp", "ip_address": a.ip().to_string(), "port": a.port()}));
+    }
+    if let Some(a) = s.http_addr {
+        listeners.push(json!({"node": s.node, "protocol": "http", "ip_address": a.ip().to_string(), "port": a.port()}));
+    }
+    let contexts: Vec<Value> = s
+        .http_addr
+        .map(|a| json!({"node": s.node, "description": "Warren Management", "path": "/", "port": a.port().to_string()}))
+        .into_iter()
+        .collect();
+    ok(json!({
+        "management_version": env!("CARGO_PKG_VERSION"),
+        "rates_mode": "none",
+        "rabbitmq_version": "3.13.7",
+        "product_name": "Warren",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "cluster_name": s.node,
+        "erlang_version": "none (Rust)",
+        "node": s.node,
+        "listeners": listeners,
+        "contexts": contexts,
+        "object_totals": {
+            "connections": o.connections,
+            "channels": o.channels,
+            "exchanges": o.exchanges,
+            "queues": o.queues,
+            "consumers": o.consumers,
+        },
+        "queue_totals": {
+            "messages": o.messages_ready + o.messages_unacknowledged,
+            "messages_ready": o.messages_ready,
+            "messages_unacknowledged": o.messages_unacknowledged,
+        },
+        "message_stats": {},
+    }))
+}
+
+async fn whoami(axum::Extension(u): axum::Extension<AuthUser>) -> Response {
+    ok(json!({"name": u.name, "tags": u.tags}))
+}
+
+async fn cluster_name(State(s): State<Management>) -> Response {
+    ok(json!({"name": s.node}))
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn fd_used() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
+}
+
+fn node_json(s: &Management) -> Value {
+    let b = s.broker();
+    let o = b.overview();
+    json!({
+        "name": s.node,
+        "type": "disc",
+        "running": true,
+        "os_pid": std::process::id().to_string(),
+        "mem_used": rss_bytes(),
+        "mem_limit": 0,
+        "mem_alarm": false,
+        "disk_free": 0,
+        "disk_free_limit": 50_000_000,
+        "disk_free_alarm": false,
+        "fd_used": fd_used(),
+        "fd_total": 1_048_576,
+        "sockets_used": o.connections,
+        "proc_used": 0,
+        "processors": std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        "uptime": u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "partitions": [],
+        "cluster_links": [],
+        "rates_mode": "none",
+        "being_drained": false,
+    })
+}
+
+async fn nodes(State(s): State<Management>) -> Response {
+    ok(json!([node_json(&s)]))
+}
+
+async fn node_one(State(s): State<Management>, Path(name): Path<String>) -> ApiResult<Response> {
+    if name != s.node {
+        return Err(ApiError::not_found());
+    }
+    Ok(ok(node_json(&s)))
+}
+
+// ------------------------------------------------------------------ vhosts
+
+fn vhost_json(s: &Management, name: &str) -> Value {
+    let b = s.broker();
+    let qs = b.queues(Some(name));
+    let ready: u64 = qs.iter().map(|q| q.messages_ready).sum();
+    let unacked: u64 = qs.iter().map(|q| q.messages_unacknowledged).sum();
+    json!({
+        "name": name,
+        "description": "",
+        "tags": [],
+        "default_queue_type": "classic",
+        "tracing": false,
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "cluster_state": {s.node.clone(): "running"},
+    })
+}
+
+async fn vhosts(State(s): State<Management>) -> Response {
+    let names = s.broker().vhost_names();
+    ok(Value::Array(
+        names.iter().map(|n| vhost_json(&s, n)).collect(),
+    ))
+}
+
+async fn vhost_get(State(s): State<Management>, Path(vhost): Path<String>) -> ApiResult<Response> {
+    if !s.broker().has_vhost(&vhost) {
+        return Err(ApiError::not_found());
+    }
+    Ok(ok(vhost_json(&s, &vhost)))
+}
+
+async fn vhost_put(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    parse_body(&body)?;
+    if vhost.is_empty() {
+        return Err(ApiError::bad_request("vhost name must not be empty"));
+    }
+    let created = s.broker().ensure_vhost(&vhost)?;
+    Ok(created_or_updated(created))
+}
+
+async fn vhost_delete(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+) -> ApiResult<Response> {
+    if s.broker().delete_vhost(&vhost)? {
+        Ok(no_content())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+// ------------------------------------------------------------------- users
+
+fn user_json(u: &UserDef) -> Value {
+    json!({
+        "name": u.name,
+        "password_hash": u.password_hash,
+        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "tags": u.tags,
+        "limits": {},
+    })
+}
+
+async fn users(State(s): State<Management>) -> Response {
+    let us = s.broker().users();
+    ok(Value::Array(us.iter().map(user_json).collect()))
+}
+
+async fn user_get(State(s): State<Management>, Path(name): Path<String>) -> ApiResult<Response> {
+    let b = s.broker();
+    let u = b.user(&name).ok_or_else(ApiError::not_found)?;
+    Ok(ok(user_json(u)))
+}
+
+/// Tags as a JSON string (`"a,b"`) or array.
+pub(crate) fn parse_tags(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::String(t)) => t
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+async fn user_put(
+    State(s): State<Management>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let v = parse_body(&body)?;
+    if name.is_empty() {
+        return Err(ApiError::bad_request("user name must not be empty"));
+    }
+    let mut b = s.broker();
+    let existing = b.user(&name).cloned();
+    let password_hash = match (
+        v.get("password_hash").and_then(Value::as_str),
+        v.get("password").and_then(Value::as_str),
+    ) {
+        (Some(h), _) => h.to_owned(),
+        (None, Some(p)) => hash_password(p),
+        (None, None) => existing
+            .as_ref()
+            .map(|u| u.password_hash.clone())
+            .unwrap_or_default(),
+    };
+    let tags = if v.get("tags").is_some() {
+        parse_tags(v.get("tags"))
+    } else {
+        existing
+            .as_ref()
+            .map(|u| u.tags.clone())
+            .unwrap_or_default()
+    };
+    b.put_user(UserDef {
+        loopback_only: existing.as_ref().is_some_and(|u| u.loopback_only),
+        name,
+        password_hash,
+        tags,
+    })?;
+    Ok(created_or_updated(existing.is_none()))
+}
+
+async fn user_delete(State(s): State<Management>, Path(name): Path<String>) -> ApiResult<Response> {
+    if s.broker().delete_user(&name)? {
+        Ok(no_content())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+// ------------------------------------------------------------- permissions
+
+fn permission_json(p: &PermissionDef) -> Value {
+    json!({"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read})
+}
+
+async fn permissions(State(s): State<Management>) -> Response {
+    let ps = s.broker().permissions();
+    ok(Value::Array(ps.iter().map(permission_json).collect()))
+}
+
+async fn permission_get(
+    State(s): State<Management>,
+    Path((vhost, user)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let ps = s.broker().permissions();
+    let p = ps
+        .iter()
+        .find(|p| p.vhost == vhost && p.user == user)
+        .ok_or_else(ApiError::not_found)?;
+    Ok(ok(permission_json(p)))
+}
+
+async fn permission_put(
+    State(s): State<Management>,
+    Path((vhost, user)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let v = parse_body(&body)?;
+    let field = |k: &str| -> ApiResult<String> {
+        v.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::bad_request(format!("[{{key_missing,{k}}}]")))
+    };
+    let p = PermissionDef {
+        configure: field("configure")?,
+        write: field("write")?,
+        read: field("read")?,
+        user,
+        vhost,
+    };
+    let mut b = s.broker();
+    if b.user(&p.user).is_none() {
+        return Err(ApiError::bad_request(format!("no user '{}'", p.user)));
+    }
+    if !b.has_vhost(&p.vhost) {
+        return Err(ApiError::bad_request(format!("no vhost '{}'", p.vhost)));
+    }
+    let created = !b
+        .permissions()
+        .iter()
+        .any(|x| x.vhost == p.vhost && x.user == p.user);
+    b.set_permissions(p)?;
+    Ok(created_or_updated(created))
+}
+
+async fn permission_delete(
+    State(s): State<Management>,
+    Path((vhost, user)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    if s.broker().clear_permissions(&user, &vhost)? {
+        Ok(no_content())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+// ---------------------------------------------------------------- policies
+
+pub(crate) fn policy_json(p: &PolicyDef) -> Value {
+    json!({
+        "vhost": p.vhost,
+        "name": p.name,
+        "pattern": p.pattern,
+        "apply-to": p.apply_to,
+        "definition": p.definition,
+        "priority": p.priority,
+    })
+}
+
+fn list_policies(s: &Management, vhost: Option<&str>, operator: bool) -> ApiResult<Response> {
+    let b = s.broker();
+    if let Some(v) = vhost
+        && !b.has_vhost(v)
+    {
+        return Err(ApiError::not_found());
+    }
+    let mut ps: Vec<PolicyDef> = b
+        .policies()
+        .into_iter()
+        .filter(|p| p.operator == operator && vhost.is_none_or(|v| v == p.vhost))
+        .collect();
+    ps.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+    Ok(ok(Value::Array(ps.iter().map(policy_json).collect())))
+}
+
+fn get_policy(s: &Management, vhost: &str, name: &str, operator: bool) -> ApiResult<Response> {
+    let ps = s.broker().policies();
+    let p = ps
+        .iter()
+        .find(|p| p.vhost == vhost && p.name == name && p.operator == operator)
+        .ok_or_else(ApiError::not_found)?;
+    Ok(ok(policy_json(p)))
+}
+
+/// Validates a policy body (as PUT or a definitions file gives it) with
+/// warren-policy; the error is the validator's message.
+pub(crate) fn validate_policy(
+    vhost: &str,
+    name: &str,
+    v: &Value,
+    operator: bool,
+) -> ApiResult<PolicyDef> {
+    let pattern = v
+        .get("pattern")
+        .ok_or_else(|| ApiError::bad_request("[{key_missing,pattern}]"))?;
+    let definition = v
+        .get("definition")
+        .ok_or_else(|| ApiError::bad_request("[{key_missing,definition}]"))?;
+    let Some(pattern) = pattern.as_str() else {
+        return Err(ApiError::bad_request("pattern must be a string"));
+    };
+    let priority = match v.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .ok_or_else(|| ApiError::bad_request(format!("invalid priority {n}")))?,
+        Some(Value::String(t)) => {
+            warren_policy::parse_priority(t).map_err(|e| ApiError::bad_request(e.to_string()))?
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("invalid priority {other}")));
+        }
+    };
+    let apply_to_raw = match v.get("apply-to") {
+        None | Some(Value::Null) => "all".to_owned(),
+        Some(Value::String(t)) => t.clone(),
+        Some(other) => return Err(ApiError::bad_request(format!("invalid apply-to {other}"))),
+    };
+    let apply_to: warren_policy::ApplyTo =
+        serde_json::from_value(Value::String(apply_to_raw.clone()))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let spec = PolicySpec::new(vhost, name, pattern, definition.clone())
+        .apply_to(apply_to)
+        .priority(priority);
+    let kind = if operator {
+        PolicyKind::Operator
+    } else {
+        PolicyKind::Regular
+    };
+    Policy::new(kind, &spec).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(PolicyDef {
+        vhost: vhost.to_owned(),
+        name: name.to_owned(),
+        pattern: pattern.to_owned(),
+        apply_to: apply_to.as_str().to_owned(),
+        priority,
+        definition: definition.clone(),
+        operator,
+    })
+}
+
+fn put_policy(
+    s: &Management,
+    vhost: &str,
+    name: &str,
+    body: &Bytes,
+    operator: bool,
+) -> ApiResult<Response> {
+    let v = parse_body(body)?;
+    let def = validate_policy(vhost, name, &v, operator)?;
+    let mut b = s.broker();
+    if !b.has_vhost(vhost) {
+        return Err(ApiError::not_found());
+    }
+    let created = !b
+        .policies()
+        .iter()
+        .any(|p| p.vhost == vhost && p.name == name && p.operator == operator);
+    b.put_policy(def)?;
+    tracing::info!(vhost, policy = name, operator, "policy set");
+    Ok(created_or_updated(created))
+}
+
+fn delete_policy(s: &Management, vhost: &str, name: &str, operator: bool) -> ApiResult<Response> {
+    if s.broker().delete_policy(vhost, name, operator)? {
+        tracing::info!(vhost, policy = name, operator, "policy cleared");
+        Ok(no_content())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+async fn policies_all(State(s): State<Management>) -> ApiResult<Response> {
+    list_policies(&s, None, false)
+}
+async fn policies_vhost(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+) -> ApiResult<Response> {
+    list_policies(&s, Some(&vhost), false)
+}
+async fn policy_get(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    get_policy(&s, &vhost, &name, false)
+}
+async fn policy_put(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    put_policy(&s, &vhost, &name, &body, false)
+}
+async fn policy_delete(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    delete_policy(&s, &vhost, &name, false)
+}
+async fn op_policies_all(State(s): State<Management>) -> ApiResult<Response> {
+    list_policies(&s, None, true)
+}
+async fn op_policies_vhost(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+) -> ApiResult<Response> {
+    list_policies(&s, Some(&vhost), true)
+}
+async fn op_policy_get(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    get_policy(&s, &vhost, &name, true)
+}
+async fn op_policy_put(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    put_policy(&s, &vhost, &name, &body, true)
+}
+async fn op_policy_delete(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    delete_policy(&s, &vhost, &name, true)
+}
+
+/// The stored policies as a matching set (invalid stored ones are skipped).
+pub(crate) fn policy_set(defs: &[PolicyDef]) -> PolicySet {
+    let mut set = PolicySet::new();
+    for d in defs {
+        let apply_to =
+            serde_json::from_value(Value::String(d.apply_to.clone())).unwrap_or_default();
+        let spec = PolicySpec::new(&d.vhost, &d.name, &d.pattern, d.definition.clone())
+            .apply_to(apply_to)
+            .priority(d.priority);
+        let kind = if d.operator {
+            PolicyKind::Operator
+        } else {
+            PolicyKind::Regular
+        };
+        match Policy::new(kind, &spec) {
+            Ok(p) => {
+                set.set(p);
+            }
+            Err(e) => {
+                tracing::warn!(vhost = %d.vhost, policy = %d.name, error = %e, "skipping a stored policy")
+            }
+        }
+    }
+    set
+}
+
+// ------------------------------------------------------------------ queues
+
+/// A queue as `/api/queues` shows it.
+pub(crate) fn queue_json(
+    node: &str,
+    q: &QueueInfo,
+    set: &PolicySet,
+    m: Option<QueueMirrors>,
+) -> Value {
+    let eff = set.effective_for_queue(&q.vhost, &q.name, q.exclusive);
+    let m = m.unwrap_or_else(|| QueueMirrors {
+        node: node.to_owned(),
+        ..QueueMirrors::default()
+    });
+    let state = if m.syncing.is_some() {
+        "syncing"
+    } else {
+        "running"
+    };
+    let mut v = json!({
+        "name": q.name,
+        "vhost": q.vhost,
+        "durable": q.durable,
+        "auto_delete": q.auto_delete,
+        "exclusive": q.exclusive,
+        "arguments": q.arguments,
+        "type": "classic",
+        "node": m.node,
+        "pid": format!("<{}.{}>", m.node, q.uid),
+        "owner_pid": q.owner.map(|o| format!("<{node}.conn.{o}>")),
+        "slave_nodes": m.slave_nodes,
+        "synchronised_slave_nodes": m.synchronised_slave_nodes,
+        "recoverable_slaves": Value::Null,
+        "state": state,
+        "policy": eff.policy,
+        "operator_policy": eff.operator_policy,
+        "effective_policy_definition": Value::Object(eff.definition.to_json()),
+        "consumers": q.consumers,
+        "consumer_capacity": if q.consumers > 0 { 1.0 } else { 0.0 },
+        "consumer_utilisation": if q.consumers > 0 { 1.0 } else { 0.0 },
+        "messages": q.messages_ready + q.messages_unacknowledged,
+        "messages_ready": q.messages_ready,
+        "messages_unacknowledged": q.messages_unacknowledged,
+        "message_bytes": q.message_bytes_ready + q.message_bytes_unacknowledged,
+        "message_bytes_ready": q.message_bytes_ready,
+        "message_bytes_unacknowledged": q.message_bytes_unacknowledged,
+        "message_stats": {},
+    });
+    if let (Some(n), Value::Object(o)) = (m.syncing, &mut v) {
+        o.insert("sync_messages".into(), json!(n));
+    }
+    v
+}
+
+fn all_queues_json(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
+    let (qs, defs) = {
+        let b = s.broker();
+        if let Some(v) = vhost
+            && !b.has_vhost(v)
+        {
+            return Err(ApiError::not_found());
+        }
+        (b.queues(vhost), b.policies())
+    };
+    let set = policy_set(&defs);
+    Ok(qs
+        .iter()
+        .map(|q| queue_json(&s.node, q, &set, s.mirrors.mirrors(&q.vhost, &q.name)))
+        .collect())
+}
+
+/// RabbitMQ's pagination (`page`, `page_size`) and `name` filter for list endpoints.
+fn paged(items: Vec<Value>, q: &HashMap<String, String>) -> Value {
+    let total = items.len();
+    let filtered: Vec<Value> = match q.get("name").filter(|n| !n.is_empty()) {
+        Some(n) => {
+            let re = q
+                .get("use_regex")
+                .is_some_and(|x| x == "true")
+                .then(|| regex_lite(n));
+            items
+                .into_iter()
+                .filter(|it| {
+                    let name = it.get("name").and_then(Value::as_str).unwrap_or("");
+                    match &re {
+                        Some(Some(r)) => r.is_match(name),
+                        _ => name.contains(n.as_str()),
+                    }
+                })
+                .collect()
+        }
+        None => items,
+    };
+    let Some(page) = q.get("page").and_then(|p| p.parse::<usize>().ok()) else {
+        return Value::Array(filtered);
+    };
+    let page = page.max(1);
+    let size = q
+        .get("page_size")
+        .and_then(|p| p.parse::<usize>().ok())
+        .unwrap_or(100)
+        .clamp(1, 500);
+    let filtered_count = filtered.len();
+    let page_count = filtered_count.div_ceil(size).max(1);
+    let items: Vec<Value> = filtered
+        .into_iter()
+        .skip((page - 1) * size)
+        .take(size)
+        .collect();
+    json!({
+        "items": items,
+        "page": page,
+        "page_size": size,
+        "page_count": page_count,
+        "filtered_count": filtered_count,
+        "item_count": items.len(),
+        "total_count": total,
+    })
+}
+
+fn regex_lite(pattern: &str) -> Option<regex::Regex> {
+    regex::Regex::new(pattern).ok()
+}
+
+async fn queues_all(
+    State(s): State<Management>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    Ok(ok(paged(all_queues_json(&s, None)?, &q)))
+}
+
+async fn queues_vhost(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    Ok(ok(paged(all_queues_json(&s, Some(&vhost))?, &q)))
+}
+
+fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
+    let (q, defs) = {
+        let b = s.broker();
+        let q = b
+            .queues(Some(vhost))
+            .into_iter()
+            .find(|q| q.name == name)
+            .ok_or_else(ApiError::not_found)?;
+        (q, b.policies())
+    };
+    let set = policy_set(&defs);
+    let mut v = queue_json(&s.node, &q, &set, s.mirrors.mirrors(vhost, name));
+    let consumers: Vec<Value> = {
+        let b = s.broker();
+        let conns = b.connections();
+        b.consumers(Some(vhost))
+            .iter()
+            .filter(|c| c.queue == name)
+            .map(|c| consumer_json(&s.node, c, &conns))
+            .collect()
+    };
+    if let Value::Object(o) = &mut v {
+        o.insert("consumer_details".into(), Value::Array(consumers));
+    }
+    Ok(v)
+}
+
+async fn queue_get(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    Ok(ok(one_queue(&s, &vhost, &name)?))
+}
+
+async fn queue_put(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let v = parse_body(&body)?;
+    let durable = v.get("durable").and_then(Value::as_bool).unwrap_or(true);
+    let auto_delete = v
+        .get("auto_delete")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let args = json_to_table(v.get("arguments").unwrap_or(&Value::Null));
+    let mut b = s.broker();
+    if !b.has_vhost(&vhost) {
+        return Err(ApiError::not_found());
+    }
+    let existed = b.queues(Some(&vhost)).iter().any(|q| q.name == name);
+    b.admin_declare_queue(&vhost, &name, durable, auto_delete, args)?;
+    Ok(created_or_updated(!existed))
+}
+
+async fn queue_delete(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    let mut b = s.broker();
+    let info = b
+        .queues(Some(&vhost))
+        .into_iter()
+        .find(|x| x.name == name)
+        .ok_or_else(ApiError::not_found)?;
+    if q.get("if-empty").is_some_and(|x| x == "true") && info.messages_ready > 0 {
+        return Err(ApiError::bad_request(format!(
+            "queue '{name}' in vhost '{vhost}' is not empty"
+        )));
+    }
+    if q.get("if-unused").is_some_and(|x| x == "true") && info.consumers > 0 {
+        return Err(ApiError::bad_request(format!(
+            "queue '{name}' in vhost '{vhost}' in use"
+        )));
+    }
+    b.admin_delete_queue(&vhost, &name);
+    Ok(no_content())
+}
+
+async fn queue_purge(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let mut b = s.broker();
+    if !b.queues(Some(&vhost)).iter().any(|x| x.name == name) {
+        return Err(ApiError::not_found());
+    }
+    b.admin_purge_queue(&vhost, &name)?;
+    Ok(no_content())
+}
+
+async fn queue_action(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let v = parse_body(&body)?;
+    if !s
+        .broker()
+        .queues(Some(&vhost))
+        .iter()
+        .any(|x| x.name == name)
+    {
+        return Err(ApiError::not_found());
+    }
+    let r = match v.get("action").and_then(Value::as_str) {
+        Some("sync") => s.mirrors.sync(&vhost, &name),
+        Some("cancel_sync") => s.mirrors.cancel_sync(&vhost, &name),
+        Some(other) => return Err(ApiError::bad_request(format!("Unknown action '{other}'"))),
+        None => return Err(ApiError::bad_request("[{key_missing,action}]")),
+    };
+    r.map_err(ApiError::bad_request)?;
+    Ok(no_content())
+}
+
+// --------------------------------------------------- exchanges and bindings
+
+fn exchange_json(x: &warren_broker::ExchangeInfo) -> Value {
+    json!({
+        "name": x.name,
+        "vhost": x.vhost,
+        "type": x.kind,
+        "durable": x.durable,
+        "auto_delete": x.auto_delete,
+        "internal": x.internal,
+        "arguments": x.arguments,
+        "user_who_performed_action": "",
+        "policy": Value::Null,
+        "message_stats": {},
+    })
+}
+
+fn exchanges_of(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
+    let b = s.broker();
+    if let Some(v) = vhost
+        && !b.has_vhost(v)
+    {
+        return Err(ApiError::not_found());
+    }
+    let defs = b.policies();
+    let set = policy_set(&defs);
+    Ok(b.exchanges(vhost)
+        .iter()
+        .map(|x| {
+            let mut v = exchange_json(x);
+            let eff = set.effective_for_exchange(&x.vhost, &x.name);
+            if let Value::Object(o) = &mut v {
+                o.insert("policy".into(), json!(eff.policy));
+            }
+            v
+        })
+        .collect())
+}
+
+async fn exchanges_all(
+    State(s): State<Management>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    Ok(ok(paged(exchanges_of(&s, None)?, &q)))
+}
+
+async fn exchanges_vhost(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    Ok(ok(paged(exchanges_of(&s, Some(&vhost))?, &q)))
+}
+
+async fn exchange_get(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let name = if name == "amq.default" {
+        String::new()
+    } else {
+        name
+    };
+    exchanges_of(&s, Some(&vhost))?
+        .into_iter()
+        .find(|x| x.get("name").and_then(Value::as_str) == Some(name.as_str()))
+        .map(ok)
+        .ok_or_else(ApiError::not_found)
+}
+
+pub(crate) fn binding_json(b: &warren_broker::BindingInfo) -> Value {
+    json!({
+        "source": b.source,
+        "vhost": b.vhost,
+        "destination": b.destination,
+        "destination_type": b.destination_type,
+        "routing_key": b.routing_key,
+        "arguments": b.arguments,
+        "properties_key": if b.routing_key.is_empty() { "~".to_owned() } else { b.routing_key.clone() },
+    })
+}
+
+fn bindings_of(s: &Management, vhost: Option<&str>) -> ApiResult<Response> {
+    let b = s.broker();
+    if let Some(v) = vhost
+        && !b.has_vhost(v)
+    {
+        return Err(ApiError::not_found());
+    }
+    Ok(ok(Value::Array(
+        b.bindings(vhost).iter().map(binding_json).collect(),
+    )))
+}
+
+async fn bindings_all(State(s): State<Management>) -> ApiResult<Response> {
+    bindings_of(&s, None)
+}
+
+async fn bindings_vhost(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+) -> ApiResult<Response> {
+    bindings_of(&s, Some(&vhost))
+}
+
+// ------------------------------------------------ connections and consumers
+
+fn connection_name(c: &ConnectionInfo, node: &str) -> String {
+    format!("{} -> {node}", c.peer)
+}
+
+fn connection_json(node: &str, c: &ConnectionInfo) -> Value {
+    json!({
+        "name": connection_name(c, node),
+        "node": node,
+        "user": c.user,
+        "vhost": c.vhost,
+        "peer_host": c.peer.ip().to_string(),
+        "peer_port": c.peer.port(),
+        "state": "running",
+        "channels": c.channels,
+        "protocol": "AMQP 0-9-1",
+        "ssl": false,
+        "auth_mechanism": "PLAIN",
+        "type": "network",
+    })
+}
+
+async fn connections(
+    State(s): State<Management>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let cs = s.broker().connections();
+    ok(paged(
+        cs.iter().map(|c| connection_json(&s.node, c)).collect(),
+        &q,
+    ))
+}
+
+fn consumer_json(node: &str, c: &ConsumerInfo, conns: &[ConnectionInfo]) -> Value {
+    let conn = conns.iter().find(|x| x.id == c.conn);
+    let conn_name = conn.map_or_else(String::new, |x| connection_name(x, node));
+    json!({
+        "queue": {"name": c.queue, "vhost": c.vhost},
+        "consumer_tag": c.tag,
+        "channel_details": {
+            "name": format!("{conn_name} ({})", c.channel),
+            "number": c.channel,
+            "connection_name": conn_name,
+            "node": node,
+            "peer_host": conn.map(|x| x.peer.ip().to_string()),
+            "peer_port": conn.map(|x| x.peer.port()),
+            "user": conn.map(|x| x.user.clone()),
+        },
+        "ack_required": c.ack_required,
+        "exclusive": c.exclusive,
+        "prefetch_count": c.prefetch,
+        "active": true,
+        "activity_status": "up",
+        "arguments": {},
+    })
+}
+
+fn consumers_of(s: &Management, vhost: Option<&str>) -> ApiResult<Response> {
+    let b = s.broker();
+    if let Some(v) = vhost
+        && !b.has_vhost(v)
+    {
+        return Err(ApiError::not_found());
+    }
+    let conns = b.connections();
+    Ok(ok(Value::Array(
+        b.consumers(vhost)
+            .iter()
+            .map(|c| consumer_json(&s.node, c, &conns))
+            .collect(),
+    )))
+}
+
+async fn consumers_all(State(s): State<Management>) -> ApiResult<Response> {
+    consumers_of(&s, None)
+}
+
+async fn consumers_vhost(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+) -> ApiResult<Response> {
+    consumers_of(&s, Some(&vhost))
+}
+
+// ------------------------------------------------------------------ health
+
+async fn health_ok() -> Response {
+    ok(json!({"status": "ok"}))
+}
+
+async fn mirror_sync_critical(State(s): State<Management>) -> ApiResult<Response> {
+    let queues = all_queues_json(&s, None)?;
+    let critical: Vec<Value> = queues
+        .into_iter()
+        .filter(|q| {
+            let mirrored = q
+                .get("effective_policy_definition")
+                .and_then(|d| d.get("ha-mode"))
+                .is_some()
+                && !q.get("exclusive").and_then(Value::as_bool).unwrap_or(false);
+            let local = q.get("node").and_then(Value::as_str) == Some(s.node.as_str());
+            let synced = q
+                .get("synchronised_slave_nodes")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
+            mirrored && local && !synced
+        })
+        .map(|q| json!({"name": q["name"], "vhost": q["vhost"]}))
+        .collect();
+    if critical.is_empty() {
+        return Ok(ok(json!({"status": "ok"})));
+    }
+    let body = json!({
+        "status": "failed",
+        "reason": "There are classic mirrored queues without online synchronised mirrors present in the cluster: stopping this node may lose their messages",
+        "queues": critical,
+    });
+    Ok((
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response())
+}

@@ -1,0 +1,158 @@
+//! Warren's management HTTP API: RabbitMQ's `/api` as an axum router.
+//!
+//! [`router`] serves the endpoints RabbitMQ's tools and dashboards use most
+//! (`/api/overview`, `/api/nodes`, `/api/vhosts`, `/api/users`,
+//! `/api/permissions`, `/api/policies`, `/api/operator-policies`,
+//! `/api/queues` with the mirror fields, `/api/exchanges`, `/api/bindings`,
+//! `/api/connections`, `/api/consumers`, `/api/definitions`,
+//! `/api/health/checks/…`) plus `/api/openapi.json` describing them, and a
+//! small web page at `/`.
+//!
+//! Conventions are RabbitMQ's: HTTP basic auth against the broker's users,
+//! who need the `management`, `policymaker`, `monitoring` or
+//! `administrator` tag (changes need `administrator`, or `policymaker` for
+//! policies); the default vhost written `%2F`; `201`/`204` on PUT and `204`
+//! on DELETE; errors as `{"error":…,"reason":…}` with 400, 401 or 404.
+//!
+//! Mirror columns (`node`, `slave_nodes`, `synchronised_slave_nodes`,
+//! `state`) come from a [`MirrorSource`]; until mirroring is wired,
+//! [`SingleNode`] reports every queue on this node without mirrors.
+
+mod api;
+mod defs;
+mod openapi;
+mod web;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use axum::Router;
+use warren_broker::Broker;
+
+pub use openapi::openapi_document;
+
+/// The broker as the node shell shares it.
+pub type SharedBroker = Arc<Mutex<Broker>>;
+
+/// Where a queue's master and mirrors are, as the management API shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueMirrors {
+    /// The node of the queue's master.
+    pub node: String,
+    /// Mirror nodes, oldest first.
+    pub slave_nodes: Vec<String>,
+    /// The synchronised ones among them.
+    pub synchronised_slave_nodes: Vec<String>,
+    /// Messages left to synchronise while a sync runs.
+    pub syncing: Option<u64>,
+}
+
+/// Where the API gets mirror data and sends `sync` / `cancel_sync`.
+///
+/// The mirroring layer implements it; [`SingleNode`] is the stand-in while
+/// it is not wired.
+pub trait MirrorSource: Send + Sync + fmt::Debug {
+    /// The master and mirrors of a queue; `None` means "on this node, no mirrors".
+    fn mirrors(&self, vhost: &str, queue: &str) -> Option<QueueMirrors>;
+    /// Starts synchronising a queue's mirrors.
+    fn sync(&self, vhost: &str, queue: &str) -> Result<(), String>;
+    /// Cancels a queue's synchronisation.
+    fn cancel_sync(&self, vhost: &str, queue: &str) -> Result<(), String>;
+}
+
+/// A node without mirroring: queues have no mirrors; sync requests are
+/// accepted and do nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SingleNode;
+
+impl MirrorSource for SingleNode {
+    fn mirrors(&self, _vhost: &str, _queue: &str) -> Option<QueueMirrors> {
+        None
+    }
+
+    fn sync(&self, _vhost: &str, _queue: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn cancel_sync(&self, _vhost: &str, _queue: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Everything the API handlers share.
+#[derive(Clone)]
+pub struct Management {
+    broker: SharedBroker,
+    node: String,
+    amqp_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+    mirrors: Arc<dyn MirrorSource>,
+    started: Instant,
+}
+
+impl fmt::Debug for Management {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Management")
+            .field("node", &self.node)
+            .field("amqp_addr", &self.amqp_addr)
+            .field("http_addr", &self.http_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Management {
+    /// The API over `broker`, for the node named as the broker's config says.
+    pub fn new(broker: SharedBroker) -> Self {
+        let node = lock(&broker).node_name().to_owned();
+        Self {
+            broker,
+            node,
+            amqp_addr: None,
+            http_addr: None,
+            mirrors: Arc::new(SingleNode),
+            started: Instant::now(),
+        }
+    }
+
+    /// Sets the AMQP listener's address (shown in `listeners`).
+    #[must_use]
+    pub fn amqp_addr(mut self, addr: SocketAddr) -> Self {
+        self.amqp_addr = Some(addr);
+        self
+    }
+
+    /// Sets the HTTP listener's address (shown in `listeners` and `contexts`).
+    #[must_use]
+    pub fn http_addr(mut self, addr: SocketAddr) -> Self {
+        self.http_addr = Some(addr);
+        self
+    }
+
+    /// Sets where mirror data comes from.
+    #[must_use]
+    pub fn mirrors(mut self, mirrors: Arc<dyn MirrorSource>) -> Self {
+        self.mirrors = mirrors;
+        self
+    }
+
+    fn broker(&self) -> MutexGuard<'_, Broker> {
+        lock(&self.broker)
+    }
+}
+
+fn lock(b: &SharedBroker) -> MutexGuard<'_, Broker> {
+    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The router: `/api/…`, `/api/openapi.json` and the web page at `/`.
+pub fn router(state: Management) -> Router {
+    api::routes(state.clone()).merge(web::routes())
+}
+
+/// Serves [`router`] on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, state: Management) -> std::io::Result<()> {
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app).await
+}

@@ -1,0 +1,164 @@
+//! The OpenAPI 3 description of what the router serves.
+
+use serde_json::{Map, Value, json};
+
+/// Every served path, its methods and a summary.
+pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
+    (
+        "/api/overview",
+        &["get"],
+        "Node overview: versions, listeners, object and message totals",
+    ),
+    ("/api/whoami", &["get"], "The authenticated user and tags"),
+    ("/api/cluster-name", &["get"], "The cluster's name"),
+    ("/api/nodes", &["get"], "Cluster nodes"),
+    ("/api/nodes/{name}", &["get"], "One node"),
+    ("/api/vhosts", &["get"], "Virtual hosts"),
+    (
+        "/api/vhosts/{vhost}",
+        &["get", "put", "delete"],
+        "One virtual host",
+    ),
+    ("/api/users", &["get"], "Users"),
+    (
+        "/api/users/{name}",
+        &["get", "put", "delete"],
+        "One user (PUT: password or password_hash, tags)",
+    ),
+    ("/api/permissions", &["get"], "All permissions"),
+    (
+        "/api/permissions/{vhost}/{user}",
+        &["get", "put", "delete"],
+        "A user's permissions in a vhost (PUT: configure, write, read)",
+    ),
+    ("/api/policies", &["get"], "All policies"),
+    ("/api/policies/{vhost}", &["get"], "Policies of a vhost"),
+    (
+        "/api/policies/{vhost}/{name}",
+        &["get", "put", "delete"],
+        "One policy (PUT: pattern, definition, priority, apply-to); 400 with the validator's reason",
+    ),
+    ("/api/operator-policies", &["get"], "All operator policies"),
+    (
+        "/api/operator-policies/{vhost}",
+        &["get"],
+        "Operator policies of a vhost",
+    ),
+    (
+        "/api/operator-policies/{vhost}/{name}",
+        &["get", "put", "delete"],
+        "One operator policy",
+    ),
+    (
+        "/api/queues",
+        &["get"],
+        "Queues with node, slave_nodes, synchronised_slave_nodes, state, policy, effective_policy_definition, message counts (page, page_size, name, use_regex)",
+    ),
+    ("/api/queues/{vhost}", &["get"], "Queues of a vhost"),
+    (
+        "/api/queues/{vhost}/{name}",
+        &["get", "put", "delete"],
+        "One queue (DELETE: if-empty, if-unused)",
+    ),
+    (
+        "/api/queues/{vhost}/{name}/contents",
+        &["delete"],
+        "Purge a queue",
+    ),
+    (
+        "/api/queues/{vhost}/{name}/actions",
+        &["post"],
+        "{\"action\":\"sync\"} or {\"action\":\"cancel_sync\"}",
+    ),
+    ("/api/exchanges", &["get"], "Exchanges"),
+    ("/api/exchanges/{vhost}", &["get"], "Exchanges of a vhost"),
+    (
+        "/api/exchanges/{vhost}/{name}",
+        &["get"],
+        "One exchange (amq.default is the default exchange)",
+    ),
+    ("/api/bindings", &["get"], "Bindings"),
+    ("/api/bindings/{vhost}", &["get"], "Bindings of a vhost"),
+    ("/api/connections", &["get"], "Client connections"),
+    ("/api/consumers", &["get"], "Consumers"),
+    ("/api/consumers/{vhost}", &["get"], "Consumers of a vhost"),
+    (
+        "/api/definitions",
+        &["get", "post"],
+        "Export or import definitions (RabbitMQ's JSON format)",
+    ),
+    (
+        "/api/definitions/{vhost}",
+        &["get", "post"],
+        "Export or import one vhost's definitions",
+    ),
+    (
+        "/api/health/checks/alarms",
+        &["get"],
+        "200 without resource alarms, 503 otherwise",
+    ),
+    (
+        "/api/health/checks/local-alarms",
+        &["get"],
+        "200 without local resource alarms",
+    ),
+    (
+        "/api/health/checks/virtual-hosts",
+        &["get"],
+        "200 when every vhost runs",
+    ),
+    (
+        "/api/health/checks/node-is-mirror-sync-critical",
+        &["get"],
+        "503 when a mirrored queue on this node has no synchronised mirror",
+    ),
+    (
+        "/api/health/checks/node-is-quorum-critical",
+        &["get"],
+        "Always 200: Warren has no quorum queues",
+    ),
+    ("/api/openapi.json", &["get"], "This document"),
+];
+
+/// The OpenAPI document served at `/api/openapi.json`.
+pub fn openapi_document() -> Value {
+    let mut paths = Map::new();
+    for (path, methods, summary) in ENDPOINTS {
+        let mut item = Map::new();
+        let params: Vec<Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"},
+                            "description": if p == "vhost" { "the vhost, `/` written %2F" } else { "" }}))
+            .collect();
+        for m in *methods {
+            let responses = match *m {
+                "get" => {
+                    json!({"200": {"description": "OK"}, "401": {"description": "not authorised"}, "404": {"description": "not found"}})
+                }
+                "put" => {
+                    json!({"201": {"description": "created"}, "204": {"description": "updated"}, "400": {"description": "bad request: {\"error\":\"bad_request\",\"reason\":…}"}, "401": {"description": "not authorised"}})
+                }
+                _ => {
+                    json!({"204": {"description": "done"}, "400": {"description": "bad request"}, "401": {"description": "not authorised"}, "404": {"description": "not found"}})
+                }
+            };
+            item.insert(
+                (*m).to_owned(),
+                json!({"summary": summary, "parameters": params, "responses": responses}),
+            );
+        }
+        paths.insert((*path).to_owned(), Value::Object(item));
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Warren management HTTP API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "RabbitMQ-compatible management API (3.13 conventions): HTTP basic auth, %2F for the default vhost, 201/204 on PUT, 204 on DELETE, errors as {\"error\":…,\"reason\":…}."
+        },
+        "components": {"securitySchemes": {"basic": {"type": "http", "scheme": "basic"}}},
+        "security": [{"basic": []}],
+        "paths": paths,
+    })
+}
