@@ -185,86 +185,142 @@ impl LogFiles {
     }
 }
 
-struct LogInner {
-    dir: PathBuf,
+/// The log file and where each record starts: touched only by the writer
+/// (openraft's core, one call at a time), on a blocking thread.
+struct LogIo {
     file: File,
-    files: LogFiles,
+    end: u64,
+    offsets: BTreeMap<u64, u64>,
 }
 
-impl LogInner {
-    fn append_records(&mut self, entries: Vec<Entry>) -> io::Result<()> {
-        let mut buf = Vec::new();
-        let mut placed = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let offset = self.files.end + buf.len() as u64;
-            buf.extend_from_slice(&encode_record(&entry)?);
-            placed.push((entry, offset));
-        }
-        self.file.write_all(&buf)?;
-        self.file.sync_data()?;
-        tracing::trace!(
-            first = placed.first().map(|(e, _)| e.log_id.index),
-            last = placed.last().map(|(e, _)| e.log_id.index),
-            at = self.files.end,
-            "appended raft log entries"
-        );
-        self.files.end += buf.len() as u64;
-        for (entry, offset) in placed {
-            let index = entry.log_id.index;
-            self.files.entries.split_off(&index);
-            self.files.entries.insert(index, (entry, offset));
-        }
-        Ok(())
+/// What readers see: the entries and the small records, in memory.
+#[derive(Default)]
+struct LogMem {
+    entries: BTreeMap<u64, Entry>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+    purged: Option<LogId>,
+}
+
+struct LogShared {
+    dir: PathBuf,
+    io: Mutex<LogIo>,
+    mem: RwLock<LogMem>,
+}
+
+impl LogShared {
+    fn io(&self) -> MutexGuard<'_, LogIo> {
+        self.io.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn truncate_from(&mut self, index: u64) -> io::Result<()> {
-        let Some((_, offset)) = self.files.entries.get(&index).cloned() else {
+    fn mem(&self) -> std::sync::RwLockReadGuard<'_, LogMem> {
+        self.mem.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mem_mut(&self) -> std::sync::RwLockWriteGuard<'_, LogMem> {
+        self.mem.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends entries durably (fsync) and makes them readable. An entry at
+    /// an index already present replaces it and everything after it.
+    fn append_sync(&self, entries: Vec<Entry>) -> io::Result<()> {
+        let Some(first) = entries.first().map(|e| e.log_id.index) else {
             return Ok(());
         };
-        self.file.set_len(offset)?;
-        self.file.sync_all()?;
-        self.files.end = offset;
-        self.files.entries.split_off(&index);
+        {
+            let mut io = self.io();
+            if let Some(&offset) = io.offsets.get(&first) {
+                io.file.set_len(offset)?;
+                io.end = offset;
+                io.offsets.split_off(&first);
+            }
+            let mut buf = Vec::new();
+            let mut placed = Vec::with_capacity(entries.len());
+            for entry in &entries {
+                placed.push((entry.log_id.index, io.end + buf.len() as u64));
+                buf.extend_from_slice(&encode_record(entry)?);
+            }
+            io.file.write_all(&buf)?;
+            io.file.sync_data()?;
+            tracing::trace!(
+                first,
+                count = placed.len(),
+                at = io.end,
+                "appended raft log entries"
+            );
+            io.end += buf.len() as u64;
+            io.offsets.extend(placed);
+        }
+        let mut mem = self.mem_mut();
+        mem.entries.split_off(&first);
+        mem.entries
+            .extend(entries.into_iter().map(|e| (e.log_id.index, e)));
         Ok(())
     }
 
-    /// Rewrites the log file with only the entries still kept.
-    fn rewrite(&mut self) -> io::Result<()> {
+    /// Deletes the entries from `index` on.
+    fn truncate_sync(&self, index: u64) -> io::Result<()> {
+        {
+            let mut io = self.io();
+            if let Some(&offset) = io.offsets.get(&index) {
+                io.file.set_len(offset)?;
+                io.file.sync_all()?;
+                io.end = offset;
+                io.offsets.split_off(&index);
+            }
+        }
+        self.mem_mut().entries.split_off(&index);
+        Ok(())
+    }
+
+    /// Forgets the entries up to `log_id` (they are in a snapshot) and
+    /// rewrites the log file with the rest.
+    fn purge_sync(&self, log_id: LogId) -> io::Result<()> {
+        write_atomic(&self.dir, PURGED_FILE, &log_id)?;
+        let kept: Vec<Entry> = {
+            let mut mem = self.mem_mut();
+            mem.purged = Some(log_id);
+            let keep = mem.entries.split_off(&(log_id.index + 1));
+            mem.entries = keep;
+            mem.entries.values().cloned().collect()
+        };
+        let mut io = self.io();
         let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
-        let mut f = File::create(&tmp)?;
         let mut buf = Vec::new();
-        let mut offsets = Vec::new();
-        for (index, (entry, _)) in &self.files.entries {
-            offsets.push((*index, buf.len() as u64));
+        let mut offsets = BTreeMap::new();
+        for entry in &kept {
+            offsets.insert(entry.log_id.index, buf.len() as u64);
             buf.extend_from_slice(&encode_record(entry)?);
         }
+        let mut f = File::create(&tmp)?;
         f.write_all(&buf)?;
         f.sync_all()?;
         drop(f);
         fs::rename(&tmp, self.dir.join(LOG_FILE))?;
         sync_dir(&self.dir)?;
-        self.file = OpenOptions::new()
+        io.file = OpenOptions::new()
             .append(true)
             .open(self.dir.join(LOG_FILE))?;
-        for (index, offset) in offsets {
-            if let Some(e) = self.files.entries.get_mut(&index) {
-                e.1 = offset;
-            }
-        }
-        self.files.end = buf.len() as u64;
+        io.end = buf.len() as u64;
+        io.offsets = offsets;
         Ok(())
     }
 }
 
 /// The on-disk Raft log (openraft's `RaftLogStorage`); cheap to clone.
+///
+/// Reads come from memory; writes (fsync) run on a blocking thread, so a
+/// slow disk never stalls the async runtime.
 #[derive(Clone)]
 pub(crate) struct LogStore {
-    inner: Arc<Mutex<LogInner>>,
+    shared: Arc<LogShared>,
 }
 
 impl std::fmt::Debug for LogStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogStore").finish_non_exhaustive()
+        f.debug_struct("LogStore")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -280,23 +336,45 @@ impl LogStore {
             file.set_len(files.end)?;
             file.sync_all()?;
         }
+        let offsets = files.entries.iter().map(|(i, (_, o))| (*i, *o)).collect();
+        let entries = files
+            .entries
+            .into_iter()
+            .map(|(i, (e, _))| (i, e))
+            .collect();
         Ok(Self {
-            inner: Arc::new(Mutex::new(LogInner {
+            shared: Arc::new(LogShared {
                 dir: dir.to_owned(),
-                file,
-                files,
-            })),
+                io: Mutex::new(LogIo {
+                    file,
+                    end: files.end,
+                    offsets,
+                }),
+                mem: RwLock::new(LogMem {
+                    entries,
+                    vote: files.vote,
+                    committed: files.committed,
+                    purged: files.purged,
+                }),
+            }),
         })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, LogInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether any vote or entry was ever stored (the node has Raft state).
     pub(crate) fn has_state(&self) -> bool {
-        let g = self.lock();
-        g.files.vote.is_some() || !g.files.entries.is_empty() || g.files.purged.is_some()
+        let m = self.shared.mem();
+        m.vote.is_some() || !m.entries.is_empty() || m.purged.is_some()
+    }
+
+    /// Runs a storage write on a blocking thread.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&LogShared) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || f(&shared))
+            .await
+            .map_err(io::Error::other)?
     }
 }
 
@@ -305,11 +383,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        let g = self.lock();
-        Ok(g.files
+        Ok(self
+            .shared
+            .mem()
             .entries
             .range(range)
-            .map(|(_, (e, _))| e.clone())
+            .map(|(_, e)| e.clone())
             .collect())
     }
 }
@@ -318,15 +397,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let g = self.lock();
-        let last = g
-            .files
+        let m = self.shared.mem();
+        let last = m
             .entries
             .last_key_value()
-            .map(|(_, (e, _))| e.log_id)
-            .or(g.files.purged);
+            .map(|(_, e)| e.log_id)
+            .or(m.purged);
         Ok(LogState {
-            last_purged_log_id: g.files.purged,
+            last_purged_log_id: m.purged,
             last_log_id: last,
         })
     }
@@ -336,27 +414,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let mut g = self.lock();
-        write_atomic(&g.dir, VOTE_FILE, vote)
+        let v = *vote;
+        self.blocking(move |s| write_atomic(&s.dir, VOTE_FILE, &v))
+            .await
             .map_err(|e| io_err(ErrorVerb::Write, ErrorSubject::Vote, any(&e)))?;
-        g.files.vote = Some(*vote);
+        self.shared.mem_mut().vote = Some(v);
         Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.lock().files.vote)
+        Ok(self.shared.mem().vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        let mut g = self.lock();
-        write_hint(&g.dir, COMMITTED_FILE, &committed)
+        self.blocking(move |s| write_hint(&s.dir, COMMITTED_FILE, &committed))
+            .await
             .map_err(|e| io_err(ErrorVerb::Write, ErrorSubject::Store, any(&e)))?;
-        g.files.committed = committed;
+        self.shared.mem_mut().committed = committed;
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.lock().files.committed)
+        Ok(self.shared.mem().committed)
     }
 
     async fn append<I>(
@@ -369,8 +448,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let res = self.lock().append_records(entries);
-        match res {
+        match self.blocking(move |s| s.append_sync(entries)).await {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())
@@ -385,21 +463,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(%log_id, "truncating raft log");
-        self.lock()
-            .truncate_from(log_id.index)
+        self.blocking(move |s| s.truncate_sync(log_id.index))
+            .await
             .map_err(|e| io_err(ErrorVerb::Delete, ErrorSubject::Logs, any(&e)))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let mut g = self.lock();
-        let res = (|| {
-            write_atomic(&g.dir, PURGED_FILE, &log_id)?;
-            g.files.purged = Some(log_id);
-            let keep = g.files.entries.split_off(&(log_id.index + 1));
-            g.files.entries = keep;
-            g.rewrite()
-        })();
-        res.map_err(|e| io_err(ErrorVerb::Delete, ErrorSubject::Logs, any(&e)))
+        self.blocking(move |s| s.purge_sync(log_id))
+            .await
+            .map_err(|e| io_err(ErrorVerb::Delete, ErrorSubject::Logs, any(&e)))
     }
 }
 
@@ -677,27 +749,19 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let log = LogStore::open(dir).unwrap();
-        log.lock()
-            .append_records((1..=6).map(|i| entry(1, i)).collect())
+        let s = &log.shared;
+        s.append_sync((1..=7).map(|i| entry(1, i)).collect())
             .unwrap();
-        // A new leader overwrites 4.. (truncate, then append at term 2).
-        log.lock().truncate_from(4).unwrap();
-        log.lock()
-            .append_records((4..=5).map(|i| entry(2, i)).collect())
+        s.truncate_sync(6).unwrap();
+        // A new leader overwrites 4.. (an append over existing entries).
+        s.append_sync((4..=5).map(|i| entry(2, i)).collect())
             .unwrap();
         drop(log);
         assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3), (2, 4), (2, 5)]);
         let log = LogStore::open(dir).unwrap();
-        {
-            let mut g = log.lock();
-            let purged = g.files.entries[&2].0.log_id;
-            write_atomic(dir, PURGED_FILE, &purged).unwrap();
-            g.files.purged = Some(purged);
-            let keep = g.files.entries.split_off(&3);
-            g.files.entries = keep;
-            g.rewrite().unwrap();
-            g.append_records(vec![entry(2, 6)]).unwrap();
-        }
+        let purged = log.shared.mem().entries[&2].log_id;
+        log.shared.purge_sync(purged).unwrap();
+        log.shared.append_sync(vec![entry(2, 6)]).unwrap();
         drop(log);
         assert_eq!(indexes(dir), vec![(1, 3), (2, 4), (2, 5), (2, 6)]);
         assert_eq!(LogFiles::load(dir).unwrap().purged.unwrap().index, 2);
@@ -708,8 +772,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let log = LogStore::open(dir).unwrap();
-        log.lock()
-            .append_records((1..=3).map(|i| entry(1, i)).collect())
+        log.shared
+            .append_sync((1..=3).map(|i| entry(1, i)).collect())
             .unwrap();
         drop(log);
         // A crash in the middle of an append: half a record, then garbage.
@@ -722,7 +786,7 @@ mod tests {
         drop(f);
         let log = LogStore::open(dir).unwrap();
         assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3)]);
-        log.lock().append_records(vec![entry(1, 4)]).unwrap();
+        log.shared.append_sync(vec![entry(1, 4)]).unwrap();
         drop(log);
         assert_eq!(indexes(dir), vec![(1, 1), (1, 2), (1, 3), (1, 4)]);
 

@@ -10,8 +10,9 @@ use warren_cluster::ClusterError;
 
 use crate::harness::*;
 
-async fn chaos(seed: u64, steps: usize) {
+async fn chaos(seed: u64, steps: usize, snapshot_every: u64) {
     let mut tc = TestCluster::new(seed);
+    tc.snapshot_every = snapshot_every;
     let names = ["a", "b", "c", "d", "e"];
     tc.form(&names).await;
     tc.node("a").write(vhost("/")).await.unwrap();
@@ -74,21 +75,28 @@ async fn chaos(seed: u64, steps: usize) {
     check_every_ack_applied_once(&mut tc, &names, &acked, "a", &context).await;
 }
 
-/// One seed by default; `WARREN_CHAOS_SEEDS=N` runs seeds 50..50+N (a
-/// failure names its seed; rerun it alone with `WARREN_CHAOS_SEED=S`).
+/// The seeds to run: `WARREN_CHAOS_SEED=S` runs only `S`;
+/// `WARREN_CHAOS_SEEDS=N` runs `base..base+N`; by default only `base`.
+fn seeds(base: u64) -> Vec<u64> {
+    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
+    if let Some(seed) = env("WARREN_CHAOS_SEED") {
+        return vec![seed];
+    }
+    (base..base + env("WARREN_CHAOS_SEEDS").unwrap_or(1)).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t50_seeded_chaos_on_five_nodes() {
-    if let Some(seed) = std::env::var("WARREN_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        return chaos(seed, 24).await;
+    for seed in seeds(50) {
+        chaos(seed, 24, 10_000).await;
     }
-    let count: u64 = std::env::var("WARREN_CHAOS_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    for seed in 50..50 + count {
-        chaos(seed, 24).await;
+}
+
+/// The same with snapshots every few entries: lagging and restarted nodes
+/// catch up by snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t51_seeded_chaos_with_frequent_snapshots() {
+    for seed in seeds(1050) {
+        chaos(seed, 24, 4).await;
     }
 }
