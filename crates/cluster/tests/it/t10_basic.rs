@@ -125,3 +125,37 @@ async fn t11_three_nodes_join_replicate_and_compare_and_set_views() {
     }
     tc.shutdown_all().await;
 }
+
+/// Four nodes asking to join at once (as when a whole cluster is started
+/// together): membership changes are serialised, every one gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t12_concurrent_joins_all_become_voters() {
+    let mut tc = TestCluster::new(12);
+    tc.start("a", None).await;
+    let joiners = ["b", "c", "d", "e"];
+    let starts: Vec<_> = joiners
+        .iter()
+        .map(|name| tokio::spawn(warren_cluster::Cluster::start(tc.config(name, Some("a")))))
+        .collect();
+    for (name, start) in joiners.iter().zip(starts) {
+        let node = tokio::time::timeout(LIMIT, start)
+            .await
+            .expect("join hung")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        tc.nodes.insert(name.to_string(), node);
+    }
+    let status = tc.node("a").cluster_status();
+    assert_eq!(status.members.len(), 5, "{status:?}");
+    assert!(status.members.iter().all(|m| m.voter), "{status:?}");
+    let md = tc.node("e").read_linearizable().await.unwrap();
+    assert_eq!(md.nodes.len(), 5);
+    tc.shutdown_all().await;
+}
+
+/// The handle is shared across tasks.
+#[test]
+fn the_cluster_handle_is_send_sync_and_clone() {
+    fn check<T: Send + Sync + Clone + 'static>() {}
+    check::<warren_cluster::Cluster>();
+}
