@@ -3,8 +3,8 @@
 //! A tokio shell around [`warren_broker::Broker`]: one task per client
 //! connection (read, feed the broker under its lock, write everything the
 //! turn produced in one write), a thread running the group commits of
-//! durable queues, a ticker for message and queue expiry, and a tiny HTTP
-//! endpoint with `/api/overview` and `/api/health/checks/alarms`.
+//! durable queues, a ticker for message and queue expiry, and a management
+//! HTTP API (`warren-management`) on `--http-addr`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -243,7 +243,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let http = match TcpListener::bind(&args.http_addr).await {
         Ok(l) => {
             let addr = l.local_addr()?;
-            tokio::spawn(http_server(l, broker.clone(), args.node_name.clone()));
+            let api = warren_management::Management::new(broker.clone())
+                .amqp_addr(amqp_addr)
+                .http_addr(addr);
+            tokio::spawn(warren_management::serve(l, api));
             Some(addr)
         }
         Err(e) => {
@@ -334,65 +337,4 @@ async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr) {
     }
     let _ = wr.shutdown().await;
     lock(&broker).disconnect(id, now_ms());
-}
-
-async fn http_server(listener: TcpListener, broker: Shared, node: String) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let (b, node) = (broker.clone(), node.clone());
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            loop {
-                match stream.read(&mut buf[n..]).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(k) => n += k,
-                }
-                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || n == buf.len() {
-                    break;
-                }
-            }
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body) = match path {
-                "/api/overview" => {
-                    let o = lock(&b).overview();
-                    (
-                        "200 OK",
-                        serde_json::json!({
-                            "product_name": "Warren",
-                            "product_version": env!("CARGO_PKG_VERSION"),
-                            "node": node,
-                            "object_totals": {
-                                "connections": o.connections,
-                                "channels": o.channels,
-                                "exchanges": o.exchanges,
-                                "queues": o.queues,
-                                "consumers": o.consumers,
-                            },
-                            "queue_totals": {
-                                "messages": o.messages_ready + o.messages_unacknowledged,
-                                "messages_ready": o.messages_ready,
-                                "messages_unacknowledged": o.messages_unacknowledged,
-                            },
-                        }),
-                    )
-                }
-                "/api/health/checks/alarms" => ("200 OK", serde_json::json!({"status": "ok"})),
-                _ => (
-                    "404 Not Found",
-                    serde_json::json!({"error": "Object Not Found", "reason": "Not Found"}),
-                ),
-            };
-            let body = body.to_string();
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(resp.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        });
-    }
 }
