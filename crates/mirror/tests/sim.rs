@@ -1,0 +1,904 @@
+//! Deterministic simulation of one mirrored queue: replicas over real GM
+//! `Member` state machines, an in-memory view authority and queue record,
+//! frames delivered one at a time in a seeded random order, and faults on a
+//! seeded schedule (master crash mid-stream, mirror crash, join during
+//! traffic, sync under load). A checker proves that every confirmed message
+//! survives while a synchronised replica survives, and that no message is
+//! delivered twice without the redelivered flag.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use warren_backing_queue::{BackingQueue, NewMessage, QueueConfig};
+use warren_gm::{Action, Config, Frame, InMemoryAuthority, Member, MemberId, ViewChange};
+use warren_mirror::{Output, PublishId, RecordView, Replica, Role, Settings, SyncStart};
+use warren_policy::{PromoteOn, SyncMode};
+use warren_wire::NodeName;
+
+const RING: &str = "q";
+
+fn factory() -> warren_mirror::QueueFactory {
+    Box::new(|cfg| Ok(BackingQueue::in_memory(cfg)))
+}
+
+struct Node {
+    name: String,
+    member: Member,
+    replica: Replica,
+    alive: bool,
+}
+
+/// A consumer's delivery, valid only under the master (epoch, member) that gave it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    master: MemberId,
+    epoch: u64,
+    tag: u64,
+}
+
+#[derive(Default, Debug)]
+struct Checker {
+    /// Publishes confirmed to the publisher.
+    confirmed: BTreeSet<u64>,
+    /// Publishes nacked (the publisher would resend).
+    nacked: BTreeSet<u64>,
+    /// Publishes sent, not yet confirmed or nacked.
+    pending: BTreeSet<u64>,
+    /// Deliveries per message id.
+    delivered: BTreeMap<u64, u32>,
+    /// Deliveries not yet acked by the consumer.
+    unacked: Vec<Held>,
+    violations: Vec<String>,
+    promotions: u32,
+    syncs_completed: u32,
+}
+
+struct Sim {
+    rng: StdRng,
+    seed: u64,
+    auth: InMemoryAuthority,
+    record: RecordView,
+    nodes: Vec<Node>,
+    links: BTreeMap<(MemberId, MemberId), VecDeque<Frame>>,
+    proposals: VecDeque<(usize, u64, RecordView)>,
+    now_ms: u64,
+    next_member: u64,
+    next_msg: u64,
+    settings: Settings,
+    check: Checker,
+}
+
+impl Sim {
+    fn new(seed: u64, settings: Settings) -> Self {
+        let mut sim = Sim {
+            rng: StdRng::seed_from_u64(seed),
+            seed,
+            auth: InMemoryAuthority::new(),
+            record: RecordView {
+                version: 1,
+                master: "n0".into(),
+                ..RecordView::default()
+            },
+            nodes: Vec::new(),
+            links: BTreeMap::new(),
+            proposals: VecDeque::new(),
+            now_ms: 1_000,
+            next_member: 100,
+            next_msg: 1,
+            settings,
+            check: Checker::default(),
+        };
+        sim.add_node(true);
+        sim
+    }
+
+    fn fresh_member(&mut self, name: &str) -> MemberId {
+        self.next_member += 1;
+        let id = MemberId(self.next_member);
+        let after = self.auth.current_now(RING).alive().last();
+        self.auth
+            .propose_now(
+                RING,
+                &ViewChange::Join {
+                    member: id,
+                    after,
+                    node: NodeName::new(name).unwrap(),
+                },
+            )
+            .unwrap();
+        id
+    }
+
+    /// Starts a replica on a new node (or restarts node `name`).
+    fn start_on(&mut self, name: String, master: bool) -> usize {
+        let id = self.fresh_member(&name);
+        let member = Member::new(id, Config::default());
+        let replica = if master {
+            // The record names this node master at a new version: the epoch.
+            self.record.version += 1;
+            self.record.master = name.clone();
+            let bq = BackingQueue::in_memory(QueueConfig {
+                record_ops: true,
+                ..QueueConfig::default()
+            });
+            Replica::new_master(
+                RING,
+                name.clone(),
+                id,
+                self.settings,
+                factory(),
+                bq,
+                self.record.clone(),
+            )
+        } else {
+            // A mirror records itself as an unsynchronised mirror first.
+            self.record.synchronised.retain(|n| *n != name);
+            if !self.record.mirrors.contains(&name) && self.record.master != name {
+                self.record.mirrors.push(name.clone());
+            }
+            self.record.version += 1;
+            Replica::new_mirror(
+                RING,
+                name.clone(),
+                id,
+                self.settings,
+                factory(),
+                self.record.clone(),
+            )
+        };
+        let idx = match self.nodes.iter().position(|n| n.name == name) {
+            Some(i) => {
+                self.nodes[i] = Node {
+                    name,
+                    member,
+                    replica,
+                    alive: true,
+                };
+                i
+            }
+            None => {
+                self.nodes.push(Node {
+                    name,
+                    member,
+                    replica,
+                    alive: true,
+                });
+                self.nodes.len() - 1
+            }
+        };
+        self.install_views();
+        self.notify_record();
+        self.drive(idx);
+        idx
+    }
+
+    fn add_node(&mut self, master: bool) -> usize {
+        let name = format!("n{}", self.nodes.len());
+        self.start_on(name, master)
+    }
+
+    fn notify_record(&mut self) {
+        let rec = self.record.clone();
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].alive {
+                self.nodes[i].replica.handle_record(rec.clone());
+                self.drive(i);
+            }
+        }
+    }
+
+    fn install_views(&mut self) {
+        let view = self.auth.current_now(RING);
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].alive {
+                self.nodes[i].member.handle_view(view.clone());
+                self.drive(i);
+            }
+        }
+    }
+
+    fn crash(&mut self, i: usize) {
+        if !self.nodes[i].alive {
+            return;
+        }
+        self.nodes[i].alive = false;
+        let id = self.nodes[i].member.id();
+        self.links.retain(|(a, b), _| *a != id && *b != id);
+        let _ = self.auth.propose_now(RING, &ViewChange::Remove(id));
+        self.install_views();
+    }
+
+    fn master(&self) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.alive && n.replica.role() == Role::Master)
+    }
+
+    /// Runs a member's actions and the replica's outputs until both are quiet.
+    fn drive(&mut self, i: usize) {
+        loop {
+            if !self.nodes[i].alive {
+                return;
+            }
+            let mut busy = false;
+            let actions: Vec<Action> = self.nodes[i].member.drain_actions().collect();
+            for a in actions {
+                busy = true;
+                self.on_action(i, a);
+            }
+            let outputs: Vec<Output> = self.nodes[i].replica.drain_outputs().collect();
+            for o in outputs {
+                busy = true;
+                self.on_output(i, o);
+            }
+            if !busy {
+                return;
+            }
+        }
+    }
+
+    fn on_action(&mut self, i: usize, a: Action) {
+        let from = self.nodes[i].member.id();
+        match a {
+            Action::Send { to, frame } => {
+                let alive = self.nodes.iter().any(|n| n.alive && n.member.id() == to);
+                if alive {
+                    self.links.entry((from, to)).or_default().push_back(frame);
+                }
+            }
+            Action::Deliver {
+                publisher, payload, ..
+            } => self.nodes[i].replica.handle_deliver(publisher, &payload),
+            Action::Confirm { up_to } => self.nodes[i].replica.handle_confirm(up_to),
+            Action::ViewInstalled { .. } => {
+                let view = self.nodes[i].member.view().clone();
+                self.nodes[i].replica.handle_view(view);
+            }
+            Action::NeedView { .. } => {
+                let view = self.auth.current_now(RING);
+                self.nodes[i].member.handle_view(view);
+            }
+            Action::Erase { dead } => {
+                let v = self.auth.current_now(RING);
+                if v.entry(dead).is_some_and(|e| !e.alive)
+                    && self
+                        .auth
+                        .propose_now(RING, &ViewChange::Erase(dead))
+                        .is_ok()
+                {
+                    self.install_views();
+                }
+            }
+            Action::JoinFailed => {
+                let _ = self.auth.propose_now(RING, &ViewChange::Remove(from));
+                self.nodes[i].replica.handle_removed();
+                self.nodes[i].alive = false;
+                self.install_views();
+            }
+            Action::Removed => self.nodes[i].replica.handle_removed(),
+        }
+    }
+
+    fn on_output(&mut self, i: usize, o: Output) {
+        match o {
+            Output::Broadcast(b) => {
+                self.nodes[i]
+                    .member
+                    .broadcast(b)
+                    .expect("replica broadcasts only once joined");
+            }
+            Output::ProposeRecord {
+                expected_version,
+                view,
+            } => self.proposals.push_back((i, expected_version, view)),
+            Output::Confirmed(ids) => {
+                for id in ids {
+                    self.check.pending.remove(&id.seq);
+                    self.check.confirmed.insert(id.seq);
+                }
+            }
+            Output::Nacked(ids) => {
+                for id in ids {
+                    if self.check.pending.remove(&id.seq) {
+                        self.check.nacked.insert(id.seq);
+                    }
+                }
+            }
+            Output::Fetched { delivery, .. } => {
+                if let Some(d) = delivery {
+                    let n = self.check.delivered.entry(d.id).or_insert(0);
+                    *n += 1;
+                    if *n > 1 && !d.redelivered {
+                        self.check.violations.push(format!(
+                            "message {} delivered {} times, last without redelivered",
+                            d.id, n
+                        ));
+                    }
+                    let r = &self.nodes[i].replica;
+                    self.check.unacked.push(Held {
+                        master: r.member(),
+                        epoch: r.epoch(),
+                        tag: d.tag,
+                    });
+                }
+            }
+            Output::Promoted { held, .. } => {
+                self.check.promotions += 1;
+                // The publisher's pending publishes: confirmed if held, else nacked.
+                let pending: Vec<u64> = self.check.pending.iter().copied().collect();
+                for seq in pending {
+                    self.check.pending.remove(&seq);
+                    if held.get(&1).is_some_and(|h| *h >= seq) {
+                        self.check.confirmed.insert(seq);
+                    } else {
+                        self.check.nacked.insert(seq);
+                    }
+                }
+            }
+            Output::SyncComplete => self.check.syncs_completed += 1,
+            Output::FetchFailed { .. } | Output::Deposed { .. } | Output::Dropped(_) => {}
+        }
+    }
+
+    fn settle_proposal(&mut self) {
+        let Some((i, expected, view)) = self.proposals.pop_front() else {
+            return;
+        };
+        if self.record.version == expected {
+            self.record = RecordView {
+                version: expected + 1,
+                ..view
+            };
+            let rec = self.record.clone();
+            if self.nodes[i].alive {
+                self.nodes[i].replica.record_settled(rec);
+                self.drive(i);
+            }
+            self.notify_record();
+        } else if self.nodes[i].alive {
+            let rec = self.record.clone();
+            self.nodes[i].replica.record_settled(rec);
+            self.drive(i);
+        }
+    }
+
+    fn deliver_frame(&mut self) -> bool {
+        let keys: Vec<(MemberId, MemberId)> = self
+            .links
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if keys.is_empty() {
+            return false;
+        }
+        let k = keys[self.rng.random_range(0..keys.len())];
+        let frame = self.links.get_mut(&k).and_then(VecDeque::pop_front);
+        let Some(frame) = frame else { return false };
+        if let Some(i) = self
+            .nodes
+            .iter()
+            .position(|n| n.alive && n.member.id() == k.1)
+        {
+            self.nodes[i].member.handle_frame(frame);
+            self.drive(i);
+        }
+        true
+    }
+
+    fn flush_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].alive {
+                self.nodes[i].replica.flush();
+                self.drive(i);
+                self.nodes[i].member.flush();
+                self.drive(i);
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        let Some(m) = self.master() else { return };
+        let seq = self.next_msg;
+        self.next_msg += 1;
+        let id = PublishId { publisher: 1, seq };
+        let msg = NewMessage::new(seq, format!("m{seq}").into_bytes(), false);
+        let now = self.now_ms;
+        if self.nodes[m].replica.publish(now, id, msg).is_ok() {
+            self.check.pending.insert(seq);
+        }
+        self.drive(m);
+    }
+
+    fn fetch(&mut self) {
+        let Some(m) = self.master() else { return };
+        let now = self.now_ms;
+        let _ = self.nodes[m].replica.fetch(now);
+        self.drive(m);
+    }
+
+    /// Acks (or requeues) one of the consumer's deliveries of the current master.
+    fn settle_delivery(&mut self, requeue: bool) {
+        let Some(m) = self.master() else { return };
+        let (member, epoch) = (
+            self.nodes[m].replica.member(),
+            self.nodes[m].replica.epoch(),
+        );
+        // Deliveries from an older master are void: their messages were requeued.
+        self.check
+            .unacked
+            .retain(|h| h.master == member && h.epoch == epoch);
+        if self.check.unacked.is_empty() {
+            return;
+        }
+        let k = self.rng.random_range(0..self.check.unacked.len());
+        let h = self.check.unacked.swap_remove(k);
+        let r = &mut self.nodes[m].replica;
+        let res = if requeue {
+            r.requeue(h.tag)
+        } else {
+            r.ack(h.tag)
+        };
+        res.expect("a delivery of the current master can be settled");
+        self.drive(m);
+    }
+
+    fn step(&mut self, traffic: bool) {
+        let roll = self.rng.random_range(0..100);
+        match roll {
+            0..=54 => {
+                self.deliver_frame();
+            }
+            55..=64 => self.flush_all(),
+            65..=69 => self.settle_proposal(),
+            70..=79 if traffic => self.publish(),
+            80..=86 if traffic => self.fetch(),
+            87..=91 if traffic => self.settle_delivery(false),
+            92..=93 if traffic => self.settle_delivery(true),
+            94..=95 => {
+                self.now_ms += 7;
+                let now = self.now_ms;
+                for i in 0..self.nodes.len() {
+                    if self.nodes[i].alive {
+                        self.nodes[i].replica.tick(now);
+                        self.drive(i);
+                    }
+                }
+            }
+            _ => {
+                self.deliver_frame();
+            }
+        }
+    }
+
+    /// Runs until no frame, proposal or output is left (faults and traffic over).
+    fn quiesce(&mut self) {
+        for _ in 0..200_000 {
+            self.flush_all();
+            let mut busy = false;
+            while self.deliver_frame() {
+                busy = true;
+            }
+            if !self.proposals.is_empty() {
+                busy = true;
+                self.settle_proposal();
+            }
+            if !busy {
+                self.flush_all();
+                if self.links.values().all(VecDeque::is_empty) && self.proposals.is_empty() {
+                    return;
+                }
+            }
+        }
+        panic!("seed {}: the simulation never went quiet", self.seed);
+    }
+
+    fn synced_alive_mirrors(&self) -> Vec<usize> {
+        let Some(m) = self.master() else {
+            return Vec::new();
+        };
+        let synced = self.nodes[m].replica.status().synced_members;
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].alive && synced.contains(&self.nodes[i].member.id()))
+            .collect()
+    }
+
+    /// The checks once the simulation is quiet.
+    fn check_end(&mut self) {
+        assert!(
+            self.check.violations.is_empty(),
+            "seed {}: {:?}",
+            self.seed,
+            self.check.violations
+        );
+        let Some(m) = self.master() else {
+            panic!("seed {}: no master at the end", self.seed);
+        };
+        // Synchronised mirrors hold exactly the master's state.
+        let master_seqs = self.nodes[m].replica.ready_seqs();
+        let master_stats = self.nodes[m].replica.stats();
+        for i in self.synced_alive_mirrors() {
+            assert_eq!(
+                self.nodes[i].replica.ready_seqs(),
+                master_seqs,
+                "seed {}: synchronised mirror {} differs from the master",
+                self.seed,
+                self.nodes[i].name
+            );
+            assert_eq!(self.nodes[i].replica.stats(), master_stats);
+        }
+        // Drain the queue: everything confirmed must come out (or have come out).
+        for h in std::mem::take(&mut self.check.unacked) {
+            if h.master == self.nodes[m].replica.member()
+                && h.epoch == self.nodes[m].replica.epoch()
+            {
+                let _ = self.nodes[m].replica.requeue(h.tag);
+            }
+        }
+        loop {
+            let before: u32 = self.check.delivered.values().sum();
+            let now = self.now_ms;
+            for _ in 0..64 {
+                let _ = self.nodes[m].replica.fetch(now);
+            }
+            self.drive(m);
+            self.quiesce();
+            let after: u32 = self.check.delivered.values().sum();
+            if after == before {
+                break;
+            }
+        }
+        let lost: Vec<u64> = self
+            .check
+            .confirmed
+            .iter()
+            .filter(|id| !self.check.delivered.contains_key(id))
+            .copied()
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "seed {}: confirmed messages lost: {:?}",
+            self.seed,
+            lost
+        );
+        assert!(
+            self.check.violations.is_empty(),
+            "seed {}: {:?}",
+            self.seed,
+            self.check.violations
+        );
+    }
+}
+
+fn settings(mode: SyncMode, batch: u64) -> Settings {
+    Settings {
+        sync_mode: mode,
+        sync_batch_size: batch,
+        ..Settings::default()
+    }
+}
+
+/// One seeded run: 3 replicas, traffic, and a random fault schedule.
+fn run_seed(seed: u64) -> Checker {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
+    let batch = [1, 3, 64][rng.random_range(0..3)];
+    let mut sim = Sim::new(seed, settings(SyncMode::Automatic, batch));
+    sim.add_node(false);
+    sim.add_node(false);
+    let steps = 3_000;
+    // Fault times.
+    let mut faults: Vec<(usize, u8)> = (0..rng.random_range(1..5))
+        .map(|_| (rng.random_range(200..steps), rng.random_range(0..4)))
+        .collect();
+    faults.sort();
+    let mut next_fault = 0;
+    for step in 0..steps {
+        while next_fault < faults.len() && faults[next_fault].0 == step {
+            let kind = faults[next_fault].1;
+            next_fault += 1;
+            match kind {
+                // Crash the master mid-stream, if a synchronised mirror survives it.
+                0 => {
+                    if let Some(m) = sim.master()
+                        && !sim.synced_alive_mirrors().is_empty()
+                    {
+                        // Mid-stream: its last batch is part-way round the ring.
+                        for _ in 0..sim.rng.random_range(1..6) {
+                            sim.publish();
+                        }
+                        sim.flush_all();
+                        for _ in 0..sim.rng.random_range(0..4) {
+                            sim.deliver_frame();
+                        }
+                        sim.crash(m);
+                        // Sometimes the record store answers before the ring settles.
+                        if sim.rng.random_bool(0.5) {
+                            while !sim.proposals.is_empty() {
+                                sim.settle_proposal();
+                            }
+                        }
+                    }
+                }
+                // Crash a mirror, keeping a master and one other replica.
+                1 => {
+                    let m = sim.master();
+                    let mirrors: Vec<usize> = (0..sim.nodes.len())
+                        .filter(|&i| sim.nodes[i].alive && Some(i) != m)
+                        .collect();
+                    if mirrors.len() >= 2 {
+                        let k = mirrors[sim.rng.random_range(0..mirrors.len())];
+                        sim.crash(k);
+                    }
+                }
+                // A node joins (or a dead one restarts) during traffic.
+                2 => {
+                    let dead = sim.nodes.iter().position(|n| !n.alive);
+                    match dead {
+                        Some(d) => {
+                            let name = sim.nodes[d].name.clone();
+                            sim.start_on(name, false);
+                        }
+                        None if sim.nodes.len() < 5 => {
+                            sim.add_node(false);
+                        }
+                        None => {}
+                    }
+                }
+                // An explicit sync under load.
+                _ => {
+                    if let Some(m) = sim.master() {
+                        let _ = sim.nodes[m].replica.sync();
+                        sim.drive(m);
+                    }
+                }
+            }
+        }
+        sim.step(true);
+    }
+    sim.quiesce();
+    sim.check_end();
+    sim.check
+}
+
+#[test]
+fn seeded_fault_schedules_lose_no_confirmed_message() {
+    let mut promotions = 0;
+    let mut confirmed = 0;
+    for seed in 0..120 {
+        let c = run_seed(seed);
+        promotions += c.promotions;
+        confirmed += c.confirmed.len();
+    }
+    // The schedules must actually exercise failover and confirms.
+    assert!(promotions > 10, "only {promotions} promotions");
+    assert!(confirmed > 10_000, "only {confirmed} confirms");
+}
+
+#[test]
+fn confirms_wait_for_every_member_and_survive_a_mirror_crash() {
+    let mut sim = Sim::new(1, settings(SyncMode::Automatic, 16));
+    sim.add_node(false);
+    sim.add_node(false);
+    sim.quiesce();
+    assert_eq!(sim.synced_alive_mirrors().len(), 2);
+    for _ in 0..10 {
+        sim.publish();
+    }
+    // Not confirmed before the ring has gone round.
+    assert!(sim.check.confirmed.is_empty());
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 10);
+    // A mirror dies with publishes in flight: the survivors confirm them.
+    for _ in 0..10 {
+        sim.publish();
+    }
+    sim.flush_all();
+    sim.crash(2);
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 20);
+    assert_eq!(sim.record.mirrors, vec!["n1".to_owned()]);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+#[test]
+fn min_sync_replicas_holds_confirms_until_a_mirror_is_synchronised() {
+    let mut s = settings(SyncMode::Manual, 4);
+    s.min_sync_replicas = 2;
+    let mut sim = Sim::new(2, s);
+    for _ in 0..5 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert!(sim.check.confirmed.is_empty(), "one copy is not enough");
+    sim.add_node(false);
+    sim.quiesce();
+    // Manual mode and a non-empty queue: the mirror waits, and so do confirms.
+    assert!(sim.check.confirmed.is_empty());
+    let m = sim.master().unwrap();
+    assert!(!sim.nodes[1].replica.status().synchronised);
+    assert_eq!(
+        sim.nodes[m].replica.sync().unwrap(),
+        SyncStart::Started { targets: 1 }
+    );
+    sim.drive(m);
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.check.confirmed.len(), 5);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    assert_eq!(
+        sim.nodes[m].replica.sync().unwrap(),
+        SyncStart::AlreadySynced
+    );
+    sim.check_end();
+}
+
+#[test]
+fn promotion_requeues_unacked_and_reports_held_publishes() {
+    let mut sim = Sim::new(3, settings(SyncMode::Automatic, 8));
+    sim.add_node(false);
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..6 {
+        sim.publish();
+    }
+    sim.quiesce();
+    sim.fetch();
+    sim.fetch();
+    sim.quiesce();
+    assert_eq!(sim.check.delivered.len(), 2);
+    // Two more publishes reach the mirrors, but the master dies before any confirm.
+    sim.publish();
+    sim.publish();
+    sim.nodes[0].replica.flush();
+    sim.drive(0);
+    sim.nodes[0].member.flush();
+    sim.drive(0);
+    // The frame reaches n1 (and n1 passes it on) before the master dies.
+    while sim.deliver_frame() {
+        if sim.check.confirmed.len() >= 6 {
+            break;
+        }
+    }
+    sim.crash(0);
+    sim.quiesce();
+    let m = sim.master().expect("a mirror was promoted");
+    assert_eq!(sim.nodes[m].name, "n1", "the oldest synchronised mirror");
+    assert_eq!(sim.record.master, "n1");
+    assert_eq!(sim.check.promotions, 1);
+    assert!(sim.check.pending.is_empty(), "every publish is settled");
+    let stats = sim.nodes[m].replica.stats().unwrap();
+    assert_eq!(stats.unacked, 0, "unacked messages were requeued");
+    // The two delivered ones come back first, redelivered.
+    sim.check.unacked.clear();
+    sim.fetch();
+    sim.fetch();
+    sim.quiesce();
+    assert_eq!(sim.check.delivered.values().filter(|n| **n == 2).count(), 2);
+    assert!(sim.check.violations.is_empty());
+    sim.check_end();
+}
+
+#[test]
+fn no_promotion_without_a_synchronised_mirror_unless_always() {
+    for (policy, promoted) in [(PromoteOn::WhenSynced, false), (PromoteOn::Always, true)] {
+        let mut s = settings(SyncMode::Manual, 8);
+        s.promote_on_failure = policy;
+        let mut sim = Sim::new(4, s);
+        for _ in 0..3 {
+            sim.publish();
+        }
+        sim.quiesce();
+        sim.add_node(false);
+        sim.quiesce();
+        assert!(!sim.nodes[1].replica.status().synchronised);
+        sim.crash(0);
+        sim.quiesce();
+        assert_eq!(sim.master().is_some(), promoted, "{policy:?}");
+        if promoted {
+            // An unsynchronised mirror held nothing: the queue is empty.
+            assert_eq!(sim.nodes[1].replica.stats().unwrap().ready, 0);
+        } else {
+            assert_eq!(sim.record.master, "n0", "the queue waits for its master");
+        }
+    }
+}
+
+#[test]
+fn sync_under_load_with_progress_and_cancel() {
+    let mut sim = Sim::new(5, settings(SyncMode::Manual, 1));
+    for _ in 0..40 {
+        sim.publish();
+    }
+    sim.quiesce();
+    for _ in 0..5 {
+        sim.fetch();
+    }
+    sim.quiesce();
+    sim.add_node(false);
+    sim.quiesce();
+    let m = sim.master().unwrap();
+    // Cancel: the mirror drops what it got and stays unsynchronised.
+    sim.nodes[m].replica.sync().unwrap();
+    sim.drive(m);
+    for _ in 0..3 {
+        sim.flush_all();
+    }
+    let p = sim.nodes[m].replica.status().syncing.expect("syncing");
+    assert_eq!(p.total, 40);
+    assert!(p.synced > 0 && p.synced < 40);
+    assert!(sim.nodes[m].replica.cancel_sync().unwrap());
+    assert!(!sim.nodes[m].replica.cancel_sync().unwrap());
+    sim.drive(m);
+    sim.quiesce();
+    assert!(!sim.nodes[1].replica.status().synchronised);
+    assert!(sim.nodes[1].replica.stats().is_none());
+    // Sync again, with traffic between every batch.
+    sim.nodes[m].replica.sync().unwrap();
+    sim.drive(m);
+    let mut rounds = 0;
+    while sim.nodes[m].replica.status().syncing.is_some() {
+        sim.publish();
+        sim.fetch();
+        sim.settle_delivery(false);
+        sim.flush_all();
+        for _ in 0..20 {
+            sim.deliver_frame();
+        }
+        rounds += 1;
+    }
+    assert!(rounds >= 30, "one message per batch: {rounds} rounds");
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+#[test]
+fn restarted_mirror_drops_its_content_and_resyncs() {
+    let mut sim = Sim::new(6, settings(SyncMode::Automatic, 4));
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..10 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.crash(1);
+    sim.quiesce();
+    assert!(sim.record.synchronised.is_empty());
+    for _ in 0..5 {
+        sim.publish();
+    }
+    sim.start_on("n1".into(), false);
+    assert!(!sim.nodes[1].replica.status().synchronised);
+    assert!(sim.nodes[1].replica.stats().is_none(), "starts empty");
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.nodes[1].replica.stats().unwrap().ready, 15);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+#[test]
+fn graceful_stop_promotes_per_promote_on_shutdown() {
+    let mut sim = Sim::new(7, settings(SyncMode::Automatic, 4));
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..4 {
+        sim.publish();
+    }
+    sim.quiesce();
+    sim.nodes[0].replica.stop();
+    sim.drive(0);
+    sim.flush_all();
+    sim.quiesce();
+    sim.crash(0);
+    sim.quiesce();
+    let m = sim.master().expect("promoted on shutdown");
+    assert_eq!(sim.nodes[m].name, "n1");
+    assert_eq!(sim.nodes[m].replica.stats().unwrap().ready, 4);
+    sim.check_end();
+}
