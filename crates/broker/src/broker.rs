@@ -31,6 +31,34 @@ pub(crate) mod introspect;
 /// Identifies one client connection.
 pub type ConnId = u64;
 
+/// FxHash-style hasher for the server-chosen integer keys (connection and
+/// channel ids): hashed on every message, and never chosen by clients to
+/// collide.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// Called (under the broker's lock) to wake a task: the connection's task
 /// when it has output to write, the sync task when a group commit is due.
 pub type Waker = Arc<dyn Fn() + Send + Sync>;
@@ -199,7 +227,7 @@ struct Conn {
     user: String,
     vhost: String,
     perm: Option<Permission>,
-    channels: HashMap<ChannelId, Channel>,
+    channels: IdMap<ChannelId, Channel>,
     waker: Waker,
     woken: bool,
     out_pending: usize,
@@ -312,7 +340,7 @@ pub struct Broker {
     meta: Box<dyn MetadataStore>,
     users: HashMap<String, UserDef>,
     vhosts: HashMap<String, Vhost>,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<ConnId, Conn>,
     next_conn: ConnId,
     next_msg_id: u64,
     next_uid: u64,
@@ -571,7 +599,7 @@ fn route_rec<'a>(
 
 /// Hands ready messages of `q` to its consumers, round-robin, within
 /// their prefetch limits.
-fn drive(q: &mut Queue, conns: &mut HashMap<ConnId, Conn>, now: u64, current: ConnId) {
+fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: ConnId) {
     if q.consumers.is_empty() {
         return;
     }
@@ -652,8 +680,8 @@ fn drive(q: &mut Queue, conns: &mut HashMap<ConnId, Conn>, now: u64, current: Co
                 consumer_tag: &c.tag,
                 delivery_tag: tag,
                 redelivered: delivery.redelivered,
-                exchange: &m.exchange,
-                routing_key: &m.routing_key,
+                exchange: m.exchange,
+                routing_key: m.routing_key,
             },
             &m.properties,
             &delivery.body,
@@ -674,7 +702,7 @@ impl Broker {
             meta,
             users: HashMap::new(),
             vhosts: HashMap::new(),
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             next_conn: 1,
             next_msg_id: 1,
             next_uid: 1,
@@ -891,7 +919,7 @@ impl Broker {
                 user: String::new(),
                 vhost: String::new(),
                 perm: None,
-                channels: HashMap::new(),
+                channels: IdMap::default(),
                 waker,
                 woken: false,
                 out_pending: 0,
@@ -1360,14 +1388,11 @@ impl Broker {
             death.insert("count".into(), AMQPValue::LongLongInt(1));
             death.insert("reason".into(), AMQPValue::LongString(reason.into()));
             death.insert("queue".into(), AMQPValue::LongString((&*d.queue).into()));
-            death.insert(
-                "exchange".into(),
-                AMQPValue::LongString(m.exchange.as_str().into()),
-            );
+            death.insert("exchange".into(), AMQPValue::LongString(m.exchange.into()));
             death.insert(
                 "routing-keys".into(),
                 AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
-                    m.routing_key.as_str().into(),
+                    m.routing_key.into(),
                 )])),
             );
             death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
@@ -1383,14 +1408,14 @@ impl Broker {
                 );
                 headers.insert(
                     "x-first-death-exchange".into(),
-                    AMQPValue::LongString(m.exchange.as_str().into()),
+                    AMQPValue::LongString(m.exchange.into()),
                 );
             }
             headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
             props = props.with_headers(headers);
             // RabbitMQ removes the per-message TTL so that it does not expire again.
             props = strip_expiration(props);
-            let rk = d.routing_key.unwrap_or(m.routing_key.clone());
+            let rk = d.routing_key.unwrap_or_else(|| m.routing_key.to_owned());
             let persistent = props.delivery_mode() == &Some(2);
             let msg = Msg {
                 meta: encode_meta(&d.exchange, &rk, &props),
@@ -2586,8 +2611,8 @@ impl Broker {
             &ContentMethod::GetOk {
                 delivery_tag: tag,
                 redelivered: d.redelivered,
-                exchange: &m.exchange,
-                routing_key: &m.routing_key,
+                exchange: m.exchange,
+                routing_key: m.routing_key,
                 message_count: remaining,
             },
             &m.properties,
@@ -2649,7 +2674,7 @@ fn strip_expiration(p: BasicProperties) -> BasicProperties {
     out
 }
 
-fn confirm_one(conns: &mut HashMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cseq: u64) {
+fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cseq: u64) {
     let Some(c) = conns.get_mut(&conn) else {
         return;
     };

@@ -154,29 +154,34 @@ fn put_short(b: &mut BytesMut, s: &str) {
     b.extend_from_slice(&s.as_bytes()[..end]);
 }
 
-/// The decoded form of [`encode_meta`].
+/// The decoded form of [`encode_meta`], borrowing the names.
 #[derive(Debug)]
-pub(crate) struct Meta {
-    pub(crate) exchange: String,
-    pub(crate) routing_key: String,
+pub(crate) struct Meta<'a> {
+    pub(crate) exchange: &'a str,
+    pub(crate) routing_key: &'a str,
     pub(crate) properties: BasicProperties,
 }
 
-fn get_short(b: &[u8]) -> Option<(String, &[u8])> {
+fn get_short(b: &[u8]) -> Option<(&str, &[u8])> {
     let (&n, rest) = b.split_first()?;
     let n = usize::from(n);
     if rest.len() < n {
         return None;
     }
-    Some((String::from_utf8_lossy(&rest[..n]).into_owned(), &rest[n..]))
+    Some((std::str::from_utf8(&rest[..n]).ok()?, &rest[n..]))
 }
 
 /// Decodes what [`encode_meta`] made (empty values if it is damaged).
-pub(crate) fn decode_meta(b: &[u8]) -> Meta {
+pub(crate) fn decode_meta(b: &[u8]) -> Meta<'_> {
     let parsed = (|| {
         let (exchange, rest) = get_short(b)?;
         let (routing_key, rest) = get_short(rest)?;
-        let properties = parse_properties(rest).ok()?.1;
+        // Most messages have no properties: skip the parser for them.
+        let properties = if rest == [0, 0] {
+            BasicProperties::default()
+        } else {
+            parse_properties(rest).ok()?.1
+        };
         Some(Meta {
             exchange,
             routing_key,
@@ -184,8 +189,8 @@ pub(crate) fn decode_meta(b: &[u8]) -> Meta {
         })
     })();
     parsed.unwrap_or(Meta {
-        exchange: String::new(),
-        routing_key: String::new(),
+        exchange: "",
+        routing_key: "",
         properties: BasicProperties::default(),
     })
 }
@@ -229,9 +234,19 @@ mod tests {
         let p = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("text/plain".into());
-        let m = decode_meta(&encode_meta("ex", "rk", &p));
+        let encoded = encode_meta("ex", "rk", &p);
+        let m = decode_meta(&encoded);
         assert_eq!(m.exchange, "ex");
         assert_eq!(m.routing_key, "rk");
         assert_eq!(m.properties, p);
+        let plain = encode_meta("", "q", &BasicProperties::default());
+        let m = decode_meta(&plain);
+        assert_eq!((m.exchange, m.routing_key), ("", "q"));
+        assert_eq!(m.properties, BasicProperties::default());
+        assert_eq!(
+            decode_meta(&[9, 1]).routing_key,
+            "",
+            "damaged metadata decodes empty"
+        );
     }
 }

@@ -329,7 +329,8 @@ async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr) {
             if wr.write_all(&output).await.is_err() {
                 break;
             }
-            output.clear();
+            // Drop our handle so that the encoder can reuse the allocation.
+            output = BytesMut::new();
         }
         if !open {
             break;
