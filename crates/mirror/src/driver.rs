@@ -18,7 +18,7 @@ use futures::FutureExt;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Stats};
 use warren_cluster::{Cluster, ClusterError, QueueRecord, QueueView, Rejection};
-use warren_gm::{RingEvent, RingHandle, ViewAuthority};
+use warren_gm::{RingEvent, RingHandle, View, ViewAuthority, ViewChange, ViewError, ViewVersion};
 
 use crate::replica::{
     MirrorError, Output, QueueFactory, RecordView, Replica, Role, Settings, Status, SyncStart,
@@ -123,6 +123,85 @@ impl RecordStore for ClusterRecords {
 
     fn changes(&self) -> watch::Receiver<u64> {
         self.cluster.metadata_changes()
+    }
+}
+
+/// A [`ViewAuthority`] for GM rings whose views live in the Raft metadata
+/// store: each view is postcard-encoded in the cluster's ring register
+/// ([`Cluster::set_ring_view`]), whose version is the view's version, so
+/// every ring change is a compare-and-set committed by a majority. A node in
+/// a minority reads its last applied view and cannot change any.
+#[derive(Debug, Clone)]
+pub struct ClusterViewAuthority {
+    cluster: Cluster,
+}
+
+impl ClusterViewAuthority {
+    /// An authority over this node's cluster handle.
+    pub fn new(cluster: Cluster) -> Self {
+        Self { cluster }
+    }
+
+    fn decode(bytes: Option<&[u8]>) -> View {
+        bytes
+            .and_then(|b| postcard::from_bytes(b).ok())
+            .unwrap_or_else(View::empty)
+    }
+
+    fn local_view(&self, ring: &str) -> View {
+        Self::decode(
+            self.cluster
+                .local()
+                .rings
+                .get(ring)
+                .map(|r| r.view.as_slice()),
+        )
+    }
+}
+
+#[async_trait]
+impl ViewAuthority for ClusterViewAuthority {
+    async fn current(&self, ring: &str) -> Result<View, ViewError> {
+        match self.cluster.read_linearizable().await {
+            Ok(meta) => Ok(Self::decode(
+                meta.rings.get(ring).map(|r| r.view.as_slice()),
+            )),
+            // In a minority: what this node applied (it cannot change anything anyway).
+            Err(_) => Ok(self.local_view(ring)),
+        }
+    }
+
+    async fn update(
+        &self,
+        ring: &str,
+        expected: ViewVersion,
+        change: ViewChange,
+    ) -> Result<View, ViewError> {
+        let current = self.current(ring).await?;
+        if current.version != expected {
+            return Err(ViewError::Conflict {
+                expected,
+                current: current.version,
+            });
+        }
+        let next = current.apply(&change)?;
+        let bytes = postcard::to_allocvec(&next).map_err(|_| ViewError::Conflict {
+            expected,
+            current: current.version,
+        })?;
+        match self.cluster.set_ring_view(ring, expected, bytes).await {
+            Ok(_) => Ok(next),
+            Err(ClusterError::Rejected(Rejection::ViewConflict { current, .. })) => {
+                Err(ViewError::Conflict { expected, current })
+            }
+            Err(e) => {
+                tracing::warn!(%ring, error = %e, "ring view change not committed");
+                Err(ViewError::Conflict {
+                    expected,
+                    current: expected,
+                })
+            }
+        }
     }
 }
 

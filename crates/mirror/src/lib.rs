@@ -13,8 +13,9 @@
 //!   acts on its own.
 //! - [`driver`]: a tokio task running one replica over a
 //!   [`warren_gm::RingHandle`] and the queue record, with an async handle
-//!   ([`MirrorHandle`]) a broker calls; [`ClusterRecords`] keeps the queue
-//!   record in the Raft metadata store (`warren_cluster::Cluster`).
+//!   ([`MirrorHandle`]) a broker calls. [`ClusterRecords`] keeps the queue
+//!   record, and [`ClusterViewAuthority`] the ring's views, in the Raft
+//!   metadata store (`warren_cluster::Cluster`).
 //!
 //! # The protocol
 //!
@@ -65,8 +66,8 @@ mod replica;
 mod wire;
 
 pub use driver::{
-    ClusterRecords, Confirm, DriverConfig, MemRecords, MirrorEvent, MirrorHandle, RecordError,
-    RecordStore,
+    ClusterRecords, ClusterViewAuthority, Confirm, DriverConfig, MemRecords, MirrorEvent,
+    MirrorHandle, RecordError, RecordStore,
 };
 pub use replica::{
     MirrorError, Output, QueueFactory, RecordView, Replica, Role, Settings, Status, SyncProgress,
