@@ -4,5 +4,5 @@ mod harness;
 mod t10_basic;
 mod t20_failures;
 mod t30_membership;
-mod t40_tcp;
+mod t40_sockets;
 mod t50_chaos;
