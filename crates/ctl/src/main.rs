@@ -115,6 +115,7 @@ enum Cmd {
         /// User name.
         user: String,
         /// Password.
+        #[arg(id = "new_password", value_name = "PASSWORD")]
         password: String,
     },
     /// Delete a user.
@@ -127,6 +128,7 @@ enum Cmd {
         /// User name.
         user: String,
         /// The new password.
+        #[arg(id = "new_password", value_name = "PASSWORD")]
         password: String,
     },
     /// Set a user's tags (replacing the old ones).
@@ -233,10 +235,10 @@ enum Cmd {
         /// The queue.
         queue: String,
         /// Only if it has no ready messages.
-        #[arg(long, short = 'e')]
+        #[arg(long = "if-empty", short = 'e')]
         if_empty: bool,
         /// Only if it has no consumers.
-        #[arg(long, short = 'u')]
+        #[arg(long = "if-unused", short = 'u')]
         if_unused: bool,
     },
     /// Export definitions to a file (`-` for standard output).
