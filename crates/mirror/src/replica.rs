@@ -1382,3 +1382,180 @@ fn note_held(held: &mut HeldPublishes, id: PublishId) {
     let e = held.entry(id.publisher).or_insert(0);
     *e = (*e).max(id.seq);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_backing_queue::StoreConfig;
+    use warren_gm::ViewChange;
+    use warren_wire::NodeName;
+
+    fn alone(member: MemberId) -> View {
+        View::empty()
+            .apply(&ViewChange::Join {
+                member,
+                after: None,
+                node: NodeName::new("a").unwrap(),
+            })
+            .unwrap()
+    }
+
+    fn record(master: &str, version: u64) -> RecordView {
+        RecordView {
+            version,
+            master: master.into(),
+            ..RecordView::default()
+        }
+    }
+
+    fn memory() -> QueueFactory {
+        Box::new(|cfg| Ok(BackingQueue::in_memory(cfg)))
+    }
+
+    fn confirmed(r: &mut Replica) -> Vec<u64> {
+        r.drain_outputs()
+            .filter_map(|o| match o {
+                Output::Confirmed(ids) => Some(ids),
+                _ => None,
+            })
+            .flatten()
+            .map(|id| id.seq)
+            .collect()
+    }
+
+    #[test]
+    fn persistent_publishes_wait_for_the_local_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = QueueConfig {
+            record_ops: true,
+            ..QueueConfig::default()
+        };
+        let (bq, _) = BackingQueue::open(dir.path(), cfg, StoreConfig::default()).unwrap();
+        let me = MemberId(1);
+        let mut r = Replica::new_master(
+            "q",
+            "a",
+            me,
+            Settings::default(),
+            memory(),
+            bq,
+            record("a", 2),
+        );
+        r.handle_view(alone(me));
+        let id = |seq| PublishId { publisher: 1, seq };
+        r.publish(10, id(1), NewMessage::new(1, &b"p"[..], true))
+            .unwrap();
+        r.publish(10, id(2), NewMessage::new(2, &b"t"[..], false))
+            .unwrap();
+        r.flush();
+        let sent = r
+            .drain_outputs()
+            .filter(|o| matches!(o, Output::Broadcast(_)))
+            .count() as u64;
+        r.handle_confirm(sent);
+        assert!(
+            confirmed(&mut r).is_empty(),
+            "the ring has it, the disk not yet"
+        );
+        assert!(r.needs_storage_sync());
+        r.sync_storage().unwrap();
+        assert_eq!(confirmed(&mut r), vec![1, 2]);
+    }
+
+    fn msg(epoch: u64, body: Body) -> Bytes {
+        RingMsg { epoch, body }.encode()
+    }
+
+    #[test]
+    fn messages_of_a_deposed_master_are_refused() {
+        let me = MemberId(5);
+        let mut r =
+            Replica::new_mirror("q", "b", me, Settings::default(), memory(), record("a", 3));
+        r.handle_deliver(MemberId(1), &msg(3, Body::Master));
+        assert_eq!(r.epoch(), 3);
+        // A new master at epoch 7 speaks: followed.
+        r.handle_deliver(MemberId(2), &msg(7, Body::Master));
+        assert_eq!(r.epoch(), 7);
+        // The old one (epoch 3) is refused, and so is a stranger at the same epoch.
+        let ops = Body::Ops {
+            ops: vec![Op::Purge],
+            publishes: vec![],
+        };
+        r.handle_deliver(MemberId(1), &msg(3, ops.clone()));
+        r.handle_deliver(MemberId(9), &msg(7, ops));
+        assert_eq!(r.refused(), 2);
+        r.handle_deliver(MemberId(2), b"garbage");
+        assert_eq!(r.refused(), 3);
+    }
+
+    #[test]
+    fn a_master_hearing_a_newer_epoch_is_deposed_and_nacks() {
+        let me = MemberId(1);
+        let bq = BackingQueue::in_memory(QueueConfig {
+            record_ops: true,
+            ..QueueConfig::default()
+        });
+        let mut r = Replica::new_master(
+            "q",
+            "a",
+            me,
+            Settings::default(),
+            memory(),
+            bq,
+            record("a", 2),
+        );
+        r.handle_view(alone(me));
+        r.publish(
+            1,
+            PublishId {
+                publisher: 4,
+                seq: 9,
+            },
+            NewMessage::new(9, &b"x"[..], false),
+        )
+        .unwrap();
+        let token = r.fetch(1).unwrap();
+        r.drain_outputs().for_each(drop);
+        r.handle_deliver(MemberId(2), &msg(5, Body::Master));
+        assert_eq!(r.role(), Role::Stopped);
+        let out: Vec<Output> = r.drain_outputs().collect();
+        assert!(out.contains(&Output::Nacked(vec![PublishId {
+            publisher: 4,
+            seq: 9
+        }])));
+        assert!(out.contains(&Output::FetchFailed { token }));
+        assert!(out.contains(&Output::Deposed { epoch: 2 }));
+        assert!(matches!(
+            r.publish(
+                1,
+                PublishId {
+                    publisher: 4,
+                    seq: 10
+                },
+                NewMessage::new(10, &b"y"[..], false)
+            ),
+            Err(MirrorError::Stopped)
+        ));
+    }
+
+    #[test]
+    fn a_record_naming_another_master_deposes() {
+        let me = MemberId(1);
+        let bq = BackingQueue::in_memory(QueueConfig {
+            record_ops: true,
+            ..QueueConfig::default()
+        });
+        let mut r = Replica::new_master(
+            "q",
+            "a",
+            me,
+            Settings::default(),
+            memory(),
+            bq,
+            record("a", 2),
+        );
+        r.handle_record(record("b", 3));
+        assert_eq!(r.role(), Role::Stopped);
+        assert!(r.drain_outputs().any(|o| o == Output::Deposed { epoch: 2 }));
+    }
+}

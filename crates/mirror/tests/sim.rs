@@ -902,3 +902,36 @@ fn graceful_stop_promotes_per_promote_on_shutdown() {
     assert_eq!(sim.nodes[m].replica.stats().unwrap().ready, 4);
     sim.check_end();
 }
+
+#[test]
+fn switching_to_automatic_syncs_an_unsynchronised_mirror() {
+    let mut sim = Sim::new(8, settings(SyncMode::Manual, 2));
+    for _ in 0..7 {
+        sim.publish();
+    }
+    sim.quiesce();
+    sim.add_node(false);
+    sim.quiesce();
+    assert!(!sim.nodes[1].replica.status().synchronised);
+    assert!(sim.record.synchronised.is_empty());
+    let m = sim.master().unwrap();
+    sim.nodes[m]
+        .replica
+        .set_settings(settings(SyncMode::Automatic, 2));
+    sim.drive(m);
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+#[test]
+fn a_mirror_of_an_empty_queue_is_synchronised_at_once_even_in_manual_mode() {
+    let mut sim = Sim::new(9, settings(SyncMode::Manual, 2));
+    sim.add_node(false);
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.record.mirrors, vec!["n1".to_owned()]);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
