@@ -93,10 +93,10 @@ impl Sim {
         sim
     }
 
-    fn fresh_member(&mut self, name: &str) -> MemberId {
+    fn fresh_member(&mut self, name: &str, after: Option<MemberId>) -> MemberId {
         self.next_member += 1;
         let id = MemberId(self.next_member);
-        let after = self.auth.current_now(RING).alive().last();
+        let after = after.or_else(|| self.auth.current_now(RING).alive().last());
         self.auth
             .propose_now(
                 RING,
@@ -112,7 +112,13 @@ impl Sim {
 
     /// Starts a replica on a new node (or restarts node `name`).
     fn start_on(&mut self, name: String, master: bool) -> usize {
-        let id = self.fresh_member(&name);
+        self.start_after(name, master, None)
+    }
+
+    /// Starts a replica whose ring member is spliced in right after `after`
+    /// (by default after the last alive member).
+    fn start_after(&mut self, name: String, master: bool, after: Option<MemberId>) -> usize {
+        let id = self.fresh_member(&name, after);
         let member = Member::new(id, Config::default());
         let replica = if master {
             // The record names this node master at a new version: the epoch.
@@ -361,6 +367,17 @@ impl Sim {
             self.nodes[i].replica.record_settled(rec);
             self.drive(i);
         }
+    }
+
+    /// Delivers the next frame from node `a`'s member to node `b`'s.
+    fn deliver_between(&mut self, a: usize, b: usize) -> bool {
+        let k = (self.nodes[a].member.id(), self.nodes[b].member.id());
+        let Some(frame) = self.links.get_mut(&k).and_then(VecDeque::pop_front) else {
+            return false;
+        };
+        self.nodes[b].member.handle_frame(frame);
+        self.drive(b);
+        true
     }
 
     fn deliver_frame(&mut self) -> bool {
@@ -933,5 +950,54 @@ fn a_mirror_of_an_empty_queue_is_synchronised_at_once_even_in_manual_mode() {
     assert!(sim.nodes[1].replica.status().synchronised);
     assert_eq!(sim.record.mirrors, vec!["n1".to_owned()]);
     assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+/// The oldest synchronised mirror is not always the master's right
+/// neighbour (the one that inherits its messages). It must not take over
+/// before every message of the dead master that any survivor holds has
+/// reached it, or the survivors would diverge.
+#[test]
+fn promotion_waits_for_the_dead_masters_messages() {
+    let mut sim = Sim::new(10, settings(SyncMode::Automatic, 4));
+    sim.add_node(false); // n1: the oldest mirror
+    sim.quiesce();
+    let master = sim.nodes[0].member.id();
+    // n2 and n3 are spliced in right after the master: ring n0, n3, n2, n1.
+    sim.start_after("n2".into(), false, Some(master));
+    sim.quiesce();
+    sim.start_after("n3".into(), false, Some(master));
+    sim.quiesce();
+    assert_eq!(sim.synced_alive_mirrors().len(), 3);
+    let ring: Vec<MemberId> = sim.auth.current_now(RING).alive().collect();
+    let ids: Vec<MemberId> = [0, 3, 2, 1]
+        .iter()
+        .map(|&i| sim.nodes[i].member.id())
+        .collect();
+    assert_eq!(ring, ids);
+    for _ in 0..3 {
+        sim.publish();
+    }
+    sim.nodes[0].replica.flush();
+    sim.drive(0);
+    sim.nodes[0].member.flush();
+    sim.drive(0);
+    // The batch reaches n3 and n2, not n1; then the master dies.
+    assert!(sim.deliver_between(0, 3));
+    sim.nodes[3].member.flush();
+    sim.drive(3);
+    assert!(sim.deliver_between(3, 2));
+    sim.crash(0);
+    while !sim.proposals.is_empty() {
+        sim.settle_proposal();
+    }
+    sim.quiesce();
+    let m = sim.master().expect("promoted");
+    assert_eq!(sim.nodes[m].name, "n1", "the oldest synchronised mirror");
+    assert_eq!(
+        sim.check.confirmed.len(),
+        3,
+        "the new master holds them all"
+    );
     sim.check_end();
 }
