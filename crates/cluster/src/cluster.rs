@@ -755,6 +755,9 @@ impl Cluster {
                 {
                     Ok(_) => break,
                     Err(e @ ClusterError::Stopped(_)) => return Err(e),
+                    Err(ClusterError::NotAMember(_)) => {
+                        return Err(ClusterError::Removed(cfg.node.to_string()));
+                    }
                     Err(e) => tracing::debug!(node = %cfg.node, error = %e, "no majority yet"),
                 }
             }
@@ -814,7 +817,7 @@ impl Cluster {
 }
 
 /// Serves a request from a peer.
-async fn handle(weak: Weak<Inner>, _from: NodeName, req: Request) -> Response {
+async fn handle(weak: Weak<Inner>, from: NodeName, req: Request) -> Response {
     let Some(inner) = weak.upgrade() else {
         return match req {
             Request::AppendEntries(_) => Response::AppendEntries(Err("node stopped".into())),
@@ -831,7 +834,24 @@ async fn handle(weak: Weak<Inner>, _from: NodeName, req: Request) -> Response {
                 .await
                 .map_err(|e| e.to_string()),
         ),
-        Request::Vote(r) => Response::Vote(inner.raft.vote(r).await.map_err(|e| e.to_string())),
+        Request::Vote(r) => {
+            // A node that was forgotten (and restarted with its old data)
+            // must not disrupt the cluster with elections it cannot win.
+            let candidate = r.vote.leader_id().voted_for();
+            let known = {
+                let m = inner.raft.metrics().borrow().clone();
+                let mc = &m.membership_config;
+                mc.log_id().is_none()
+                    || candidate.is_some_and(|c| mc.membership().get_node(&c).is_some())
+            };
+            if !known {
+                tracing::warn!(node = %inner.config.node, peer = %from, "refusing a vote request from a node that is not a member");
+                return Response::Vote(Err(format!(
+                    "{from} is not a member of this cluster (was it forgotten?)"
+                )));
+            }
+            Response::Vote(inner.raft.vote(r).await.map_err(|e| e.to_string()))
+        }
         Request::Snapshot { vote, meta, data } => Response::Snapshot(
             inner
                 .raft
@@ -846,10 +866,22 @@ async fn handle(weak: Weak<Inner>, _from: NodeName, req: Request) -> Response {
                 .map_err(|e| e.to_string()),
         ),
         Request::Admin(a) => {
+            // Only members may ask for anything but to join.
+            if !matches!(a, AdminRequest::Join { .. }) && !is_member(&inner, &from) {
+                return Response::Admin(AdminResponse::NotAMember(from.to_string()));
+            }
             let timeout = inner.config.command_timeout;
             Response::Admin(handle_admin(&inner, a, timeout).await)
         }
     }
+}
+
+/// Whether `node` is in this node's (effective) membership; a node with no
+/// membership yet knows nobody and refuses nothing.
+fn is_member(inner: &Inner, node: &NodeName) -> bool {
+    let m = inner.raft.metrics().borrow().clone();
+    let mc = &m.membership_config;
+    mc.log_id().is_none() || mc.membership().get_node(&node_id(node)).is_some()
 }
 
 fn not_leader(inner: &Inner) -> AdminResponse {

@@ -59,6 +59,13 @@ pub enum ClusterError {
     /// The node named is not a member of the cluster.
     #[error("{0} is not a member of the cluster")]
     NotAMember(String),
+    /// This node was removed from the cluster (`forget_cluster_node`) while it
+    /// was stopped; its data directory is stale (RabbitMQ's `inconsistent_cluster`).
+    #[error(
+        "node {0} was removed from the cluster (forget_cluster_node): \
+         wipe its data directory, then start it with --join to rejoin"
+    )]
+    Removed(String),
     /// `forget_cluster_node` on a node that is running: stop it first.
     #[error("node {0} is running: stop it before forgetting it")]
     NodeRunning(String),

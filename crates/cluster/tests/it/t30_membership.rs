@@ -67,6 +67,23 @@ async fn t30_forget_a_stopped_node_online_promotes_its_queues() {
     assert_eq!(status.members.len(), 2, "{status:?}");
     // Two voters left: still a majority with both up.
     write_eventually(&tc.node("b"), vhost("after-forget")).await;
+
+    // The forgotten node restarted with its old data cannot get back in: it
+    // is told it was removed, and its elections are refused.
+    tc.boot_wait_timeout = Duration::from_millis(400);
+    tc.boot_wait_retries = 3;
+    let cfg = tc.config("c", None);
+    let err = tc.start_with(cfg).await.unwrap_err();
+    // (Told by the member it asks; a node that knows no leader times out.)
+    assert!(
+        matches!(
+            err,
+            ClusterError::Removed(_) | ClusterError::BootTimeout { .. }
+        ),
+        "{err}"
+    );
+    write_eventually(&tc.node("b"), vhost("still-fine")).await;
+    assert_eq!(tc.node("a").cluster_status().members.len(), 2);
     tc.shutdown_all().await;
 }
 
