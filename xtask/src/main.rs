@@ -2,9 +2,11 @@
 //!
 //! - `cargo xtask test` — what CI runs: fmt check, clippy, cargo-deny, nextest.
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
+//! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bench;
+mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +19,7 @@ fn main() -> anyhow::Result<()> {
     match args.as_slice() {
         ["test", rest @ ..] => test(rest),
         ["bench", which, rest @ ..] => bench::run(&workspace_root(), which, rest),
+        ["cluster", rest @ ..] => cluster::run(&workspace_root(), rest),
         _ => {
             eprintln!("usage: cargo xtask <command>");
             eprintln!();
@@ -24,6 +27,10 @@ fn main() -> anyhow::Result<()> {
                 "  test [--no-deny]          fmt check, clippy -D warnings, cargo deny, nextest"
             );
             eprintln!("  bench transports [--quick]  transport bench, one table with ratios");
+            eprintln!(
+                "  cluster up [--nodes N] [--transport tcp|quic]   a local cluster on 127.0.0.1..N"
+            );
+            eprintln!("  cluster down              stop the cluster started by `cluster up`");
             bail!("unknown or missing command: {args:?}")
         }
     }

@@ -1,0 +1,217 @@
+//! `cargo xtask cluster up|down`: a local cluster of `warren` processes.
+//!
+//! Node *i* (1-based) listens on 127.0.0.*i* with the standard ports (AMQP
+//! 5672, management 15672, metrics 15692, peers 25672) and keeps its data in
+//! `target/cluster/node<i>`. Nodes 2… join node 1. Once the cluster is formed
+//! an example policy mirrors every queue whose name starts with `ha.` to all
+//! nodes. `up` keeps running until Ctrl-C (which stops every node) or
+//! `cargo xtask cluster down` (run from another terminal).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// The example mirroring policy `up` sets: queues named `ha.*` on every node.
+const EXAMPLE_POLICY: &str = r#"{"pattern":"^ha\\.","definition":{"ha-mode":"all","ha-sync-mode":"automatic"},"apply-to":"queues"}"#;
+
+/// Runs `cluster up|down`.
+pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
+    match rest {
+        ["up", flags @ ..] => up(root, flags),
+        ["down", ..] => down(root),
+        _ => {
+            bail!("usage: cargo xtask cluster up [--nodes N] [--transport tcp|quic] | cluster down")
+        }
+    }
+}
+
+fn flag<'a>(flags: &[&'a str], name: &str) -> Option<&'a str> {
+    flags
+        .iter()
+        .position(|f| *f == name)
+        .and_then(|i| flags.get(i + 1).copied())
+}
+
+fn cluster_dir(root: &Path) -> PathBuf {
+    root.join("target/cluster")
+}
+
+/// One started node.
+struct Node {
+    index: usize,
+    name: String,
+    ip: String,
+    child: Child,
+}
+
+fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
+    let nodes: usize = flag(flags, "--nodes")
+        .unwrap_or("3")
+        .parse()
+        .context("--nodes takes a number")?;
+    if !(1..=9).contains(&nodes) {
+        bail!("--nodes must be between 1 and 9");
+    }
+    let transport = flag(flags, "--transport").unwrap_or("tcp");
+    if !["tcp", "quic"].contains(&transport) {
+        bail!(
+            "--transport must be tcp or quic (the in-memory transport runs inside one process: see the cluster crate's tests)"
+        );
+    }
+    println!("[1/4] building warren (release)…");
+    crate::step(
+        "build",
+        "cargo",
+        &["build", "--release", "-p", "warren-node", "--bin", "warren"],
+    )?;
+    let bin = root.join("target/release/warren");
+
+    let dir = cluster_dir(root);
+    std::fs::create_dir_all(&dir)?;
+    let secret = dir.join("cluster-secret");
+    if !secret.exists() {
+        let nonce = format!(
+            "{:x}{:x}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        );
+        std::fs::write(&secret, format!("warren-local-{nonce}-{}\n", dir.display()))?;
+    }
+
+    println!("[2/4] starting {nodes} node(s) over {transport}…");
+    let mut started: Vec<Node> = Vec::new();
+    let result = (|| -> anyhow::Result<()> {
+        for i in 1..=nodes {
+            let ip = format!("127.0.0.{i}");
+            let name = format!("warren@{ip}");
+            let data = dir.join(format!("node{i}"));
+            let mut cmd = Command::new(&bin);
+            cmd.args(["--node-name", &name])
+                .args(["--amqp-addr", &format!("{ip}:5672")])
+                .args(["--http-addr", &format!("{ip}:15672")])
+                .args(["--prometheus-addr", &format!("{ip}:15692")])
+                .args(["--peer-addr", &format!("{ip}:25672")])
+                .args(["--transport", transport])
+                .arg("--cluster-secret-file")
+                .arg(&secret)
+                .arg("--data-dir")
+                .arg(&data);
+            if i > 1 {
+                cmd.args(["--join", "127.0.0.1:25672"]);
+            }
+            let log = std::fs::File::create(dir.join(format!("node{i}.log")))?;
+            cmd.stdout(Stdio::piped()).stderr(log);
+            let mut child = cmd
+                .spawn()
+                .with_context(|| format!("starting {}", bin.display()))?;
+            let stdout = child.stdout.take().context("node stdout")?;
+            started.push(Node {
+                index: i,
+                name: name.clone(),
+                ip: ip.clone(),
+                child,
+            });
+            wait_ready(stdout, &name, Duration::from_secs(120))?;
+            println!("      {name} ready");
+        }
+        std::fs::write(
+            dir.join("pids"),
+            started
+                .iter()
+                .map(|n| format!("{}\n", n.child.id()))
+                .collect::<String>(),
+        )?;
+        println!(
+            "[3/4] setting the example policy ha-all (queues named ha.* mirrored to all nodes)…"
+        );
+        http_put(
+            "127.0.0.1:15672",
+            "/api/policies/%2F/ha-all",
+            EXAMPLE_POLICY,
+        )?;
+        println!("[4/4] cluster up:");
+        for n in &started {
+            println!(
+                "      {}  AMQP amqp://guest:guest@{ip}:5672/  management http://{ip}:15672/  metrics http://{ip}:15692/metrics  (log {})",
+                n.name,
+                dir.join(format!("node{}.log", &n.ip[n.ip.len() - 1..]))
+                    .display(),
+                ip = n.ip
+            );
+        }
+        println!(
+            "      try: target/release/warrenctl --node 127.0.0.1:15672 list_queues name pid slave_pids synchronised_slave_pids"
+        );
+        println!("      Ctrl-C (or `cargo xtask cluster down`) stops every node.");
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for n in &mut started {
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+        return Err(e.context(format!("node logs are in {}", dir.display())));
+    }
+    for n in &mut started {
+        let status = n.child.wait()?;
+        println!("{} exited: {status}", n.name);
+    }
+    let _ = std::fs::remove_file(dir.join("pids"));
+    Ok(())
+}
+
+/// Waits for the node's "ready" line on its stdout, then keeps draining it.
+fn wait_ready(
+    stdout: impl Read + Send + 'static,
+    name: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if line.contains("ready") {
+                let _ = tx.send(());
+                break;
+            }
+        }
+        for _ in lines {}
+    });
+    rx.recv_timeout(limit)
+        .map_err(|_| anyhow::anyhow!("{name} did not become ready within {limit:?}"))
+}
+
+/// PUT `body` to a node's management API as guest.
+fn http_put(addr: &str, path: &str, body: &str) -> anyhow::Result<()> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    let status = response.lines().next().unwrap_or_default();
+    if !(status.contains(" 201") || status.contains(" 204") || status.contains(" 200")) {
+        bail!("PUT {path} on {addr} answered {status}: {response}");
+    }
+    Ok(())
+}
+
+fn down(root: &Path) -> anyhow::Result<()> {
+    let pids = cluster_dir(root).join("pids");
+    let text = std::fs::read_to_string(&pids)
+        .with_context(|| format!("no running cluster ({} missing)", pids.display()))?;
+    for pid in text.lines().filter(|l| !l.is_empty()) {
+        println!("stopping node process {pid} (SIGTERM)");
+        let _ = Command::new("kill").args(["-TERM", pid]).status();
+    }
+    let _ = std::fs::remove_file(pids);
+    Ok(())
+}
