@@ -138,8 +138,7 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
             println!(
                 "      {}  AMQP amqp://guest:guest@{ip}:5672/  management http://{ip}:15672/  metrics http://{ip}:15692/metrics  (log {})",
                 n.name,
-                dir.join(format!("node{}.log", &n.ip[n.ip.len() - 1..]))
-                    .display(),
+                dir.join(format!("node{}.log", n.index)).display(),
                 ip = n.ip
             );
         }
