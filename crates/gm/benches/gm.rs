@@ -63,8 +63,9 @@ impl Timer {
         }
     }
 
-    fn sent(&mut self, last_seq: u64) {
-        self.sent.push_back((last_seq, Instant::now()));
+    /// Messages up to `last_seq` were handed to the ring at `at`.
+    fn sent(&mut self, last_seq: u64, at: Instant) {
+        self.sent.push_back((last_seq, at));
     }
 
     fn confirmed(&mut self, up_to: u64) {
@@ -167,10 +168,11 @@ impl InProc {
             let sent = self.members[0].last_broadcast();
             if sent < target && sent - self.confirmed < window {
                 let n = (target - sent).min(BATCH as u64).min(window);
+                let at = Instant::now();
                 for _ in 0..n {
                     self.members[0].broadcast(payload.clone()).unwrap();
                 }
-                timer.sent(self.members[0].last_broadcast());
+                timer.sent(self.members[0].last_broadcast(), at);
                 self.drain(0, timer);
             }
             // One hop per turn: every member handles what reached it, then flushes.
@@ -333,8 +335,9 @@ impl NetRing {
             while self.sent < target && self.sent - self.confirmed < window {
                 let n = (target - self.sent).min(BATCH as u64).min(window) as usize;
                 let batch = vec![payload.clone(); n];
+                let at = Instant::now();
                 self.sent = self.publisher.broadcast(batch).await.unwrap();
-                timer.sent(self.sent);
+                timer.sent(self.sent, at);
             }
             if !self.publisher.next_events(&mut events).await {
                 break;

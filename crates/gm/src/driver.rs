@@ -24,11 +24,11 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use warren_transport::{Connection, FrameSender, PeerAddr, Transport, TransportError};
-use warren_wire::{NodeName, PeerFrame, decode_message, encode_message};
+use warren_wire::{NodeName, PeerFrame, encode_message};
 
 use crate::authority::ViewAuthority;
 use crate::detector::FailureDetector;
-use crate::frame::{Frame, Seq};
+use crate::frame::{Frame, FrameRef, Seq, decode_borrowed};
 use crate::member::{Action, Config, GmError, Member, Phase};
 use crate::view::{MemberId, View, ViewChange, ViewError, ViewVersion};
 
@@ -111,12 +111,39 @@ pub enum RingEvent {
 }
 
 /// The body of a [`PeerFrame::Ring`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 enum RingMsg {
     /// A member's frame for member `to`.
     Frame { to: MemberId, frame: Frame },
     /// The ring's view changed: fetch it.
     ViewChanged { version: ViewVersion },
+}
+
+/// [`RingMsg`] decoded in place (the same wire format).
+#[derive(Deserialize)]
+enum RingMsgRef<'a> {
+    Frame {
+        to: MemberId,
+        #[serde(borrow)]
+        frame: FrameRef<'a>,
+    },
+    ViewChanged {
+        version: ViewVersion,
+    },
+}
+
+/// The variants of [`PeerFrame`] this driver reads, decoded in place (the same
+/// wire format, checked by a test), so that payloads are never copied.
+#[derive(Deserialize)]
+enum PeerFrameRef<'a> {
+    Heartbeat {
+        #[allow(dead_code, reason = "only the frame's arrival matters")]
+        seq: u64,
+    },
+    Ring {
+        ring: &'a str,
+        body: &'a [u8],
+    },
 }
 
 /// A queue of items handed from one task to another in batches.
@@ -623,7 +650,7 @@ impl NodeTask {
                 }
                 self.detector.heard_from(&peer, Instant::now());
                 for bytes in frames {
-                    self.on_peer_frame(&bytes);
+                    self.on_peer_frame(bytes);
                 }
             }
             Inbound::View {
@@ -643,26 +670,28 @@ impl NodeTask {
         }
     }
 
-    fn on_peer_frame(&mut self, bytes: &[u8]) {
-        let Ok(PeerFrame::Ring { ring, body }) = decode_message::<PeerFrame>(bytes) else {
-            return; // heartbeats only feed the detector; garbage is ignored
+    fn on_peer_frame(&mut self, bytes: Bytes) {
+        let Ok(PeerFrameRef::Ring { ring, body }) = decode_borrowed::<PeerFrameRef<'_>>(&bytes)
+        else {
+            return; // heartbeats only feed the detector; the rest is not ours
         };
-        match decode_message::<RingMsg>(&body) {
-            Ok(RingMsg::Frame { to, frame }) => {
-                if let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&to)) {
+        match decode_borrowed::<RingMsgRef<'_>>(body) {
+            Ok(RingMsgRef::Frame { to, frame }) => {
+                let frame = frame.into_frame(&bytes);
+                if let Some(local) = self.rings.get_mut(ring).and_then(|r| r.get_mut(&to)) {
                     local.member.handle_frame(frame);
-                    self.dirty.insert((ring.clone(), to));
-                    self.drive(&ring, to);
+                    self.dirty.insert((ring.to_owned(), to));
+                    self.drive(ring, to);
                     self.run_loopback();
                 }
             }
-            Ok(RingMsg::ViewChanged { version }) => {
+            Ok(RingMsgRef::ViewChanged { version }) => {
                 let behind = self
                     .rings
-                    .get(&ring)
+                    .get(ring)
                     .is_some_and(|r| r.values().any(|l| l.member.view().version < version));
                 if behind {
-                    self.fetch(&ring);
+                    self.fetch(ring);
                 }
             }
             Err(e) => tracing::debug!(%ring, error = %e, "malformed ring frame ignored"),
@@ -989,5 +1018,57 @@ async fn write_loop(mut sender: Box<dyn FrameSender>, outbox: Arc<Handoff<Bytes>
         if sender.flush().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{FrameKind, Pub, StreamBatch};
+
+    #[test]
+    fn in_place_decoding_matches_the_wire_format() {
+        let frame = Frame {
+            view: 3,
+            from: MemberId(1),
+            kind: FrameKind::Activity,
+            streams: vec![StreamBatch {
+                publisher: MemberId(1),
+                pubs: vec![Pub {
+                    seq: 9,
+                    view: 2,
+                    payload: Bytes::from_static(b"payload"),
+                }],
+                ack: 8,
+            }],
+        };
+        let body = encode_message(&RingMsg::Frame {
+            to: MemberId(2),
+            frame: frame.clone(),
+        })
+        .unwrap();
+        let peer = PeerFrame::Ring {
+            ring: "q".into(),
+            body: Bytes::from(body),
+        };
+        let bytes = Bytes::from(encode_message(&peer).unwrap());
+        let Ok(PeerFrameRef::Ring { ring, body }) = decode_borrowed::<PeerFrameRef<'_>>(&bytes)
+        else {
+            panic!("not a ring frame");
+        };
+        assert_eq!(ring, "q");
+        let Ok(RingMsgRef::Frame { to, frame: got }) = decode_borrowed::<RingMsgRef<'_>>(body)
+        else {
+            panic!("not a member frame");
+        };
+        assert_eq!(to, MemberId(2));
+        assert_eq!(got.into_frame(&bytes), frame);
+        let hb = encode_message(&PeerFrame::Heartbeat { seq: 5 }).unwrap();
+        assert!(matches!(
+            decode_borrowed::<PeerFrameRef<'_>>(&hb),
+            Ok(PeerFrameRef::Heartbeat { .. })
+        ));
+        let md = encode_message(&PeerFrame::Metadata { body: Bytes::new() }).unwrap();
+        assert!(decode_borrowed::<PeerFrameRef<'_>>(&md).is_err());
     }
 }

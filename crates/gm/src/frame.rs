@@ -73,6 +73,85 @@ impl Frame {
     }
 }
 
+/// A [`Pub`] decoded in place: its payload borrows the received buffer.
+#[derive(Deserialize)]
+struct PubRef<'a> {
+    seq: Seq,
+    view: ViewVersion,
+    payload: &'a [u8],
+}
+
+/// A [`StreamBatch`] decoded in place.
+#[derive(Deserialize)]
+struct StreamBatchRef<'a> {
+    publisher: MemberId,
+    #[serde(borrow)]
+    pubs: Vec<PubRef<'a>>,
+    ack: Seq,
+}
+
+/// A [`Frame`] decoded in place (same wire format), turned into a [`Frame`]
+/// whose payloads share the received buffer instead of copying it.
+#[derive(Deserialize)]
+pub(crate) struct FrameRef<'a> {
+    view: ViewVersion,
+    from: MemberId,
+    kind: FrameKind,
+    #[serde(borrow)]
+    streams: Vec<StreamBatchRef<'a>>,
+}
+
+impl FrameRef<'_> {
+    /// The owned frame; `buf` must hold the bytes this was decoded from.
+    pub(crate) fn into_frame(self, buf: &Bytes) -> Frame {
+        Frame {
+            view: self.view,
+            from: self.from,
+            kind: self.kind,
+            streams: self
+                .streams
+                .into_iter()
+                .map(|b| StreamBatch {
+                    publisher: b.publisher,
+                    ack: b.ack,
+                    pubs: b
+                        .pubs
+                        .into_iter()
+                        .map(|p| Pub {
+                            seq: p.seq,
+                            view: p.view,
+                            payload: buf.slice_ref(p.payload),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Frame {
+    /// Decodes a frame whose payloads share `bytes` (no copy per message).
+    pub fn decode_shared(bytes: &Bytes) -> Result<Self, warren_wire::WireError> {
+        let frame: FrameRef<'_> = decode_borrowed(bytes)?;
+        Ok(frame.into_frame(bytes))
+    }
+}
+
+/// Decodes a postcard message that borrows from `bytes`; trailing bytes are an error.
+pub(crate) fn decode_borrowed<'a, T: Deserialize<'a>>(
+    bytes: &'a [u8],
+) -> Result<T, warren_wire::WireError> {
+    let malformed = |reason: String| warren_wire::WireError::Malformed {
+        what: std::any::type_name::<T>(),
+        reason,
+    };
+    let (msg, rest) = postcard::take_from_bytes(bytes).map_err(|e| malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(malformed(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(msg)
+}
+
 /// Bytes a pub adds to a frame beyond its payload (an estimate for batching).
 pub(crate) const PUB_OVERHEAD: usize = 24;
 
@@ -98,6 +177,9 @@ mod tests {
         };
         let bytes = frame.encode().unwrap();
         assert_eq!(Frame::decode(&bytes).unwrap(), frame);
+        let shared = Bytes::from(bytes.clone());
+        assert_eq!(Frame::decode_shared(&shared).unwrap(), frame);
+        assert!(Frame::decode_shared(&shared.slice(1..)).is_err());
         assert!(Frame::decode(&bytes[..bytes.len() - 1]).is_err());
         assert!(Frame::decode(&[0xff; 3]).is_err());
     }

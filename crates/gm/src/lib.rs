@@ -26,6 +26,24 @@
 //!   ([`HeartbeatDetector`]) whose suspicions become view changes. Only this
 //!   module (and [`detector`], for its `Instant`) knows tokio.
 //!
+//! # Driving a [`Member`]
+//!
+//! 1. Create it with [`Member::new`], propose [`ViewChange::Join`] to the
+//!    authority, and hand it every view it should know with
+//!    [`Member::handle_view`] (pushed after changes, and fetched when it asks
+//!    with [`Action::NeedView`]). Older views are ignored.
+//! 2. After every input, drain [`Member::poll_action`] and carry the actions
+//!    out in order: `Send` to the member `to` (its node is in the view entry),
+//!    `Deliver`/`Confirm` to the application, `Erase` and `JoinFailed` as
+//!    changes to the authority (`JoinFailed`: remove it, then join afresh
+//!    under a new id), `Removed`: the member is inert.
+//! 3. Call [`Member::flush`] when the input queue runs dry and
+//!    [`Member::handle_tick`] periodically: outgoing publishes and acks are
+//!    batched until then (or until a batch is full).
+//! 4. Frames between two members must arrive in order. If some may have been
+//!    lost (a connection broke), call [`Member::handle_link_reset`] on both
+//!    sides before handing over any later frame on that link.
+//!
 //! # Guarantees
 //!
 //! A member *joins* at the version of the view that spliced it in
