@@ -921,3 +921,56 @@ fn http_api_conventions() {
     let (status, _) = n.http("DELETE", "/api/users/carol", None);
     assert_eq!(status, 204);
 }
+
+#[test]
+fn web_page_and_prometheus_metrics() {
+    let (_d, n) = node();
+    let (status, ctype, html) = n.get_plain(&n.http, "/");
+    assert_eq!(status, 200);
+    assert!(ctype.starts_with("text/html"), "{ctype}");
+    // The pages and the policy form the seed starts from.
+    for needle in [
+        "Overview",
+        "Queues",
+        "Admin &rarr; Policies",
+        "Add / update a policy",
+        "id=\"p-name\"",
+        "id=\"p-pattern\"",
+        "id=\"p-apply\"",
+        "id=\"p-priority\"",
+        "def-rows",
+        "HA mode",
+        "HA params",
+        "HA sync mode",
+        "policy-error",
+        "Synchronise",
+        "(unsynchronised)",
+        "ringSvg",
+        "mirrorsBadge",
+    ] {
+        assert!(html.contains(needle), "{needle} missing from the page");
+    }
+
+    n.ctl(&["set_policy", "hello-ha", "^hello", SEED_DEFINITION])
+        .ok();
+    put_queue(&n, "hello");
+    let (status, ctype, text) = n.get_plain(&n.metrics, "/metrics");
+    assert_eq!(status, 200);
+    assert!(ctype.starts_with("text/plain"), "{ctype}");
+    for line in [
+        "# TYPE rabbitmq_queue_messages_ready gauge",
+        "rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"hello\"} 0",
+        "rabbitmq_queue_messages_unacked{vhost=\"/\",queue=\"hello\"} 0",
+        "rabbitmq_queue_consumers{vhost=\"/\",queue=\"hello\"} 0",
+        "rabbitmq_queues 1",
+        "rabbitmq_connections 0",
+        "warren_queue_ring_members{vhost=\"/\",queue=\"hello\"} 1",
+        "warren_queue_synchronised_mirrors{vhost=\"/\",queue=\"hello\"} 0",
+        "rabbitmq_identity_info{rabbitmq_node=\"warren@testhost\",rabbitmq_cluster=\"warren@testhost\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line:?} missing from\n{text}"
+        );
+    }
+}

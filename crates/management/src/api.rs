@@ -326,7 +326,7 @@ async fn cluster_name(State(s): State<Management>) -> Response {
     ok(json!({"name": s.node}))
 }
 
-fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|t| {
@@ -338,7 +338,7 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-fn fd_used() -> u64 {
+pub(crate) fn fd_used() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 

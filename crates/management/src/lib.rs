@@ -6,7 +6,8 @@
 //! `/api/queues` with the mirror fields, `/api/exchanges`, `/api/bindings`,
 //! `/api/connections`, `/api/consumers`, `/api/definitions`,
 //! `/api/health/checks/…`) plus `/api/openapi.json` describing them, and a
-//! small web page at `/`.
+//! web page at `/` (overview, queues, a queue's page with its ring, Admin →
+//! Policies). [`metrics_router`] serves Prometheus metrics at `/metrics`.
 //!
 //! Conventions are RabbitMQ's: HTTP basic auth against the broker's users,
 //! who need the `management`, `policymaker`, `monitoring` or
@@ -20,6 +21,7 @@
 
 mod api;
 mod defs;
+mod metrics;
 mod openapi;
 mod web;
 
@@ -31,6 +33,7 @@ use std::time::Instant;
 use axum::Router;
 use warren_broker::Broker;
 
+pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
 pub use openapi::openapi_document;
 
 /// The broker as the node shell shares it.

@@ -37,6 +37,9 @@ struct Args {
     /// Address of the HTTP management listener.
     #[arg(long, default_value = "127.0.0.1:15672")]
     http_addr: String,
+    /// Address of the Prometheus listener (`/metrics`).
+    #[arg(long, default_value = "127.0.0.1:15692")]
+    prometheus_addr: String,
     /// Directory of the node's data (metadata and queue logs).
     #[arg(long, default_value = "./warren-data")]
     data_dir: PathBuf,
@@ -254,10 +257,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
             None
         }
     };
+    let metrics = warren_management::Management::new(broker.clone()).amqp_addr(amqp_addr);
+    let metrics_text = match TcpListener::bind(&args.prometheus_addr).await {
+        Ok(l) => {
+            let addr = l.local_addr()?;
+            tokio::spawn(warren_management::serve_metrics(l, metrics));
+            addr.to_string()
+        }
+        Err(e) => {
+            tracing::warn!(addr = %args.prometheus_addr, error = %e, "metrics disabled: cannot listen");
+            "off".to_owned()
+        }
+    };
     let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
-    tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, "ready");
+    tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, metrics = %metrics_text, "ready");
     println!(
-        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}",
+        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}, metrics on {metrics_text}",
         args.node_name
     );
 

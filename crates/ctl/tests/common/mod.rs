@@ -48,6 +48,8 @@ pub struct Node {
     pub amqp_port: u16,
     /// The management HTTP address (`127.0.0.1:PORT`).
     pub http: String,
+    /// The Prometheus address (`127.0.0.1:PORT`).
+    pub metrics: String,
     /// Its data directory.
     pub data_dir: PathBuf,
 }
@@ -65,6 +67,7 @@ impl Node {
     pub fn start(data_dir: &Path) -> Self {
         let mut child = Command::new(warren_bin())
             .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--prometheus-addr", "127.0.0.1:0"])
             .args(["--node-name", "warren@testhost"])
             .arg("--data-dir")
             .arg(data_dir)
@@ -84,10 +87,12 @@ impl Node {
             .and_then(|p| p.parse().ok())
             .expect("AMQP port");
         let http = addr_after(&line, "HTTP on ").to_owned();
+        let metrics = addr_after(&line, "metrics on ").to_owned();
         Self {
             child,
             amqp_port,
             http,
+            metrics,
             data_dir: data_dir.to_owned(),
         }
     }
@@ -139,6 +144,20 @@ impl Node {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
         (status, v)
+    }
+
+    /// A plain GET without credentials: status, content type and body.
+    pub fn get_plain(&self, addr: &str, path: &str) -> (u16, String, String) {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(30))
+            .build();
+        let resp = match agent.get(&format!("http://{addr}{path}")).call() {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("GET {path}: {e}"),
+        };
+        let status = resp.status();
+        let ctype = resp.content_type().to_owned();
+        (status, ctype, resp.into_string().expect("read body"))
     }
 
     /// An HTTP request as guest.
