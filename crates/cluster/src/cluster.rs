@@ -809,7 +809,7 @@ impl Cluster {
         Ok(())
     }
 
-    /// The node's Raft server state (for tests and status pages).
+    /// Whether this node is the Raft leader right now (as it believes).
     pub fn is_leader(&self) -> bool {
         let m = self.inner.raft.metrics().borrow().clone();
         m.state == ServerState::Leader && m.current_leader == Some(self.inner.id)

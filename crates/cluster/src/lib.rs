@@ -16,9 +16,12 @@
 //! Then:
 //!
 //! - [`Cluster::write`] commits a typed [`Command`]; [`Cluster::set_queue_view`]
-//!   is the compare-and-set a queue's ring view changes through.
+//!   is the compare-and-set a queue's master/mirrors change through, and
+//!   [`Cluster::set_ring_view`] the one a GM ring's (opaque) view changes
+//!   through, so a GM `ViewAuthority` can be backed by the store.
 //! - [`Cluster::local`] reads what this node has applied (possibly stale);
-//!   [`Cluster::read_linearizable`] confirms with a majority first.
+//!   [`Cluster::read_linearizable`] confirms with a majority first;
+//!   [`Cluster::metadata_changes`] wakes on every applied change.
 //! - [`Cluster::cluster_status`], [`Cluster::forget_cluster_node`],
 //!   [`Cluster::leave`] (graceful stop) and [`Cluster::shutdown`] (abrupt).
 //! - [`Cluster::subscribe`] and [`Cluster::up_nodes`]: node up/down from the
@@ -59,7 +62,9 @@
 //! boot_wait_timeout` (default 10 × 30 s, like RabbitMQ); then
 //! [`Cluster::start`] fails with [`ClusterError::BootTimeout`], which names
 //! the nodes to start or to forget. Nodes restarted within that window find
-//! each other whatever the order.
+//! each other whatever the order. A node that was forgotten while it was
+//! stopped is told so ([`ClusterError::Removed`]) and must be wiped before it
+//! joins again; members refuse its votes, so it cannot disturb the cluster.
 //!
 //! # Two-node clusters
 //!
