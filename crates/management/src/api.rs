@@ -260,6 +260,12 @@ pub(crate) fn routes(state: Management) -> Router {
         )
         .route("/api/health/checks/node-is-quorum-critical", get(health_ok))
         .route("/api/cluster-name", get(cluster_name))
+        .route("/api/cluster", get(crate::cluster::status))
+        .route("/api/cluster/join", post(crate::cluster::join))
+        .route(
+            "/api/cluster/nodes/{name}",
+            axum::routing::delete(crate::cluster::forget),
+        )
         .route("/api/openapi.json", get(openapi))
         .route("/api/{*rest}", get(api_not_found).put(api_not_found))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))

@@ -20,6 +20,7 @@
 //! [`SingleNode`] reports every queue on this node without mirrors.
 
 mod api;
+mod cluster;
 mod defs;
 mod metrics;
 mod openapi;
@@ -34,6 +35,7 @@ use axum::Router;
 use warren_broker::Broker;
 
 pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
+pub use cluster::{ClusterControl, ClusterFuture, ClusterInfo, ClusterMember};
 pub use openapi::openapi_document;
 
 /// The broker as the node shell shares it.
@@ -92,6 +94,7 @@ pub struct Management {
     amqp_addr: Option<SocketAddr>,
     http_addr: Option<SocketAddr>,
     mirrors: Arc<dyn MirrorSource>,
+    cluster: Option<Arc<dyn ClusterControl>>,
     started: Instant,
 }
 
@@ -115,6 +118,7 @@ impl Management {
             amqp_addr: None,
             http_addr: None,
             mirrors: Arc::new(SingleNode),
+            cluster: None,
             started: Instant::now(),
         }
     }
@@ -137,6 +141,13 @@ impl Management {
     #[must_use]
     pub fn mirrors(mut self, mirrors: Arc<dyn MirrorSource>) -> Self {
         self.mirrors = mirrors;
+        self
+    }
+
+    /// Sets the cluster membership the `/api/cluster` routes drive.
+    #[must_use]
+    pub fn cluster(mut self, cluster: Arc<dyn ClusterControl>) -> Self {
+        self.cluster = Some(cluster);
         self
     }
 

@@ -1,0 +1,139 @@
+//! Cluster membership through the API: `GET /api/cluster` (what
+//! `warrenctl cluster_status` prints), `POST /api/cluster/join`
+//! (`join_cluster`) and `DELETE /api/cluster/nodes/{name}`
+//! (`forget_cluster_node`), served by whatever implements [`ClusterControl`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
+use serde_json::{Value, json};
+
+use crate::Management;
+
+/// A boxed future returned by [`ClusterControl`]'s verbs.
+pub type ClusterFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// One member as [`ClusterControl::status`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterMember {
+    /// The node name.
+    pub name: String,
+    /// Its peer address.
+    pub addr: String,
+    /// Whether it votes in the metadata store.
+    pub voter: bool,
+    /// Whether it is running as the answering node sees it.
+    pub running: bool,
+}
+
+/// What `cluster_status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterInfo {
+    /// The node that answered.
+    pub node: String,
+    /// The metadata store's leader, if known.
+    pub leader: Option<String>,
+    /// Every member.
+    pub members: Vec<ClusterMember>,
+}
+
+/// The node's cluster membership, as the API drives it.
+pub trait ClusterControl: Send + Sync + fmt::Debug {
+    /// Members, leader, running nodes.
+    fn status(&self) -> ClusterInfo;
+    /// Joins the cluster that the member at `seed` (a peer address) belongs to.
+    fn join(&self, seed: &str) -> ClusterFuture;
+    /// Removes a stopped member from the cluster.
+    fn forget(&self, node: &str) -> ClusterFuture;
+}
+
+fn error(status: StatusCode, reason: impl Into<String>) -> Response {
+    json_response(
+        status,
+        &json!({"error": "bad_request", "reason": reason.into()}),
+    )
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn no_cluster() -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "this node runs alone (started without --peer-addr)",
+    )
+}
+
+fn info_json(s: &Management) -> Value {
+    let info = s.cluster.as_ref().map_or_else(
+        || ClusterInfo {
+            node: s.node.clone(),
+            leader: None,
+            members: vec![ClusterMember {
+                name: s.node.clone(),
+                addr: String::new(),
+                voter: true,
+                running: true,
+            }],
+        },
+        |c| c.status(),
+    );
+    let names: Vec<&str> = info.members.iter().map(|m| m.name.as_str()).collect();
+    let running: Vec<&str> = info
+        .members
+        .iter()
+        .filter(|m| m.running)
+        .map(|m| m.name.as_str())
+        .collect();
+    json!({
+        "node": info.node,
+        "leader": info.leader,
+        "disk_nodes": names,
+        "running_nodes": running,
+        "members": info.members.iter().map(|m| json!({
+            "name": m.name, "peer_addr": m.addr, "voter": m.voter, "running": m.running,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /api/cluster`.
+pub(crate) async fn status(State(s): State<Management>) -> Response {
+    json_response(StatusCode::OK, &info_json(&s))
+}
+
+/// `POST /api/cluster/join` with `{"node": "HOST:PORT"}`.
+pub(crate) async fn join(State(s): State<Management>, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(seed) = body.get("node").and_then(Value::as_str) else {
+        return error(StatusCode::BAD_REQUEST, "expected {\"node\": \"HOST:PORT\"}");
+    };
+    let Some(c) = s.cluster.clone() else {
+        return no_cluster();
+    };
+    match c.join(seed).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+/// `DELETE /api/cluster/nodes/{name}`.
+pub(crate) async fn forget(State(s): State<Management>, Path(name): Path<String>) -> Response {
+    let Some(c) = s.cluster.clone() else {
+        return no_cluster();
+    };
+    match c.forget(&name).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}

@@ -1,0 +1,135 @@
+//! The router over an in-process broker, with a stand-in [`MirrorSource`]
+//! showing that mirror data from the mirroring layer drops into the queue
+//! fields, the metrics and the sync actions.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use warren_broker::meta::MemoryStore;
+use warren_broker::{Broker, BrokerConfig};
+use warren_management::{Management, MirrorSource, QueueMirrors};
+
+/// Reports two mirrors (one synchronised) and a sync in progress for
+/// every queue, and records the actions it is asked for.
+#[derive(Debug, Default)]
+struct FakeMirrors {
+    actions: Mutex<Vec<String>>,
+}
+
+impl MirrorSource for FakeMirrors {
+    fn mirrors(&self, _vhost: &str, _queue: &str) -> Option<QueueMirrors> {
+        Some(QueueMirrors {
+            node: "warren@a".into(),
+            slave_nodes: vec!["warren@b".into(), "warren@c".into()],
+            synchronised_slave_nodes: vec!["warren@b".into()],
+            syncing: Some(4),
+        })
+    }
+
+    fn sync(&self, vhost: &str, queue: &str) -> Result<(), String> {
+        self.actions
+            .lock()
+            .unwrap()
+            .push(format!("sync {vhost} {queue}"));
+        Ok(())
+    }
+
+    fn cancel_sync(&self, _vhost: &str, queue: &str) -> Result<(), String> {
+        if queue == "stuck" {
+            return Err("no sync to cancel".into());
+        }
+        Ok(())
+    }
+}
+
+async fn request(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn mirror_source_feeds_queue_fields_metrics_and_actions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::new(dir.path());
+    cfg.node_name = "warren@a".into();
+    let broker = Arc::new(Mutex::new(
+        Broker::open(cfg, Box::new(MemoryStore::default())).unwrap(),
+    ));
+    let fake = Arc::new(FakeMirrors::default());
+    let state = Management::new(broker).mirrors(fake.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(warren_management::serve(listener, state.clone()));
+
+    let (status, _) = request(
+        &addr,
+        "PUT",
+        "/api/queues/%2F/q",
+        Some(json!({"durable": false})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, body) = request(&addr, "GET", "/api/queues/%2F/q", None).await;
+    assert_eq!(status, 200);
+    let q: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(q["node"], "warren@a");
+    assert_eq!(q["slave_nodes"], json!(["warren@b", "warren@c"]));
+    assert_eq!(q["synchronised_slave_nodes"], json!(["warren@b"]));
+    assert_eq!(q["state"], "syncing");
+    assert_eq!(q["sync_messages"], 4);
+    assert_eq!(q["durable"], false);
+
+    let (status, _) = request(
+        &addr,
+        "POST",
+        "/api/queues/%2F/q/actions",
+        Some(json!({"action": "sync"})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(*fake.actions.lock().unwrap(), ["sync / q"]);
+    let (status, _) = request(&addr, "PUT", "/api/queues/%2F/stuck", Some(json!({}))).await;
+    assert_eq!(status, 201);
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/queues/%2F/stuck/actions",
+        Some(json!({"action": "cancel_sync"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"error": "bad_request", "reason": "no sync to cancel"})
+    );
+
+    let text = warren_management::render_metrics(&state);
+    assert!(
+        text.contains("warren_queue_ring_members{vhost=\"/\",queue=\"q\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warren_queue_synchronised_mirrors{vhost=\"/\",queue=\"q\"} 1"),
+        "{text}"
+    );
+
+    // The OpenAPI document is served and lists the actions endpoint.
+    let doc = warren_management::openapi_document();
+    assert!(doc["paths"]["/api/queues/{vhost}/{name}/actions"]["post"].is_object());
+}
