@@ -159,3 +159,15 @@ fn the_cluster_handle_is_send_sync_and_clone() {
     fn check<T: Send + Sync + Clone + 'static>() {}
     check::<warren_cluster::Cluster>();
 }
+
+/// The store also runs on a current-thread runtime (as a single-threaded
+/// node shell would use).
+#[tokio::test]
+async fn t13_runs_on_a_current_thread_runtime() {
+    let mut tc = TestCluster::new(13);
+    tc.form(&["a", "b"]).await;
+    tc.node("b").write(vhost("/")).await.unwrap();
+    let md = tc.node("a").read_linearizable().await.unwrap();
+    assert!(md.vhosts.contains("/"));
+    tc.shutdown_all().await;
+}
