@@ -290,6 +290,11 @@ impl Cluster {
 
     /// Commits a command through the leader and returns its outcome.
     ///
+    /// When it returns, this node has normally applied the command too, so
+    /// [`Cluster::local`] shows it (read your writes); only if this node lags
+    /// the leader by more than what is left of `command_timeout` does it
+    /// return first (the command is committed either way).
+    ///
     /// A command is handed to a leader at most once (never retried after it
     /// may have reached one), so it never commits twice. In a minority this
     /// fails with [`ClusterError::NoMajority`] after `command_timeout`.
@@ -299,7 +304,22 @@ impl Cluster {
             .to_leader("write", AdminRequest::Write(cmd), deadline)
             .await?
         {
-            AdminResponse::Written(r) => r.result.map_err(ClusterError::Rejected),
+            AdminResponse::Written(r, index) => {
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
+                if self
+                    .inner
+                    .raft
+                    .wait(Some(left))
+                    .applied_index_at_least(Some(index), "write applied here")
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(node = %self.inner.config.node, index, "committed, but not yet applied on this node");
+                }
+                r.result.map_err(ClusterError::Rejected)
+            }
             other => Err(self.unexpected(other)),
         }
     }
@@ -925,7 +945,7 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
     match req {
         AdminRequest::Write(cmd) => {
             match tokio::time::timeout(timeout, raft.client_write(cmd)).await {
-                Ok(Ok(resp)) => AdminResponse::Written(resp.data),
+                Ok(Ok(resp)) => AdminResponse::Written(resp.data, resp.log_id.index),
                 Ok(Err(e)) => write_err(inner, e),
                 Err(_) => lost,
             }

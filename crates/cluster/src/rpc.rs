@@ -63,11 +63,16 @@ pub(crate) enum AdminRequest {
 /// The answer to an [`AdminRequest`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum AdminResponse {
-    Written(CommandResponse),
+    /// The state machine's answer and the entry's log index.
+    Written(CommandResponse, u64),
     ReadIndex(u64),
     Done,
-    NotLeader { leader: Option<PeerNode> },
-    NoMajority { maybe_applied: bool },
+    NotLeader {
+        leader: Option<PeerNode>,
+    },
+    NoMajority {
+        maybe_applied: bool,
+    },
     NodeRunning(String),
     NotAMember(String),
     Failed(String),

@@ -73,6 +73,8 @@ async fn t11_three_nodes_join_replicate_and_compare_and_set_views() {
     f.write(Command::DeclareQueue(queue("q", "a", &["b"])))
         .await
         .unwrap();
+    // Read your writes: the writer has applied it when `write` returns.
+    assert!(f.local().queue("/", "q").is_some());
     // Compare-and-set: the first proposer at version 1 wins, the second loses.
     let view = QueueView {
         master: "a".into(),
