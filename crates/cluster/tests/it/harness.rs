@@ -31,9 +31,9 @@ pub fn init_tracing() {
 /// Test timings: fast elections and failure detection, short bounded waits.
 pub fn short_timeouts(c: &mut ClusterConfig) {
     c.raft_heartbeat_interval = Duration::from_millis(50);
-    c.election_timeout_min = Duration::from_millis(250);
-    c.election_timeout_max = Duration::from_millis(500);
-    c.command_timeout = Duration::from_secs(2);
+    c.election_timeout_min = Duration::from_millis(400);
+    c.election_timeout_max = Duration::from_millis(800);
+    c.command_timeout = Duration::from_secs(3);
     c.heartbeat_interval = Duration::from_millis(100);
     c.failure_timeout = Duration::from_millis(600);
     c.boot_wait_timeout = Duration::from_secs(2);
