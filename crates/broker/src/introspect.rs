@@ -618,6 +618,27 @@ impl Broker {
         Ok(())
     }
 
+    /// Deletes an exchange (with the bindings to and from it). False if
+    /// there was none; the default and `amq.*` exchanges are refused.
+    pub fn admin_delete_exchange(&mut self, vhost: &str, name: &str) -> Result<bool, BrokerError> {
+        if name.is_empty() || name.starts_with("amq.") {
+            return Err(BrokerError::Invalid(format!(
+                "exchange '{name}' in vhost '{vhost}' is built in and cannot be deleted"
+            )));
+        }
+        let exists = self
+            .vhosts
+            .get(vhost)
+            .is_some_and(|v| v.exchanges.contains_key(name));
+        if !exists {
+            return Ok(false);
+        }
+        self.current = 0;
+        self.remove_exchange(vhost, name)
+            .map_err(|e| BrokerError::Invalid(e.to_string()))?;
+        Ok(true)
+    }
+
     /// Stored policies and operator policies.
     #[must_use]
     pub fn policies(&self) -> Vec<PolicyDef> {

@@ -628,6 +628,37 @@ fn read_input(path: &str) -> Res<String> {
     }
 }
 
+/// The cluster's members and running members from `/api/cluster`, or
+/// `None` if the node does not have that route.
+fn cluster_members(c: &Client) -> Res<Option<(Vec<String>, Vec<String>)>> {
+    let (status, v) = c.send("GET", "/api/cluster", None)?;
+    if status != 200 {
+        return Ok(None);
+    }
+    let names = |k: &str| -> Vec<String> {
+        v.get(k)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(str::to_owned))
+            .collect()
+    };
+    Ok(Some((names("disk_nodes"), names("running_nodes"))))
+}
+
+/// Whether the node runs as a cluster member (started with `--peer-addr`).
+fn clustered(c: &Client) -> Res<bool> {
+    let (status, v) = c.send("GET", "/api/cluster", None)?;
+    if status != 200 {
+        return Ok(false);
+    }
+    Ok(v.get("members")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|m| m.get("peer_addr").and_then(Value::as_str).is_some_and(|a| !a.is_empty())))
+}
+
 fn not_supported(verb: &str, node: &str) -> Failure {
     Failure::new(
         EX_UNAVAILABLE,
@@ -716,6 +747,7 @@ fn list_policies(c: &Client, cli: &Cli, operator: bool) -> Res<()> {
 fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
     let o = c.get("/api/overview")?;
     let nodes = list(c.get("/api/nodes")?);
+    let members = cluster_members(c)?;
     let node = o
         .get("node")
         .and_then(Value::as_str)
@@ -723,11 +755,14 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
         .to_owned();
     if cli.formatter == Formatter::Json {
         let v = if cluster {
-            let names: Vec<Value> = nodes.iter().map(|n| field(n, "name")).collect();
+            let (names, running) = members.clone().unwrap_or_else(|| {
+                let names: Vec<String> = nodes.iter().map(|n| cell(&field(n, "name"))).collect();
+                (names.clone(), names)
+            });
             json!({
                 "cluster_name": field(&o, "cluster_name"),
                 "disk_nodes": names,
-                "running_nodes": names,
+                "running_nodes": running,
                 "alarms": [],
                 "partitions": {},
                 "listeners": field(&o, "listeners"),
@@ -770,7 +805,10 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
         .collect();
     let mut s = String::new();
     if cluster {
-        let names: Vec<String> = nodes.iter().map(|n| cell(&field(n, "name"))).collect();
+        let (names, running) = members.unwrap_or_else(|| {
+            let names: Vec<String> = nodes.iter().map(|n| cell(&field(n, "name"))).collect();
+            (names.clone(), names)
+        });
         s.push_str(&format!(
             "Cluster status of node {node} ...\nBasics\n\nCluster name: {}\n",
             cell(&field(&o, "cluster_name"))
@@ -780,7 +818,7 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
             s.push_str(&format!("{n}\n"));
         }
         s.push_str("\nRunning Nodes\n\n");
-        for n in &names {
+        for n in &running {
             s.push_str(&format!("{n}\n"));
         }
         s.push_str(&format!(
@@ -855,13 +893,25 @@ fn run(cli: &Cli) -> Res<()> {
     match &cli.cmd {
         Cmd::Status => status(&c, cli, false),
         Cmd::ClusterStatus => status(&c, cli, true),
-        Cmd::JoinCluster { .. } => {
-            c.get("/api/overview")?;
-            Err(not_supported("join_cluster", &cli.node))
+        Cmd::JoinCluster { seed, .. } => {
+            if !clustered(&c)? {
+                return Err(not_supported("join_cluster", &cli.node));
+            }
+            out.info(&format!("Clustering node {} with {seed}", cli.node));
+            c.call("POST", "/api/cluster/join", Some(&json!({"node": seed})))?;
+            Ok(())
         }
-        Cmd::ForgetClusterNode { .. } => {
-            c.get("/api/overview")?;
-            Err(not_supported("forget_cluster_node", &cli.node))
+        Cmd::ForgetClusterNode { node_name, offline } => {
+            if *offline || !clustered(&c)? {
+                return Err(not_supported("forget_cluster_node", &cli.node));
+            }
+            out.info(&format!("Removing node {node_name} from the cluster"));
+            c.call(
+                "DELETE",
+                &format!("/api/cluster/nodes/{}", enc(node_name)),
+                None,
+            )?;
+            Ok(())
         }
         Cmd::Stop => {
             c.get("/api/overview")?;

@@ -974,3 +974,72 @@ fn web_page_and_prometheus_metrics() {
         );
     }
 }
+
+#[test]
+fn exchanges_and_bindings_over_http() {
+    let (_d, n) = node();
+    let (status, _) = n.http(
+        "PUT",
+        "/api/exchanges/%2F/events",
+        Some(&json!({"type": "fanout", "durable": true})),
+    );
+    assert_eq!(status, 201);
+    let (status, _) = n.http(
+        "PUT",
+        "/api/exchanges/%2F/events",
+        Some(&json!({"type": "fanout"})),
+    );
+    assert_eq!(status, 204);
+    let (status, body) = n.http(
+        "PUT",
+        "/api/exchanges/%2F/bad",
+        Some(&json!({"type": "nope"})),
+    );
+    assert_eq!(status, 400);
+    assert!(body["reason"].as_str().unwrap().contains("nope"), "{body}");
+    put_queue(&n, "audit");
+    let (status, _) = n.http(
+        "POST",
+        "/api/bindings/%2F/e/events/q/audit",
+        Some(&json!({"routing_key": "k", "arguments": {}})),
+    );
+    assert_eq!(status, 201);
+    let (status, bs) = n.http("GET", "/api/bindings/%2F/e/events/q/audit", None);
+    assert_eq!(status, 200);
+    assert_eq!(bs[0]["routing_key"], "k");
+    assert_eq!(bs[0]["destination_type"], "queue");
+    let rows = n
+        .ctl(&[
+            "-q",
+            "list_bindings",
+            "source_name",
+            "destination_name",
+            "routing_key",
+        ])
+        .rows();
+    assert!(rows.contains(&vec![
+        "events".to_owned(),
+        "audit".to_owned(),
+        "k".to_owned()
+    ]));
+    let (status, _) = n.http(
+        "POST",
+        "/api/bindings/%2F/e/events/q/missing",
+        Some(&json!({"routing_key": ""})),
+    );
+    assert_eq!(status, 400);
+
+    let (status, _) = n.http("DELETE", "/api/exchanges/%2F/amq.direct", None);
+    assert_eq!(status, 400);
+    let (status, _) = n.http("DELETE", "/api/exchanges/%2F/events", None);
+    assert_eq!(status, 204);
+    let (status, _) = n.http("DELETE", "/api/exchanges/%2F/events", None);
+    assert_eq!(status, 404);
+    let (_, bs) = n.http("GET", "/api/bindings/%2F", None);
+    assert!(
+        !bs.as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["source"] == "events")
+    );
+}

@@ -237,9 +237,16 @@ pub(crate) fn routes(state: Management) -> Router {
         .route("/api/queues/{vhost}/{name}/actions", post(queue_action))
         .route("/api/exchanges", get(exchanges_all))
         .route("/api/exchanges/{vhost}", get(exchanges_vhost))
-        .route("/api/exchanges/{vhost}/{name}", get(exchange_get))
+        .route(
+            "/api/exchanges/{vhost}/{name}",
+            get(exchange_get).put(exchange_put).delete(exchange_delete),
+        )
         .route("/api/bindings", get(bindings_all))
         .route("/api/bindings/{vhost}", get(bindings_vhost))
+        .route(
+            "/api/bindings/{vhost}/e/{source}/{kind}/{destination}",
+            get(bindings_between).post(binding_post),
+        )
         .route("/api/connections", get(connections))
         .route("/api/consumers", get(consumers_all))
         .route("/api/consumers/{vhost}", get(consumers_vhost))
@@ -1131,6 +1138,113 @@ async fn exchange_get(
         .find(|x| x.get("name").and_then(Value::as_str) == Some(name.as_str()))
         .map(ok)
         .ok_or_else(ApiError::not_found)
+}
+
+async fn exchange_put(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let v = parse_body(&body)?;
+    let kind = v
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("[{key_missing,type}]"))?
+        .to_owned();
+    let flag = |k: &str, d: bool| v.get(k).and_then(Value::as_bool).unwrap_or(d);
+    let mut b = s.broker();
+    if !b.has_vhost(&vhost) {
+        return Err(ApiError::not_found());
+    }
+    let existed = b.exchanges(Some(&vhost)).iter().any(|x| x.name == name);
+    b.admin_declare_exchange(
+        warren_broker::meta::ExchangeDef {
+            vhost,
+            name,
+            kind,
+            auto_delete: flag("auto_delete", false),
+            internal: flag("internal", false),
+            arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
+        },
+        flag("durable", true),
+    )?;
+    Ok(created_or_updated(!existed))
+}
+
+async fn exchange_delete(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    if s.broker().admin_delete_exchange(&vhost, &name)? {
+        Ok(no_content())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+fn destination_type(kind: &str) -> ApiResult<&'static str> {
+    match kind {
+        "q" => Ok("queue"),
+        "e" => Ok("exchange"),
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+async fn bindings_between(
+    State(s): State<Management>,
+    Path((vhost, source, kind, destination)): Path<(String, String, String, String)>,
+) -> ApiResult<Response> {
+    let dtype = destination_type(&kind)?;
+    let b = s.broker();
+    if !b.has_vhost(&vhost) {
+        return Err(ApiError::not_found());
+    }
+    Ok(ok(Value::Array(
+        b.bindings(Some(&vhost))
+            .iter()
+            .filter(|x| {
+                x.source == source && x.destination == destination && x.destination_type == dtype
+            })
+            .map(binding_json)
+            .collect(),
+    )))
+}
+
+async fn binding_post(
+    State(s): State<Management>,
+    Path((vhost, source, kind, destination)): Path<(String, String, String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let dtype = destination_type(&kind)?;
+    let v = parse_body(&body)?;
+    let routing_key = v
+        .get("routing_key")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let def = warren_broker::meta::BindingDef {
+        vhost: vhost.clone(),
+        source: source.clone(),
+        destination: destination.clone(),
+        destination_is_exchange: dtype == "exchange",
+        routing_key: routing_key.clone(),
+        arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
+    };
+    let mut b = s.broker();
+    if !b.has_vhost(&vhost) {
+        return Err(ApiError::not_found());
+    }
+    b.admin_bind(def)?;
+    let props = if routing_key.is_empty() {
+        "~".to_owned()
+    } else {
+        routing_key
+    };
+    let mut r = StatusCode::CREATED.into_response();
+    if let Ok(loc) = HeaderValue::from_str(&props) {
+        r.headers_mut().insert(header::LOCATION, loc);
+    }
+    Ok(r)
 }
 
 pub(crate) fn binding_json(b: &warren_broker::BindingInfo) -> Value {

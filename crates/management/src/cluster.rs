@@ -116,7 +116,10 @@ pub(crate) async fn status(State(s): State<Management>) -> Response {
 pub(crate) async fn join(State(s): State<Management>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let Some(seed) = body.get("node").and_then(Value::as_str) else {
-        return error(StatusCode::BAD_REQUEST, "expected {\"node\": \"HOST:PORT\"}");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected {\"node\": \"HOST:PORT\"}",
+        );
     };
     let Some(c) = s.cluster.clone() else {
         return no_cluster();

@@ -34,8 +34,8 @@ use std::time::Instant;
 use axum::Router;
 use warren_broker::Broker;
 
-pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
 pub use cluster::{ClusterControl, ClusterFuture, ClusterInfo, ClusterMember};
+pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
 pub use openapi::openapi_document;
 
 /// The broker as the node shell shares it.

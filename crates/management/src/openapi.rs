@@ -79,6 +79,11 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
     ),
     ("/api/bindings", &["get"], "Bindings"),
     ("/api/bindings/{vhost}", &["get"], "Bindings of a vhost"),
+    (
+        "/api/bindings/{vhost}/e/{source}/{kind}/{destination}",
+        &["get", "post"],
+        "Bindings from an exchange to a queue (kind q) or exchange (kind e); POST: routing_key, arguments (201, Location: props)",
+    ),
     ("/api/connections", &["get"], "Client connections"),
     ("/api/consumers", &["get"], "Consumers"),
     ("/api/consumers/{vhost}", &["get"], "Consumers of a vhost"),
