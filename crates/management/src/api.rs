@@ -382,15 +382,35 @@ fn node_json(s: &Management) -> Value {
     })
 }
 
+/// This node in full, then the other cluster members as the cluster sees them.
+fn all_nodes(s: &Management) -> Vec<Value> {
+    let mut out = vec![node_json(s)];
+    if let Some(c) = &s.cluster {
+        for m in c.status().members.iter().filter(|m| m.name != s.node) {
+            out.push(json!({
+                "name": m.name,
+                "type": "disc",
+                "running": m.running,
+                "peer_addr": m.addr,
+                "voter": m.voter,
+                "partitions": [],
+                "cluster_links": [],
+            }));
+        }
+    }
+    out
+}
+
 async fn nodes(State(s): State<Management>) -> Response {
-    ok(json!([node_json(&s)]))
+    ok(Value::Array(all_nodes(&s)))
 }
 
 async fn node_one(State(s): State<Management>, Path(name): Path<String>) -> ApiResult<Response> {
-    if name != s.node {
-        return Err(ApiError::not_found());
-    }
-    Ok(ok(node_json(&s)))
+    all_nodes(&s)
+        .into_iter()
+        .find(|n| n["name"] == name.as_str())
+        .map(ok)
+        .ok_or_else(ApiError::not_found)
 }
 
 // ------------------------------------------------------------------ vhosts
