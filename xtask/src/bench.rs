@@ -9,7 +9,18 @@ use anyhow::{Context, bail};
 pub(crate) fn run(root: &Path, which: &str, rest: &[&str]) -> anyhow::Result<()> {
     match which {
         "transports" => transports(root, rest),
-        other => bail!("unknown bench `{other}` (known: transports)"),
+        // These benches print their own tables at the end of the run.
+        "gm" => crate::step(
+            "GM ring bench",
+            "cargo",
+            &["bench", "-p", "warren-gm", "--bench", "gm"],
+        ),
+        "backing-queue" => crate::step(
+            "backing-queue bench",
+            "cargo",
+            &["bench", "-p", "warren-backing-queue", "--", "--quick"],
+        ),
+        other => bail!("unknown bench `{other}` (known: transports, gm, backing-queue)"),
     }
 }
 

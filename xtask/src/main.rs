@@ -27,6 +27,7 @@ fn main() -> anyhow::Result<()> {
                 "  test [--no-deny]          fmt check, clippy -D warnings, cargo deny, nextest"
             );
             eprintln!("  bench transports [--quick]  transport bench, one table with ratios");
+            eprintln!("  bench gm | backing-queue  the GM ring and backing-queue benches");
             eprintln!(
                 "  cluster up [--nodes N] [--transport tcp|quic]   a local cluster on 127.0.0.1..N"
             );
