@@ -30,7 +30,7 @@ chrome = subprocess.Popen(
 
 def devtools_port():
     path = os.path.join(profile, "DevToolsActivePort")
-    for _ in range(300):
+    for _ in range(900):
         if os.path.exists(path):
             text = open(path).read().split()
             if text:
@@ -59,7 +59,7 @@ try:
         return r.get("result", {}).get("value")
 
     def wait_for(expr, what):
-        for _ in range(300):
+        for _ in range(1200):
             v = ev(expr)
             if v:
                 return v
