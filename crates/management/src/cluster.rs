@@ -98,6 +98,7 @@ fn info_json(s: &Management) -> Value {
         .collect();
     json!({
         "node": info.node,
+        "clustered": s.cluster.is_some(),
         "leader": info.leader,
         "disk_nodes": names,
         "running_nodes": running,
