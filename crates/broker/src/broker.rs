@@ -1687,8 +1687,10 @@ impl Broker {
             }
             Command::BasicGet(g) => self.get(id, ch, &g),
             Command::BasicRecover(_) => {
-                self.recover(id, ch);
+                // recover-ok goes first, as RabbitMQ sends it: clients drop
+                // what they prefetched when it arrives.
                 self.conn(id).amqp.reply(ch, Reply::BasicRecoverOk);
+                self.recover(id, ch);
                 self.redrive_channel(id, ch);
                 Ok(())
             }

@@ -880,3 +880,161 @@ async fn auto_ack_consumer_drains_a_backlog_larger_than_the_output_limit() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn auto_delete_expires_recover_and_global_qos() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        // auto-delete: gone when its last consumer cancels.
+        declare(
+            &ch,
+            "ad",
+            QueueDeclareOptions::default().auto_delete(),
+            FieldTable::default(),
+        )
+        .await;
+        let c = ch
+            .basic_consume(
+                "ad".into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        assert!(c.tag().as_str().starts_with("amq.ctag-"));
+        ch.basic_cancel(c.tag(), Default::default()).await.unwrap();
+        let err = ch
+            .queue_declare(
+                "ad".into(),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(404));
+
+        // x-expires: an unused queue goes away by itself.
+        let ch = conn.create_channel().await.unwrap();
+        let args = table(&[("x-expires", AMQPValue::LongInt(50))]);
+        declare(&ch, "exp", QueueDeclareOptions::default(), args).await;
+        // A passive declare counts as a use, so probe with growing gaps.
+        let mut gone = false;
+        let mut gap = 20;
+        for _ in 0..40 {
+            let probe = conn.create_channel().await.unwrap();
+            match probe
+                .queue_declare(
+                    "exp".into(),
+                    QueueDeclareOptions::default().passive(),
+                    FieldTable::default(),
+                )
+                .await
+            {
+                Err(e) => {
+                    assert_eq!(code(&e), Some(404));
+                    gone = true;
+                    break;
+                }
+                Ok(_) => probe.close(200, "bye".into()).await.unwrap(),
+            }
+            tokio::time::sleep(Duration::from_millis(gap)).await;
+            gap = (gap * 2).min(1000);
+        }
+        assert!(gone, "x-expires deleted the queue");
+
+        // Global qos limits the channel; basic.recover redelivers unacked messages.
+        declare(
+            &ch,
+            "g1",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        for i in 0..3u8 {
+            publish(&ch, "", "g1", &[i], BasicProperties::default()).await;
+        }
+        ch.basic_qos(2, BasicQosOptions { global: true })
+            .await
+            .unwrap();
+        let mut c = ch
+            .basic_consume(
+                "g1".into(),
+                "g".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let d0 = c.next().await.unwrap().unwrap();
+        let d1 = c.next().await.unwrap().unwrap();
+        assert_eq!((d0.data[0], d1.data[0]), (0, 1));
+        assert_eq!(
+            count(&conn, "g1").await,
+            1,
+            "the channel's limit holds the third back"
+        );
+        ch.basic_recover(lapin::options::BasicRecoverOptions { requeue: true })
+            .await
+            .unwrap();
+        let r0 = c.next().await.unwrap().unwrap();
+        assert!(r0.redelivered);
+        assert_eq!(r0.data[0], 0);
+        conn.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unacked_persistent_messages_survive_sigkill_as_redelivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(
+            &ch,
+            "work",
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for i in 0..10u8 {
+            publish(&ch, "", "work", &[i], persistent()).await;
+        }
+        assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+        let ch2 = conn.create_channel().await.unwrap();
+        let m = get(&ch2, "work", false).await.unwrap();
+        assert_eq!(m.delivery.data, [0]);
+        // Ack the second one: it must not come back.
+        let m1 = get(&ch2, "work", false).await.unwrap();
+        m1.delivery.ack(BasicAckOptions::default()).await.unwrap();
+        assert_eq!(count(&conn, "work").await, 8);
+    })
+    .await;
+    node.kill();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        let first = get(&ch, "work", true).await.unwrap();
+        // Its redelivered flag is best effort after a crash (the delivery
+        // mark need not have been synced), as in RabbitMQ.
+        assert_eq!(first.delivery.data, [0]);
+        let mut rest = Vec::new();
+        while let Some(m) = get(&ch, "work", true).await {
+            rest.push(m.delivery.data[0]);
+        }
+        // The ack of message 1 may or may not have reached the disk before
+        // the kill (acks are not confirmed); everything else is there.
+        rest.retain(|&b| b != 1);
+        assert_eq!(rest, (2..10).collect::<Vec<u8>>());
+    })
+    .await;
+}
