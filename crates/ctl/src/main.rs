@@ -656,7 +656,11 @@ fn clustered(c: &Client) -> Res<bool> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .any(|m| m.get("peer_addr").and_then(Value::as_str).is_some_and(|a| !a.is_empty())))
+        .any(|m| {
+            m.get("peer_addr")
+                .and_then(Value::as_str)
+                .is_some_and(|a| !a.is_empty())
+        }))
 }
 
 fn not_supported(verb: &str, node: &str) -> Failure {
