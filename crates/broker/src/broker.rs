@@ -66,6 +66,9 @@ pub type Waker = Arc<dyn Fn() + Send + Sync>;
 /// Output past which a consumer connection gets no more deliveries until
 /// its task has written what it has.
 const OUTPUT_HIGH_WATER: usize = 4 << 20;
+/// The confirm sequence number that marks a publish of a tx.commit (a
+/// transactional channel is never in confirm mode).
+const TX_COMMIT: u64 = u64::MAX;
 /// How deep dead-lettering may chain within one operation.
 const DEAD_LETTER_DEPTH: u8 = 8;
 
@@ -218,6 +221,8 @@ struct Channel {
     confirm_last: u64,
     confirm_acked: u64,
     tx: Option<Vec<TxOp>>,
+    /// Group commits a tx.commit-ok waits for.
+    tx_wait: u32,
     last_queue: Option<String>,
 }
 
@@ -1722,7 +1727,10 @@ impl Broker {
                 let ops = chan.tx.replace(Vec::new()).unwrap_or_default();
                 for op in ops {
                     match op {
-                        TxOp::Publish(p) => self.publish(id, ch, *p)?,
+                        TxOp::Publish(mut p) => {
+                            p.confirm_seq = Some(TX_COMMIT);
+                            self.publish(id, ch, *p)?;
+                        }
                         TxOp::Ack(a) => {
                             self.settle(id, ch, a.delivery_tag, a.multiple, Settle::Ack)?
                         }
@@ -1744,7 +1752,12 @@ impl Broker {
                         }
                     }
                 }
-                self.conn(id).amqp.reply(ch, Reply::TxCommitOk);
+                // Persistent messages on durable queues are on disk before
+                // commit-ok: the group commit sends it (see `confirm_one`).
+                let c = self.conn(id);
+                if c.channels.get(&ch).is_none_or(|chan| chan.tx_wait == 0) {
+                    c.amqp.reply(ch, Reply::TxCommitOk);
+                }
                 Ok(())
             }
             Command::TxRollback => {
@@ -1829,7 +1842,11 @@ impl Broker {
                 &p.body,
             );
         }
-        if let Some(seq) = p.confirm_seq
+        if p.confirm_seq == Some(TX_COMMIT) {
+            if let Some(chan) = c.channels.get_mut(&ch) {
+                chan.tx_wait += pending;
+            }
+        } else if let Some(seq) = p.confirm_seq
             && let Some(chan) = c.channels.get_mut(&ch)
         {
             chan.confirm_last = chan.confirm_last.max(seq);
@@ -2450,6 +2467,9 @@ impl Broker {
         }
         for &(_, conn, ch, cseq) in &q.confirms {
             confirm_one(&mut self.conns, conn, ch, cseq);
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.wake(cur, conn);
+            }
         }
         let dest = Dest::Queue(q.name.clone());
         let mut emptied = Vec::new();
@@ -2683,7 +2703,12 @@ fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cse
     let Some(chan) = c.channels.get_mut(&ch) else {
         return;
     };
-    if let Some(n) = chan.confirm_pending.get_mut(&cseq) {
+    if cseq == TX_COMMIT {
+        chan.tx_wait = chan.tx_wait.saturating_sub(1);
+        if chan.tx_wait == 0 {
+            c.amqp.reply(ch, Reply::TxCommitOk);
+        }
+    } else if let Some(n) = chan.confirm_pending.get_mut(&cseq) {
         *n -= 1;
         if *n == 0 {
             chan.confirm_pending.remove(&cseq);

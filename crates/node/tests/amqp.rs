@@ -720,6 +720,19 @@ async fn transactions_commit_and_rollback() {
         publish(&ch, "", "tx", b"committed", BasicProperties::default()).await;
         ch.tx_commit().await.unwrap();
         assert_eq!(count(&conn, "tx").await, 1);
+        // A commit of persistent messages on a durable queue waits for the fsync.
+        declare(
+            &ch,
+            "dtx",
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await;
+        for i in 0..50u8 {
+            publish(&ch, "", "dtx", &[i], persistent()).await;
+        }
+        ch.tx_commit().await.unwrap();
+        assert_eq!(count(&conn, "dtx").await, 50);
         conn.close(200, "bye".into()).await.unwrap();
     })
     .await;
@@ -774,6 +787,20 @@ async fn sigkill_keeps_confirmed_persistent_messages_and_durable_entities() {
             publish(&ch, "events", "order.new", &i.to_be_bytes(), persistent()).await;
         }
         assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+        // A committed transaction is on disk too.
+        let tx = conn.create_channel().await.unwrap();
+        declare(
+            &tx,
+            "txq",
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await;
+        tx.tx_select().await.unwrap();
+        for i in 0..5u8 {
+            publish(&tx, "", "txq", &[i], persistent()).await;
+        }
+        tx.tx_commit().await.unwrap();
     })
     .await;
     node.kill();
@@ -782,6 +809,7 @@ async fn sigkill_keeps_confirmed_persistent_messages_and_durable_entities() {
     within(async {
         let conn = node.connect().await;
         assert_eq!(count(&conn, "kept").await, n);
+        assert_eq!(count(&conn, "txq").await, 5);
         let ch = conn.create_channel().await.unwrap();
         let err = ch
             .queue_declare(
