@@ -36,6 +36,10 @@ impl ApiError {
         }
     }
 
+    pub(crate) fn reason(&self) -> &str {
+        &self.reason
+    }
+
     pub(crate) fn not_found() -> Self {
         Self {
             status: StatusCode::NOT_FOUND,

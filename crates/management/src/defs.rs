@@ -6,8 +6,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
-use warren_broker::json_to_table;
 use warren_broker::meta::{BindingDef, ExchangeDef, PolicyDef};
+use warren_broker::{Broker, json_to_table};
 
 use crate::Management;
 use crate::api::{ApiError, ApiResult, parse_body, parse_tags, policy_json, validate_policy};
@@ -139,6 +139,22 @@ fn field<'a>(x: &'a Value, key: &str, what: &str) -> ApiResult<&'a str> {
 /// exchanges, policies, queues, bindings. Every policy is validated before
 /// anything changes. `only_vhost` forces every entity into that vhost.
 fn import(s: &Management, v: &Value, only_vhost: Option<&str>) -> ApiResult<()> {
+    import_into(&mut s.broker(), v, only_vhost)
+}
+
+/// Imports RabbitMQ definitions JSON into `broker` (what `POST
+/// /api/definitions` does), e.g. a `definitions.json` at boot; the error is
+/// the reason the API would give.
+pub fn import_definitions(broker: &mut Broker, definitions: &Value) -> Result<(), ImportError> {
+    import_into(broker, definitions, None).map_err(|e| ImportError(e.reason().to_owned()))
+}
+
+/// Why a definitions import was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ImportError(pub String);
+
+fn import_into(b: &mut Broker, v: &Value, only_vhost: Option<&str>) -> ApiResult<()> {
     let vh = |x: &Value| -> String {
         only_vhost.map_or_else(
             || {
@@ -164,7 +180,6 @@ fn import(s: &Management, v: &Value, only_vhost: Option<&str>) -> ApiResult<()> 
         let value = p.get("value").cloned().unwrap_or(Value::Null);
         policies.push(validate_policy(&vh(p), name, &value, true)?);
     }
-    let mut b = s.broker();
     if only_vhost.is_none() {
         for u in arr(v, "users") {
             let name = field(u, "name", "a user")?.to_owned();

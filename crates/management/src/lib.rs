@@ -35,6 +35,7 @@ use axum::Router;
 use warren_broker::Broker;
 
 pub use cluster::{ClusterControl, ClusterFuture, ClusterInfo, ClusterMember};
+pub use defs::{ImportError, import_definitions};
 pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
 pub use openapi::openapi_document;
 

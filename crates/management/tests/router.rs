@@ -133,3 +133,29 @@ async fn mirror_source_feeds_queue_fields_metrics_and_actions() {
     let doc = warren_management::openapi_document();
     assert!(doc["paths"]["/api/queues/{vhost}/{name}/actions"]["post"].is_object());
 }
+
+#[test]
+fn import_definitions_at_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = Broker::open(
+        BrokerConfig::new(dir.path()),
+        Box::new(MemoryStore::default()),
+    )
+    .unwrap();
+    let bad = json!({
+        "vhosts": [{"name": "never"}],
+        "policies": [{"vhost": "/", "name": "p", "pattern": "^x", "definition": {"ha-mode": "exactly"}}],
+    });
+    let e = warren_management::import_definitions(&mut b, &bad).unwrap_err();
+    assert!(e.to_string().contains("ha-params"), "{e}");
+    assert!(!b.has_vhost("never"), "a refused import changes nothing");
+    let good = json!({
+        "vhosts": [{"name": "v"}],
+        "policies": [{"vhost": "v", "name": "hello-ha", "pattern": "^hello",
+                      "definition": {"ha-mode": "exactly", "ha-params": 2}}],
+        "queues": [{"name": "hello", "vhost": "v", "durable": false, "auto_delete": false, "arguments": {}}],
+    });
+    warren_management::import_definitions(&mut b, &good).unwrap();
+    assert_eq!(b.policies()[0].name, "hello-ha");
+    assert_eq!(b.queues(Some("v"))[0].name, "hello");
+}
