@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 pub(crate) fn run(root: &Path, which: &str, rest: &[&str]) -> anyhow::Result<()> {
     match which {
         "transports" => transports(root, rest),
+        "amqp" => crate::amqp_bench::run(root, rest),
         // These benches print their own tables at the end of the run.
         "gm" => crate::step(
             "GM ring bench",
@@ -20,7 +21,7 @@ pub(crate) fn run(root: &Path, which: &str, rest: &[&str]) -> anyhow::Result<()>
             "cargo",
             &["bench", "-p", "warren-backing-queue", "--", "--quick"],
         ),
-        other => bail!("unknown bench `{other}` (known: transports, gm, backing-queue)"),
+        other => bail!("unknown bench `{other}` (known: transports, gm, backing-queue, amqp)"),
     }
 }
 

@@ -5,6 +5,7 @@
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod amqp_bench;
 mod bench;
 mod cluster;
 
@@ -28,6 +29,9 @@ fn main() -> anyhow::Result<()> {
             );
             eprintln!("  bench transports [--quick]  transport bench, one table with ratios");
             eprintln!("  bench gm | backing-queue  the GM ring and backing-queue benches");
+            eprintln!(
+                "  bench amqp [--duration S]  Warren vs RabbitMQ (if installed), same lapin load"
+            );
             eprintln!(
                 "  cluster up [--nodes N] [--transport tcp|quic]   a local cluster on 127.0.0.1..N"
             );
