@@ -1,7 +1,8 @@
 //! Durable entities (vhosts, users, permissions, durable exchanges, queues
 //! and bindings) behind [`MetadataStore`], with a file-backed implementation.
 //!
-//! The Raft-replicated cluster store will implement the same trait.
+//! A clustered node (`warren --peer-addr …`) implements the same trait over
+//! the Raft-replicated cluster metadata.
 
 use std::fs;
 use std::io::Write as _;
@@ -262,6 +263,9 @@ pub enum MetaError {
         /// What is wrong.
         reason: String,
     },
+    /// The cluster's metadata store could not commit the change.
+    #[error("cluster metadata change failed: {0}")]
+    Cluster(String),
 }
 
 /// Where the broker keeps its durable entities. A change is durable when

@@ -652,15 +652,21 @@ fn clustered(c: &Client) -> Res<bool> {
     if status != 200 {
         return Ok(false);
     }
-    Ok(v.get("members")
+    let with_addr = v
+        .get("members")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .any(|m| {
-            m.get("peer_addr")
-                .and_then(Value::as_str)
-                .is_some_and(|a| !a.is_empty())
-        }))
+            ["addr", "peer_addr"].iter().any(|k| {
+                m.get(*k)
+                    .and_then(Value::as_str)
+                    .is_some_and(|a| !a.is_empty())
+            })
+        });
+    Ok(v.get("clustered")
+        .and_then(Value::as_bool)
+        .unwrap_or(with_addr))
 }
 
 fn not_supported(verb: &str, node: &str) -> Failure {

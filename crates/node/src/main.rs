@@ -8,6 +8,8 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod cluster;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -50,6 +52,9 @@ struct Args {
     /// to import at start.
     #[arg(long)]
     definitions: Option<PathBuf>,
+    /// Clustering (`--peer-addr` turns it on).
+    #[command(flatten)]
+    cluster: cluster::ClusterArgs,
 }
 
 type Shared = Arc<Mutex<Broker>>;
@@ -204,15 +209,23 @@ fn import_definitions(broker: &mut Broker, path: &Path) -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
-    let store = FileStore::open(args.data_dir.join("metadata.json"))?;
+    let clustered =
+        cluster::Clustered::start(&args.cluster, &args.node_name, &args.data_dir).await?;
+    let store: Box<dyn warren_broker::meta::MetadataStore> = match &clustered {
+        Some(c) => c.store(),
+        None => Box::new(FileStore::open(args.data_dir.join("metadata.json"))?),
+    };
     let mut cfg = BrokerConfig::new(&args.data_dir);
     cfg.node_name = args.node_name.clone();
-    let mut broker = Broker::open(cfg, Box::new(store))
+    let mut broker = Broker::open(cfg, store)
         .with_context(|| format!("opening the data in {}", args.data_dir.display()))?;
     if let Some(path) = &args.definitions {
         import_definitions(&mut broker, path)?;
     }
     let broker: Shared = Arc::new(Mutex::new(broker));
+    if let Some(c) = &clustered {
+        c.attach(broker.clone());
+    }
 
     let signal = Arc::new(SyncSignal::default());
     {
@@ -246,9 +259,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let http = match TcpListener::bind(&args.http_addr).await {
         Ok(l) => {
             let addr = l.local_addr()?;
-            let api = warren_management::Management::new(broker.clone())
+            let mut api = warren_management::Management::new(broker.clone())
                 .amqp_addr(amqp_addr)
                 .http_addr(addr);
+            if let Some(c) = &clustered {
+                api = api.cluster(c.control()).mirrors(c.mirrors());
+            }
             tokio::spawn(warren_management::serve(l, api));
             Some(addr)
         }
@@ -271,8 +287,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, metrics = %metrics_text, "ready");
+    let peers_text = clustered
+        .as_ref()
+        .map_or_else(String::new, |c| format!(", peers on {}", c.peer_addr()));
     println!(
-        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}, metrics on {metrics_text}",
+        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}, metrics on {metrics_text}{peers_text}",
         args.node_name
     );
 
@@ -302,6 +321,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     signal.stop();
     let _ = tokio::task::spawn_blocking(move || syncer.join()).await;
     lock(&broker).sync_all();
+    if let Some(c) = &clustered {
+        c.leave().await;
+    }
     tracing::info!("stopped, everything on disk");
     Ok(())
 }

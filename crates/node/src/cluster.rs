@@ -1,0 +1,836 @@
+//! Clustering for the `warren` node: the command line (`--peer-addr`,
+//! `--join`, `--transport`, `--cluster-secret-file`, `--cluster-ca-dir`,
+//! `--boot-wait`), starting [`warren_cluster::Cluster`] on its own runtime,
+//! and the broker's metadata kept in the cluster ([`ClusterStore`]) with
+//! every change made elsewhere replayed on the local broker ([`replay`]).
+//!
+//! Without `--peer-addr` none of this runs: the node is a single node with
+//! its metadata in a JSON file, as before.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+use warren_amqp::amq_protocol::types::FieldTable;
+use warren_broker::Broker;
+use warren_broker::auth::{PermissionDef, UserDef};
+use warren_broker::meta::{
+    BindingDef, Change, Definitions, ExchangeDef, MetaError, MetadataStore, PolicyDef, QueueDef,
+};
+use warren_broker::{json_to_table, table_to_json};
+use warren_cluster::{
+    ArgValue, Arguments, BindingRecord, Cluster, ClusterConfig, ClusterError, Command,
+    DestinationKind, ExchangeRecord, Metadata, Permissions, PolicyRecord, QueueRecord, Rejection,
+    UserRecord,
+};
+use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportConfig};
+
+/// The clustering part of the command line.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ClusterArgs {
+    /// Run as a cluster member: listen for peers on HOST:PORT, and bind
+    /// HOST's IP when dialing peers. Without it the node runs alone.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer_addr: Option<String>,
+    /// A running member (its peer address) to join on first start; ignored
+    /// once the node has cluster state in its data directory.
+    #[arg(long, value_name = "HOST:PORT", requires = "peer_addr")]
+    pub join: Option<String>,
+    /// The transport between nodes.
+    #[arg(long, value_enum, default_value_t = PeerTransport::Tcp)]
+    pub transport: PeerTransport,
+    /// A file holding the cluster secret (shared by every node; required
+    /// with `--peer-addr`).
+    #[arg(long, value_name = "FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// The cluster CA for `--transport quic`: `ca.crt` and `ca.key` in this
+    /// directory. The first node to start with an empty directory creates
+    /// them; copy both files to every other host's directory.
+    #[arg(long, value_name = "DIR")]
+    pub cluster_ca_dir: Option<PathBuf>,
+    /// How long a restarted node waits for a majority of its cluster before
+    /// it gives up, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub boot_wait: u64,
+}
+
+/// The transports between nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PeerTransport {
+    /// Plain TCP (the handshake proves the cluster secret).
+    Tcp,
+    /// QUIC with mutual TLS from the cluster CA (`--cluster-ca-dir`).
+    Quic,
+}
+
+/// Reads the cluster secret; refuses a missing, unreadable or empty file.
+pub(crate) fn read_secret(path: Option<&Path>) -> anyhow::Result<ClusterSecret> {
+    let Some(path) = path else {
+        anyhow::bail!(
+            "--peer-addr needs --cluster-secret-file FILE: every node of a cluster must be \
+             started with the same secret"
+        );
+    };
+    let text = std::fs::read(path)
+        .with_context(|| format!("cannot read the cluster secret file {}", path.display()))?;
+    let trimmed = text.trim_ascii();
+    if trimmed.is_empty() {
+        anyhow::bail!(
+            "the cluster secret file {} is empty; put the cluster's shared secret in it",
+            path.display()
+        );
+    }
+    Ok(ClusterSecret::new(trimmed.to_vec()))
+}
+
+const CA_NAME: &str = "Warren cluster CA";
+
+fn ca_params() -> rcgen::CertificateParams {
+    let mut p = rcgen::CertificateParams::default();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, CA_NAME);
+    p
+}
+
+/// Loads the cluster CA from `dir` (`ca.crt`, `ca.key`), creating it if
+/// the directory has none (one node creates it; others starting at the same
+/// time wait for it), and issues this node's identity from it.
+pub(crate) fn node_identity(dir: &Path, node: &str) -> anyhow::Result<warren_tls::NodeIdentity> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the cluster CA directory {}", dir.display()))?;
+    let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+    let lock = dir.join("ca.lock");
+    if !crt.exists() {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(_) => {
+                let kp = rcgen::KeyPair::generate().context("generating the CA key")?;
+                let cert = ca_params()
+                    .self_signed(&kp)
+                    .context("self-signing the CA")?;
+                write_atomic(&key, kp.serialize_pem().as_bytes())?;
+                write_atomic(&crt, cert.pem().as_bytes())?;
+                tracing::info!(dir = %dir.display(), "created a new cluster CA");
+            }
+            Err(_) => {
+                // Another node creates it: wait a little for it.
+                for _ in 0..100 {
+                    if crt.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+    let ca_pem = std::fs::read_to_string(&crt)
+        .with_context(|| format!("reading the cluster CA certificate {}", crt.display()))?;
+    let key_pem = std::fs::read_to_string(&key)
+        .with_context(|| format!("reading the cluster CA key {}", key.display()))?;
+    let ca_key = rcgen::KeyPair::from_pem(&key_pem)
+        .with_context(|| format!("parsing the cluster CA key {}", key.display()))?;
+    let issuer = rcgen::Issuer::new(ca_params(), ca_key);
+    let mut params =
+        rcgen::CertificateParams::new(vec![warren_tls::CLUSTER_SERVER_NAME.to_owned()])
+            .context("node certificate parameters")?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, node);
+    let node_key = rcgen::KeyPair::generate().context("generating the node key")?;
+    let cert = params
+        .signed_by(&node_key, &issuer)
+        .context("signing the node certificate")?;
+    warren_tls::NodeIdentity::from_pem(&cert.pem(), &node_key.serialize_pem(), &ca_pem)
+        .context("loading the node identity")
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Starts this node's cluster member (call on the cluster's runtime).
+pub(crate) async fn start(
+    args: &ClusterArgs,
+    node_name: &str,
+    data_dir: &Path,
+) -> anyhow::Result<Cluster> {
+    let peer_addr = args
+        .peer_addr
+        .clone()
+        .context("clustering needs --peer-addr")?;
+    let secret = read_secret(args.cluster_secret_file.as_deref())?;
+    let node = NodeName::new(node_name.to_owned())
+        .map_err(|e| anyhow::anyhow!("invalid --node-name {node_name:?}: {e}"))?;
+    let sock: SocketAddr = tokio::net::lookup_host(&peer_addr)
+        .await
+        .with_context(|| format!("resolving --peer-addr {peer_addr}"))?
+        .next()
+        .with_context(|| format!("--peer-addr {peer_addr} resolves to nothing"))?;
+    let mut tc = TransportConfig::new(node.clone(), secret);
+    tc.bind_ip = Some(sock.ip()).filter(|ip: &IpAddr| !ip.is_unspecified());
+    let transport: Arc<dyn Transport> = match args.transport {
+        PeerTransport::Tcp => Arc::new(warren_transport_tcp::TcpTransport::new(tc)),
+        PeerTransport::Quic => {
+            let dir = args.cluster_ca_dir.as_deref().context(
+                "--transport quic needs --cluster-ca-dir DIR (holding, or to hold, ca.crt and ca.key)",
+            )?;
+            let id = node_identity(dir, node_name)?;
+            let options = if sock.ip().is_loopback() {
+                warren_transport_quic::QuicOptions::loopback()
+            } else {
+                warren_transport_quic::QuicOptions::default()
+            };
+            Arc::new(
+                warren_transport_quic::QuicTransport::new(tc, &id, &options)
+                    .context("starting the QUIC transport")?,
+            )
+        }
+    };
+    let mut cfg = ClusterConfig::new(node, PeerAddr::new(peer_addr), data_dir, transport);
+    cfg.join = args.join.clone().map(PeerAddr::new);
+    cfg.boot_wait_retries = 1;
+    cfg.boot_wait_timeout = Duration::from_secs(args.boot_wait.max(1));
+    let cluster = Cluster::start(cfg)
+        .await
+        .context("starting the cluster member")?;
+    // Everything committed before we start serving is applied here.
+    cluster
+        .read_linearizable()
+        .await
+        .context("reading the cluster metadata")?;
+    Ok(cluster)
+}
+
+// ------------------------------------------------------------ the store
+
+/// How long a metadata change may take before the client gets an error.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// The broker's [`MetadataStore`] kept in the cluster's Raft store: every
+/// change is committed by a majority (and applied on this node, so a replay
+/// never sees older metadata than the broker already has) before
+/// [`MetadataStore::apply`] returns.
+pub(crate) struct ClusterStore {
+    cluster: Cluster,
+    rt: tokio::runtime::Handle,
+    replaying: Arc<AtomicBool>,
+    node: String,
+}
+
+impl std::fmt::Debug for ClusterStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterStore")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterStore {
+    /// A store over `cluster`, whose tasks run on `rt`. While `replaying` is
+    /// set, changes are not written (they come from the cluster).
+    pub(crate) fn new(
+        cluster: Cluster,
+        rt: tokio::runtime::Handle,
+        replaying: Arc<AtomicBool>,
+    ) -> Self {
+        let node = cluster.node().to_string();
+        Self {
+            cluster,
+            rt,
+            replaying,
+            node,
+        }
+    }
+
+    fn commit(&self, cmds: Vec<Command>) -> Result<(), MetaError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cluster = self.cluster.clone();
+        self.rt.spawn(async move {
+            let mut result = Ok(());
+            for cmd in cmds {
+                let deleting = is_delete(&cmd);
+                match cluster.write(cmd).await {
+                    Ok(_) => {}
+                    // Deleting what is already gone is done.
+                    Err(ClusterError::Rejected(
+                        Rejection::NoVhost(_)
+                        | Rejection::NoUser(_)
+                        | Rejection::NoQueue { .. }
+                        | Rejection::NoExchange { .. },
+                    )) if deleting => {}
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            let _ = tx.send(result);
+        });
+        match rx.recv_timeout(WRITE_TIMEOUT) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(MetaError::Cluster(e.to_string())),
+            Err(_) => Err(MetaError::Cluster(
+                "the cluster did not answer in time (no majority?)".into(),
+            )),
+        }
+    }
+}
+
+fn is_delete(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::DeleteVhost { .. }
+            | Command::DeleteUser { .. }
+            | Command::ClearPermissions { .. }
+            | Command::DeletePolicy { .. }
+            | Command::DeleteExchange { .. }
+            | Command::DeleteQueue { .. }
+            | Command::Unbind(_)
+    )
+}
+
+impl MetadataStore for ClusterStore {
+    fn load(&self) -> Definitions {
+        to_definitions(&self.cluster.local())
+    }
+
+    fn apply(&mut self, change: Change) -> Result<(), MetaError> {
+        if self.replaying.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let cmd = to_command(change, &self.node);
+        self.commit(vec![cmd])
+    }
+}
+
+// ------------------------------------------------------------ conversions
+
+/// Operator policies share the cluster's policy table under this prefix.
+const OPERATOR_PREFIX: &str = "operator-policy:";
+
+fn policy_name(name: &str, operator: bool) -> String {
+    if operator {
+        format!("{OPERATOR_PREFIX}{name}")
+    } else {
+        name.to_owned()
+    }
+}
+
+fn json_to_arg(v: &Value) -> ArgValue {
+    match v {
+        Value::Null => ArgValue::Void,
+        Value::Bool(b) => ArgValue::Bool(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => ArgValue::Int(i),
+            None => ArgValue::Str(n.to_string()),
+        },
+        Value::String(s) => ArgValue::Str(s.clone()),
+        Value::Array(a) => ArgValue::List(a.iter().map(json_to_arg).collect()),
+        Value::Object(o) => {
+            ArgValue::Table(o.iter().map(|(k, v)| (k.clone(), json_to_arg(v))).collect())
+        }
+    }
+}
+
+fn arg_to_json(v: &ArgValue) -> Value {
+    match v {
+        ArgValue::Void => Value::Null,
+        ArgValue::Bool(b) => json!(b),
+        ArgValue::Int(i) => json!(i),
+        ArgValue::Str(s) => json!(s),
+        ArgValue::Bytes(b) => json!(String::from_utf8_lossy(b)),
+        ArgValue::List(l) => Value::Array(l.iter().map(arg_to_json).collect()),
+        ArgValue::Table(t) => {
+            Value::Object(t.iter().map(|(k, v)| (k.clone(), arg_to_json(v))).collect())
+        }
+    }
+}
+
+fn to_args(t: &FieldTable) -> Arguments {
+    match json_to_arg(&table_to_json(t)) {
+        ArgValue::Table(m) => m,
+        _ => BTreeMap::new(),
+    }
+}
+
+fn from_args(a: &Arguments) -> FieldTable {
+    json_to_table(&Value::Object(
+        a.iter().map(|(k, v)| (k.clone(), arg_to_json(v))).collect(),
+    ))
+}
+
+fn binding_record(b: &BindingDef) -> BindingRecord {
+    BindingRecord {
+        vhost: b.vhost.clone(),
+        source: b.source.clone(),
+        destination_kind: if b.destination_is_exchange {
+            DestinationKind::Exchange
+        } else {
+            DestinationKind::Queue
+        },
+        destination: b.destination.clone(),
+        routing_key: b.routing_key.clone(),
+        arguments: to_args(&b.arguments),
+    }
+}
+
+fn to_command(change: Change, node: &str) -> Command {
+    match change {
+        Change::PutVhost(name) => Command::PutVhost { name },
+        Change::DeleteVhost(name) => Command::DeleteVhost { name },
+        Change::PutUser(u) => Command::PutUser(UserRecord {
+            name: u.name,
+            password_hash: u.password_hash,
+            tags: u.tags,
+        }),
+        Change::DeleteUser(name) => Command::DeleteUser { name },
+        Change::PutPermission(p) => Command::SetPermissions {
+            vhost: p.vhost,
+            user: p.user,
+            permissions: Permissions {
+                configure: p.configure,
+                write: p.write,
+                read: p.read,
+            },
+        },
+        Change::DeletePermission { user, vhost } => Command::ClearPermissions { vhost, user },
+        Change::PutExchange(e) => Command::DeclareExchange(ExchangeRecord {
+            arguments: to_args(&e.arguments),
+            vhost: e.vhost,
+            name: e.name,
+            kind: e.kind,
+            durable: true,
+            auto_delete: e.auto_delete,
+            internal: e.internal,
+        }),
+        Change::DeleteExchange { vhost, name } => Command::DeleteExchange { vhost, name },
+        Change::PutQueue(q) => Command::DeclareQueue(QueueRecord {
+            arguments: to_args(&q.arguments),
+            vhost: q.vhost,
+            name: q.name,
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: q.auto_delete,
+            master: node.to_owned(),
+            mirrors: Vec::new(),
+            synchronised: Vec::new(),
+            view_version: 0,
+        }),
+        Change::DeleteQueue { vhost, name } => Command::DeleteQueue {
+            vhost,
+            name,
+            expected_version: None,
+        },
+        Change::PutBinding(b) => Command::Bind(binding_record(&b)),
+        Change::DeleteBinding(b) => Command::Unbind(binding_record(&b)),
+        Change::PutPolicy(p) => Command::PutPolicy(PolicyRecord {
+            name: policy_name(&p.name, p.operator),
+            vhost: p.vhost,
+            pattern: p.pattern,
+            apply_to: p.apply_to,
+            priority: p.priority,
+            definition: p.definition.to_string(),
+        }),
+        Change::DeletePolicy {
+            vhost,
+            name,
+            operator,
+        } => Command::DeletePolicy {
+            vhost,
+            name: policy_name(&name, operator),
+        },
+    }
+}
+
+/// The cluster's metadata as the broker's definitions.
+pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
+    Definitions {
+        vhosts: m.vhosts.iter().cloned().collect(),
+        users: m
+            .users
+            .values()
+            .map(|u| UserDef {
+                name: u.name.clone(),
+                password_hash: u.password_hash.clone(),
+                tags: u.tags.clone(),
+                loopback_only: u.name == "guest",
+            })
+            .collect(),
+        permissions: m
+            .permissions
+            .iter()
+            .map(|((vhost, user), p)| PermissionDef {
+                user: user.clone(),
+                vhost: vhost.clone(),
+                configure: p.configure.clone(),
+                write: p.write.clone(),
+                read: p.read.clone(),
+            })
+            .collect(),
+        exchanges: m
+            .exchanges
+            .values()
+            .filter(|e| e.durable)
+            .map(|e| ExchangeDef {
+                vhost: e.vhost.clone(),
+                name: e.name.clone(),
+                kind: e.kind.clone(),
+                auto_delete: e.auto_delete,
+                internal: e.internal,
+                arguments: from_args(&e.arguments),
+            })
+            .collect(),
+        queues: m
+            .queues
+            .values()
+            .filter(|q| q.durable && q.exclusive_owner.is_none())
+            .map(|q| QueueDef {
+                vhost: q.vhost.clone(),
+                name: q.name.clone(),
+                auto_delete: q.auto_delete,
+                arguments: from_args(&q.arguments),
+            })
+            .collect(),
+        bindings: m
+            .bindings
+            .iter()
+            .map(|b| BindingDef {
+                vhost: b.vhost.clone(),
+                source: b.source.clone(),
+                destination: b.destination.clone(),
+                destination_is_exchange: b.destination_kind == DestinationKind::Exchange,
+                routing_key: b.routing_key.clone(),
+                arguments: from_args(&b.arguments),
+            })
+            .collect(),
+        policies: m
+            .policies
+            .values()
+            .map(|p| {
+                let (name, operator) = match p.name.strip_prefix(OPERATOR_PREFIX) {
+                    Some(n) => (n.to_owned(), true),
+                    None => (p.name.clone(), false),
+                };
+                PolicyDef {
+                    vhost: p.vhost.clone(),
+                    name,
+                    pattern: p.pattern.clone(),
+                    apply_to: p.apply_to.clone(),
+                    priority: p.priority,
+                    definition: serde_json::from_str(&p.definition).unwrap_or(Value::Null),
+                    operator,
+                }
+            })
+            .collect(),
+    }
+}
+
+// ------------------------------------------------------------ replay
+
+/// Brings the local broker in line with the cluster's metadata: creates
+/// what was declared on other nodes and removes what they deleted. Call
+/// with `replaying` set (so the broker's own writes are skipped).
+pub(crate) fn replay(b: &mut Broker, m: &Metadata) {
+    let defs = to_definitions(m);
+    let warn = |what: &str, e: &dyn std::fmt::Display| {
+        tracing::warn!(what, error = %e, "could not apply a cluster metadata change locally");
+    };
+    // Vhosts.
+    let have: BTreeSet<String> = b.vhost_names().into_iter().collect();
+    for v in &defs.vhosts {
+        if !have.contains(v)
+            && let Err(e) = b.ensure_vhost(v)
+        {
+            warn("vhost", &e);
+        }
+    }
+    for v in have.iter().filter(|v| !m.vhosts.contains(*v)) {
+        if let Err(e) = b.delete_vhost(v) {
+            warn("vhost delete", &e);
+        }
+    }
+    // Users.
+    let users: BTreeMap<String, UserDef> =
+        b.users().into_iter().map(|u| (u.name.clone(), u)).collect();
+    for u in &defs.users {
+        let same = users
+            .get(&u.name)
+            .is_some_and(|x| x.password_hash == u.password_hash && x.tags == u.tags);
+        if !same && let Err(e) = b.put_user(u.clone()) {
+            warn("user", &e);
+        }
+    }
+    for name in users.keys().filter(|n| !m.users.contains_key(*n)) {
+        if let Err(e) = b.delete_user(name) {
+            warn("user delete", &e);
+        }
+    }
+    // Permissions.
+    let perms = b.permissions();
+    for p in &defs.permissions {
+        if !perms.contains(p)
+            && let Err(e) = b.set_permissions(p.clone())
+        {
+            warn("permissions", &e);
+        }
+    }
+    for p in &perms {
+        if !m
+            .permissions
+            .contains_key(&(p.vhost.clone(), p.user.clone()))
+            && let Err(e) = b.clear_permissions(&p.user, &p.vhost)
+        {
+            warn("permissions delete", &e);
+        }
+    }
+    // Durable exchanges.
+    let exchanges: BTreeSet<(String, String)> = b
+        .exchanges(None)
+        .into_iter()
+        .map(|e| (e.vhost, e.name))
+        .collect();
+    for e in &defs.exchanges {
+        if !exchanges.contains(&(e.vhost.clone(), e.name.clone()))
+            && let Err(err) = b.admin_declare_exchange(e.clone(), true)
+        {
+            warn("exchange", &err);
+        }
+    }
+    // Durable queues.
+    let queues = b.queues(None);
+    let local: BTreeSet<(String, String)> = queues
+        .iter()
+        .map(|q| (q.vhost.clone(), q.name.clone()))
+        .collect();
+    for q in &defs.queues {
+        if !local.contains(&(q.vhost.clone(), q.name.clone()))
+            && let Err(e) =
+                b.admin_declare_queue(&q.vhost, &q.name, true, q.auto_delete, q.arguments.clone())
+        {
+            warn("queue", &e);
+        }
+    }
+    for q in queues.iter().filter(|q| q.durable && !q.exclusive) {
+        if !m.queues.contains_key(&(q.vhost.clone(), q.name.clone())) {
+            b.admin_delete_queue(&q.vhost, &q.name);
+        }
+    }
+    // Bindings.
+    for bd in defs.bindings {
+        if let Err(e) = b.admin_bind(bd) {
+            warn("binding", &e);
+        }
+    }
+}
+
+/// Replays the cluster's metadata on the broker now and after every change.
+pub(crate) async fn replay_loop(
+    cluster: Cluster,
+    broker: Arc<Mutex<Broker>>,
+    replaying: Arc<AtomicBool>,
+) {
+    let mut changes = cluster.metadata_changes();
+    loop {
+        {
+            let mut b = broker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            replaying.store(true, Ordering::SeqCst);
+            replay(&mut b, &cluster.local());
+            replaying.store(false, Ordering::SeqCst);
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+// ------------------------------------------------------------ the node's side
+
+/// A running cluster member with its own runtime (so that a broker call
+/// blocked on a metadata commit never starves Raft).
+pub(crate) struct Clustered {
+    cluster: Cluster,
+    rt: tokio::runtime::Handle,
+    replaying: Arc<AtomicBool>,
+}
+
+impl Clustered {
+    /// Starts the cluster member if `--peer-addr` was given.
+    pub(crate) async fn start(
+        args: &ClusterArgs,
+        node_name: &str,
+        data_dir: &Path,
+    ) -> anyhow::Result<Option<Self>> {
+        if args.peer_addr.is_none() {
+            return Ok(None);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("warren-cluster")
+            .enable_all()
+            .build()
+            .context("starting the cluster runtime")?;
+        // The runtime lives as long as the process.
+        let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
+        let (args, name, dir) = (args.clone(), node_name.to_owned(), data_dir.to_owned());
+        let cluster = rt
+            .spawn(async move { start(&args, &name, &dir).await })
+            .await
+            .context("the cluster start task failed")??;
+        Ok(Some(Self {
+            cluster,
+            rt: rt.handle().clone(),
+            replaying: Arc::new(AtomicBool::new(false)),
+        }))
+    }
+
+    /// The address peers dial to reach this node.
+    pub(crate) fn peer_addr(&self) -> String {
+        self.cluster.peer_addr().to_string()
+    }
+
+    /// The broker's metadata store over the cluster.
+    pub(crate) fn store(&self) -> Box<dyn MetadataStore> {
+        Box::new(ClusterStore::new(
+            self.cluster.clone(),
+            self.rt.clone(),
+            self.replaying.clone(),
+        ))
+    }
+
+    /// Replays the cluster's metadata on `broker`, now and on every change.
+    pub(crate) fn attach(&self, broker: Arc<Mutex<Broker>>) {
+        tokio::spawn(replay_loop(
+            self.cluster.clone(),
+            broker,
+            self.replaying.clone(),
+        ));
+    }
+
+    /// What the management API's `/api/cluster` routes drive.
+    pub(crate) fn control(&self) -> Arc<dyn warren_management::ClusterControl> {
+        Arc::new(Control {
+            cluster: self.cluster.clone(),
+            rt: self.rt.clone(),
+        })
+    }
+
+    /// Where the management API reads a queue's master and mirrors.
+    pub(crate) fn mirrors(&self) -> Arc<dyn warren_management::MirrorSource> {
+        Arc::new(Records {
+            cluster: self.cluster.clone(),
+        })
+    }
+
+    /// Graceful stop: hands Raft leadership and its vote off first.
+    pub(crate) async fn leave(&self) {
+        let c = self.cluster.clone();
+        match self.rt.spawn(async move { c.leave().await }).await {
+            Ok(Ok(())) => tracing::info!("left the cluster's voting members"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "graceful cluster hand-off failed"),
+            Err(e) => tracing::warn!(error = %e, "graceful cluster hand-off failed"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Control {
+    cluster: Cluster,
+    rt: tokio::runtime::Handle,
+}
+
+impl warren_management::ClusterControl for Control {
+    fn status(&self) -> warren_management::ClusterInfo {
+        let s = self.cluster.cluster_status();
+        warren_management::ClusterInfo {
+            node: s.node,
+            leader: s.leader,
+            members: s
+                .members
+                .into_iter()
+                .map(|m| warren_management::ClusterMember {
+                    name: m.name,
+                    addr: m.addr,
+                    voter: m.voter,
+                    running: m.running,
+                })
+                .collect(),
+        }
+    }
+
+    fn join(&self, seed: &str) -> warren_management::ClusterFuture {
+        let status = self.cluster.cluster_status();
+        let seed = seed.to_owned();
+        Box::pin(async move {
+            let member = status
+                .members
+                .iter()
+                .any(|m| m.addr == seed || m.name == seed);
+            if member {
+                return Ok(());
+            }
+            Err(format!(
+                "{} is already a member of a cluster that {seed} is not in; to move it, stop \
+                 it, empty its data directory and start it with --join {seed}",
+                status.node
+            ))
+        })
+    }
+
+    fn forget(&self, node: &str) -> warren_management::ClusterFuture {
+        let c = self.cluster.clone();
+        let rt = self.rt.clone();
+        let node = node.to_owned();
+        Box::pin(async move {
+            let name = NodeName::new(node.clone()).map_err(|e| format!("{node:?}: {e}"))?;
+            rt.spawn(async move { c.forget_cluster_node(&name).await })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Records {
+    cluster: Cluster,
+}
+
+impl warren_management::MirrorSource for Records {
+    fn mirrors(&self, vhost: &str, queue: &str) -> Option<warren_management::QueueMirrors> {
+        let m = self.cluster.local();
+        let q = m.queues.get(&(vhost.to_owned(), queue.to_owned()))?;
+        Some(warren_management::QueueMirrors {
+            node: q.master.clone(),
+            slave_nodes: q.mirrors.clone(),
+            synchronised_slave_nodes: q.synchronised.clone(),
+            syncing: None,
+        })
+    }
+
+    fn sync(&self, _vhost: &str, _queue: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn cancel_sync(&self, _vhost: &str, _queue: &str) -> Result<(), String> {
+        Ok(())
+    }
+}

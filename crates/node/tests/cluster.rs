@@ -1,0 +1,373 @@
+//! Clustered `warren` processes on 127.0.0.1: forming a cluster with
+//! `--join`, metadata declared on one node visible on every node, cluster
+//! status, `forget_cluster_node` after a SIGKILL, a graceful stop and
+//! restart, and the command line's refusals.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use serde_json::{Value, json};
+
+/// A running clustered `warren` process.
+struct Peer {
+    child: Child,
+    name: String,
+    amqp: u16,
+    http: String,
+    peers: String,
+    dir: PathBuf,
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(key)
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .map_or("", str::trim)
+}
+
+impl Peer {
+    fn start(name: &str, dir: &Path, secret: &Path, join: Option<&str>) -> Self {
+        Self::start_with(name, dir, secret, join, &[])
+    }
+
+    fn start_with(
+        name: &str,
+        dir: &Path,
+        secret: &Path,
+        join: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
+        cmd.args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--prometheus-addr", "127.0.0.1:0"])
+            .args(["--node-name", name, "--peer-addr", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(dir)
+            .arg("--cluster-secret-file")
+            .arg(secret)
+            .env("RUST_LOG", "warn,openraft=error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(j) = join {
+            cmd.args(["--join", j]);
+        }
+        cmd.args(extra);
+        let mut child = cmd.spawn().expect("start warren");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read ready line");
+        let amqp = field(&line, "AMQP on ")
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no ready line from {name}: {line:?}"));
+        Self {
+            child,
+            name: name.to_owned(),
+            amqp,
+            http: field(&line, "HTTP on ").to_owned(),
+            peers: field(&line, "peers on ").to_owned(),
+            dir: dir.to_owned(),
+        }
+    }
+
+    fn http(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(30))
+            .build();
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("guest:guest")
+        );
+        let req = agent
+            .request(method, &format!("http://{}{path}", self.http))
+            .set("Authorization", &auth);
+        let r = match body {
+            Some(b) => req
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
+            None => req.call(),
+        };
+        let resp = match r {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = resp.status();
+        let text = resp.into_string().expect("read body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (status, v) = self.http("GET", path, None);
+        assert_eq!(status, 200, "GET {path} on {}: {v}", self.name);
+        v
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` until it holds (at most 30 s).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn names(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn has(list: &Value, pred: impl Fn(&Value) -> bool) -> bool {
+    list.as_array().is_some_and(|a| a.iter().any(pred))
+}
+
+/// Three nodes on 127.0.0.1 joined through the first one.
+fn three(root: &Path) -> (PathBuf, Vec<Peer>) {
+    let secret = root.join("secret");
+    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
+    let first = Peer::start("warren@a", &root.join("a"), &secret, None);
+    let seed = first.peers.clone();
+    assert!(!seed.is_empty(), "the ready line names the peer address");
+    let mut nodes = vec![first];
+    for n in ["b", "c"] {
+        nodes.push(Peer::start(
+            &format!("warren@{n}"),
+            &root.join(n),
+            &secret,
+            Some(&seed),
+        ));
+    }
+    for n in &nodes {
+        eventually("three running members", || {
+            names(&n.get("/api/cluster"), "running_nodes").len() == 3
+        });
+    }
+    (secret, nodes)
+}
+
+#[test]
+fn metadata_declared_anywhere_is_seen_everywhere() {
+    let root = tempfile::tempdir().unwrap();
+    let (secret, mut nodes) = three(root.path());
+    let st = nodes[2].get("/api/cluster");
+    assert_eq!(
+        names(&st, "disk_nodes"),
+        vec!["warren@a", "warren@b", "warren@c"]
+    );
+
+    // Through the management API of b.
+    let b = &nodes[1];
+    assert_eq!(b.http("PUT", "/api/vhosts/v2", Some(&json!({}))).0, 201);
+    let user = json!({"password": "s3cret", "tags": "management"});
+    assert!((200..300).contains(&b.http("PUT", "/api/users/alice", Some(&user)).0));
+    let perms = json!({"configure": ".*", "write": ".*", "read": ".*"});
+    assert!((200..300).contains(&b.http("PUT", "/api/permissions/%2F/alice", Some(&perms)).0));
+    let policy = json!({"pattern": "^ha\\.", "definition": {"ha-mode": "all"}});
+    assert!((200..300).contains(&b.http("PUT", "/api/policies/%2F/ha-all", Some(&policy)).0));
+
+    // Through AMQP on c.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", nodes[2].amqp);
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .expect("connect to c");
+        let ch = conn.create_channel().await.unwrap();
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        ch.exchange_declare(
+            "x".into(),
+            ExchangeKind::Direct,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let q = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare("ha.q".into(), q, FieldTable::default())
+            .await
+            .unwrap();
+        ch.queue_bind(
+            "ha.q".into(),
+            "x".into(),
+            "k".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+
+    for n in &nodes {
+        eventually("the metadata everywhere", || {
+            let vhosts = n.get("/api/vhosts");
+            let users = n.get("/api/users");
+            let policies = n.get("/api/policies");
+            let queues = n.get("/api/queues");
+            let exchanges = n.get("/api/exchanges");
+            let bindings = n.get("/api/bindings");
+            has(&vhosts, |v| v["name"] == "v2")
+                && has(&users, |u| u["name"] == "alice")
+                && has(&policies, |p| p["name"] == "ha-all")
+                && has(&queues, |q| {
+                    q["name"] == "ha.q" && q["node"] == "warren@c" && q["policy"] == "ha-all"
+                })
+                && has(&exchanges, |x| x["name"] == "x" && x["durable"] == true)
+                && has(&bindings, |bd| {
+                    bd["source"] == "x" && bd["destination"] == "ha.q" && bd["routing_key"] == "k"
+                })
+        });
+    }
+    // alice, created on b, logs in on a.
+    rt.block_on(async {
+        let url = format!("amqp://alice:s3cret@127.0.0.1:{}/%2f", nodes[0].amqp);
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .expect("alice connects to a");
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+
+    // Deleted on a: gone everywhere.
+    assert_eq!(nodes[0].http("DELETE", "/api/queues/%2F/ha.q", None).0, 204);
+    assert_eq!(nodes[0].http("DELETE", "/api/vhosts/v2", None).0, 204);
+    for n in &nodes {
+        eventually("the deletes everywhere", || {
+            !has(&n.get("/api/queues"), |q| q["name"] == "ha.q")
+                && !has(&n.get("/api/vhosts"), |v| v["name"] == "v2")
+        });
+    }
+
+    // c dies: a sees it down, then forgets it.
+    nodes[2].kill();
+    eventually("c reported down", || {
+        names(&nodes[0].get("/api/cluster"), "running_nodes") == vec!["warren@a", "warren@b"]
+    });
+    let (status, v) = nodes[0].http("DELETE", "/api/cluster/nodes/warren@c", None);
+    assert_eq!(status, 204, "{v}");
+    for n in &nodes[..2] {
+        eventually("c forgotten", || {
+            names(&n.get("/api/cluster"), "disk_nodes") == vec!["warren@a", "warren@b"]
+        });
+    }
+    // A running node cannot be forgotten.
+    let (status, _) = nodes[0].http("DELETE", "/api/cluster/nodes/warren@b", None);
+    assert_eq!(status, 400);
+
+    // b stops gracefully and starts again from its data directory.
+    nodes[1].terminate();
+    let dir = nodes[1].dir.clone();
+    nodes[1] = Peer::start("warren@b", &dir, &secret, None);
+    eventually("b back as a voter", || {
+        let st = nodes[0].get("/api/cluster");
+        names(&st, "running_nodes") == vec!["warren@a", "warren@b"]
+            && has(&st["members"], |m| {
+                m["name"] == "warren@b" && m["voter"] == true
+            })
+    });
+    // And b still has the metadata.
+    assert!(has(&nodes[1].get("/api/users"), |u| u["name"] == "alice"));
+}
+
+#[test]
+fn forms_a_cluster_over_quic() {
+    let root = tempfile::tempdir().unwrap();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "quic-secret").unwrap();
+    let ca = root.path().join("ca");
+    let ca_arg = ca.to_str().unwrap();
+    let quic = ["--transport", "quic", "--cluster-ca-dir", ca_arg];
+    let a = Peer::start_with("warren@qa", &root.path().join("a"), &secret, None, &quic);
+    let seed = a.peers.clone();
+    let b = Peer::start_with(
+        "warren@qb",
+        &root.path().join("b"),
+        &secret,
+        Some(&seed),
+        &quic,
+    );
+    assert!(ca.join("ca.crt").exists() && ca.join("ca.key").exists());
+    eventually("two running members", || {
+        names(&b.get("/api/cluster"), "running_nodes") == vec!["warren@qa", "warren@qb"]
+    });
+    assert_eq!(
+        b.http("PUT", "/api/vhosts/over-quic", Some(&json!({}))).0,
+        201
+    );
+    eventually("the vhost on a", || {
+        has(&a.get("/api/vhosts"), |v| v["name"] == "over-quic")
+    });
+}
+
+#[test]
+fn refuses_a_missing_or_empty_secret() {
+    let root = tempfile::tempdir().unwrap();
+    let empty = root.path().join("empty");
+    std::fs::write(&empty, "  \n").unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_warren"))
+            .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args([
+                "--prometheus-addr",
+                "127.0.0.1:0",
+                "--peer-addr",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(root.path().join("d"))
+            .args(extra)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run warren")
+    };
+    let out = run(&["--cluster-secret-file", empty.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is empty"), "{err}");
+    let missing = root.path().join("nope");
+    let out = run(&["--cluster-secret-file", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read the cluster secret file"), "{err}");
+    let out = run(&[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cluster-secret-file"), "{err}");
+}
