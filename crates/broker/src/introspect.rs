@@ -639,6 +639,43 @@ impl Broker {
         Ok(true)
     }
 
+    /// Removes a binding (as `queue.unbind` does, without deleting an
+    /// auto-delete exchange left without bindings); false if there was none.
+    pub fn admin_unbind(&mut self, def: &BindingDef) -> Result<bool, BrokerError> {
+        let Some(v) = self.vhosts.get(&def.vhost) else {
+            return Ok(false);
+        };
+        let dest = if def.destination_is_exchange {
+            Dest::Exchange(def.destination.clone())
+        } else {
+            match v.queues.get_key_value(def.destination.as_str()) {
+                Some((k, _)) => Dest::Queue(k.clone()),
+                None => return Ok(false),
+            }
+        };
+        let Some(x) = v.exchanges.get(&def.source) else {
+            return Ok(false);
+        };
+        let Some(pos) = x
+            .bindings
+            .iter()
+            .position(|b| b.dest == dest && b.key == def.routing_key && b.args == def.arguments)
+        else {
+            return Ok(false);
+        };
+        if x.durable {
+            self.meta.apply(Change::DeleteBinding(def.clone()))?;
+        }
+        if let Some(x) = self
+            .vhosts
+            .get_mut(&def.vhost)
+            .and_then(|v| v.exchanges.get_mut(&def.source))
+        {
+            x.bindings.remove(pos);
+        }
+        Ok(true)
+    }
+
     /// Stored policies and operator policies.
     #[must_use]
     pub fn policies(&self) -> Vec<PolicyDef> {

@@ -613,6 +613,16 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata) {
             warn("exchange", &err);
         }
     }
+    for e in b.exchanges(None) {
+        let builtin = e.name.is_empty() || e.name.starts_with("amq.");
+        if e.durable
+            && !builtin
+            && !m.exchanges.contains_key(&(e.vhost.clone(), e.name.clone()))
+            && let Err(err) = b.admin_delete_exchange(&e.vhost, &e.name)
+        {
+            warn("exchange delete", &err);
+        }
+    }
     // Durable queues.
     let queues = b.queues(None);
     let local: BTreeSet<(String, String)> = queues
@@ -632,7 +642,69 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata) {
             b.admin_delete_queue(&q.vhost, &q.name);
         }
     }
-    // Bindings.
+    // Bindings: drop those between durable entities that the cluster no
+    // longer has, then add the missing ones.
+    let durable_x: BTreeSet<(String, String)> = b
+        .exchanges(None)
+        .into_iter()
+        .filter(|e| e.durable)
+        .map(|e| (e.vhost, e.name))
+        .collect();
+    let durable_q: BTreeSet<(String, String)> = b
+        .queues(None)
+        .into_iter()
+        .filter(|q| q.durable)
+        .map(|q| (q.vhost, q.name))
+        .collect();
+    let wanted: BTreeSet<(String, String, String, bool, String, String)> = defs
+        .bindings
+        .iter()
+        .map(|d| {
+            (
+                d.vhost.clone(),
+                d.source.clone(),
+                d.destination.clone(),
+                d.destination_is_exchange,
+                d.routing_key.clone(),
+                table_to_json(&d.arguments).to_string(),
+            )
+        })
+        .collect();
+    for bi in b.bindings(None) {
+        let to_exchange = bi.destination_type == "exchange";
+        let dest_durable = if to_exchange {
+            durable_x.contains(&(bi.vhost.clone(), bi.destination.clone()))
+        } else {
+            durable_q.contains(&(bi.vhost.clone(), bi.destination.clone()))
+        };
+        if bi.source.is_empty()
+            || !dest_durable
+            || !durable_x.contains(&(bi.vhost.clone(), bi.source.clone()))
+        {
+            continue;
+        }
+        let key = (
+            bi.vhost.clone(),
+            bi.source.clone(),
+            bi.destination.clone(),
+            to_exchange,
+            bi.routing_key.clone(),
+            bi.arguments.to_string(),
+        );
+        if !wanted.contains(&key) {
+            let def = BindingDef {
+                vhost: bi.vhost,
+                source: bi.source,
+                destination: bi.destination,
+                destination_is_exchange: to_exchange,
+                routing_key: bi.routing_key,
+                arguments: json_to_table(&bi.arguments),
+            };
+            if let Err(e) = b.admin_unbind(&def) {
+                warn("unbind", &e);
+            }
+        }
+    }
     for bd in defs.bindings {
         if let Err(e) = b.admin_bind(bd) {
             warn("binding", &e);

@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use serde_json::{Value, json};
@@ -265,7 +267,27 @@ fn metadata_declared_anywhere_is_seen_everywhere() {
         conn.close(200, "bye".into()).await.unwrap();
     });
 
-    // Deleted on a: gone everywhere.
+    // Unbound and deleted on a: gone everywhere.
+    rt.block_on(async {
+        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", nodes[0].amqp);
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .expect("connect to a");
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_unbind("ha.q".into(), "x".into(), "k".into(), FieldTable::default())
+            .await
+            .unwrap();
+        ch.exchange_delete("x".into(), ExchangeDeleteOptions::default())
+            .await
+            .unwrap();
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+    for n in &nodes {
+        eventually("the unbind and exchange delete everywhere", || {
+            !has(&n.get("/api/bindings"), |bd| bd["source"] == "x")
+                && !has(&n.get("/api/exchanges"), |x| x["name"] == "x")
+        });
+    }
     assert_eq!(nodes[0].http("DELETE", "/api/queues/%2F/ha.q", None).0, 204);
     assert_eq!(nodes[0].http("DELETE", "/api/vhosts/v2", None).0, 204);
     for n in &nodes {
