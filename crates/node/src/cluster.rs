@@ -5,7 +5,9 @@
 //! every change made elsewhere replayed on the local broker ([`replay`]).
 //!
 //! Without `--peer-addr` none of this runs: the node is a single node with
-//! its metadata in a JSON file, as before.
+//! its metadata in a JSON file, as before. A node that ran alone and is then
+//! started with `--peer-addr` (and no `--join`) imports that file into the
+//! new cluster once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -207,15 +209,44 @@ pub(crate) async fn start(
     cfg.join = args.join.clone().map(PeerAddr::new);
     cfg.boot_wait_retries = 1;
     cfg.boot_wait_timeout = Duration::from_secs(args.boot_wait.max(1));
+    let bootstrap = cfg.join.is_none();
     let cluster = Cluster::start(cfg)
         .await
         .context("starting the cluster member")?;
     // Everything committed before we start serving is applied here.
-    cluster
+    let metadata = cluster
         .read_linearizable()
         .await
         .context("reading the cluster metadata")?;
+    let file = data_dir.join("metadata.json");
+    if bootstrap && metadata.vhosts.is_empty() && file.exists() {
+        import_file_store(&cluster, &file).await?;
+    }
     Ok(cluster)
+}
+
+/// A node that ran alone and now starts a new cluster brings its durable
+/// entities along: `metadata.json` is committed to the cluster once.
+async fn import_file_store(cluster: &Cluster, file: &Path) -> anyhow::Result<()> {
+    let defs = warren_broker::meta::FileStore::open(file)?.load();
+    let node = cluster.node().to_string();
+    let mut changes: Vec<Change> = Vec::new();
+    changes.extend(defs.vhosts.into_iter().map(Change::PutVhost));
+    changes.extend(defs.users.into_iter().map(Change::PutUser));
+    changes.extend(defs.permissions.into_iter().map(Change::PutPermission));
+    changes.extend(defs.policies.into_iter().map(Change::PutPolicy));
+    changes.extend(defs.exchanges.into_iter().map(Change::PutExchange));
+    changes.extend(defs.queues.into_iter().map(Change::PutQueue));
+    changes.extend(defs.bindings.into_iter().map(Change::PutBinding));
+    let n = changes.len();
+    for change in changes {
+        cluster
+            .write(to_command(change, &node))
+            .await
+            .with_context(|| format!("importing {} into the cluster", file.display()))?;
+    }
+    tracing::info!(file = %file.display(), entities = n, "imported the single-node metadata into the new cluster");
+    Ok(())
 }
 
 // ------------------------------------------------------------ the store

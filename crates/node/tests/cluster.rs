@@ -359,6 +359,84 @@ fn forms_a_cluster_over_quic() {
 }
 
 #[test]
+fn a_single_node_becomes_the_first_cluster_member_with_its_queues() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("solo");
+    let mut solo = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--prometheus-addr",
+            "127.0.0.1:0",
+            "--node-name",
+            "warren@solo",
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start warren");
+    let mut line = String::new();
+    BufReader::new(solo.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = field(&line, "AMQP on ")
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("ready line");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let q = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare("kept".into(), q, FieldTable::default())
+            .await
+            .unwrap();
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let props = lapin::BasicProperties::default().with_delivery_mode(2);
+        ch.basic_publish(
+            "".into(),
+            "kept".into(),
+            lapin::options::BasicPublishOptions::default(),
+            b"still here",
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+    let status = Command::new("kill")
+        .args(["-TERM", &solo.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    solo.wait().unwrap();
+
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "s").unwrap();
+    let node = Peer::start("warren@solo", &dir, &secret, None);
+    let queues = node.get("/api/queues");
+    assert!(
+        has(&queues, |q| q["name"] == "kept"
+            && q["messages"] == 1
+            && q["node"] == "warren@solo"),
+        "{queues}"
+    );
+}
+
+#[test]
 fn refuses_a_missing_or_empty_secret() {
     let root = tempfile::tempdir().unwrap();
     let empty = root.path().join("empty");
