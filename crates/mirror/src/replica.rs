@@ -294,12 +294,15 @@ pub struct Replica {
     fetches: VecDeque<PendingFetch>,
     next_token: u64,
     sync_run: Option<SyncRun>,
+    /// Mirrors sent a whole sync that have not said they hold it yet.
+    sync_awaiting: BTreeSet<MemberId>,
     next_sync: u64,
     record_inflight: bool,
     // Mirror.
     msync: MirrorSync,
     master_stopping: bool,
     promoting: bool,
+    asked_sync: bool,
     refused: u64,
 }
 
@@ -395,11 +398,13 @@ impl Replica {
             fetches: VecDeque::new(),
             next_token: 1,
             sync_run: None,
+            sync_awaiting: BTreeSet::new(),
             next_sync: 1,
             record_inflight: false,
             msync: MirrorSync::Idle,
             master_stopping: false,
             promoting: false,
+            asked_sync: false,
             refused: 0,
         }
     }
@@ -704,6 +709,7 @@ impl Replica {
                 let before = self.synced_members.len();
                 let view = &self.view;
                 self.synced_members.retain(|m| view.is_alive(*m));
+                self.sync_awaiting.retain(|m| view.is_alive(*m));
                 let mut cancel = false;
                 if let Some(run) = &mut self.sync_run {
                     run.targets.retain(|m| view.is_alive(*m));
@@ -719,8 +725,22 @@ impl Replica {
                 self.maybe_auto_sync();
                 self.release();
             }
-            Role::Mirror => self.maybe_promote(),
+            Role::Mirror => {
+                if !self.asked_sync && self.view.is_alive(self.member) {
+                    self.asked_sync = true;
+                    self.ask_sync();
+                }
+                self.maybe_promote();
+            }
             Role::Stopped => {}
+        }
+    }
+
+    /// An unsynchronised mirror asks the master for a sync (the master's
+    /// broadcasts before it saw this member in its view never reach it).
+    fn ask_sync(&mut self) {
+        if matches!(self.msync, MirrorSync::Idle) {
+            self.push_msg(Body::NeedSync);
         }
     }
 
@@ -801,6 +821,13 @@ impl Replica {
         };
         if let Body::SyncDone { sync } = msg.body {
             self.on_sync_done(publisher, msg.epoch, sync);
+            return;
+        }
+        if let Body::NeedSync = msg.body {
+            if self.role == Role::Master {
+                self.sync_awaiting.remove(&publisher);
+                self.maybe_auto_sync();
+            }
             return;
         }
         if msg.epoch < self.epoch {
@@ -1022,7 +1049,8 @@ impl Replica {
         if self.role != Role::Master || self.sync_run.is_some() || self.view.version == 0 {
             return;
         }
-        let targets = self.unsynced_mirrors();
+        let mut targets = self.unsynced_mirrors();
+        targets.retain(|m| !self.sync_awaiting.contains(m));
         if targets.is_empty() {
             return;
         }
@@ -1085,6 +1113,7 @@ impl Replica {
             return;
         }
         if let Some(run) = self.sync_run.take() {
+            self.sync_awaiting.extend(run.targets.iter().copied());
             tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = run.id, messages = run.total, "synchronisation sent");
             self.push_msg(run.end);
         }
@@ -1094,6 +1123,7 @@ impl Replica {
         if self.role != Role::Master || epoch != self.epoch || sync >= self.next_sync {
             return;
         }
+        self.sync_awaiting.remove(&from);
         if !self.view.is_alive(from) || !self.synced_members.insert(from) {
             return;
         }
@@ -1114,11 +1144,14 @@ impl Replica {
             // The old master's sync will never finish.
             self.msync = MirrorSync::Idle;
         }
+        if self.asked_sync {
+            self.ask_sync();
+        }
     }
 
     fn on_master_msg(&mut self, body: Body) {
         match body {
-            Body::Master | Body::SyncDone { .. } => {}
+            Body::Master | Body::SyncDone { .. } | Body::NeedSync => {}
             Body::Ops { ops, publishes } => match &mut self.msync {
                 MirrorSync::Holding => self.apply_ops(ops, &publishes),
                 MirrorSync::Receiving { buffered, .. } => buffered.push((ops, publishes)),
@@ -1237,6 +1270,15 @@ impl Replica {
 
     /// The master this mirror follows, if it is known or can be inferred.
     fn master_is_gone(&self) -> bool {
+        let record_master_alive = self
+            .view
+            .entries
+            .iter()
+            .any(|e| e.alive && e.node.as_str() == self.record.master);
+        if record_master_alive || self.record.master == self.node {
+            // The record names a live master (perhaps a new one not heard yet).
+            return false;
+        }
         match self.master_member {
             // Gone only once its alias is erased: every message it broadcast
             // that any survivor holds has been delivered here.
@@ -1267,22 +1309,31 @@ impl Replica {
         } else {
             self.settings.promote_on_failure
         };
-        let mut alive: Vec<(u64, MemberId)> = self
+        // Oldest first: by the node's place among the record's mirrors (join
+        // order), then by when the member joined the ring.
+        let rank = |node: &str| {
+            self.record
+                .mirrors
+                .iter()
+                .position(|n| n == node)
+                .unwrap_or(usize::MAX)
+        };
+        let mut alive: Vec<(usize, u64, MemberId)> = self
             .view
             .entries
             .iter()
             .filter(|e| e.alive)
-            .map(|e| (e.joined_at, e.id))
+            .map(|e| (rank(e.node.as_str()), e.joined_at, e.id))
             .collect();
         alive.sort();
         let synced: Vec<MemberId> = alive
             .iter()
-            .map(|(_, m)| *m)
+            .map(|(_, _, m)| *m)
             .filter(|m| self.synced_members.contains(m))
             .collect();
         let candidate = match synced.first() {
             Some(m) => Some(*m),
-            None if policy == PromoteOn::Always => alive.first().map(|(_, m)| *m),
+            None if policy == PromoteOn::Always => alive.first().map(|(_, _, m)| *m),
             None => None,
         };
         if candidate != Some(self.member) {

@@ -81,6 +81,9 @@ pub(crate) enum Body {
         /// The sync's id.
         sync: u64,
     },
+    /// From a mirror that holds nothing: it asks to be synchronised (sent
+    /// when it joins and when it starts following a new master).
+    NeedSync,
     /// From a mirror: it holds everything the master holds.
     SyncDone {
         /// The sync's id.

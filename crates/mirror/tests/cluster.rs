@@ -121,8 +121,9 @@ async fn publish_all(h: &MirrorHandle, seqs: impl Iterator<Item = u64>) -> (Vec<
     let (mut ok, mut again) = (Vec::new(), Vec::new());
     for (seq, w) in waits {
         match w {
-            Ok(rx) => match rx.await {
-                Ok(Confirm::Ack) => ok.push(seq),
+            // (A bound against hangs, not a timing assertion.)
+            Ok(rx) => match tokio::time::timeout(Duration::from_secs(60), rx).await {
+                Ok(Ok(Confirm::Ack)) => ok.push(seq),
                 _ => again.push(seq),
             },
             Err(_) => again.push(seq),
@@ -133,6 +134,12 @@ async fn publish_all(h: &MirrorHandle, seqs: impl Iterator<Item = u64>) -> (Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raft_backed_failover_keeps_every_confirmed_message() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
     let mem = MemNetwork::new(21);
     let mut nodes = BTreeMap::new();
     nodes.insert("n1", start(&mem, "n1", None).await);
@@ -171,6 +178,13 @@ async fn raft_backed_failover_keeps_every_confirmed_message() {
 
     let m1 = replica(&nodes["n1"], "n1", true).await;
     let m2 = replica(&nodes["n2"], "n2", false).await;
+    // n2 is the older mirror: it is synchronised before n3 starts.
+    wait_until("n2 synchronised in the record", async || {
+        c1.local()
+            .queue("/", "q")
+            .is_some_and(|q| q.synchronised == ["n2"])
+    })
+    .await;
     let m3 = replica(&nodes["n3"], "n3", false).await;
     wait_until("both mirrors synchronised in the record", async || {
         c1.local()
@@ -207,18 +221,22 @@ async fn raft_backed_failover_keeps_every_confirmed_message() {
             _ => unknown.push(seq),
         }
     }
-    let held = loop {
-        match ev2.recv().await {
-            Ok(MirrorEvent::Promoted { held, .. }) => break held,
-            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-            Err(e) => panic!("n2 events ended: {e}"),
+    let held = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match ev2.recv().await {
+                Ok(MirrorEvent::Promoted { held, .. }) => break held,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("n2 events ended: {e}"),
+            }
         }
-    };
-    assert_eq!(
-        m2.status().role,
-        Role::Master,
-        "n2 is the oldest synchronised mirror"
-    );
+    })
+    .await
+    .expect("n2, the oldest synchronised mirror, is promoted");
+    // n2 is the oldest synchronised mirror.
+    wait_until("n2 reports itself master", async || {
+        m2.status().role == Role::Master
+    })
+    .await;
     let c2 = nodes["n2"].cluster.clone();
     wait_until("the record names n2 master", async || {
         c2.local().queue("/", "q").is_some_and(|q| q.master == "n2")

