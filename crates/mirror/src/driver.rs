@@ -162,13 +162,17 @@ impl ClusterViewAuthority {
 #[async_trait]
 impl ViewAuthority for ClusterViewAuthority {
     async fn current(&self, ring: &str) -> Result<View, ViewError> {
-        match self.cluster.read_linearizable().await {
-            Ok(meta) => Ok(Self::decode(
-                meta.rings.get(ring).map(|r| r.view.as_slice()),
-            )),
-            // In a minority: what this node applied (it cannot change anything anyway).
-            Err(_) => Ok(self.local_view(ring)),
+        // A stale view would make the ring drop a proposal (a removal or an
+        // erasure it thinks already done), so try hard for a fresh one.
+        for _ in 0..3 {
+            if let Ok(meta) = self.cluster.read_linearizable().await {
+                return Ok(Self::decode(
+                    meta.rings.get(ring).map(|r| r.view.as_slice()),
+                ));
+            }
         }
+        // In a minority: what this node applied (it cannot change anything anyway).
+        Ok(self.local_view(ring))
     }
 
     async fn update(
