@@ -303,6 +303,8 @@ pub struct Replica {
     master_stopping: bool,
     promoting: bool,
     asked_sync: bool,
+    /// The node of the master this mirror follows.
+    master_node: Option<String>,
     refused: u64,
 }
 
@@ -405,6 +407,7 @@ impl Replica {
             master_stopping: false,
             promoting: false,
             asked_sync: false,
+            master_node: None,
             refused: 0,
         }
     }
@@ -847,6 +850,10 @@ impl Replica {
             return;
         } else if self.master_member.is_none() {
             self.master_member = Some(publisher);
+            self.master_node = Some(
+                self.node_of(publisher)
+                    .unwrap_or_else(|| self.record.master.clone()),
+            );
         } else if self.master_member != Some(publisher) {
             self.refused += 1;
             return;
@@ -1138,6 +1145,10 @@ impl Replica {
         tracing::info!(node = %self.node, queue = %self.queue, view = epoch, master = %master, "following a new master");
         self.epoch = epoch;
         self.master_member = Some(master);
+        self.master_node = Some(
+            self.node_of(master)
+                .unwrap_or_else(|| self.record.master.clone()),
+        );
         self.master_stopping = false;
         self.promoting = false;
         if let MirrorSync::Receiving { .. } = self.msync {
@@ -1275,22 +1286,19 @@ impl Replica {
             .entries
             .iter()
             .any(|e| e.alive && e.node.as_str() == self.record.master);
-        if record_master_alive || self.record.master == self.node {
-            // The record names a live master (perhaps a new one not heard yet).
+        if self.record.master == self.node {
             return false;
         }
         match self.master_member {
             // Gone only once its alias is erased: every message it broadcast
-            // that any survivor holds has been delivered here.
-            Some(m) => self.view.entry(m).is_none(),
-            None => {
-                let master_alive = self
-                    .view
-                    .entries
-                    .iter()
-                    .any(|e| e.alive && e.node.as_str() == self.record.master);
-                !master_alive && self.view.entries.iter().all(|e| e.alive)
+            // that any survivor holds has been delivered here. An alive
+            // member on the dead master's own node is a new incarnation (a
+            // mirror), not a master.
+            Some(m) => {
+                let elsewhere = self.master_node.as_deref() != Some(self.record.master.as_str());
+                self.view.entry(m).is_none() && !(elsewhere && record_master_alive)
             }
+            None => !record_master_alive && self.view.entries.iter().all(|e| e.alive),
         }
     }
 
