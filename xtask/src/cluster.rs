@@ -62,11 +62,19 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
             "--transport must be tcp or quic (the in-memory transport runs inside one process: see the cluster crate's tests)"
         );
     }
-    println!("[1/4] building warren (release)…");
+    println!("[1/4] building warren and warrenctl (release)…");
     crate::step(
         "build",
         "cargo",
-        &["build", "--release", "-p", "warren-node", "--bin", "warren"],
+        &[
+            "build",
+            "--release",
+            "-p",
+            "warren-node",
+            "-p",
+            "warren-ctl",
+            "--bins",
+        ],
     )?;
     let bin = root.join("target/release/warren");
 
@@ -100,6 +108,10 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
                 .arg(&secret)
                 .arg("--data-dir")
                 .arg(&data);
+            if transport == "quic" {
+                // The first node creates the cluster CA here; the others use it.
+                cmd.arg("--cluster-ca-dir").arg(dir.join("ca"));
+            }
             if i > 1 {
                 cmd.args(["--join", "127.0.0.1:25672"]);
             }
