@@ -1185,7 +1185,10 @@ impl Replica {
                 targets,
                 total,
             } => {
-                if targets.contains(&self.member) {
+                if targets.contains(&self.member) && matches!(self.msync, MirrorSync::Holding) {
+                    // Already holding the master's state: nothing to receive.
+                    self.push_msg(Body::SyncDone { sync });
+                } else if targets.contains(&self.member) {
                     self.bq = None;
                     self.msync = MirrorSync::Receiving {
                         sync,
@@ -1303,6 +1306,7 @@ impl Replica {
     }
 
     fn maybe_promote(&mut self) {
+        tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, promoting = self.promoting, inflight = self.record_inflight, ring = self.view.version, gone = self.master_is_gone(), "promotion check");
         if self.role != Role::Mirror
             || self.promoting
             || self.record_inflight
@@ -1344,6 +1348,12 @@ impl Replica {
             None if policy == PromoteOn::Always => alive.first().map(|(_, _, m)| *m),
             None => None,
         };
+        let holding = matches!(self.msync, MirrorSync::Holding);
+        if candidate == Some(self.member) && !holding && !synced.is_empty() {
+            // Counted synchronised but holding nothing: never take over empty.
+            tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, "synchronised mirror without state: not promoting");
+            return;
+        }
         if candidate != Some(self.member) {
             if candidate.is_none() {
                 tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, "master gone and no synchronised mirror: the queue waits for its master");

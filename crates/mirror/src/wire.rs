@@ -8,7 +8,11 @@ use warren_gm::MemberId;
 
 /// A publisher's identity and its per-publisher sequence number: what a
 /// confirm or nack names. A publisher's publishes reach the master in order,
-/// so holding `(p, s)` means holding every earlier publish of `p` that reached it.
+/// so holding `(p, s)` means holding every earlier publish of `p` that reached
+/// it. After a master change a publisher must resolve what it had sent the
+/// old master (with the new master's `Promoted { held }`) before it publishes
+/// to the new one: otherwise a later publish would raise `held` above earlier
+/// ones that were lost with the old master.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PublishId {
     /// The publisher (a channel, unique cluster-wide for its lifetime).
