@@ -283,7 +283,8 @@ pub enum Confirm {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MirrorEvent {
     /// This replica became master; publishes up to `held[publisher]` are held
-    /// (confirm the ones pending at the old master), the others must be resent.
+    /// (confirm the ones pending at the old master), the others must be
+    /// resent. Resolve them before publishing anything to this master.
     Promoted {
         /// The new epoch.
         epoch: u64,
