@@ -62,7 +62,8 @@ async fn start(mem: &MemNetwork, name: &str, join: Option<&str>) -> Node {
     );
     config.tick_interval = Duration::from_millis(5);
     config.redial_interval = Duration::from_millis(30);
-    let detector = HeartbeatDetector::new(Duration::from_millis(20), Duration::from_millis(300));
+    // Generous: on a loaded 2-core machine a short timeout suspects live nodes.
+    let detector = HeartbeatDetector::new(Duration::from_millis(25), Duration::from_millis(1500));
     let gm = GmNode::start(config, transport(mem, name), authority, Box::new(detector))
         .await
         .expect("GM node");

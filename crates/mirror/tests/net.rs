@@ -34,6 +34,13 @@ fn factory() -> warren_mirror::QueueFactory {
 
 impl Net {
     fn new(seed: u64, batch: u64) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
         Self {
             mem: MemNetwork::new(seed),
             authority: Arc::new(InMemoryAuthority::new()),
@@ -56,8 +63,9 @@ impl Net {
             node,
             ClusterSecret::new("mirror-test"),
         )));
+        // Generous: on a loaded 2-core machine a short timeout suspects live nodes.
         let detector =
-            HeartbeatDetector::new(Duration::from_millis(20), Duration::from_millis(300));
+            HeartbeatDetector::new(Duration::from_millis(25), Duration::from_millis(1500));
         let gm = GmNode::start(
             config,
             transport,
