@@ -85,9 +85,16 @@ enum Cmd {
     ForgetClusterNode {
         /// The node to remove.
         node_name: String,
-        /// The cluster is down.
-        #[arg(long)]
+        /// Edit a stopped node's data directory instead of asking a running
+        /// node (unsafe; for when the other nodes are gone for good).
+        #[arg(long, requires_all = ["data_dir", "local_node"])]
         offline: bool,
+        /// With --offline: the stopped node's data directory.
+        #[arg(long = "data-dir")]
+        data_dir: Option<std::path::PathBuf>,
+        /// With --offline: the stopped node's own name (rabbitmqctl's `-n`).
+        #[arg(long = "local-node")]
+        local_node: Option<String>,
     },
     /// Stop the node.
     Stop,
@@ -669,6 +676,26 @@ fn clustered(c: &Client) -> Res<bool> {
         .unwrap_or(with_addr))
 }
 
+/// `forget_cluster_node --offline`: rewrites a stopped node's membership so
+/// it can start without `node_name` (seed scenario 4).
+fn forget_offline(out: &Out<'_>, node_name: &str, dir: &std::path::Path, me: &str) -> Res<()> {
+    let name =
+        |n: &str| warren_wire::NodeName::new(n).map_err(|e| Failure::new(EX_USAGE, e.to_string()));
+    let (me, forget) = (name(me)?, name(node_name)?);
+    out.info(&format!(
+        "Removing node {forget} from the cluster held in {} (the stopped node {me}); \
+         this is unsafe unless {forget} is gone for good",
+        dir.display()
+    ));
+    let report = warren_cluster::offline::forget_cluster_node_offline(dir, &me, &[forget])
+        .map_err(|e| Failure::new(EX_DATAERR, format!("forget_cluster_node --offline: {e}")))?;
+    out.info(&format!(
+        "Done: voters now {}; start {me} and it serves alone",
+        report.voters.join(", ")
+    ));
+    Ok(())
+}
+
 fn not_supported(verb: &str, node: &str) -> Failure {
     Failure::new(
         EX_UNAVAILABLE,
@@ -911,8 +938,14 @@ fn run(cli: &Cli) -> Res<()> {
             c.call("POST", "/api/cluster/join", Some(&json!({"node": seed})))?;
             Ok(())
         }
-        Cmd::ForgetClusterNode { node_name, offline } => {
-            if *offline || !clustered(&c)? {
+        Cmd::ForgetClusterNode {
+            node_name,
+            offline: true,
+            data_dir: Some(dir),
+            local_node: Some(me),
+        } => forget_offline(&out, node_name, dir, me),
+        Cmd::ForgetClusterNode { node_name, .. } => {
+            if !clustered(&c)? {
                 return Err(not_supported("forget_cluster_node", &cli.node));
             }
             out.info(&format!("Removing node {node_name} from the cluster"));
