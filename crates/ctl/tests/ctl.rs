@@ -774,7 +774,7 @@ fn status_cluster_status_and_unsupported_verbs() {
 
     for verb in [
         vec!["join_cluster", "warren@other"],
-        vec!["forget_cluster_node", "--offline", "warren@other"],
+        vec!["forget_cluster_node", "warren@other"],
         vec!["stop"],
         vec!["stop_app"],
         vec!["start_app"],
@@ -783,6 +783,11 @@ fn status_cluster_status_and_unsupported_verbs() {
         assert_eq!(r.code, 69, "{verb:?}: {r:?}");
         assert!(r.err.contains("not supported by this node yet"), "{r:?}");
     }
+    // The offline form edits a stopped node's data directory (tests/offline.rs)
+    // and says what it needs when called without it.
+    let r = n.ctl(&["forget_cluster_node", "--offline", "warren@other"]);
+    assert_eq!(r.code, 64, "{r:?}");
+    assert!(r.err.contains("--data-dir"), "{r:?}");
 }
 
 #[test]
