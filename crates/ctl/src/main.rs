@@ -676,6 +676,16 @@ fn clustered(c: &Client) -> Res<bool> {
         .unwrap_or(with_addr))
 }
 
+/// Posts a queue action (`sync`, `cancel_sync`) to the management API.
+fn queue_action(c: &Client, vh: &str, queue: &str, action: &str) -> Res<()> {
+    c.call(
+        "POST",
+        &format!("/api/queues/{vh}/{}/actions", enc(queue)),
+        Some(&json!({ "action": action })),
+    )?;
+    Ok(())
+}
+
 /// `forget_cluster_node --offline`: rewrites a stopped node's membership so
 /// it can start without `node_name` (seed scenario 4).
 fn forget_offline(out: &Out<'_>, node_name: &str, dir: &std::path::Path, me: &str) -> Res<()> {
@@ -1247,24 +1257,14 @@ fn run(cli: &Cli) -> Res<()> {
                 "Synchronising queue '{queue}' in vhost '{}' ...",
                 cli.vhost
             ));
-            c.call(
-                "POST",
-                &format!("/api/queues/{vh}/{}/actions", enc(queue)),
-                Some(&json!({"action": "sync"})),
-            )?;
-            Ok(())
+            queue_action(&c, &vh, queue, "sync")
         }
         Cmd::CancelSyncQueue { queue } => {
             out.info(&format!(
                 "Stopping synchronising queue '{queue}' in vhost '{}' ...",
                 cli.vhost
             ));
-            c.call(
-                "POST",
-                &format!("/api/queues/{vh}/{}/actions", enc(queue)),
-                Some(&json!({"action": "cancel_sync"})),
-            )?;
-            Ok(())
+            queue_action(&c, &vh, queue, "cancel_sync")
         }
         Cmd::PurgeQueue { queue } => {
             out.info(&format!(

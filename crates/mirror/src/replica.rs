@@ -1557,14 +1557,13 @@ mod tests {
         assert_eq!(r.refused(), 3);
     }
 
-    #[test]
-    fn a_master_hearing_a_newer_epoch_is_deposed_and_nacks() {
-        let me = MemberId(1);
+    /// A master of queue "q" on node "a", in-memory, at record epoch 2.
+    fn master_at_epoch_2(me: MemberId) -> Replica {
         let bq = BackingQueue::in_memory(QueueConfig {
             record_ops: true,
             ..QueueConfig::default()
         });
-        let mut r = Replica::new_master(
+        Replica::new_master(
             "q",
             "a",
             me,
@@ -1572,7 +1571,13 @@ mod tests {
             memory(),
             bq,
             record("a", 2),
-        );
+        )
+    }
+
+    #[test]
+    fn a_master_hearing_a_newer_epoch_is_deposed_and_nacks() {
+        let me = MemberId(1);
+        let mut r = master_at_epoch_2(me);
         r.handle_view(alone(me));
         r.publish(
             1,
@@ -1610,19 +1615,7 @@ mod tests {
     #[test]
     fn a_record_naming_another_master_deposes() {
         let me = MemberId(1);
-        let bq = BackingQueue::in_memory(QueueConfig {
-            record_ops: true,
-            ..QueueConfig::default()
-        });
-        let mut r = Replica::new_master(
-            "q",
-            "a",
-            me,
-            Settings::default(),
-            memory(),
-            bq,
-            record("a", 2),
-        );
+        let mut r = master_at_epoch_2(me);
         r.handle_record(record("b", 3));
         assert_eq!(r.role(), Role::Stopped);
         assert!(r.drain_outputs().any(|o| o == Output::Deposed { epoch: 2 }));
