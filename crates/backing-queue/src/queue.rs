@@ -320,6 +320,16 @@ impl BackingQueue {
         })
     }
 
+    /// Starts or stops recording applied ops (see [`take_ops`](Self::take_ops)):
+    /// a queue that becomes a mirrored queue's master starts recording.
+    pub fn set_record_ops(&mut self, on: bool) {
+        match (on, self.ops.is_some()) {
+            (true, false) => self.ops = Some(Vec::new()),
+            (false, true) => self.ops = None,
+            _ => {}
+        }
+    }
+
     /// The ops applied since the last call (empty unless `record_ops`); ops
     /// refused with an error and no effect are left out.
     pub fn take_ops(&mut self) -> Vec<Op> {

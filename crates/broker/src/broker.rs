@@ -1,7 +1,7 @@
 //! The broker: vhosts, exchanges, queues, connections and channels, driven
 //! by the AMQP connection state machines it owns.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,6 +27,10 @@ use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta};
 
 #[path = "introspect.rs"]
 pub(crate) mod introspect;
+#[path = "mirrored.rs"]
+pub(crate) mod mirrored;
+
+use mirrored::{FetchForArgs, Store, nack_one};
 
 /// Identifies one client connection.
 pub type ConnId = u64;
@@ -69,6 +73,8 @@ const OUTPUT_HIGH_WATER: usize = 4 << 20;
 /// The confirm sequence number that marks a publish of a tx.commit (a
 /// transactional channel is never in confirm mode).
 const TX_COMMIT: u64 = u64::MAX;
+/// Fetches from a mirrored queue one consumer may wait for at once.
+const MAX_FETCHES_IN_FLIGHT: u32 = 1024;
 /// How deep dead-lettering may chain within one operation.
 const DEAD_LETTER_DEPTH: u8 = 8;
 
@@ -145,6 +151,8 @@ struct Consumer {
     exclusive: bool,
     prefetch: u16,
     unacked: u32,
+    /// Fetches from a mirrored queue's replica not yet handed out.
+    reserved: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -160,7 +168,7 @@ struct Queue {
     uid: u64,
     opts: QueueOpts,
     owner: Option<ConnId>,
-    bq: BackingQueue,
+    store: Store,
     consumers: Vec<Consumer>,
     rr: usize,
     had_consumers: bool,
@@ -218,6 +226,8 @@ struct Channel {
     global_prefetch: u16,
     confirm: bool,
     confirm_pending: BTreeMap<u64, u32>,
+    /// Publishes refused (`basic.nack`) not yet sent.
+    confirm_nacked: BTreeSet<u64>,
     confirm_last: u64,
     confirm_acked: u64,
     tx: Option<Vec<TxOp>>,
@@ -268,6 +278,29 @@ impl Conn {
                 Some((k, _)) => k - 1,
                 None => ch.confirm_last,
             };
+            while let Some(&n) = ch.confirm_nacked.first() {
+                if n > upto {
+                    break;
+                }
+                ch.confirm_nacked.pop_first();
+                if n > ch.confirm_acked + 1 {
+                    self.amqp.reply(
+                        ch_id,
+                        Reply::Ack {
+                            delivery_tag: n - 1,
+                            multiple: true,
+                        },
+                    );
+                }
+                self.amqp.reply(
+                    ch_id,
+                    Reply::Nack {
+                        delivery_tag: n,
+                        multiple: false,
+                    },
+                );
+                ch.confirm_acked = n;
+            }
             if upto > ch.confirm_acked {
                 ch.confirm_acked = upto;
                 self.amqp.reply(
@@ -355,6 +388,12 @@ pub struct Broker {
     sync_wanted: bool,
     dead: Vec<DeadLetter>,
     dl_depth: u8,
+    /// This broker's publisher identity in mirrored queues' publish ids.
+    publisher_id: u64,
+    /// The next publish sequence number into a mirrored queue.
+    next_publish: u64,
+    /// Publishes a replica refused during `enqueue`, nacked after it.
+    deferred_nacks: Vec<(ConnId, ChannelId, u64)>,
 }
 
 impl fmt::Debug for Broker {
@@ -609,8 +648,15 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
         return;
     }
     q.last_used_ms = now;
+    if matches!(q.store, Store::Replica(_)) {
+        drive_replica(q, conns, now);
+        return;
+    }
+    let Store::Local(bq) = &mut q.store else {
+        return;
+    };
     loop {
-        if q.bq.stats().ready == 0 {
+        if bq.stats().ready == 0 {
             return;
         }
         let n = q.consumers.len();
@@ -643,7 +689,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
         let Some(idx) = chosen else {
             return;
         };
-        let delivery = match q.bq.fetch(now) {
+        let delivery = match bq.fetch(now) {
             Ok(Some(d)) => d,
             Ok(None) => return,
             Err(e) => {
@@ -662,7 +708,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
         ch.next_tag += 1;
         let tag = ch.next_tag;
         if c.no_ack {
-            if let Err(e) = q.bq.ack(delivery.tag) {
+            if let Err(e) = bq.ack(delivery.tag) {
                 tracing::error!(queue = %q.name, error = %e, "ack failed");
             }
             q.dl_msgs.remove(&delivery.id);
@@ -697,6 +743,57 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
     }
 }
 
+/// Fetches from a mirrored queue's replica for its consumers, round-robin,
+/// within their prefetch limits (counting fetches not yet handed out); the
+/// deliveries go out when the ring holds the fetches.
+fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64) {
+    if !matches!(q.store, Store::Replica(_)) || !q.store.serves() {
+        return;
+    }
+    loop {
+        if q.store.stats().ready == 0 {
+            return;
+        }
+        let n = q.consumers.len();
+        let mut chosen = None;
+        for i in 0..n {
+            let idx = (q.rr + i) % n;
+            let c = &q.consumers[idx];
+            let Some(conn) = conns.get_mut(&c.conn) else {
+                continue;
+            };
+            if !conn.channels.contains_key(&c.channel) {
+                continue;
+            }
+            if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
+                continue;
+            }
+            if c.reserved >= MAX_FETCHES_IN_FLIGHT || conn.out_pending >= OUTPUT_HIGH_WATER {
+                conn.throttled = true;
+                continue;
+            }
+            chosen = Some(idx);
+            break;
+        }
+        let Some(idx) = chosen else {
+            return;
+        };
+        q.rr = idx + 1;
+        let c = &mut q.consumers[idx];
+        let f = FetchForArgs::consumer(c.conn, c.channel, c.tag.clone(), c.no_ack);
+        let Store::Replica(m) = &mut q.store else {
+            return;
+        };
+        if !m.fetch(now, f) {
+            return;
+        }
+        c.reserved += 1;
+        if !c.no_ack {
+            c.unacked += 1;
+        }
+    }
+}
+
 impl Broker {
     /// Opens a broker over `meta`: creates the default vhost `/` and the
     /// `guest`/`guest` user (loopback only) on first start, and recovers the
@@ -717,6 +814,9 @@ impl Broker {
             sync_wanted: false,
             dead: Vec::new(),
             dl_depth: 0,
+            publisher_id: rand::rng().next_u64(),
+            next_publish: 1,
+            deferred_nacks: Vec::new(),
         };
         let mut defs = b.meta.load();
         if defs.vhosts.is_empty() && defs.users.is_empty() {
@@ -775,7 +875,7 @@ impl Broker {
             };
             let name: Arc<str> = Arc::from(q.name.as_str());
             let queue = b.make_queue(&q.vhost, name, opts, None)?;
-            tracing::info!(vhost = %q.vhost, queue = %q.name, messages = queue.bq.stats().ready, "recovered queue");
+            tracing::info!(vhost = %q.vhost, queue = %q.name, messages = queue.store.stats().ready, "recovered queue");
             if let Some(v) = b.vhosts.get_mut(&q.vhost) {
                 v.queues.insert(queue.name.clone(), queue);
             }
@@ -834,7 +934,7 @@ impl Broker {
             uid,
             opts,
             owner,
-            bq,
+            store: Store::Local(bq),
             consumers: Vec::new(),
             rr: 0,
             had_consumers: false,
@@ -900,7 +1000,7 @@ impl Broker {
             o.exchanges += v.exchanges.len() as u64 + 1;
             o.queues += v.queues.len() as u64;
             for q in v.queues.values() {
-                let s = q.bq.stats();
+                let s = q.store.stats();
                 o.messages_ready += s.ready;
                 o.messages_unacknowledged += s.unacked;
                 o.consumers += q.consumers.len() as u64;
@@ -1029,8 +1129,8 @@ impl Broker {
     pub fn sync_all(&mut self) {
         for (vname, v) in &mut self.vhosts {
             for q in v.queues.values_mut() {
-                if q.bq.needs_sync()
-                    && let Err(e) = q.bq.sync()
+                if q.store.needs_sync()
+                    && let Err(e) = q.store.sync()
                 {
                     tracing::error!(vhost = %vname, queue = %q.name, error = %e, "final sync failed");
                 }
@@ -1053,10 +1153,10 @@ impl Broker {
         let mut batch = SyncBatch::default();
         for (vname, v) in &mut self.vhosts {
             for q in v.queues.values_mut() {
-                if !q.bq.needs_sync() {
+                if !q.store.needs_sync() {
                     continue;
                 }
-                match q.bq.prepare_sync() {
+                match q.store.prepare_sync() {
                     Ok(Some(job)) => {
                         batch
                             .jobs
@@ -1078,6 +1178,7 @@ impl Broker {
         self.now = now_ms;
         self.current = 0;
         let mut seqs = Vec::new();
+        let mut replicas = Vec::new();
         for (vname, qname, uid, job, ok) in batch.jobs {
             let Some(q) = self
                 .vhosts
@@ -1089,12 +1190,22 @@ impl Broker {
             if q.uid != uid || !ok {
                 continue;
             }
-            if let Err(e) = q.bq.complete_sync(&job) {
+            let bq = match &mut q.store {
+                Store::Local(bq) => bq,
+                Store::Replica(m) => {
+                    if let Err(e) = m.replica.complete_storage_sync(&job) {
+                        tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
+                    }
+                    replicas.push((vname.clone(), qname.clone()));
+                    continue;
+                }
+            };
+            if let Err(e) = bq.complete_sync(&job) {
                 tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
                 continue;
             }
             seqs.clear();
-            q.bq.drain_confirmed(&mut seqs);
+            bq.drain_confirmed(&mut seqs);
             let Some(&max) = seqs.last() else {
                 continue;
             };
@@ -1106,6 +1217,9 @@ impl Broker {
                 confirm_one(&mut self.conns, conn, ch, cseq);
             }
         }
+        for (vname, qname) in replicas {
+            self.mirror_turn(&vname, &qname);
+        }
         for (id, c) in &mut self.conns {
             if !c.confirm_dirty.is_empty() {
                 c.wake(0, *id);
@@ -1114,7 +1228,7 @@ impl Broker {
         let more = self
             .vhosts
             .values()
-            .any(|v| v.queues.values().any(|q| q.bq.needs_sync()));
+            .any(|v| v.queues.values().any(|q| q.store.needs_sync()));
         if more {
             self.sync_wanted = true;
         }
@@ -1130,7 +1244,7 @@ impl Broker {
         let mut delete = Vec::new();
         for (vname, v) in &self.vhosts {
             for q in v.queues.values() {
-                if q.bq.next_expiry_ms().is_some_and(|t| t < now_ms) {
+                if q.store.next_expiry_ms().is_some_and(|t| t < now_ms) {
                     expire.push((vname.clone(), q.name.clone()));
                 }
                 if let Some(exp) = q.expires_ms
@@ -1146,7 +1260,7 @@ impl Broker {
                 .vhosts
                 .get_mut(&vname)
                 .and_then(|v| v.queues.get_mut(&qname))
-                && let Err(e) = q.bq.expire(now_ms)
+                && let Err(e) = q.store.expire(now_ms)
             {
                 tracing::error!(queue = %qname, error = %e, "expiry failed");
             }
@@ -1296,7 +1410,7 @@ impl Broker {
         }
         for u in ch.unacked.into_values() {
             if let Some(q) = v.queues.get_mut(&u.queue) {
-                if let Err(e) = q.bq.requeue(u.bq_tag) {
+                if let Err(e) = q.store.requeue(u.bq_tag) {
                     tracing::error!(queue = %u.queue, error = %e, "requeue failed");
                 }
                 touched.push(u.queue);
@@ -1334,9 +1448,19 @@ impl Broker {
             return;
         };
         drive(q, &mut self.conns, self.now, self.current);
+        if matches!(q.store, Store::Replica(_)) {
+            self.mirror_turn(vhost, qname);
+        }
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(qname))
+        else {
+            return;
+        };
         if q.dlx.is_some() {
             let mut dropped: Vec<Dropped> = Vec::new();
-            q.bq.take_dropped(&mut dropped);
+            q.store.take_dropped(&mut dropped);
             for d in dropped {
                 if let Some((meta, body)) = q.dl_msgs.remove(&d.id)
                     && let Some(dlx) = &q.dlx
@@ -1449,6 +1573,7 @@ impl Broker {
         confirm: Option<(ConnId, ChannelId, u64)>,
     ) -> Result<u32, AmqpError> {
         let mut pending = 0;
+        let mut nacks = Vec::new();
         let id = self.next_msg_id;
         self.next_msg_id += 1;
         let mut sync = false;
@@ -1467,7 +1592,36 @@ impl Broker {
                 persistent: msg.persistent,
                 expiration_ms: msg.expiration_ms,
             };
-            match q.bq.publish(self.now, nm) {
+            let bq = match &mut q.store {
+                Store::Local(bq) => bq,
+                Store::Replica(_) => {
+                    let dl = q.dlx.is_some();
+                    match self.replica_publish(vhost, qname, nm, confirm) {
+                        Ok(owed) => {
+                            sync = true;
+                            pending += u32::from(owed);
+                        }
+                        Err(e) => {
+                            tracing::warn!(queue = %qname, error = %e, "a mirrored queue refused a publish");
+                            if let Some((conn, ch, cseq)) = confirm {
+                                pending += 1;
+                                nacks.push((conn, ch, cseq));
+                            }
+                        }
+                    }
+                    if dl
+                        && let Some(q) = self
+                            .vhosts
+                            .get_mut(vhost)
+                            .and_then(|v| v.queues.get_mut(qname))
+                    {
+                        q.dl_msgs.insert(id, (msg.meta.clone(), msg.body.clone()));
+                    }
+                    self.after_queue_op(vhost, qname);
+                    continue;
+                }
+            };
+            match bq.publish(self.now, nm) {
                 Ok(p) => {
                     if p.needs_sync {
                         sync = true;
@@ -1493,6 +1647,9 @@ impl Broker {
         if sync {
             self.want_sync();
         }
+        // Refused by a replica (not the master): nacked by the caller once
+        // counted as pending.
+        self.deferred_nacks.extend(nacks);
         Ok(pending)
     }
 
@@ -1857,6 +2014,9 @@ impl Broker {
                 c.confirm_dirty.push(ch);
             }
         }
+        for (conn, ch, cseq) in std::mem::take(&mut self.deferred_nacks) {
+            nack_one(&mut self.conns, conn, ch, cseq);
+        }
         Ok(())
     }
 
@@ -1901,10 +2061,10 @@ impl Broker {
             let res = match how {
                 Settle::Ack => {
                     q.dl_msgs.remove(&u.msg_id);
-                    q.bq.ack(u.bq_tag)
+                    q.store.ack(u.bq_tag)
                 }
-                Settle::Requeue => q.bq.requeue(u.bq_tag),
-                Settle::Discard => q.bq.discard(u.bq_tag),
+                Settle::Requeue => q.store.requeue(u.bq_tag),
+                Settle::Discard => q.store.discard(u.bq_tag),
             };
             if let Err(e) = res {
                 tracing::error!(queue = %u.queue, error = %e, "settling a delivery failed");
@@ -1965,7 +2125,7 @@ impl Broker {
         let mut touched = Vec::new();
         for u in taken.into_values() {
             if let Some(q) = v.queues.get_mut(&u.queue) {
-                if let Err(e) = q.bq.requeue(u.bq_tag) {
+                if let Err(e) = q.store.requeue(u.bq_tag) {
                     tracing::error!(queue = %u.queue, error = %e, "requeue failed");
                 }
                 if let Some(t) = &u.consumer
@@ -2343,7 +2503,7 @@ impl Broker {
         let v = self.vhosts.get_mut(&vhost).expect("vhost present");
         let q = v.queues.get_mut(name.as_str()).expect("queue present");
         q.last_used_ms = now;
-        let s = q.bq.stats();
+        let s = q.store.stats();
         let reply = Reply::QueueDeclareOk {
             queue: name.clone(),
             message_count: u32::try_from(s.ready).unwrap_or(u32::MAX),
@@ -2385,10 +2545,12 @@ impl Broker {
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(name.as_str()))
             .expect("queue present");
-        let n =
-            q.bq.purge()
-                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+        let n = q
+            .store
+            .purge()
+            .map_err(|e| err(ReplyCode::InternalError, e))?;
         q.dl_msgs.retain(|k, _| unacked_ids.contains(k));
+        self.mirror_turn(&vhost, &name);
         if !p.nowait {
             self.conn(id).amqp.reply(
                 ch,
@@ -2426,7 +2588,7 @@ impl Broker {
                     format!("queue '{name}' in vhost '{vhost}' in use"),
                 ));
             }
-            if d.if_empty && q.bq.stats().ready > 0 {
+            if d.if_empty && q.store.stats().ready > 0 {
                 return Err(err(
                     ReplyCode::PreconditionFailed,
                     format!("queue '{name}' in vhost '{vhost}' is not empty"),
@@ -2454,7 +2616,7 @@ impl Broker {
         let Some(q) = v.queues.remove(name) else {
             return 0;
         };
-        let count = u32::try_from(q.bq.stats().ready).unwrap_or(u32::MAX);
+        let count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
         let cur = self.current;
         for c in &q.consumers {
             if let Some(conn) = self.conns.get_mut(&c.conn) {
@@ -2465,7 +2627,16 @@ impl Broker {
                 conn.wake(cur, c.conn);
             }
         }
-        for &(_, conn, ch, cseq) in &q.confirms {
+        let mut owed: Vec<(ConnId, ChannelId, u64)> = q
+            .confirms
+            .iter()
+            .map(|&(_, conn, ch, cseq)| (conn, ch, cseq))
+            .collect();
+        if let Store::Replica(m) = &q.store {
+            owed.extend(m.owed_confirms());
+            m.wake_shell();
+        }
+        for (conn, ch, cseq) in owed {
             confirm_one(&mut self.conns, conn, ch, cseq);
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.wake(cur, conn);
@@ -2490,7 +2661,7 @@ impl Broker {
             tracing::error!(error = %e, "could not record a queue deletion");
         }
         if let Some(dir) = &q.dir {
-            drop(q.bq);
+            drop(q.store);
             if let Err(e) = std::fs::remove_dir_all(dir)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
@@ -2543,6 +2714,7 @@ impl Broker {
             exclusive: c.exclusive,
             prefetch,
             unacked: 0,
+            reserved: 0,
         });
         q.had_consumers = true;
         let conn = self.conn(id);
@@ -2597,21 +2769,31 @@ impl Broker {
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
         q.last_used_ms = now;
-        let d =
-            q.bq.fetch(now)
-                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+        let bq = match &mut q.store {
+            Store::Local(bq) => bq,
+            Store::Replica(m) => {
+                if !m.fetch(now, FetchForArgs::get(id, ch, g.no_ack)) {
+                    self.conn(id).amqp.reply(ch, Reply::BasicGetEmpty);
+                }
+                self.after_queue_op(&vhost, &qarc);
+                return Ok(());
+            }
+        };
+        let d = bq
+            .fetch(now)
+            .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
         let Some(d) = d else {
             self.conn(id).amqp.reply(ch, Reply::BasicGetEmpty);
             self.after_queue_op(&vhost, &qarc);
             return Ok(());
         };
         if g.no_ack {
-            if let Err(e) = q.bq.ack(d.tag) {
+            if let Err(e) = bq.ack(d.tag) {
                 tracing::error!(queue = %name, error = %e, "ack failed");
             }
             q.dl_msgs.remove(&d.id);
         }
-        let remaining = u32::try_from(q.bq.stats().ready).unwrap_or(u32::MAX);
+        let remaining = u32::try_from(bq.stats().ready).unwrap_or(u32::MAX);
         let conn = self.conn(id);
         let chan = conn.channels.get_mut(&ch).expect("channel present");
         chan.next_tag += 1;

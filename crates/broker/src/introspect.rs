@@ -250,7 +250,7 @@ impl Broker {
                 continue;
             }
             for q in v.queues.values() {
-                let s = q.bq.stats();
+                let s = q.store.stats();
                 out.push(QueueInfo {
                     vhost: vn.clone(),
                     name: q.name.to_string(),
@@ -487,10 +487,9 @@ impl Broker {
             .get_mut(vhost)
             .and_then(|v| v.queues.get_mut(name))
             .ok_or_else(|| missing("queue", name, vhost))?;
-        let n =
-            q.bq.purge()
-                .map_err(|e| BrokerError::Invalid(e.to_string()))?;
+        let n = q.store.purge().map_err(BrokerError::Invalid)?;
         q.dl_msgs.retain(|k, _| unacked_ids.contains(k));
+        self.mirror_turn(vhost, name);
         Ok(n)
     }
 

@@ -46,6 +46,9 @@ pub struct NodeRecord {
     pub peer_addr: String,
     /// The Raft log index of the membership change that first added it.
     pub joined_at: LogIndex,
+    /// Where its GM node listens for queue rings (set by the node at start).
+    #[serde(default)]
+    pub ring_addr: Option<String>,
 }
 
 /// A user.
@@ -303,6 +306,13 @@ pub enum Command {
         /// The ring's name.
         ring: String,
     },
+    /// Records where a member node's GM node listens for queue rings.
+    SetNodeRingAddr {
+        /// The node.
+        node: String,
+        /// Its ring listener's address.
+        addr: String,
+    },
 }
 
 /// A GM ring's view as the metadata store keeps it.
@@ -324,6 +334,9 @@ pub enum Rejection {
     /// The user does not exist.
     #[error("no user {0:?}")]
     NoUser(String),
+    /// The node is not a cluster member.
+    #[error("no node {0:?} in the cluster")]
+    NoNode(String),
     /// The queue does not exist.
     #[error("no queue {name:?} in vhost {vhost:?}")]
     NoQueue {
@@ -681,6 +694,14 @@ impl Metadata {
                 Some(_) => Outcome::Done,
                 None => Outcome::Unchanged,
             }),
+            Command::SetNodeRingAddr { node, addr } => match self.nodes.get_mut(node) {
+                Some(n) if n.ring_addr.as_deref() == Some(addr.as_str()) => Ok(Outcome::Unchanged),
+                Some(n) => {
+                    n.ring_addr = Some(addr.clone());
+                    Ok(Outcome::Done)
+                }
+                None => Err(Rejection::NoNode(node.clone())),
+            },
         }
     }
 
@@ -698,6 +719,7 @@ impl Metadata {
                     name: name.clone(),
                     peer_addr: addr.clone(),
                     joined_at: index,
+                    ring_addr: None,
                 });
         }
         let gone: Vec<String> = self

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, VecDeque};
 use bytes::Bytes;
 use warren_backing_queue::{
     BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, QueueConfig, QueueError, SeqId,
-    Snapshot, SnapshotMessage, Stats, StoreError,
+    Snapshot, SnapshotMessage, Stats, StoreError, SyncJob,
 };
 use warren_gm::{MemberId, Seq, View};
 use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
@@ -343,6 +343,8 @@ impl Replica {
         record: RecordView,
     ) -> Self {
         let mut r = Self::blank(queue, node, member, settings, factory, record);
+        let mut bq = bq;
+        bq.set_record_ops(true);
         r.role = Role::Master;
         r.epoch = r.record.version;
         r.master_member = Some(member);
@@ -641,6 +643,39 @@ impl Replica {
         }
         self.release();
         Ok(())
+    }
+
+    /// Starts a group commit of the local backing queue (see
+    /// [`BackingQueue::prepare_sync`]): run the job off the caller's lock,
+    /// then hand it to [`complete_storage_sync`](Self::complete_storage_sync).
+    pub fn prepare_storage_sync(&mut self) -> Result<Option<SyncJob>, MirrorError> {
+        match self.bq.as_mut() {
+            Some(bq) if bq.needs_sync() => Ok(bq.prepare_sync()?),
+            _ => Ok(None),
+        }
+    }
+
+    /// Finishes a group commit started by
+    /// [`prepare_storage_sync`](Self::prepare_storage_sync) and releases the
+    /// confirms it covers.
+    pub fn complete_storage_sync(&mut self, job: &SyncJob) -> Result<(), MirrorError> {
+        if let Some(bq) = self.bq.as_mut() {
+            bq.complete_sync(job)?;
+            let mut seqs = Vec::new();
+            bq.drain_confirmed(&mut seqs);
+        }
+        self.release();
+        Ok(())
+    }
+
+    /// Gives the backing queue back (a master whose queue stops being
+    /// mirrored keeps serving it alone); `None` for a replica that holds
+    /// nothing. Stop the replica's ring member first.
+    pub fn into_queue(self) -> Option<BackingQueue> {
+        let mut bq = self.bq?;
+        bq.set_record_ops(false);
+        let _ = bq.take_ops();
+        Some(bq)
     }
 
     /// Starts synchronising the unsynchronised mirrors (master only); the

@@ -1,0 +1,787 @@
+//! Mirrored queues inside the broker: a queue's messages live either in a
+//! local [`BackingQueue`] or in a [`Replica`] (master or mirror) of a
+//! mirrored queue, driven here under the broker's lock.
+//!
+//! The replica is sans-IO. The broker calls it for every client operation
+//! on the queue and handles its outputs at once (confirms, nacks, fetched
+//! deliveries). Ring traffic and queue-record changes go through the shell:
+//! [`Broker::mirror_input`] feeds what the ring and the metadata store said,
+//! [`Broker::take_mirror_io`] hands over what must be broadcast and which
+//! record compare-and-sets to run, and the queue's [`Waker`] says when there
+//! is some.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use warren_amqp::{ChannelId, ContentMethod, Reply};
+use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob};
+use warren_gm::{MemberId, RingEvent, View};
+use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
+
+use super::{Broker, ConnId, Unacked, Waker, confirm_one};
+use crate::routing::decode_meta;
+
+/// Where a queue's messages live. (Most queues are local: the backing
+/// queue stays inline, the rarer replica is boxed.)
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Store {
+    /// A queue that is not mirrored.
+    Local(BackingQueue),
+    /// A replica of a mirrored queue.
+    Replica(Box<Mirrored>),
+}
+
+/// A mirrored queue's replica and what the broker keeps around it.
+pub(crate) struct Mirrored {
+    pub(crate) replica: Replica,
+    /// The queue's ring (its GM ring name).
+    ring: String,
+    /// Wakes the shell task that moves this replica's ring traffic.
+    waker: Waker,
+    /// Broadcasts waiting for the shell.
+    outbox: Vec<Bytes>,
+    /// Record compare-and-sets waiting for the shell.
+    proposals: Vec<(u64, RecordView)>,
+    /// Who a pending fetch is for, by token.
+    fetches: HashMap<u64, FetchFor>,
+    /// The confirm a publish owes, by publish id.
+    publishes: HashMap<PublishId, (ConnId, ChannelId, u64)>,
+    /// Messages the master dropped, for dead-lettering.
+    dropped: Vec<Dropped>,
+}
+
+/// Who gets a fetched message.
+#[derive(Debug, Clone)]
+enum FetchFor {
+    Consumer {
+        conn: ConnId,
+        channel: ChannelId,
+        tag: Arc<str>,
+        no_ack: bool,
+    },
+    Get {
+        conn: ConnId,
+        channel: ChannelId,
+        no_ack: bool,
+    },
+}
+
+/// What the shell must do for one replica: broadcast on its ring, and run
+/// record compare-and-sets (feed each outcome back with
+/// [`MirrorInput::RecordSettled`]).
+#[derive(Debug, Default)]
+pub struct MirrorIo {
+    /// Payloads to broadcast on the ring, in order.
+    pub broadcasts: Vec<Bytes>,
+    /// `(expected_version, placement)` compare-and-sets of the queue record.
+    pub proposals: Vec<(u64, RecordView)>,
+    /// Whether the replica has stopped (deposed, removed, or stop requested):
+    /// leave the ring once `broadcasts` are sent.
+    pub stopped: bool,
+}
+
+/// What the shell feeds a replica.
+#[derive(Debug)]
+pub enum MirrorInput {
+    /// Ring events (deliveries, confirms, removal). A `View` event must be
+    /// replaced by [`MirrorInput::View`] with the view read from the authority.
+    Ring(Vec<RingEvent>),
+    /// The ring installed this view.
+    View(View),
+    /// The queue record changed (or was read).
+    Record(RecordView),
+    /// A proposed compare-and-set finished: the record it wrote, or the
+    /// current one.
+    RecordSettled(RecordView),
+    /// Time passed (TTL expiry, sync pacing).
+    Tick,
+    /// Stop cleanly (a master hands over to its mirrors).
+    Stop,
+}
+
+/// How to start a replica in [`Broker::start_replica`].
+pub struct ReplicaStart {
+    /// The ring's name.
+    pub ring: String,
+    /// This node's ring member.
+    pub member: MemberId,
+    /// Mirroring settings from the queue's policy.
+    pub settings: Settings,
+    /// The queue record as claimed (master: naming this node master).
+    pub record: RecordView,
+    /// Start as master (keeping the local messages) or as mirror (dropping them).
+    pub master: bool,
+    /// Wakes the shell task of this replica.
+    pub waker: Waker,
+}
+
+impl std::fmt::Debug for ReplicaStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaStart")
+            .field("ring", &self.ring)
+            .field("member", &self.member)
+            .field("master", &self.master)
+            .finish_non_exhaustive()
+    }
+}
+
+fn err_text(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Store {
+    /// Message counts (a replica that holds nothing counts zero).
+    pub(crate) fn stats(&self) -> Stats {
+        match self {
+            Store::Local(bq) => bq.stats(),
+            Store::Replica(m) => m.replica.stats().unwrap_or_default(),
+        }
+    }
+
+    /// Whether this node serves the queue's clients (not a mirror).
+    pub(crate) fn serves(&self) -> bool {
+        match self {
+            Store::Local(_) => true,
+            Store::Replica(m) => m.replica.role() == Role::Master,
+        }
+    }
+
+    pub(crate) fn ack(&mut self, tag: DeliveryTag) -> Result<(), String> {
+        match self {
+            Store::Local(bq) => bq.ack(tag).map_err(err_text),
+            Store::Replica(m) => m.replica.ack(tag).map_err(err_text),
+        }
+    }
+
+    pub(crate) fn requeue(&mut self, tag: DeliveryTag) -> Result<(), String> {
+        match self {
+            Store::Local(bq) => bq.requeue(tag).map_err(err_text),
+            Store::Replica(m) => m.replica.requeue(tag).map_err(err_text),
+        }
+    }
+
+    pub(crate) fn discard(&mut self, tag: DeliveryTag) -> Result<(), String> {
+        match self {
+            Store::Local(bq) => bq.discard(tag).map_err(err_text),
+            Store::Replica(m) => m.replica.discard(tag).map_err(err_text),
+        }
+    }
+
+    pub(crate) fn purge(&mut self) -> Result<u64, String> {
+        match self {
+            Store::Local(bq) => bq.purge().map_err(err_text),
+            Store::Replica(m) => m.replica.purge().map_err(err_text),
+        }
+    }
+
+    pub(crate) fn needs_sync(&self) -> bool {
+        match self {
+            Store::Local(bq) => bq.needs_sync(),
+            Store::Replica(m) => m.replica.needs_storage_sync(),
+        }
+    }
+
+    /// Inline group commit (shutdown).
+    pub(crate) fn sync(&mut self) -> Result<(), String> {
+        match self {
+            Store::Local(bq) => bq.sync().map(|_| ()).map_err(err_text),
+            Store::Replica(m) => m.replica.sync_storage().map_err(err_text),
+        }
+    }
+
+    pub(crate) fn prepare_sync(&mut self) -> Result<Option<SyncJob>, String> {
+        match self {
+            Store::Local(bq) => bq.prepare_sync().map_err(err_text),
+            Store::Replica(m) => m.replica.prepare_storage_sync().map_err(err_text),
+        }
+    }
+
+    pub(crate) fn next_expiry_ms(&self) -> Option<u64> {
+        match self {
+            Store::Local(bq) => bq.next_expiry_ms(),
+            Store::Replica(m) => m.replica.next_timer_ms(),
+        }
+    }
+
+    pub(crate) fn expire(&mut self, now_ms: u64) -> Result<(), String> {
+        match self {
+            Store::Local(bq) => bq.expire(now_ms).map_err(err_text),
+            Store::Replica(m) => {
+                m.replica.tick(now_ms);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn take_dropped(&mut self, out: &mut Vec<Dropped>) {
+        match self {
+            Store::Local(bq) => bq.take_dropped(out),
+            Store::Replica(m) => out.append(&mut m.dropped),
+        }
+    }
+
+    /// The replica's status, for a mirrored queue.
+    pub(crate) fn mirror_status(&self) -> Option<Status> {
+        match self {
+            Store::Local(_) => None,
+            Store::Replica(m) => Some(m.replica.status()),
+        }
+    }
+}
+
+impl Broker {
+    /// Turns queue `name` of `vhost` into a replica of a mirrored queue: as
+    /// master it keeps the local messages, as mirror it starts empty (its old
+    /// content is deleted). `factory` makes the mirror's fresh backing queue.
+    /// Returns false if there is no such queue or it already is a replica.
+    pub fn start_replica(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        start: ReplicaStart,
+        factory: QueueFactory,
+    ) -> bool {
+        let node = self.cfg.node_name.clone();
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(name))
+        else {
+            return false;
+        };
+        if matches!(q.store, Store::Replica(_)) || q.opts.exclusive {
+            return false;
+        }
+        let placeholder = Store::Local(BackingQueue::in_memory(Default::default()));
+        let Store::Local(bq) = std::mem::replace(&mut q.store, placeholder) else {
+            return false;
+        };
+        let replica = if start.master {
+            Replica::new_master(
+                name,
+                node,
+                start.member,
+                start.settings,
+                factory,
+                bq,
+                start.record,
+            )
+        } else {
+            drop(bq);
+            Replica::new_mirror(
+                name,
+                node,
+                start.member,
+                start.settings,
+                factory,
+                start.record,
+            )
+        };
+        q.store = Store::Replica(Box::new(Mirrored {
+            replica,
+            ring: start.ring,
+            waker: start.waker,
+            outbox: Vec::new(),
+            proposals: Vec::new(),
+            fetches: HashMap::new(),
+            publishes: HashMap::new(),
+            dropped: Vec::new(),
+        }));
+        self.mirror_turn(vhost, name);
+        true
+    }
+
+    /// Ends queue `name`'s replica after its ring member left: a master keeps
+    /// serving its messages alone; a mirror's content is dropped (the queue
+    /// is served from its master). Pending publishes are nacked.
+    pub fn end_replica(&mut self, vhost: &str, name: &str, factory: &mut QueueFactory) {
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(name))
+        else {
+            return;
+        };
+        if !matches!(q.store, Store::Replica(_)) {
+            return;
+        }
+        let Store::Replica(m) = std::mem::replace(
+            &mut q.store,
+            Store::Local(BackingQueue::in_memory(Default::default())),
+        ) else {
+            return;
+        };
+        let m = *m;
+        let pending: Vec<(ConnId, ChannelId, u64)> = m.publishes.values().copied().collect();
+        let was_master = m.replica.role() == Role::Master;
+        let bq = m.replica.into_queue().filter(|_| was_master);
+        let limits = super::queue_args(&q.opts.arguments, &q.name, vhost)
+            .map(|a| a.limits)
+            .unwrap_or_default();
+        q.store = match bq {
+            Some(bq) => Store::Local(bq),
+            None => match factory(warren_backing_queue::QueueConfig {
+                limits,
+                record_ops: false,
+                report_dropped: q.dlx.is_some(),
+            }) {
+                Ok(bq) => Store::Local(bq),
+                Err(e) => {
+                    tracing::error!(%vhost, queue = %name, error = %e, "could not reopen the queue's store");
+                    Store::Local(BackingQueue::in_memory(Default::default()))
+                }
+            },
+        };
+        for (conn, ch, cseq) in pending {
+            nack_one(&mut self.conns, conn, ch, cseq);
+        }
+        self.wake_all();
+    }
+
+    /// Feeds queue `name`'s replica what its ring, record or clock said, and
+    /// does what follows (deliveries, confirms).
+    pub fn mirror_input(&mut self, vhost: &str, name: &str, input: MirrorInput, now_ms: u64) {
+        self.now = now_ms;
+        self.current = 0;
+        let Some(m) = self.mirrored(vhost, name) else {
+            return;
+        };
+        let r = &mut m.replica;
+        match input {
+            MirrorInput::Ring(events) => {
+                for e in events {
+                    match e {
+                        RingEvent::Deliver {
+                            publisher, payload, ..
+                        } => r.handle_deliver(publisher, &payload),
+                        RingEvent::Confirm { up_to } => r.handle_confirm(up_to),
+                        RingEvent::View { .. } => {}
+                        RingEvent::Removed => r.handle_removed(),
+                    }
+                }
+            }
+            MirrorInput::View(v) => r.handle_view(v),
+            MirrorInput::Record(rec) => r.handle_record(rec),
+            MirrorInput::RecordSettled(rec) => r.record_settled(rec),
+            MirrorInput::Tick => r.tick(now_ms),
+            MirrorInput::Stop => r.stop(),
+        }
+        self.mirror_turn(vhost, name);
+        self.after_queue_op(vhost, name);
+        self.wake_all();
+    }
+
+    /// What the shell must send for queue `name`'s replica (empty if none).
+    pub fn take_mirror_io(&mut self, vhost: &str, name: &str) -> MirrorIo {
+        let Some(m) = self.mirrored(vhost, name) else {
+            return MirrorIo {
+                stopped: true,
+                ..MirrorIo::default()
+            };
+        };
+        MirrorIo {
+            broadcasts: std::mem::take(&mut m.outbox),
+            proposals: std::mem::take(&mut m.proposals),
+            stopped: m.replica.role() == Role::Stopped,
+        }
+    }
+
+    /// Queue `name`'s replica status, if it is mirrored here.
+    #[must_use]
+    pub fn replica_status(&self, vhost: &str, name: &str) -> Option<Status> {
+        self.vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(name))
+            .and_then(|q| q.store.mirror_status())
+    }
+
+    /// Queue `name`'s ring, if it is mirrored here.
+    #[must_use]
+    pub fn replica_ring(&self, vhost: &str, name: &str) -> Option<String> {
+        match &self.vhosts.get(vhost)?.queues.get(name)?.store {
+            Store::Replica(m) => Some(m.ring.clone()),
+            Store::Local(_) => None,
+        }
+    }
+
+    /// Starts a sync of queue `name`'s unsynchronised mirrors (master only).
+    pub fn sync_queue(&mut self, vhost: &str, name: &str) -> Result<(), String> {
+        let m = self
+            .mirrored(vhost, name)
+            .ok_or_else(|| format!("queue '{name}' in vhost '{vhost}' is not mirrored here"))?;
+        m.replica.sync().map_err(err_text)?;
+        self.mirror_turn(vhost, name);
+        Ok(())
+    }
+
+    /// Cancels a running sync of queue `name` (master only).
+    pub fn cancel_sync_queue(&mut self, vhost: &str, name: &str) -> Result<(), String> {
+        let m = self
+            .mirrored(vhost, name)
+            .ok_or_else(|| format!("queue '{name}' in vhost '{vhost}' is not mirrored here"))?;
+        m.replica.cancel_sync().map_err(err_text)?;
+        self.mirror_turn(vhost, name);
+        Ok(())
+    }
+
+    /// Applies new mirroring settings to queue `name`'s replica.
+    pub fn set_replica_settings(&mut self, vhost: &str, name: &str, settings: Settings) {
+        if let Some(m) = self.mirrored(vhost, name) {
+            m.replica.set_settings(settings);
+            self.mirror_turn(vhost, name);
+        }
+    }
+
+    fn mirrored(&mut self, vhost: &str, name: &str) -> Option<&mut Mirrored> {
+        match &mut self.vhosts.get_mut(vhost)?.queues.get_mut(name)?.store {
+            Store::Replica(m) => Some(m),
+            Store::Local(_) => None,
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for (id, c) in &mut self.conns {
+            if !c.confirm_dirty.is_empty() || c.amqp.has_output() {
+                c.wake(0, *id);
+            }
+        }
+    }
+
+    /// Flushes queue `name`'s replica and handles its outputs.
+    pub(crate) fn mirror_turn(&mut self, vhost: &str, name: &str) {
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(name))
+        else {
+            return;
+        };
+        let qname = q.name.clone();
+        let Store::Replica(m) = &mut q.store else {
+            return;
+        };
+        m.replica.flush();
+        let outputs: Vec<Output> = m.replica.drain_outputs().collect();
+        let mut wake_shell = false;
+        let mut want_sync = m.replica.needs_storage_sync();
+        for o in outputs {
+            match o {
+                Output::Broadcast(b) => {
+                    m.outbox.push(b);
+                    wake_shell = true;
+                }
+                Output::ProposeRecord {
+                    expected_version,
+                    view,
+                } => {
+                    m.proposals.push((expected_version, view));
+                    wake_shell = true;
+                }
+                Output::Confirmed(ids) => {
+                    for id in ids {
+                        if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
+                            confirm_one(&mut self.conns, conn, ch, cseq);
+                        }
+                    }
+                }
+                Output::Nacked(ids) => {
+                    for id in ids {
+                        if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
+                            nack_one(&mut self.conns, conn, ch, cseq);
+                        }
+                    }
+                }
+                Output::Fetched { token, delivery } => {
+                    let Some(f) = m.fetches.remove(&token) else {
+                        continue;
+                    };
+                    let remaining = m.replica.stats().map_or(0, |s| s.ready);
+                    let res = match hand_out(
+                        &mut self.conns,
+                        q.consumers.as_mut_slice(),
+                        &qname,
+                        f,
+                        delivery,
+                        remaining,
+                    ) {
+                        After::Nothing => Ok(()),
+                        After::Ack(tag) => m.replica.ack(tag),
+                        After::Requeue(tag) => m.replica.requeue(tag),
+                    };
+                    if let Err(e) = res {
+                        tracing::error!(%vhost, queue = %qname, error = %e, "settling a fetched message failed");
+                    }
+                }
+                Output::FetchFailed { token } => {
+                    if let Some(f) = m.fetches.remove(&token) {
+                        hand_out(
+                            &mut self.conns,
+                            q.consumers.as_mut_slice(),
+                            &qname,
+                            f,
+                            None,
+                            0,
+                        );
+                    }
+                }
+                Output::Promoted { epoch, held } => {
+                    tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
+                    want_sync = true;
+                }
+                Output::Deposed { epoch } => {
+                    tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");
+                    wake_shell = true;
+                }
+                Output::SyncComplete => {
+                    tracing::info!(%vhost, queue = %qname, "mirror synchronised");
+                }
+                Output::Dropped(d) => m.dropped.extend(d),
+            }
+        }
+        // The replica may have acked no-ack deliveries or requeued: send that too.
+        m.replica.flush();
+        for o in m.replica.drain_outputs() {
+            if let Output::Broadcast(b) = o {
+                m.outbox.push(b);
+                wake_shell = true;
+            }
+        }
+        if m.replica.role() == Role::Stopped {
+            wake_shell = true;
+        }
+        if wake_shell {
+            (m.waker)();
+        }
+        if want_sync || m.replica.needs_storage_sync() {
+            self.want_sync();
+        }
+    }
+
+    /// Publishes into a replica (master); returns whether a confirm is owed.
+    pub(crate) fn replica_publish(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        msg: warren_backing_queue::NewMessage,
+        confirm: Option<(ConnId, ChannelId, u64)>,
+    ) -> Result<bool, String> {
+        let now = self.now;
+        let id = PublishId {
+            publisher: self.publisher_id,
+            seq: self.next_publish,
+        };
+        self.next_publish += 1;
+        let Some(m) = self.mirrored(vhost, name) else {
+            return Ok(false);
+        };
+        m.replica.publish(now, id, msg).map_err(err_text)?;
+        let owed = confirm.is_some();
+        if let Some(c) = confirm {
+            m.publishes.insert(id, c);
+        }
+        Ok(owed)
+    }
+}
+
+impl Mirrored {
+    /// Starts a fetch for a consumer or a `basic.get`; `false` if the replica
+    /// cannot serve (it is not the master).
+    pub(crate) fn fetch(&mut self, now_ms: u64, f: FetchForArgs) -> bool {
+        match self.replica.fetch(now_ms) {
+            Ok(token) => {
+                self.fetches.insert(token, f.0);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The confirms still owed for publishes into this replica.
+    pub(crate) fn owed_confirms(&self) -> impl Iterator<Item = (ConnId, ChannelId, u64)> + '_ {
+        self.publishes.values().copied()
+    }
+
+    /// Wakes the shell task (the queue went away: it leaves the ring).
+    pub(crate) fn wake_shell(&self) {
+        (self.waker)();
+    }
+}
+
+/// Who a replica fetch is for (opaque outside this module).
+#[derive(Debug, Clone)]
+pub(crate) struct FetchForArgs(FetchFor);
+
+impl FetchForArgs {
+    pub(crate) fn consumer(conn: ConnId, channel: ChannelId, tag: Arc<str>, no_ack: bool) -> Self {
+        Self(FetchFor::Consumer {
+            conn,
+            channel,
+            tag,
+            no_ack,
+        })
+    }
+
+    pub(crate) fn get(conn: ConnId, channel: ChannelId, no_ack: bool) -> Self {
+        Self(FetchFor::Get {
+            conn,
+            channel,
+            no_ack,
+        })
+    }
+}
+
+/// What to do with a fetched message after [`hand_out`].
+enum After {
+    /// Delivered and pending ack (or nothing fetched).
+    Nothing,
+    /// Delivered to a no-ack consumer or get: ack it in the queue.
+    Ack(DeliveryTag),
+    /// Its consumer is gone: back to the queue.
+    Requeue(DeliveryTag),
+}
+
+/// Hands a fetched message to whoever it was fetched for.
+fn hand_out(
+    conns: &mut super::IdMap<ConnId, super::Conn>,
+    consumers: &mut [super::Consumer],
+    queue: &Arc<str>,
+    f: FetchFor,
+    delivery: Option<Delivery>,
+    remaining: u64,
+) -> After {
+    match f {
+        FetchFor::Consumer {
+            conn,
+            channel,
+            tag,
+            no_ack,
+        } => {
+            let cons = consumers
+                .iter_mut()
+                .find(|c| c.conn == conn && c.channel == channel && c.tag == tag);
+            let Some(cons) = cons else {
+                return delivery.map_or(After::Nothing, |d| After::Requeue(d.tag));
+            };
+            cons.reserved = cons.reserved.saturating_sub(1);
+            let (Some(d), Some(c)) = (delivery, conns.get_mut(&conn)) else {
+                if !no_ack {
+                    cons.unacked = cons.unacked.saturating_sub(1);
+                }
+                return After::Nothing;
+            };
+            let Some(ch) = c.channels.get_mut(&channel) else {
+                return After::Requeue(d.tag);
+            };
+            ch.next_tag += 1;
+            let dtag = ch.next_tag;
+            if !no_ack {
+                ch.unacked.insert(
+                    dtag,
+                    Unacked {
+                        queue: queue.clone(),
+                        bq_tag: d.tag,
+                        consumer: Some(tag.clone()),
+                        msg_id: d.id,
+                    },
+                );
+            }
+            let m = decode_meta(&d.props);
+            c.amqp.send_content(
+                channel,
+                &ContentMethod::Deliver {
+                    consumer_tag: &tag,
+                    delivery_tag: dtag,
+                    redelivered: d.redelivered,
+                    exchange: m.exchange,
+                    routing_key: m.routing_key,
+                },
+                &m.properties,
+                &d.body,
+            );
+            c.out_pending += d.body.len() + 64;
+            if no_ack {
+                After::Ack(d.tag)
+            } else {
+                After::Nothing
+            }
+        }
+        FetchFor::Get {
+            conn,
+            channel,
+            no_ack,
+        } => {
+            let Some(c) = conns.get_mut(&conn) else {
+                return delivery.map_or(After::Nothing, |d| After::Requeue(d.tag));
+            };
+            let Some(ch) = c.channels.get_mut(&channel) else {
+                return delivery.map_or(After::Nothing, |d| After::Requeue(d.tag));
+            };
+            let Some(d) = delivery else {
+                c.amqp.reply(channel, Reply::BasicGetEmpty);
+                return After::Nothing;
+            };
+            ch.next_tag += 1;
+            let dtag = ch.next_tag;
+            if !no_ack {
+                ch.unacked.insert(
+                    dtag,
+                    Unacked {
+                        queue: queue.clone(),
+                        bq_tag: d.tag,
+                        consumer: None,
+                        msg_id: d.id,
+                    },
+                );
+            }
+            let m = decode_meta(&d.props);
+            c.amqp.send_content(
+                channel,
+                &ContentMethod::GetOk {
+                    delivery_tag: dtag,
+                    redelivered: d.redelivered,
+                    exchange: m.exchange,
+                    routing_key: m.routing_key,
+                    message_count: u32::try_from(remaining).unwrap_or(u32::MAX),
+                },
+                &m.properties,
+                &d.body,
+            );
+            if no_ack {
+                After::Ack(d.tag)
+            } else {
+                After::Nothing
+            }
+        }
+    }
+}
+
+/// Sends `basic.nack` for publish `cseq` of channel `ch` (a transaction's
+/// publish cannot be refused: its commit goes on, and the loss is logged).
+pub(super) fn nack_one(
+    conns: &mut super::IdMap<ConnId, super::Conn>,
+    conn: ConnId,
+    ch: ChannelId,
+    cseq: u64,
+) {
+    if cseq == super::TX_COMMIT {
+        tracing::warn!(
+            channel = ch,
+            "a transactional publish to a mirrored queue was lost with its master"
+        );
+        confirm_one(conns, conn, ch, cseq);
+        return;
+    }
+    let Some(c) = conns.get_mut(&conn) else {
+        return;
+    };
+    let Some(chan) = c.channels.get_mut(&ch) else {
+        return;
+    };
+    if chan.confirm_pending.remove(&cseq).is_some() {
+        chan.confirm_nacked.insert(cseq);
+    }
+    if !c.confirm_dirty.contains(&ch) {
+        c.confirm_dirty.push(ch);
+    }
+}
