@@ -197,6 +197,9 @@ pub(crate) fn routes(state: Management) -> Router {
         .route("/api/whoami", get(whoami))
         .route("/api/nodes", get(nodes))
         .route("/api/nodes/{name}", get(node_one))
+        .route("/api/nodes/{name}/stop", post(crate::node::stop))
+        .route("/api/nodes/{name}/stop_app", post(crate::node::stop_app))
+        .route("/api/nodes/{name}/start_app", post(crate::node::start_app))
         .route("/api/vhosts", get(vhosts))
         .route(
             "/api/vhosts/{vhost}",
@@ -366,6 +369,7 @@ fn node_json(s: &Management) -> Value {
         "name": s.node,
         "type": "disc",
         "running": true,
+        "app_running": s.node_control.as_ref().is_none_or(|c| c.app_running()),
         "os_pid": std::process::id().to_string(),
         "mem_used": rss_bytes(),
         "mem_limit": 0,

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 use crate::Management;
 
-/// A boxed future returned by [`ClusterControl`]'s verbs.
+/// A boxed future returned by [`ClusterControl`]'s and
+/// [`NodeControl`](crate::NodeControl)'s verbs.
 pub type ClusterFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// One member as [`ClusterControl::status`] reports it.

@@ -5,7 +5,9 @@
 //! `/api/permissions`, `/api/policies`, `/api/operator-policies`,
 //! `/api/queues` with the mirror fields, `/api/exchanges`, `/api/bindings`,
 //! `/api/connections`, `/api/consumers`, `/api/definitions`,
-//! `/api/health/checks/…`) plus `/api/openapi.json` describing them, and a
+//! `/api/health/checks/…`), Warren's `POST /api/nodes/{name}/stop`,
+//! `/stop_app` and `/start_app` (through a [`NodeControl`]), plus
+//! `/api/openapi.json` describing them, and a
 //! web page at `/` (overview, queues, a queue's page with its ring, Admin →
 //! Policies). [`metrics_router`] serves Prometheus metrics at `/metrics`.
 //!
@@ -23,6 +25,7 @@ mod api;
 mod cluster;
 mod defs;
 mod metrics;
+mod node;
 mod openapi;
 mod web;
 
@@ -37,6 +40,7 @@ use warren_broker::Broker;
 pub use cluster::{ClusterControl, ClusterFuture, ClusterInfo, ClusterMember};
 pub use defs::{ImportError, import_definitions};
 pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
+pub use node::NodeControl;
 pub use openapi::openapi_document;
 
 /// The broker as the node shell shares it.
@@ -96,6 +100,7 @@ pub struct Management {
     http_addr: Option<SocketAddr>,
     mirrors: Arc<dyn MirrorSource>,
     cluster: Option<Arc<dyn ClusterControl>>,
+    node_control: Option<Arc<dyn NodeControl>>,
     started: Instant,
 }
 
@@ -120,6 +125,7 @@ impl Management {
             http_addr: None,
             mirrors: Arc::new(SingleNode),
             cluster: None,
+            node_control: None,
             started: Instant::now(),
         }
     }
@@ -149,6 +155,14 @@ impl Management {
     #[must_use]
     pub fn cluster(mut self, cluster: Arc<dyn ClusterControl>) -> Self {
         self.cluster = Some(cluster);
+        self
+    }
+
+    /// Sets what `POST /api/nodes/{name}/stop`, `/stop_app` and
+    /// `/start_app` drive.
+    #[must_use]
+    pub fn node_control(mut self, control: Arc<dyn NodeControl>) -> Self {
+        self.node_control = Some(control);
         self
     }
 

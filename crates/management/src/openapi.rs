@@ -12,7 +12,26 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
     ("/api/whoami", &["get"], "The authenticated user and tags"),
     ("/api/cluster-name", &["get"], "The cluster's name"),
     ("/api/nodes", &["get"], "Cluster nodes"),
-    ("/api/nodes/{name}", &["get"], "One node"),
+    (
+        "/api/nodes/{name}",
+        &["get"],
+        "One node (app_running: whether it accepts AMQP clients)",
+    ),
+    (
+        "/api/nodes/{name}/stop",
+        &["post"],
+        "Warren's own, administrator only: stop this node as SIGTERM does (warrenctl stop)",
+    ),
+    (
+        "/api/nodes/{name}/stop_app",
+        &["post"],
+        "Warren's own, administrator only: close every AMQP connection (320 CONNECTION_FORCED) and stop accepting new ones; the node and this API keep running (warrenctl stop_app)",
+    ),
+    (
+        "/api/nodes/{name}/start_app",
+        &["post"],
+        "Warren's own, administrator only: accept AMQP connections again (warrenctl start_app)",
+    ),
     ("/api/vhosts", &["get"], "Virtual hosts"),
     (
         "/api/vhosts/{vhost}",
