@@ -4,11 +4,14 @@
 //! connection (read, feed the broker under its lock, write everything the
 //! turn produced in one write), a thread running the group commits of
 //! durable queues, a ticker for message and queue expiry, and a management
-//! HTTP API (`warren-management`) on `--http-addr`.
+//! HTTP API (`warren-management`) on `--http-addr`. Settings come from the
+//! command line, `WARREN_*` variables and `warren.conf` (`config`).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod app;
 mod cluster;
+mod config;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use bytes::BytesMut;
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -55,6 +58,13 @@ struct Args {
     /// Clustering (`--peer-addr` turns it on).
     #[command(flatten)]
     cluster: cluster::ClusterArgs,
+    /// A `warren.conf` file (RabbitMQ's `key = value` format; default:
+    /// `$WARREN_CONFIG_FILE`). Flags and `WARREN_*` variables override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// What the configuration file and the environment set beyond the flags.
+    #[arg(skip)]
+    settings: config::Settings,
 }
 
 type Shared = Arc<Mutex<Broker>>;
@@ -70,11 +80,14 @@ fn now_ms() -> u64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    config::merge(&mut args, &matches, &|k| std::env::var(k).ok())?;
+    let level = args.settings.log_level.as_deref().unwrap_or("info");
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -215,10 +228,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(c) => c.store(),
         None => Box::new(FileStore::open(args.data_dir.join("metadata.json"))?),
     };
+    let first_start = {
+        let d = store.load();
+        d.vhosts.is_empty() && d.users.is_empty()
+    };
     let mut cfg = BrokerConfig::new(&args.data_dir);
     cfg.node_name = args.node_name.clone();
     let mut broker = Broker::open(cfg, store)
         .with_context(|| format!("opening the data in {}", args.data_dir.display()))?;
+    if first_start {
+        args.settings.apply_default_user(&mut broker)?;
+    }
+    args.settings.warn_unenforced();
     if let Some(path) = &args.definitions {
         import_definitions(&mut broker, path)?;
     }
@@ -255,13 +276,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.amqp_addr)
         .await
         .with_context(|| format!("listening for AMQP on {}", args.amqp_addr))?;
-    let amqp_addr = listener.local_addr()?;
+    let (mut app, mut requests, app_control) = app::App::new(listener)?;
+    let amqp_addr = app.addr();
     let http = match TcpListener::bind(&args.http_addr).await {
         Ok(l) => {
             let addr = l.local_addr()?;
             let mut api = warren_management::Management::new(broker.clone())
                 .amqp_addr(amqp_addr)
-                .http_addr(addr);
+                .http_addr(addr)
+                .node_control(app_control);
             if let Some(c) = &clustered {
                 api = api.cluster(c.control()).mirrors(c.mirrors());
             }
@@ -299,7 +322,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .context("installing the SIGTERM handler")?;
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = app.accept() => match accepted {
                 Ok((stream, peer)) => {
                     tokio::spawn(serve(broker.clone(), stream, peer));
                 }
@@ -308,6 +331,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
+            (request, reply) = requests.next() => {
+                app.handle(&broker, request, reply).await;
+                if request == app::Request::Stop {
+                    break;
+                }
+            }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
