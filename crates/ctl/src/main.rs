@@ -715,6 +715,34 @@ fn not_supported(verb: &str, node: &str) -> Failure {
     )
 }
 
+/// `stop`, `stop_app` and `start_app`: `POST /api/nodes/{node}/{verb}`;
+/// `stop` then waits until the node no longer answers.
+fn app_verb(c: &Client, cli: &Cli, verb: &str) -> Res<()> {
+    let o = c.get("/api/overview")?;
+    let node = cell(&field(&o, "node"));
+    let out = Out { cli };
+    out.info(&match verb {
+        "stop" => format!("Stopping and halting node {node} ..."),
+        "stop_app" => format!("Stopping rabbit application on node {node} ..."),
+        _ => format!("Starting node {node} ..."),
+    });
+    c.call("POST", &format!("/api/nodes/{}/{verb}", enc(&node)), None)?;
+    if verb != "stop" {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(cli.timeout.max(1));
+    while std::time::Instant::now() < deadline {
+        if c.send("GET", "/api/overview", None).is_err() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(Failure::new(
+        EX_SOFTWARE,
+        format!("node {node} still answers {}s after stop", cli.timeout),
+    ))
+}
+
 fn set_policy(c: &Client, cli: &Cli, a: &PolicyArgs, operator: bool) -> Res<()> {
     let definition: Value = serde_json::from_str(&a.definition).map_err(|e| {
         Failure::new(
@@ -791,6 +819,15 @@ fn list_policies(c: &Client, cli: &Cli, operator: bool) -> Res<()> {
     Ok(())
 }
 
+/// Whether the answering node (first of `/api/nodes`) accepts AMQP clients.
+fn app_running(nodes: &[Value]) -> bool {
+    nodes
+        .first()
+        .and_then(|n| n.get("app_running"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true)
+}
+
 fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
     let o = c.get("/api/overview")?;
     let nodes = list(c.get("/api/nodes")?);
@@ -824,6 +861,7 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
                 "listeners": field(&o, "listeners"),
                 "object_totals": field(&o, "object_totals"),
                 "queue_totals": field(&o, "queue_totals"),
+                "app_running": app_running(&nodes),
                 "nodes": nodes,
             })
         };
@@ -902,6 +940,11 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
         ));
         let uptime = n.get("uptime").and_then(Value::as_u64).unwrap_or(0) / 1000;
         s.push_str(&format!("Uptime (seconds): {uptime}\n"));
+        s.push_str(if app_running(&nodes) {
+            "Application: running\n"
+        } else {
+            "Application: stopped (start_app starts it)\n"
+        });
         s.push_str(&format!(
             "\nMemory\n\nTotal memory used: {} bytes\n",
             cell(&field(&n, "mem_used"))
@@ -966,18 +1009,9 @@ fn run(cli: &Cli) -> Res<()> {
             )?;
             Ok(())
         }
-        Cmd::Stop => {
-            c.get("/api/overview")?;
-            Err(not_supported("stop", &cli.node))
-        }
-        Cmd::StopApp => {
-            c.get("/api/overview")?;
-            Err(not_supported("stop_app", &cli.node))
-        }
-        Cmd::StartApp => {
-            c.get("/api/overview")?;
-            Err(not_supported("start_app", &cli.node))
-        }
+        Cmd::Stop => app_verb(&c, cli, "stop"),
+        Cmd::StopApp => app_verb(&c, cli, "stop_app"),
+        Cmd::StartApp => app_verb(&c, cli, "start_app"),
         Cmd::AddVhost { name } => {
             out.info(&format!("Adding vhost \"{name}\" ..."));
             c.call(

@@ -775,9 +775,6 @@ fn status_cluster_status_and_unsupported_verbs() {
     for verb in [
         vec!["join_cluster", "warren@other"],
         vec!["forget_cluster_node", "warren@other"],
-        vec!["stop"],
-        vec!["stop_app"],
-        vec!["start_app"],
     ] {
         let r = n.ctl(&verb);
         assert_eq!(r.code, 69, "{verb:?}: {r:?}");
@@ -788,6 +785,81 @@ fn status_cluster_status_and_unsupported_verbs() {
     let r = n.ctl(&["forget_cluster_node", "--offline", "warren@other"]);
     assert_eq!(r.code, 64, "{r:?}");
     assert!(r.err.contains("--data-dir"), "{r:?}");
+}
+
+#[test]
+fn stop_app_start_app_and_stop() {
+    let (_d, mut n) = node();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = n.amqp_url();
+    let connect = || rt.block_on(Connection::connect(&url, ConnectionProperties::default()));
+    let conn = connect().expect("connect while the app runs");
+    assert!(n.ctl(&["status"]).ok().contains("\nApplication: running\n"));
+
+    let r = n.ctl(&["stop_app"]);
+    assert!(
+        r.ok()
+            .contains("Stopping rabbit application on node warren@testhost ..."),
+        "{r:?}"
+    );
+    // The open connection is closed by the broker (320 CONNECTION_FORCED).
+    let closed = rt.block_on(async {
+        for _ in 0..100 {
+            if !conn.status().connected() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    });
+    assert!(closed, "stop_app closes client connections");
+    let refused = std::net::TcpStream::connect(("127.0.0.1", n.amqp_port))
+        .expect_err("the AMQP listener is closed");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    assert!(connect().is_err(), "an AMQP client is refused");
+    // The node and its API keep running.
+    assert!(n.ctl(&["status"]).ok().contains("\nApplication: stopped"));
+    let v: Value = serde_json::from_str(n.ctl(&["--formatter", "json", "status"]).ok()).unwrap();
+    assert_eq!(v["app_running"], false);
+    n.ctl(&["stop_app"]).ok();
+
+    let r = n.ctl(&["start_app"]);
+    assert!(
+        r.ok().contains("Starting node warren@testhost ..."),
+        "{r:?}"
+    );
+    let conn = connect().expect("connect after start_app");
+    rt.block_on(conn.close(200, "bye".into())).unwrap();
+    let v: Value = serde_json::from_str(n.ctl(&["--formatter", "json", "status"]).ok()).unwrap();
+    assert_eq!(v["app_running"], true);
+    n.ctl(&["start_app"]).ok();
+
+    // Administrators only.
+    let (status, _) = n.http(
+        "PUT",
+        "/api/users/watcher",
+        Some(&json!({"password": "w", "tags": "monitoring"})),
+    );
+    assert_eq!(status, 201);
+    let r = n.ctl(&["--username", "watcher", "--password", "w", "stop_app"]);
+    assert_eq!(r.code, 64, "{r:?}");
+    // Another node's name is not found.
+    let (status, _) = n.http("POST", "/api/nodes/warren@other/stop_app", None);
+    assert_eq!(status, 404);
+
+    let r = n.ctl(&["stop"]);
+    assert!(
+        r.ok()
+            .contains("Stopping and halting node warren@testhost ..."),
+        "{r:?}"
+    );
+    let status = n
+        .wait_exit(Duration::from_secs(30))
+        .expect("the node exits after stop");
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]

@@ -165,6 +165,18 @@ impl Node {
         self.http_as("guest", "guest", method, path, body)
     }
 
+    /// Waits up to `timeout` for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self) {
         let status = Command::new("kill")
