@@ -396,6 +396,26 @@ impl Broker {
             .and_then(|q| q.store.mirror_status())
     }
 
+    /// Whether queue `name`'s replica has no other live member in its ring.
+    #[must_use]
+    pub fn replica_alone(&self, vhost: &str, name: &str) -> bool {
+        match self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(name))
+            .map(|q| &q.store)
+        {
+            Some(Store::Replica(m)) => m.replica.alone(),
+            _ => true,
+        }
+    }
+
+    /// Where durable queue `name` keeps its messages on disk.
+    #[must_use]
+    pub fn queue_dir(&self, vhost: &str, name: &str) -> Option<std::path::PathBuf> {
+        self.vhosts.get(vhost)?.queues.get(name)?.dir.clone()
+    }
+
     /// Queue `name`'s ring, if it is mirrored here.
     #[must_use]
     pub fn replica_ring(&self, vhost: &str, name: &str) -> Option<String> {

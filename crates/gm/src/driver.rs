@@ -218,6 +218,7 @@ pub struct RingHandle {
 enum Command {
     AddPeer(NodeName, PeerAddr),
     Join(String, oneshot::Sender<RingHandle>),
+    Leave(String, MemberId),
     Broadcast {
         ring: String,
         member: MemberId,
@@ -389,6 +390,15 @@ impl RingHandle {
         rx.await.map_err(|_| DriverError::Stopped)?
     }
 
+    /// Leaves the ring: the member stops at once (as if it crashed) and its
+    /// removal from the view is proposed, so the others carry on without it.
+    pub async fn leave(self) {
+        let _ = self
+            .cmd
+            .send(Command::Leave(self.ring.clone(), self.member))
+            .await;
+    }
+
     /// Waits for events and appends all that are ready to `out`; `false` once the node stopped.
     pub async fn next_events(&self, out: &mut Vec<RingEvent>) -> bool {
         self.events.take(out).await
@@ -536,6 +546,12 @@ impl NodeTask {
                     peer.dialing = true;
                     self.spawn_dialer(node, addr);
                 }
+            }
+            Command::Leave(ring, member) => {
+                if let Some(r) = self.rings.get_mut(&ring) {
+                    r.remove(&member);
+                }
+                self.remove(ring, member);
             }
             Command::Join(ring, reply) => {
                 self.next_member += 1;

@@ -486,6 +486,11 @@ impl Replica {
         }
     }
 
+    /// Whether no other member is alive in the ring's view.
+    pub fn alone(&self) -> bool {
+        self.view.alive().all(|m| m == self.member)
+    }
+
     /// Whether the local backing queue has appended data to fsync.
     pub fn needs_storage_sync(&self) -> bool {
         self.bq.as_ref().is_some_and(BackingQueue::needs_sync)

@@ -33,6 +33,8 @@ use warren_cluster::{
 };
 use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportConfig};
 
+use crate::mirroring::Mirroring;
+
 /// The clustering part of the command line.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ClusterArgs {
@@ -172,7 +174,7 @@ pub(crate) async fn start(
     args: &ClusterArgs,
     node_name: &str,
     data_dir: &Path,
-) -> anyhow::Result<Cluster> {
+) -> anyhow::Result<(Cluster, Arc<dyn Transport>, IpAddr)> {
     let peer_addr = args
         .peer_addr
         .clone()
@@ -205,7 +207,7 @@ pub(crate) async fn start(
             )
         }
     };
-    let mut cfg = ClusterConfig::new(node, PeerAddr::new(peer_addr), data_dir, transport);
+    let mut cfg = ClusterConfig::new(node, PeerAddr::new(peer_addr), data_dir, transport.clone());
     cfg.join = args.join.clone().map(PeerAddr::new);
     cfg.boot_wait_retries = 1;
     cfg.boot_wait_timeout = Duration::from_secs(args.boot_wait.max(1));
@@ -222,7 +224,7 @@ pub(crate) async fn start(
     if bootstrap && metadata.vhosts.is_empty() && file.exists() {
         import_file_store(&cluster, &file).await?;
     }
-    Ok(cluster)
+    Ok((cluster, transport, sock.ip()))
 }
 
 /// A node that ran alone and now starts a new cluster brings its durable
@@ -773,6 +775,9 @@ pub(crate) struct Clustered {
     cluster: Cluster,
     rt: tokio::runtime::Handle,
     replaying: Arc<AtomicBool>,
+    transport: Arc<dyn Transport>,
+    bind_ip: IpAddr,
+    mirroring: Arc<std::sync::OnceLock<Arc<Mirroring>>>,
 }
 
 impl Clustered {
@@ -794,7 +799,7 @@ impl Clustered {
         // The runtime lives as long as the process.
         let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
         let (args, name, dir) = (args.clone(), node_name.to_owned(), data_dir.to_owned());
-        let cluster = rt
+        let (cluster, transport, bind_ip) = rt
             .spawn(async move { start(&args, &name, &dir).await })
             .await
             .context("the cluster start task failed")??;
@@ -802,6 +807,9 @@ impl Clustered {
             cluster,
             rt: rt.handle().clone(),
             replaying: Arc::new(AtomicBool::new(false)),
+            transport,
+            bind_ip,
+            mirroring: Arc::new(std::sync::OnceLock::new()),
         }))
     }
 
@@ -828,6 +836,35 @@ impl Clustered {
         ));
     }
 
+    /// Starts mirrored queues: this node's GM node and the reconciler that
+    /// places replicas (on the cluster's runtime).
+    pub(crate) async fn start_mirroring(&self, broker: Arc<Mutex<Broker>>) -> anyhow::Result<()> {
+        let (c, t, ip) = (self.cluster.clone(), self.transport.clone(), self.bind_ip);
+        let ip = if ip.is_unspecified() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            ip
+        };
+        let m = self
+            .rt
+            .spawn(async move { Mirroring::start(c, t, broker, ip).await })
+            .await
+            .context("the mirroring start task failed")??;
+        let _ = self.mirroring.set(m);
+        Ok(())
+    }
+
+    /// Stops every replica cleanly (masters hand over to their synchronised
+    /// mirrors), waiting at most a few seconds.
+    pub(crate) async fn stop_mirroring(&self) {
+        if let Some(m) = self.mirroring.get().cloned() {
+            let _ = self
+                .rt
+                .spawn(async move { m.stop(Duration::from_secs(5)).await })
+                .await;
+        }
+    }
+
     /// What the management API's `/api/cluster` routes drive.
     pub(crate) fn control(&self) -> Arc<dyn warren_management::ClusterControl> {
         Arc::new(Control {
@@ -840,6 +877,7 @@ impl Clustered {
     pub(crate) fn mirrors(&self) -> Arc<dyn warren_management::MirrorSource> {
         Arc::new(Records {
             cluster: self.cluster.clone(),
+            mirroring: self.mirroring.clone(),
         })
     }
 
@@ -915,6 +953,33 @@ impl warren_management::ClusterControl for Control {
 #[derive(Debug)]
 struct Records {
     cluster: Cluster,
+    mirroring: Arc<std::sync::OnceLock<Arc<Mirroring>>>,
+}
+
+impl Records {
+    fn on_master<T>(
+        &self,
+        vhost: &str,
+        queue: &str,
+        f: impl FnOnce(&Mirroring) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let m = self.cluster.local();
+        let q = m
+            .queues
+            .get(&(vhost.to_owned(), queue.to_owned()))
+            .ok_or_else(|| format!("no queue '{queue}' in vhost '{vhost}'"))?;
+        if q.master != self.cluster.node().as_str() {
+            return Err(format!(
+                "the master of queue '{queue}' is on node {}: ask that node",
+                q.master
+            ));
+        }
+        let mirroring = self
+            .mirroring
+            .get()
+            .ok_or_else(|| "mirroring is not running on this node".to_owned())?;
+        f(mirroring)
+    }
 }
 
 impl warren_management::MirrorSource for Records {
@@ -929,11 +994,11 @@ impl warren_management::MirrorSource for Records {
         })
     }
 
-    fn sync(&self, _vhost: &str, _queue: &str) -> Result<(), String> {
-        Ok(())
+    fn sync(&self, vhost: &str, queue: &str) -> Result<(), String> {
+        self.on_master(vhost, queue, |m| m.sync(vhost, queue))
     }
 
-    fn cancel_sync(&self, _vhost: &str, _queue: &str) -> Result<(), String> {
-        Ok(())
+    fn cancel_sync(&self, vhost: &str, queue: &str) -> Result<(), String> {
+        self.on_master(vhost, queue, |m| m.cancel_sync(vhost, queue))
     }
 }

@@ -4,180 +4,18 @@
 //! restart, and the command line's refusals.
 
 use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use base64::Engine as _;
 use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use serde_json::{Value, json};
+use serde_json::json;
 
-/// A running clustered `warren` process.
-struct Peer {
-    child: Child,
-    name: String,
-    amqp: u16,
-    http: String,
-    peers: String,
-    dir: PathBuf,
-}
+mod peers;
 
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split(key)
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .map_or("", str::trim)
-}
-
-impl Peer {
-    fn start(name: &str, dir: &Path, secret: &Path, join: Option<&str>) -> Self {
-        Self::start_with(name, dir, secret, join, &[])
-    }
-
-    fn start_with(
-        name: &str,
-        dir: &Path,
-        secret: &Path,
-        join: Option<&str>,
-        extra: &[&str],
-    ) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
-        cmd.args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--prometheus-addr", "127.0.0.1:0"])
-            .args(["--node-name", name, "--peer-addr", "127.0.0.1:0"])
-            .arg("--data-dir")
-            .arg(dir)
-            .arg("--cluster-secret-file")
-            .arg(secret)
-            .env("RUST_LOG", "warn,openraft=error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        if let Some(j) = join {
-            cmd.args(["--join", j]);
-        }
-        cmd.args(extra);
-        let mut child = cmd.spawn().expect("start warren");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read ready line");
-        let amqp = field(&line, "AMQP on ")
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no ready line from {name}: {line:?}"));
-        Self {
-            child,
-            name: name.to_owned(),
-            amqp,
-            http: field(&line, "HTTP on ").to_owned(),
-            peers: field(&line, "peers on ").to_owned(),
-            dir: dir.to_owned(),
-        }
-    }
-
-    fn http(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(30))
-            .build();
-        let auth = format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode("guest:guest")
-        );
-        let req = agent
-            .request(method, &format!("http://{}{path}", self.http))
-            .set("Authorization", &auth);
-        let r = match body {
-            Some(b) => req
-                .set("Content-Type", "application/json")
-                .send_string(&b.to_string()),
-            None => req.call(),
-        };
-        let resp = match r {
-            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        let status = resp.status();
-        let text = resp.into_string().expect("read body");
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (status, v) = self.http("GET", path, None);
-        assert_eq!(status, 200, "GET {path} on {}: {v}", self.name);
-        v
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn terminate(&mut self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Polls `check` until it holds (at most 30 s).
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn names(v: &Value, key: &str) -> Vec<String> {
-    v.get(key)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n.as_str().map(str::to_owned))
-        .collect()
-}
-
-fn has(list: &Value, pred: impl Fn(&Value) -> bool) -> bool {
-    list.as_array().is_some_and(|a| a.iter().any(pred))
-}
-
-/// Three nodes on 127.0.0.1 joined through the first one.
-fn three(root: &Path) -> (PathBuf, Vec<Peer>) {
-    let secret = root.join("secret");
-    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
-    let first = Peer::start("warren@a", &root.join("a"), &secret, None);
-    let seed = first.peers.clone();
-    assert!(!seed.is_empty(), "the ready line names the peer address");
-    let mut nodes = vec![first];
-    for n in ["b", "c"] {
-        nodes.push(Peer::start(
-            &format!("warren@{n}"),
-            &root.join(n),
-            &secret,
-            Some(&seed),
-        ));
-    }
-    for n in &nodes {
-        eventually("three running members", || {
-            names(&n.get("/api/cluster"), "running_nodes").len() == 3
-        });
-    }
-    (secret, nodes)
-}
+use peers::{Peer, eventually, field, has, names, three};
 
 #[test]
 fn metadata_declared_anywhere_is_seen_everywhere() {

@@ -1,0 +1,177 @@
+//! Mirrored queues across `warren` processes on 127.0.0.1: a queue matched
+//! by an `ha-mode: all` policy gets synchronised mirrors on the other nodes,
+//! and when its master's node is SIGKILLed under confirmed publishing, the
+//! oldest synchronised mirror takes over with every confirmed message.
+
+mod peers;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use peers::{Peer, eventually, names, three};
+use serde_json::{Value, json};
+
+const QUEUE: &str = "ha.orders";
+
+fn queue(p: &Peer) -> Value {
+    let (status, v) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
+    if status == 200 { v } else { Value::Null }
+}
+
+fn set_ha_all(p: &Peer) {
+    let (status, v) = p.http(
+        "PUT",
+        "/api/policies/%2F/ha-all",
+        Some(&json!({
+            "pattern": "^ha\\.",
+            "apply-to": "queues",
+            "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+        })),
+    );
+    assert!(status == 201 || status == 204, "set policy: {status} {v}");
+}
+
+async fn connect(p: &Peer) -> Connection {
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", p.amqp);
+    Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .expect("connect")
+}
+
+/// Publishes `n` persistent messages with confirms; returns the bodies acked.
+async fn publish_confirmed(p: &Peer, from: usize, n: usize) -> BTreeSet<String> {
+    let conn = connect(p).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut pending = Vec::new();
+    for i in from..from + n {
+        let body = format!("m{i}");
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                QUEUE.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        pending.push((body, confirm));
+    }
+    let mut acked = BTreeSet::new();
+    for (body, confirm) in pending {
+        if let Ok(c) = confirm.await
+            && c.is_ack()
+        {
+            acked.insert(body);
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    acked
+}
+
+/// Consumes (acking) until `want` are all seen or nothing came for 3 s;
+/// returns every body seen.
+async fn consume_all(p: &Peer, want: &BTreeSet<String>) -> Vec<String> {
+    let conn = connect(p).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.basic_qos(100, BasicQosOptions::default()).await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            QUEUE.into(),
+            "checker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let seen_all = want.iter().all(|w| seen.iter().any(|s: &String| s == w));
+        let wait = if seen_all {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(3)
+        };
+        match tokio::time::timeout(wait, consumer.next()).await {
+            Ok(Some(Ok(d))) => {
+                seen.push(String::from_utf8_lossy(&d.data).into_owned());
+                d.ack(BasicAckOptions::default()).await.unwrap();
+            }
+            _ => break,
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    seen
+}
+
+#[test]
+fn a_mirrored_queue_survives_its_masters_sigkill() {
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+    eventually("two synchronised mirrors", || {
+        let q = queue(&nodes[0]);
+        q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
+    });
+
+    let acked = rt.block_on(publish_confirmed(&nodes[0], 0, 500));
+    assert_eq!(
+        acked.len(),
+        500,
+        "every publish is confirmed while all are up"
+    );
+    eventually("the mirrors hold every message", || {
+        [&nodes[1], &nodes[2]]
+            .iter()
+            .all(|n| queue(n)["messages"] == 500 || queue(n)["node"] == "warren@a")
+    });
+
+    nodes[0].kill();
+    let mut master = String::new();
+    eventually("a synchronised mirror takes over", || {
+        let q = queue(&nodes[1]);
+        master = q["node"].as_str().unwrap_or_default().to_owned();
+        master == "warren@b" || master == "warren@c"
+    });
+    let new_master = nodes
+        .iter()
+        .find(|n| n.name == master)
+        .expect("the new master is one of ours");
+    eventually("the new master serves the queue", || {
+        queue(new_master)["messages"] == 500
+    });
+    let seen = rt.block_on(consume_all(new_master, &acked));
+    let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
+    let lost: Vec<&String> = acked.difference(&seen_set).collect();
+    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    assert_eq!(seen.len(), seen_set.len(), "no message delivered twice");
+
+    // The survivors go on: confirmed publishing works on the new master.
+    let more = rt.block_on(publish_confirmed(new_master, 1000, 50));
+    assert_eq!(more.len(), 50);
+    let seen = rt.block_on(consume_all(new_master, &more));
+    assert_eq!(seen.len(), 50);
+}
