@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use warren_broker::meta::MemoryStore;
 use warren_broker::{Broker, BrokerConfig};
-use warren_management::{Management, MirrorSource, QueueMirrors};
+use warren_management::{Management, MirrorSource, NodeControl, QueueMirrors};
 
 /// Reports two mirrors (one synchronised) and a sync in progress for
 /// every queue, and records the actions it is asked for.
@@ -158,4 +158,95 @@ fn import_definitions_at_boot() {
     warren_management::import_definitions(&mut b, &good).unwrap();
     assert_eq!(b.policies()[0].name, "hello-ha");
     assert_eq!(b.queues(Some("v"))[0].name, "hello");
+}
+
+/// Records the verbs it is asked for; `stop` fails.
+#[derive(Debug, Default)]
+struct FakeNode {
+    verbs: Mutex<Vec<&'static str>>,
+    running: std::sync::atomic::AtomicBool,
+}
+
+impl FakeNode {
+    fn record(&self, verb: &'static str) -> warren_management::ClusterFuture {
+        self.verbs.lock().unwrap().push(verb);
+        let running = verb == "start_app";
+        self.running
+            .store(running, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            if verb == "stop" {
+                Err("already stopping".to_owned())
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+impl NodeControl for FakeNode {
+    fn stop(&self) -> warren_management::ClusterFuture {
+        self.record("stop")
+    }
+
+    fn stop_app(&self) -> warren_management::ClusterFuture {
+        self.record("stop_app")
+    }
+
+    fn start_app(&self) -> warren_management::ClusterFuture {
+        self.record("start_app")
+    }
+
+    fn app_running(&self) -> bool {
+        self.running.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn node_control_serves_stop_stop_app_and_start_app() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::new(dir.path());
+    cfg.node_name = "warren@a".into();
+    let broker = Arc::new(Mutex::new(
+        Broker::open(cfg, Box::new(MemoryStore::default())).unwrap(),
+    ));
+    let fake = Arc::new(FakeNode::default());
+    let serve = |state: Management| async move {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(warren_management::serve(listener, state));
+        addr
+    };
+    let without = serve(Management::new(broker.clone())).await;
+    let (status, body) = request(&without, "POST", "/api/nodes/warren@a/stop_app", None).await;
+    assert_eq!(status, 400, "{body}");
+    let (_, body) = request(&without, "GET", "/api/nodes/warren@a", None).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["app_running"],
+        true
+    );
+
+    let addr = serve(Management::new(broker).node_control(fake.clone())).await;
+    let (status, _) = request(&addr, "POST", "/api/nodes/warren%40a/stop_app", None).await;
+    assert_eq!(status, 204);
+    let (_, body) = request(&addr, "GET", "/api/nodes/warren@a", None).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["app_running"],
+        false
+    );
+    let (status, _) = request(&addr, "POST", "/api/nodes/warren@a/start_app", None).await;
+    assert_eq!(status, 204);
+    let (status, _) = request(&addr, "POST", "/api/nodes/warren@b/stop", None).await;
+    assert_eq!(status, 404, "another node's name");
+    let (status, body) = request(&addr, "POST", "/api/nodes/warren@a/stop", None).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("already stopping"), "{body}");
+    assert_eq!(
+        *fake.verbs.lock().unwrap(),
+        ["stop_app", "start_app", "stop"]
+    );
+
+    let doc = warren_management::openapi_document();
+    for verb in ["stop", "stop_app", "start_app"] {
+        assert!(doc["paths"][format!("/api/nodes/{{name}}/{verb}")]["post"].is_object());
+    }
 }
