@@ -61,12 +61,13 @@ async fn a_node_runs_as_its_warren_conf_says() {
         ),
     )
     .unwrap();
+    let log = dir.path().join("stderr.log");
     let mut child = Kill(
         warren(dir.path())
             .arg("--config")
             .arg(&conf)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap(),
     );
@@ -81,6 +82,13 @@ async fn a_node_runs_as_its_warren_conf_says() {
         "{line}"
     );
     assert!(data.join("metadata.json").exists(), "data in data_dir");
+    let log = std::fs::read_to_string(&log).unwrap();
+    for reported in [
+        "vm_memory_high_watermark is accepted but not enforced yet",
+        "disk_free_limit is accepted but not enforced yet",
+    ] {
+        assert!(log.contains(reported), "{reported} in {log}");
+    }
 
     tokio::time::timeout(Duration::from_secs(60), async {
         let url = format!("amqp://admin:s3cret@127.0.0.1:{amqp}/%2f");
