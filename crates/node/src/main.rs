@@ -12,7 +12,6 @@
 mod app;
 mod cluster;
 mod config;
-mod mirroring;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -83,7 +82,10 @@ fn now_ms() -> u64 {
 fn main() -> anyhow::Result<()> {
     let matches = Args::command().get_matches();
     let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    config::merge(&mut args, &matches, &|k| std::env::var(k).ok())?;
+    if let Err(e) = config::merge(&mut args, &matches, &|k| std::env::var(k).ok()) {
+        eprintln!("Error: {e}");
+        std::process::exit(1);
+    }
     let level = args.settings.log_level.as_deref().unwrap_or("info");
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -247,7 +249,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let broker: Shared = Arc::new(Mutex::new(broker));
     if let Some(c) = &clustered {
         c.attach(broker.clone());
-        c.start_mirroring(broker.clone()).await?;
     }
 
     let signal = Arc::new(SyncSignal::default());
@@ -345,9 +346,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     tracing::info!("shutting down");
-    if let Some(c) = &clustered {
-        c.stop_mirroring().await;
-    }
     lock(&broker).close_all("broker shutdown");
     // Give connection tasks a moment to write their connection.close.
     tokio::time::sleep(Duration::from_millis(100)).await;
