@@ -12,6 +12,7 @@
 mod app;
 mod cluster;
 mod config;
+mod mirroring;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -249,6 +250,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let broker: Shared = Arc::new(Mutex::new(broker));
     if let Some(c) = &clustered {
         c.attach(broker.clone());
+        c.start_mirroring(broker.clone()).await?;
     }
 
     let signal = Arc::new(SyncSignal::default());
@@ -346,6 +348,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     tracing::info!("shutting down");
+    if let Some(c) = &clustered {
+        c.stop_mirroring().await;
+    }
     lock(&broker).close_all("broker shutdown");
     // Give connection tasks a moment to write their connection.close.
     tokio::time::sleep(Duration::from_millis(100)).await;
