@@ -111,6 +111,12 @@ impl App {
         self.addr
     }
 
+    /// The flag that says whether clients are admitted (cleared by
+    /// `StopApp` before it closes every connection).
+    pub(crate) fn running(&self) -> Arc<AtomicBool> {
+        self.running.clone()
+    }
+
     /// The next client; pending for ever while the app is stopped.
     pub(crate) async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
         match &self.listener {

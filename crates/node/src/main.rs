@@ -16,6 +16,7 @@ mod mirroring;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -329,7 +330,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::select! {
             accepted = app.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(serve(broker.clone(), stream, peer));
+                    tokio::spawn(serve(broker.clone(), stream, peer, app.running()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -365,14 +366,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr) {
+async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr, running: Arc<AtomicBool>) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "set_nodelay failed");
     }
     let notify = Arc::new(Notify::new());
     let id = {
         let n = notify.clone();
-        lock(&broker).connect(peer, Arc::new(move || n.notify_one()))
+        let mut b = lock(&broker);
+        // Checked under the broker lock: `stop_app` clears it before its
+        // `close_all`, so a client accepted just before is closed either way.
+        if !running.load(Ordering::SeqCst) {
+            return;
+        }
+        b.connect(peer, Arc::new(move || n.notify_one()))
     };
     let (mut rd, mut wr) = stream.into_split();
     let mut input = BytesMut::with_capacity(64 * 1024);
