@@ -27,6 +27,8 @@ use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta};
 
 #[path = "introspect.rs"]
 pub(crate) mod introspect;
+#[path = "link.rs"]
+pub(crate) mod link;
 #[path = "mirrored.rs"]
 pub(crate) mod mirrored;
 
@@ -142,7 +144,7 @@ struct Exchange {
     bindings: Vec<Binding>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Consumer {
     tag: Arc<str>,
     conn: ConnId,
@@ -153,6 +155,8 @@ struct Consumer {
     unacked: u32,
     /// Fetches from a mirrored queue's replica not yet handed out.
     reserved: u32,
+    /// Its id at the queue's master when the queue is forwarded (0: none).
+    remote_cid: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -169,6 +173,8 @@ struct Queue {
     opts: QueueOpts,
     owner: Option<ConnId>,
     store: Store,
+    /// The node serving this queue when it is not this one (forwarded).
+    remote: Option<Arc<str>>,
     consumers: Vec<Consumer>,
     rr: usize,
     had_consumers: bool,
@@ -207,6 +213,8 @@ struct Unacked {
     bq_tag: u64,
     consumer: Option<Arc<str>>,
     msg_id: u64,
+    /// The master's node, for a delivery from a forwarded queue.
+    remote: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -249,6 +257,8 @@ struct Conn {
     throttled: bool,
     confirm_dirty: Vec<ChannelId>,
     closed: bool,
+    /// Set for the internal connection of a forwarding link (master side).
+    link: Option<link::Link>,
 }
 
 impl fmt::Debug for Conn {
@@ -263,7 +273,10 @@ impl fmt::Debug for Conn {
 
 impl Conn {
     fn wake(&mut self, current: ConnId, me: ConnId) {
-        if me != current && !self.woken {
+        if self.link.is_some() {
+            // A link's shell takes output from every link at once.
+            (self.waker)();
+        } else if me != current && !self.woken {
             self.woken = true;
             (self.waker)();
         }
@@ -394,6 +407,8 @@ pub struct Broker {
     next_publish: u64,
     /// Publishes a replica refused during `enqueue`, nacked after it.
     deferred_nacks: Vec<(ConnId, ChannelId, u64)>,
+    /// Forwarding to and from other nodes.
+    links: link::Links,
 }
 
 impl fmt::Debug for Broker {
@@ -644,7 +659,7 @@ fn route_rec<'a>(
 /// Hands ready messages of `q` to its consumers, round-robin, within
 /// their prefetch limits.
 fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: ConnId) {
-    if q.consumers.is_empty() {
+    if q.consumers.is_empty() || q.remote.is_some() {
         return;
     }
     q.last_used_ms = now;
@@ -721,11 +736,12 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
                     bq_tag: delivery.tag,
                     consumer: Some(c.tag.clone()),
                     msg_id: delivery.id,
+                    remote: None,
                 },
             );
         }
         let m = decode_meta(&delivery.props);
-        conn.amqp.send_content(
+        conn.send_message(
             c.channel,
             &ContentMethod::Deliver {
                 consumer_tag: &c.tag,
@@ -735,6 +751,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
                 routing_key: m.routing_key,
             },
             &m.properties,
+            &delivery.props,
             &delivery.body,
         );
         conn.out_pending += delivery.body.len() + 64;
@@ -817,6 +834,7 @@ impl Broker {
             publisher_id: rand::rng().next_u64(),
             next_publish: 1,
             deferred_nacks: Vec::new(),
+            links: link::Links::default(),
         };
         let mut defs = b.meta.load();
         if defs.vhosts.is_empty() && defs.users.is_empty() {
@@ -935,6 +953,7 @@ impl Broker {
             opts,
             owner,
             store: Store::Local(bq),
+            remote: None,
             consumers: Vec::new(),
             rr: 0,
             had_consumers: false,
@@ -1031,6 +1050,7 @@ impl Broker {
                 throttled: false,
                 confirm_dirty: Vec::new(),
                 closed: false,
+                link: None,
             },
         );
         id
@@ -1401,20 +1421,39 @@ impl Broker {
             return;
         };
         let mut touched: Vec<Arc<str>> = Vec::new();
+        let mut forwarded = Vec::new();
         for (tag, qname) in &ch.consumers {
             if let Some(q) = v.queues.get_mut(qname) {
+                if let Some(node) = &q.remote {
+                    for x in &q.consumers {
+                        if x.conn == id && x.channel == ch_id && &x.tag == tag {
+                            forwarded.push((node.clone(), x.remote_cid));
+                        }
+                    }
+                }
                 q.consumers
                     .retain(|x| !(x.conn == id && x.channel == ch_id && &x.tag == tag));
                 touched.push(qname.clone());
             }
         }
+        let mut settle_remote = Vec::new();
         for u in ch.unacked.into_values() {
+            if let Some(node) = u.remote {
+                settle_remote.push((node, u.bq_tag));
+                continue;
+            }
             if let Some(q) = v.queues.get_mut(&u.queue) {
                 if let Err(e) = q.store.requeue(u.bq_tag) {
                     tracing::error!(queue = %u.queue, error = %e, "requeue failed");
                 }
                 touched.push(u.queue);
             }
+        }
+        for (node, cid) in forwarded {
+            self.link_cancel(&node, &vhost, cid);
+        }
+        for (node, tag) in settle_remote {
+            self.link_settle(&node, &vhost, tag, Settle::Requeue);
         }
         touched.sort();
         touched.dedup();
@@ -1592,6 +1631,10 @@ impl Broker {
                 persistent: msg.persistent,
                 expiration_ms: msg.expiration_ms,
             };
+            if let Some(node) = q.remote.clone() {
+                pending += u32::from(self.link_publish(&node, vhost, qname, msg, confirm));
+                continue;
+            }
             let bq = match &mut q.store {
                 Store::Local(bq) => bq,
                 Store::Replica(_) => {
@@ -2050,12 +2093,17 @@ impl Broker {
                 None => return Err(unknown_tag(tag)),
             }
         };
-        let Some(v) = self.vhosts.get_mut(&vhost) else {
-            return Ok(());
-        };
         let mut touched: Vec<Arc<str>> = Vec::new();
         for (_, u) in taken {
-            let Some(q) = v.queues.get_mut(&u.queue) else {
+            if let Some(node) = &u.remote {
+                self.link_settle(node, &vhost, u.bq_tag, how);
+                continue;
+            }
+            let Some(q) = self
+                .vhosts
+                .get_mut(&vhost)
+                .and_then(|v| v.queues.get_mut(&u.queue))
+            else {
                 continue;
             };
             let res = match how {
@@ -2119,12 +2167,17 @@ impl Broker {
             return;
         };
         let taken = std::mem::take(&mut chan.unacked);
-        let Some(v) = self.vhosts.get_mut(&vhost) else {
-            return;
-        };
         let mut touched = Vec::new();
         for u in taken.into_values() {
-            if let Some(q) = v.queues.get_mut(&u.queue) {
+            if let Some(node) = &u.remote {
+                self.link_settle(node, &vhost, u.bq_tag, Settle::Requeue);
+                continue;
+            }
+            if let Some(q) = self
+                .vhosts
+                .get_mut(&vhost)
+                .and_then(|v| v.queues.get_mut(&u.queue))
+            {
                 if let Err(e) = q.store.requeue(u.bq_tag) {
                     tracing::error!(queue = %u.queue, error = %e, "requeue failed");
                 }
@@ -2618,12 +2671,20 @@ impl Broker {
         };
         let count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
         let cur = self.current;
+        let forwarded: Vec<(Arc<str>, u64)> = match &q.remote {
+            Some(node) => q
+                .consumers
+                .iter()
+                .map(|c| (node.clone(), c.remote_cid))
+                .collect(),
+            None => Vec::new(),
+        };
         for c in &q.consumers {
             if let Some(conn) = self.conns.get_mut(&c.conn) {
                 if let Some(chan) = conn.channels.get_mut(&c.channel) {
                     chan.consumers.remove(&c.tag);
                 }
-                conn.amqp.cancel_consumer(c.channel, &c.tag);
+                conn.cancel_consumer(c.channel, &c.tag);
                 conn.wake(cur, c.conn);
             }
         }
@@ -2668,6 +2729,9 @@ impl Broker {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove a deleted queue's files");
             }
         }
+        for (node, cid) in forwarded {
+            self.link_cancel(&node, vhost, cid);
+        }
         for e in emptied {
             if let Err(e) = self.remove_exchange(vhost, &e) {
                 tracing::error!(error = %e, "auto-delete of an exchange failed");
@@ -2706,7 +2770,7 @@ impl Broker {
                 format!("queue '{name}' in vhost '{vhost}' in exclusive use"),
             ));
         }
-        q.consumers.push(Consumer {
+        let mut consumer = Consumer {
             tag: tag.clone(),
             conn: id,
             channel: ch,
@@ -2715,7 +2779,17 @@ impl Broker {
             prefetch,
             unacked: 0,
             reserved: 0,
-        });
+            remote_cid: 0,
+        };
+        if q.remote.is_some() {
+            self.link_consume(&vhost, &qarc, &mut consumer);
+        }
+        let q = self
+            .vhosts
+            .get_mut(&vhost)
+            .and_then(|v| v.queues.get_mut(&qarc))
+            .expect("queue present");
+        q.consumers.push(consumer);
         q.had_consumers = true;
         let conn = self.conn(id);
         conn.channels
@@ -2745,14 +2819,26 @@ impl Broker {
         else {
             return;
         };
+        let mut forwarded = None;
         if let Some(q) = self
             .vhosts
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(&qname))
         {
+            if let Some(x) = q
+                .consumers
+                .iter()
+                .find(|x| x.conn == id && x.channel == ch && &*x.tag == tag)
+                && let Some(node) = &q.remote
+            {
+                forwarded = Some((node.clone(), x.remote_cid));
+            }
             q.consumers
                 .retain(|x| !(x.conn == id && x.channel == ch && &*x.tag == tag));
             q.last_used_ms = self.now;
+        }
+        if let Some((node, cid)) = forwarded {
+            self.link_cancel(&node, &vhost, cid);
         }
         self.auto_delete_if_unused(&vhost, &qname);
     }
@@ -2769,11 +2855,15 @@ impl Broker {
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
         q.last_used_ms = now;
+        if let Some(node) = q.remote.clone() {
+            self.link_get(&node, (id, ch), &vhost, &qarc, g.no_ack);
+            return Ok(());
+        }
         let bq = match &mut q.store {
             Store::Local(bq) => bq,
             Store::Replica(m) => {
                 if !m.fetch(now, FetchForArgs::get(id, ch, g.no_ack)) {
-                    self.conn(id).amqp.reply(ch, Reply::BasicGetEmpty);
+                    self.conn(id).send_get_empty(ch);
                 }
                 self.after_queue_op(&vhost, &qarc);
                 return Ok(());
@@ -2783,7 +2873,7 @@ impl Broker {
             .fetch(now)
             .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
         let Some(d) = d else {
-            self.conn(id).amqp.reply(ch, Reply::BasicGetEmpty);
+            self.conn(id).send_get_empty(ch);
             self.after_queue_op(&vhost, &qarc);
             return Ok(());
         };
@@ -2806,11 +2896,12 @@ impl Broker {
                     bq_tag: d.tag,
                     consumer: None,
                     msg_id: d.id,
+                    remote: None,
                 },
             );
         }
         let m = decode_meta(&d.props);
-        conn.amqp.send_content(
+        conn.send_message(
             ch,
             &ContentMethod::GetOk {
                 delivery_tag: tag,
@@ -2820,6 +2911,7 @@ impl Broker {
                 message_count: remaining,
             },
             &m.properties,
+            &d.props,
             &d.body,
         );
         self.after_queue_op(&vhost, &qarc);
@@ -2894,6 +2986,9 @@ fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cse
         *n -= 1;
         if *n == 0 {
             chan.confirm_pending.remove(&cseq);
+            if c.link_confirmed(cseq, true) {
+                return;
+            }
         }
     }
     if !c.confirm_dirty.contains(&ch) {

@@ -26,6 +26,7 @@ pub use broker::introspect::{
     BindingInfo, ConnectionInfo, ConsumerInfo, ExchangeInfo, QueueInfo, amqp_to_json, json_to_amqp,
     json_to_table, table_to_json,
 };
+pub use broker::link::LinkMsg;
 pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaStart};
 pub use broker::{Broker, BrokerConfig, ConnId, Overview, SyncBatch, Waker};
 

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use warren_amqp::{ChannelId, ContentMethod, Reply};
+use warren_amqp::{ChannelId, ContentMethod};
 use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob};
 use warren_gm::{MemberId, RingEvent, View};
 use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
@@ -336,7 +336,7 @@ impl Broker {
         for (conn, ch, cseq) in pending {
             nack_one(&mut self.conns, conn, ch, cseq);
         }
-        self.wake_all();
+        self.wake_clients();
     }
 
     /// Feeds queue `name`'s replica what its ring, record or clock said, and
@@ -369,7 +369,7 @@ impl Broker {
         }
         self.mirror_turn(vhost, name);
         self.after_queue_op(vhost, name);
-        self.wake_all();
+        self.wake_clients();
     }
 
     /// What the shell must send for queue `name`'s replica (empty if none).
@@ -457,14 +457,6 @@ impl Broker {
         match &mut self.vhosts.get_mut(vhost)?.queues.get_mut(name)?.store {
             Store::Replica(m) => Some(m),
             Store::Local(_) => None,
-        }
-    }
-
-    fn wake_all(&mut self) {
-        for (id, c) in &mut self.conns {
-            if !c.confirm_dirty.is_empty() || c.amqp.has_output() {
-                c.wake(0, *id);
-            }
         }
     }
 
@@ -703,11 +695,12 @@ fn hand_out(
                         bq_tag: d.tag,
                         consumer: Some(tag.clone()),
                         msg_id: d.id,
+                        remote: None,
                     },
                 );
             }
             let m = decode_meta(&d.props);
-            c.amqp.send_content(
+            c.send_message(
                 channel,
                 &ContentMethod::Deliver {
                     consumer_tag: &tag,
@@ -717,6 +710,7 @@ fn hand_out(
                     routing_key: m.routing_key,
                 },
                 &m.properties,
+                &d.props,
                 &d.body,
             );
             c.out_pending += d.body.len() + 64;
@@ -738,7 +732,7 @@ fn hand_out(
                 return delivery.map_or(After::Nothing, |d| After::Requeue(d.tag));
             };
             let Some(d) = delivery else {
-                c.amqp.reply(channel, Reply::BasicGetEmpty);
+                c.send_get_empty(channel);
                 return After::Nothing;
             };
             ch.next_tag += 1;
@@ -751,11 +745,12 @@ fn hand_out(
                         bq_tag: d.tag,
                         consumer: None,
                         msg_id: d.id,
+                        remote: None,
                     },
                 );
             }
             let m = decode_meta(&d.props);
-            c.amqp.send_content(
+            c.send_message(
                 channel,
                 &ContentMethod::GetOk {
                     delivery_tag: dtag,
@@ -765,6 +760,7 @@ fn hand_out(
                     message_count: u32::try_from(remaining).unwrap_or(u32::MAX),
                 },
                 &m.properties,
+                &d.props,
                 &d.body,
             );
             if no_ack {
@@ -799,7 +795,12 @@ pub(super) fn nack_one(
         return;
     };
     if chan.confirm_pending.remove(&cseq).is_some() {
-        chan.confirm_nacked.insert(cseq);
+        if c.link_confirmed(cseq, false) {
+            return;
+        }
+        if let Some(chan) = c.channels.get_mut(&ch) {
+            chan.confirm_nacked.insert(cseq);
+        }
     }
     if !c.confirm_dirty.contains(&ch) {
         c.confirm_dirty.push(ch);

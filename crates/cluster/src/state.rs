@@ -49,6 +49,9 @@ pub struct NodeRecord {
     /// Where its GM node listens for queue rings (set by the node at start).
     #[serde(default)]
     pub ring_addr: Option<String>,
+    /// Where it listens for forwarded queue work (set by the node at start).
+    #[serde(default)]
+    pub link_addr: Option<String>,
 }
 
 /// A user.
@@ -306,12 +309,15 @@ pub enum Command {
         /// The ring's name.
         ring: String,
     },
-    /// Records where a member node's GM node listens for queue rings.
-    SetNodeRingAddr {
+    /// Records where a member node listens for queue rings and for
+    /// forwarded queue work.
+    SetNodeServices {
         /// The node.
         node: String,
-        /// Its ring listener's address.
-        addr: String,
+        /// Its GM (ring) listener's address.
+        ring_addr: String,
+        /// Its forwarding listener's address.
+        link_addr: String,
     },
 }
 
@@ -694,10 +700,20 @@ impl Metadata {
                 Some(_) => Outcome::Done,
                 None => Outcome::Unchanged,
             }),
-            Command::SetNodeRingAddr { node, addr } => match self.nodes.get_mut(node) {
-                Some(n) if n.ring_addr.as_deref() == Some(addr.as_str()) => Ok(Outcome::Unchanged),
+            Command::SetNodeServices {
+                node,
+                ring_addr,
+                link_addr,
+            } => match self.nodes.get_mut(node) {
+                Some(n)
+                    if n.ring_addr.as_ref() == Some(ring_addr)
+                        && n.link_addr.as_ref() == Some(link_addr) =>
+                {
+                    Ok(Outcome::Unchanged)
+                }
                 Some(n) => {
-                    n.ring_addr = Some(addr.clone());
+                    n.ring_addr = Some(ring_addr.clone());
+                    n.link_addr = Some(link_addr.clone());
                     Ok(Outcome::Done)
                 }
                 None => Err(Rejection::NoNode(node.clone())),
@@ -720,6 +736,7 @@ impl Metadata {
                     peer_addr: addr.clone(),
                     joined_at: index,
                     ring_addr: None,
+                    link_addr: None,
                 });
         }
         let gone: Vec<String> = self

@@ -836,8 +836,10 @@ impl Clustered {
         ));
     }
 
-    /// Starts mirrored queues: this node's GM node and the reconciler that
-    /// places replicas (on the cluster's runtime).
+    /// Starts forwarding and mirrored queues: this node's GM node and the
+    /// reconciler that places replicas. They run on the caller's runtime, not
+    /// the cluster's: they take the broker's lock, which a metadata commit
+    /// holds while it waits for the cluster's runtime.
     pub(crate) async fn start_mirroring(&self, broker: Arc<Mutex<Broker>>) -> anyhow::Result<()> {
         let (c, t, ip) = (self.cluster.clone(), self.transport.clone(), self.bind_ip);
         let ip = if ip.is_unspecified() {
@@ -845,11 +847,8 @@ impl Clustered {
         } else {
             ip
         };
-        let m = self
-            .rt
-            .spawn(async move { Mirroring::start(c, t, broker, ip).await })
-            .await
-            .context("the mirroring start task failed")??;
+        let link_addr = crate::links::start(c.clone(), t.clone(), broker.clone(), ip).await?;
+        let m = Mirroring::start(c, t, broker, ip, link_addr).await?;
         let _ = self.mirroring.set(m);
         Ok(())
     }
@@ -858,10 +857,7 @@ impl Clustered {
     /// mirrors), waiting at most a few seconds.
     pub(crate) async fn stop_mirroring(&self) {
         if let Some(m) = self.mirroring.get().cloned() {
-            let _ = self
-                .rt
-                .spawn(async move { m.stop(Duration::from_secs(5)).await })
-                .await;
+            m.stop(Duration::from_secs(5)).await;
         }
     }
 

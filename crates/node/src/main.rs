@@ -12,6 +12,7 @@
 mod app;
 mod cluster;
 mod config;
+mod links;
 mod mirroring;
 
 use std::net::SocketAddr;

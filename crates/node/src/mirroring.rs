@@ -84,12 +84,13 @@ impl std::fmt::Debug for Mirroring {
 
 impl Mirroring {
     /// Starts the GM node on `bind_ip` (any port), records its address in the
-    /// cluster and starts the reconciler. Call on the cluster's runtime.
+    /// cluster and starts the reconciler (on the caller's runtime).
     pub(crate) async fn start(
         cluster: Cluster,
         transport: Arc<dyn Transport>,
         broker: Shared,
         bind_ip: std::net::IpAddr,
+        link_addr: String,
     ) -> anyhow::Result<Arc<Self>> {
         let node = cluster.node().to_string();
         let authority: Arc<dyn ViewAuthority> =
@@ -119,17 +120,19 @@ impl Mirroring {
             tasks: Mutex::new(tokio::task::JoinSet::new()),
             stop_all: Notify::new(),
         });
-        tokio::spawn(me.clone().register(addr));
+        tokio::spawn(me.clone().register(addr, link_addr));
         tokio::spawn(me.clone().reconcile_loop());
         Ok(me)
     }
 
-    /// Commits this node's ring address (retrying while there is no majority).
-    async fn register(self: Arc<Self>, addr: String) {
+    /// Commits this node's ring and link addresses (retrying while there is
+    /// no majority).
+    async fn register(self: Arc<Self>, ring_addr: String, link_addr: String) {
         loop {
-            let cmd = Command::SetNodeRingAddr {
+            let cmd = Command::SetNodeServices {
                 node: self.node.clone(),
-                addr: addr.clone(),
+                ring_addr: ring_addr.clone(),
+                link_addr: link_addr.clone(),
             };
             match self.cluster.write(cmd).await {
                 Ok(_) => return,
@@ -177,8 +180,18 @@ impl Mirroring {
         }
     }
 
-    /// One pass: start and stop this node's replicas to match the metadata.
+    /// One pass: point the broker's queues at their masters, and start and
+    /// stop this node's replicas to match the metadata.
     fn reconcile(self: &Arc<Self>, meta: &Metadata, running: &[String]) {
+        {
+            let mut b = lock(&self.broker);
+            for ((vhost, name), q) in &meta.queues {
+                if q.durable && q.exclusive_owner.is_none() {
+                    let master = (q.master != self.node).then_some(q.master.as_str());
+                    b.set_queue_master(vhost, name, master);
+                }
+            }
+        }
         let policies = policy_set(meta);
         let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
         let mut wanted: BTreeMap<(String, String), (bool, Settings)> = BTreeMap::new();

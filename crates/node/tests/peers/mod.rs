@@ -53,9 +53,9 @@ impl Peer {
             .arg(dir)
             .arg("--cluster-secret-file")
             .arg(secret)
-            .env("RUST_LOG", "warn,openraft=error")
+            .env("RUST_LOG", "info,openraft=error")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(log_file(dir));
         if let Some(j) = join {
             cmd.args(["--join", j]);
         }
@@ -131,6 +131,16 @@ impl Drop for Peer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The node's log: next to its data directory, kept when a test fails.
+fn log_file(dir: &Path) -> Stdio {
+    let _ = std::fs::create_dir_all(dir.parent().unwrap_or(dir));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.with_extension("log"))
+        .map_or_else(|_| Stdio::null(), Stdio::from)
 }
 
 /// Polls `check` until it holds (at most 30 s).

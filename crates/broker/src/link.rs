@@ -1,0 +1,893 @@
+//! Forwarding between nodes: any node serves any queue.
+//!
+//! A queue whose master is on another node is *forwarded*: publishes, consumes,
+//! gets and settlements of this node's clients go to the master's broker as
+//! [`LinkMsg`]s, and deliveries, confirms and get replies come back. The
+//! master sees each (origin node, vhost) as one internal connection with one
+//! channel: forwarded consumers are ordinary consumers of its queue (their
+//! tags are the origin's consumer ids), forwarded publishes ordinary
+//! publishes whose confirms go back to the origin. The shell carries the
+//! messages ([`Broker::take_link_out`], [`Broker::link_input`]) and reports a
+//! node that went down ([`Broker::link_down`]): the origin nacks what that
+//! node had not confirmed and forgets its deliveries (the queue's next master
+//! delivers them again, redelivered); the master requeues what the origin's
+//! clients had not acked.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use warren_amqp::amq_protocol::protocol::basic;
+use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply};
+
+use super::{
+    Broker, Channel, Conn, ConnId, Consumer, Msg, Settle, Unacked, Waker, confirm_one, nack_one,
+};
+use crate::auth::{Permission, PermissionDef};
+use crate::routing::decode_meta;
+
+/// The channel of a link's internal connection on the master.
+const LINK_CHANNEL: ChannelId = 1;
+
+/// One message between two nodes' brokers about a forwarded queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LinkMsg {
+    /// Origin → master: a publish into `queue` (`id` names its confirm).
+    Publish {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The origin's id for this publish.
+        id: u64,
+        /// Whether the origin's client wants a confirm.
+        confirm: bool,
+        /// Exchange, routing key and properties, encoded.
+        meta: Bytes,
+        /// The body.
+        body: Bytes,
+        /// `delivery-mode` 2.
+        persistent: bool,
+        /// Per-message TTL.
+        expiration_ms: Option<u64>,
+    },
+    /// Master → origin: these publishes are confirmed.
+    Confirmed {
+        /// Publish ids.
+        ids: Vec<u64>,
+    },
+    /// Master → origin: these publishes will never be confirmed.
+    Nacked {
+        /// Publish ids.
+        ids: Vec<u64>,
+    },
+    /// Origin → master: a consumer of `queue`.
+    Consume {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The origin's consumer id.
+        cid: u64,
+        /// Unacked deliveries allowed (0: no limit).
+        prefetch: u16,
+        /// Deliveries need no ack.
+        no_ack: bool,
+    },
+    /// Origin → master: the consumer is gone.
+    Cancel {
+        /// The vhost.
+        vhost: String,
+        /// The origin's consumer id.
+        cid: u64,
+    },
+    /// Master → origin: a delivery to consumer `cid`.
+    Deliver {
+        /// The origin's consumer id.
+        cid: u64,
+        /// The master's delivery tag (settle with it).
+        tag: u64,
+        /// Delivered before.
+        redelivered: bool,
+        /// Exchange, routing key and properties, encoded.
+        meta: Bytes,
+        /// The body.
+        body: Bytes,
+    },
+    /// Master → origin: the consumer was cancelled (its queue was deleted).
+    Cancelled {
+        /// The origin's consumer id.
+        cid: u64,
+    },
+    /// Origin → master: a `basic.get`.
+    Get {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The origin's request id.
+        req: u64,
+        /// The message needs no ack.
+        no_ack: bool,
+    },
+    /// Master → origin: a get's answer (`None`: the queue was empty).
+    GetReply {
+        /// The origin's request id.
+        req: u64,
+        /// The message: master's tag, redelivered, meta, body, messages left.
+        msg: Option<(u64, bool, Bytes, Bytes, u32)>,
+    },
+    /// Origin → master: settle these deliveries (0 ack, 1 requeue, 2 discard).
+    Settle {
+        /// The vhost.
+        vhost: String,
+        /// The master's delivery tags.
+        tags: Vec<u64>,
+        /// How.
+        how: u8,
+    },
+}
+
+/// The link state of a master-side internal connection.
+#[derive(Debug)]
+pub(crate) struct Link {
+    node: String,
+    out: Vec<LinkMsg>,
+    gets: VecDeque<u64>,
+}
+
+/// A consumer of a forwarded queue, on the origin.
+#[derive(Debug, Clone)]
+pub(crate) struct RemoteConsumer {
+    conn: ConnId,
+    channel: ChannelId,
+    tag: Arc<str>,
+    vhost: String,
+    queue: Arc<str>,
+    no_ack: bool,
+}
+
+/// A forwarded `basic.get` waiting for its answer: (master's node,
+/// connection, channel, no-ack, queue).
+type RemoteGet = (Arc<str>, ConnId, ChannelId, bool, Arc<str>);
+
+/// The origin's side of forwarding.
+#[derive(Default)]
+pub(crate) struct Links {
+    /// Messages for each node.
+    out: HashMap<String, Vec<LinkMsg>>,
+    /// Forwarded publishes awaiting a confirm: id → (node, conn, channel, seq).
+    publishes: HashMap<u64, (Arc<str>, ConnId, ChannelId, u64)>,
+    next_id: u64,
+    /// Forwarded consumers by id.
+    consumers: HashMap<u64, RemoteConsumer>,
+    /// Forwarded gets by request id.
+    gets: HashMap<u64, RemoteGet>,
+    /// Master-side internal connections by (origin node, vhost).
+    conns: HashMap<(String, String), ConnId>,
+    waker: Option<Waker>,
+}
+
+impl Links {
+    fn send(&mut self, node: &str, msg: LinkMsg) {
+        self.out.entry(node.to_owned()).or_default().push(msg);
+        if let Some(w) = &self.waker {
+            w();
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+}
+
+impl Conn {
+    /// Sends a message to a client (AMQP) or down a link (forwarded consumer or get).
+    pub(crate) fn send_message(
+        &mut self,
+        ch: ChannelId,
+        method: &ContentMethod<'_>,
+        props: &BasicProperties,
+        meta: &Bytes,
+        body: &Bytes,
+    ) {
+        match &mut self.link {
+            None => {
+                self.amqp.send_content(ch, method, props, body);
+            }
+            Some(l) => match method {
+                ContentMethod::Deliver {
+                    consumer_tag,
+                    delivery_tag,
+                    redelivered,
+                    ..
+                } => l.out.push(LinkMsg::Deliver {
+                    cid: consumer_tag.parse().unwrap_or(0),
+                    tag: *delivery_tag,
+                    redelivered: *redelivered,
+                    meta: meta.clone(),
+                    body: body.clone(),
+                }),
+                ContentMethod::GetOk {
+                    delivery_tag,
+                    redelivered,
+                    message_count,
+                    ..
+                } => {
+                    let req = l.gets.pop_front().unwrap_or(0);
+                    l.out.push(LinkMsg::GetReply {
+                        req,
+                        msg: Some((
+                            *delivery_tag,
+                            *redelivered,
+                            meta.clone(),
+                            body.clone(),
+                            *message_count,
+                        )),
+                    });
+                }
+                ContentMethod::Return { .. } => {}
+            },
+        }
+    }
+
+    /// Answers a get with get-empty (to a client or down a link).
+    pub(crate) fn send_get_empty(&mut self, ch: ChannelId) {
+        match &mut self.link {
+            None => {
+                self.amqp.reply(ch, Reply::BasicGetEmpty);
+            }
+            Some(l) => {
+                let req = l.gets.pop_front().unwrap_or(0);
+                l.out.push(LinkMsg::GetReply { req, msg: None });
+            }
+        }
+    }
+
+    /// Tells a consumer its queue is gone (`basic.cancel`, or down a link).
+    pub(crate) fn cancel_consumer(&mut self, ch: ChannelId, tag: &str) {
+        match &mut self.link {
+            None => {
+                self.amqp.cancel_consumer(ch, tag);
+            }
+            Some(l) => l.out.push(LinkMsg::Cancelled {
+                cid: tag.parse().unwrap_or(0),
+            }),
+        }
+    }
+
+    /// A publish from a link settled: tell the origin (false: not a link).
+    pub(crate) fn link_confirmed(&mut self, id: u64, ack: bool) -> bool {
+        let Some(l) = &mut self.link else {
+            return false;
+        };
+        let ids = vec![id];
+        l.out.push(if ack {
+            LinkMsg::Confirmed { ids }
+        } else {
+            LinkMsg::Nacked { ids }
+        });
+        (self.waker)();
+        true
+    }
+}
+
+impl Broker {
+    /// Sets the waker of the shell task that carries link messages.
+    pub fn set_link_waker(&mut self, waker: Waker) {
+        self.links.waker = Some(waker);
+    }
+
+    /// Says which node serves queue `name` (its master), `None` for this
+    /// node. A queue served elsewhere is forwarded there; this node's
+    /// consumers of it follow the master when it moves.
+    pub fn set_queue_master(&mut self, vhost: &str, name: &str, master: Option<&str>) {
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(name))
+        else {
+            return;
+        };
+        if q.remote.as_deref() == master {
+            return;
+        }
+        tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
+        q.remote = master.map(Arc::from);
+        let qname = q.name.clone();
+        let consumers: Vec<(u64, Consumer)> = q
+            .consumers
+            .iter()
+            .filter(|c| c.remote_cid != 0)
+            .map(|c| (c.remote_cid, c.clone()))
+            .collect();
+        if let Some(m) = master {
+            for c in q.consumers.iter_mut() {
+                if c.remote_cid == 0 {
+                    c.remote_cid = self.links.next();
+                }
+                // Deliveries still out from an earlier master are not counted.
+                c.unacked = 0;
+                c.reserved = 0;
+                self.links.consumers.insert(
+                    c.remote_cid,
+                    RemoteConsumer {
+                        conn: c.conn,
+                        channel: c.channel,
+                        tag: c.tag.clone(),
+                        vhost: vhost.to_owned(),
+                        queue: qname.clone(),
+                        no_ack: c.no_ack,
+                    },
+                );
+                let msg = LinkMsg::Consume {
+                    vhost: vhost.to_owned(),
+                    queue: qname.to_string(),
+                    cid: c.remote_cid,
+                    prefetch: c.prefetch,
+                    no_ack: c.no_ack,
+                };
+                self.links.send(m, msg);
+            }
+        } else {
+            for (cid, _) in consumers {
+                self.links.consumers.remove(&cid);
+            }
+            for c in q.consumers.iter_mut() {
+                c.remote_cid = 0;
+                c.unacked = 0;
+            }
+            self.after_queue_op(vhost, name);
+        }
+    }
+
+    /// Forwards a publish to `node`; returns whether a confirm is owed.
+    pub(super) fn link_publish(
+        &mut self,
+        node: &Arc<str>,
+        vhost: &str,
+        queue: &str,
+        msg: &Msg,
+        confirm: Option<(ConnId, ChannelId, u64)>,
+    ) -> bool {
+        let id = self.links.next();
+        if let Some((conn, ch, cseq)) = confirm {
+            self.links
+                .publishes
+                .insert(id, (node.clone(), conn, ch, cseq));
+        }
+        let m = LinkMsg::Publish {
+            vhost: vhost.to_owned(),
+            queue: queue.to_owned(),
+            id,
+            confirm: confirm.is_some(),
+            meta: msg.meta.clone(),
+            body: msg.body.clone(),
+            persistent: msg.persistent,
+            expiration_ms: msg.expiration_ms,
+        };
+        self.links.send(node, m);
+        confirm.is_some()
+    }
+
+    /// A new consumer of a forwarded queue: asks the master for deliveries.
+    pub(super) fn link_consume(&mut self, vhost: &str, queue: &Arc<str>, c: &mut Consumer) {
+        let Some(node) = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(queue))
+            .and_then(|q| q.remote.clone())
+        else {
+            return;
+        };
+        c.remote_cid = self.links.next();
+        self.links.consumers.insert(
+            c.remote_cid,
+            RemoteConsumer {
+                conn: c.conn,
+                channel: c.channel,
+                tag: c.tag.clone(),
+                vhost: vhost.to_owned(),
+                queue: queue.clone(),
+                no_ack: c.no_ack,
+            },
+        );
+        let msg = LinkMsg::Consume {
+            vhost: vhost.to_owned(),
+            queue: queue.to_string(),
+            cid: c.remote_cid,
+            prefetch: c.prefetch,
+            no_ack: c.no_ack,
+        };
+        self.links.send(&node, msg);
+    }
+
+    /// A consumer of a forwarded queue is gone.
+    pub(super) fn link_cancel(&mut self, node: &str, vhost: &str, cid: u64) {
+        if self.links.consumers.remove(&cid).is_some() {
+            let msg = LinkMsg::Cancel {
+                vhost: vhost.to_owned(),
+                cid,
+            };
+            self.links.send(node, msg);
+        }
+    }
+
+    /// Settles a forwarded delivery at its master.
+    pub(super) fn link_settle(&mut self, node: &str, vhost: &str, tag: u64, how: Settle) {
+        let how = match how {
+            Settle::Ack => 0,
+            Settle::Requeue => 1,
+            Settle::Discard => 2,
+        };
+        self.links.send(
+            node,
+            LinkMsg::Settle {
+                vhost: vhost.to_owned(),
+                tags: vec![tag],
+                how,
+            },
+        );
+    }
+
+    /// Forwards a `basic.get`.
+    pub(super) fn link_get(
+        &mut self,
+        node: &Arc<str>,
+        (conn, ch): (ConnId, ChannelId),
+        vhost: &str,
+        queue: &Arc<str>,
+        no_ack: bool,
+    ) {
+        let req = self.links.next();
+        self.links
+            .gets
+            .insert(req, (node.clone(), conn, ch, no_ack, queue.clone()));
+        let msg = LinkMsg::Get {
+            vhost: vhost.to_owned(),
+            queue: queue.to_string(),
+            req,
+            no_ack,
+        };
+        self.links.send(node, msg);
+    }
+
+    /// Link messages waiting for each node (the shell sends each batch in order).
+    pub fn take_link_out(&mut self) -> Vec<(String, Vec<LinkMsg>)> {
+        let mut out: Vec<(String, Vec<LinkMsg>)> = self.links.out.drain().collect();
+        for c in self.conns.values_mut() {
+            if let Some(l) = &mut c.link
+                && !l.out.is_empty()
+            {
+                let msgs = std::mem::take(&mut l.out);
+                match out.iter_mut().find(|(n, _)| *n == l.node) {
+                    Some((_, v)) => v.extend(msgs),
+                    None => out.push((l.node.clone(), msgs)),
+                }
+            }
+        }
+        out
+    }
+
+    /// Handles link messages from node `from`.
+    pub fn link_input(&mut self, from: &str, msgs: Vec<LinkMsg>, now_ms: u64) {
+        self.now = now_ms;
+        self.current = 0;
+        for m in msgs {
+            self.link_one(from, m);
+        }
+        self.wake_clients();
+    }
+
+    /// Wakes every connection task with output, and the link shell if a
+    /// link has some.
+    pub(crate) fn wake_clients(&mut self) {
+        let waker = self.links.waker.clone();
+        let mut link_output = !self.links.out.is_empty();
+        for (id, c) in &mut self.conns {
+            if let Some(l) = &c.link {
+                link_output |= !l.out.is_empty();
+                continue;
+            }
+            if !c.confirm_dirty.is_empty() || c.amqp.has_output() {
+                c.wake(0, *id);
+            }
+        }
+        if link_output && let Some(w) = waker {
+            w();
+        }
+    }
+
+    fn link_conn(&mut self, from: &str, vhost: &str) -> Option<ConnId> {
+        if !self.vhosts.contains_key(vhost) {
+            return None;
+        }
+        if let Some(id) = self.links.conns.get(&(from.to_owned(), vhost.to_owned())) {
+            return Some(*id);
+        }
+        let id = self.next_conn;
+        self.next_conn += 1;
+        let waker = self.links.waker.clone().unwrap_or_else(|| Arc::new(|| {}));
+        let mut channels = super::IdMap::default();
+        channels.insert(LINK_CHANNEL, Channel::default());
+        let all = Permission::new(&PermissionDef {
+            user: from.to_owned(),
+            vhost: vhost.to_owned(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        });
+        self.conns.insert(
+            id,
+            Conn {
+                amqp: Connection::new(self.cfg.amqp.clone()),
+                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                user: format!("node {from}"),
+                vhost: vhost.to_owned(),
+                perm: Some(all),
+                channels,
+                waker,
+                woken: false,
+                out_pending: 0,
+                throttled: false,
+                confirm_dirty: Vec::new(),
+                closed: false,
+                link: Some(Link {
+                    node: from.to_owned(),
+                    out: Vec::new(),
+                    gets: VecDeque::new(),
+                }),
+            },
+        );
+        self.links
+            .conns
+            .insert((from.to_owned(), vhost.to_owned()), id);
+        Some(id)
+    }
+
+    fn link_one(&mut self, from: &str, m: LinkMsg) {
+        match m {
+            LinkMsg::Publish {
+                vhost,
+                queue,
+                id,
+                confirm,
+                meta,
+                body,
+                persistent,
+                expiration_ms,
+            } => {
+                let Some(pc) = self.link_conn(from, &vhost) else {
+                    self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
+                    return;
+                };
+                let target: Vec<Arc<str>> = self
+                    .vhosts
+                    .get(&vhost)
+                    .and_then(|v| v.queues.get_key_value(queue.as_str()))
+                    .map(|(k, _)| k.clone())
+                    .into_iter()
+                    .collect();
+                let msg = Msg {
+                    meta,
+                    body,
+                    persistent,
+                    expiration_ms,
+                };
+                let owed = confirm.then_some((pc, LINK_CHANNEL, id));
+                let Ok(pending) = self.enqueue(&vhost, &target, &msg, owed) else {
+                    if confirm {
+                        self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
+                    }
+                    self.deferred_nacks.clear();
+                    return;
+                };
+                if confirm {
+                    if pending == 0 {
+                        self.links.send(from, LinkMsg::Confirmed { ids: vec![id] });
+                    } else if let Some(ch) = self
+                        .conns
+                        .get_mut(&pc)
+                        .and_then(|c| c.channels.get_mut(&LINK_CHANNEL))
+                    {
+                        ch.confirm_pending.insert(id, pending);
+                    }
+                }
+                for (conn, ch, cseq) in std::mem::take(&mut self.deferred_nacks) {
+                    nack_one(&mut self.conns, conn, ch, cseq);
+                }
+            }
+            LinkMsg::Consume {
+                vhost,
+                queue,
+                cid,
+                prefetch,
+                no_ack,
+            } => {
+                let Some(pc) = self.link_conn(from, &vhost) else {
+                    self.links.send(from, LinkMsg::Cancelled { cid });
+                    return;
+                };
+                let Some(q) = self
+                    .vhosts
+                    .get_mut(&vhost)
+                    .and_then(|v| v.queues.get_mut(queue.as_str()))
+                else {
+                    self.links.send(from, LinkMsg::Cancelled { cid });
+                    return;
+                };
+                let tag: Arc<str> = Arc::from(cid.to_string());
+                let qname = q.name.clone();
+                q.consumers.push(Consumer {
+                    tag: tag.clone(),
+                    conn: pc,
+                    channel: LINK_CHANNEL,
+                    no_ack,
+                    exclusive: false,
+                    prefetch,
+                    unacked: 0,
+                    reserved: 0,
+                    remote_cid: 0,
+                });
+                q.had_consumers = true;
+                if let Some(ch) = self
+                    .conns
+                    .get_mut(&pc)
+                    .and_then(|c| c.channels.get_mut(&LINK_CHANNEL))
+                {
+                    ch.consumers.insert(tag, qname.clone());
+                }
+                self.after_queue_op(&vhost, &qname);
+            }
+            LinkMsg::Cancel { vhost, cid } => {
+                if let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() {
+                    self.cancel(pc, LINK_CHANNEL, &cid.to_string());
+                }
+            }
+            LinkMsg::Settle { vhost, tags, how } => {
+                let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() else {
+                    return;
+                };
+                let how = match how {
+                    0 => Settle::Ack,
+                    1 => Settle::Requeue,
+                    _ => Settle::Discard,
+                };
+                for t in tags {
+                    let _ = self.settle(pc, LINK_CHANNEL, t, false, how);
+                }
+            }
+            LinkMsg::Get {
+                vhost,
+                queue,
+                req,
+                no_ack,
+            } => {
+                let Some(pc) = self.link_conn(from, &vhost) else {
+                    self.links.send(from, LinkMsg::GetReply { req, msg: None });
+                    return;
+                };
+                if let Some(l) = self.conns.get_mut(&pc).and_then(|c| c.link.as_mut()) {
+                    l.gets.push_back(req);
+                }
+                let g = basic::Get {
+                    queue: queue.as_str().into(),
+                    no_ack,
+                };
+                if self.get(pc, LINK_CHANNEL, &g).is_err()
+                    && let Some(c) = self.conns.get_mut(&pc)
+                {
+                    c.send_get_empty(LINK_CHANNEL);
+                }
+            }
+            // Answers to this node, as the origin.
+            LinkMsg::Confirmed { ids } => {
+                for id in ids {
+                    if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
+                        confirm_one(&mut self.conns, conn, ch, cseq);
+                    }
+                }
+            }
+            LinkMsg::Nacked { ids } => {
+                for id in ids {
+                    if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
+                        nack_one(&mut self.conns, conn, ch, cseq);
+                    }
+                }
+            }
+            LinkMsg::Deliver {
+                cid,
+                tag,
+                redelivered,
+                meta,
+                body,
+            } => self.link_deliver(from, cid, tag, redelivered, &meta, &body),
+            LinkMsg::Cancelled { cid } => {
+                if let Some(rc) = self.links.consumers.remove(&cid)
+                    && let Some(c) = self.conns.get_mut(&rc.conn)
+                {
+                    if let Some(ch) = c.channels.get_mut(&rc.channel) {
+                        ch.consumers.remove(&rc.tag);
+                    }
+                    c.cancel_consumer(rc.channel, &rc.tag);
+                    if let Some(q) = self
+                        .vhosts
+                        .get_mut(&rc.vhost)
+                        .and_then(|v| v.queues.get_mut(&rc.queue))
+                    {
+                        q.consumers.retain(|x| x.remote_cid != cid);
+                    }
+                }
+            }
+            LinkMsg::GetReply { req, msg } => {
+                let Some((node, conn, ch, no_ack, queue)) = self.links.gets.remove(&req) else {
+                    return;
+                };
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    if let Some((tag, ..)) = msg {
+                        self.link_settle(&node, "", tag, Settle::Requeue);
+                    }
+                    return;
+                };
+                let vhost = c.vhost.clone();
+                let Some(chan) = c.channels.get_mut(&ch) else {
+                    return;
+                };
+                let Some((tag, redelivered, meta, body, remaining)) = msg else {
+                    c.amqp.reply(ch, Reply::BasicGetEmpty);
+                    return;
+                };
+                chan.next_tag += 1;
+                let dtag = chan.next_tag;
+                if !no_ack {
+                    chan.unacked.insert(
+                        dtag,
+                        Unacked {
+                            queue: queue.clone(),
+                            bq_tag: tag,
+                            consumer: None,
+                            msg_id: 0,
+                            remote: Some(node.clone()),
+                        },
+                    );
+                }
+                let m = decode_meta(&meta);
+                c.amqp.send_content(
+                    ch,
+                    &ContentMethod::GetOk {
+                        delivery_tag: dtag,
+                        redelivered,
+                        exchange: m.exchange,
+                        routing_key: m.routing_key,
+                        message_count: remaining,
+                    },
+                    &m.properties,
+                    &body,
+                );
+                let _ = vhost;
+            }
+        }
+    }
+
+    fn link_deliver(
+        &mut self,
+        from: &str,
+        cid: u64,
+        tag: u64,
+        redelivered: bool,
+        meta: &Bytes,
+        body: &Bytes,
+    ) {
+        let rc = self.links.consumers.get(&cid).cloned();
+        let delivered = rc.as_ref().is_some_and(|rc| {
+            let Some(c) = self.conns.get_mut(&rc.conn) else {
+                return false;
+            };
+            let Some(chan) = c.channels.get_mut(&rc.channel) else {
+                return false;
+            };
+            if !chan.consumers.contains_key(&rc.tag) {
+                return false;
+            }
+            chan.next_tag += 1;
+            let dtag = chan.next_tag;
+            let node: Arc<str> = Arc::from(from);
+            if !rc.no_ack {
+                chan.unacked.insert(
+                    dtag,
+                    Unacked {
+                        queue: rc.queue.clone(),
+                        bq_tag: tag,
+                        consumer: Some(rc.tag.clone()),
+                        msg_id: 0,
+                        remote: Some(node),
+                    },
+                );
+            }
+            let m = decode_meta(meta);
+            c.amqp.send_content(
+                rc.channel,
+                &ContentMethod::Deliver {
+                    consumer_tag: &rc.tag,
+                    delivery_tag: dtag,
+                    redelivered,
+                    exchange: m.exchange,
+                    routing_key: m.routing_key,
+                },
+                &m.properties,
+                body,
+            );
+            true
+        });
+        if !delivered {
+            // The consumer is gone: the message goes back at the master.
+            let vhost = rc.map(|r| r.vhost).unwrap_or_default();
+            if !vhost.is_empty() {
+                self.link_settle(from, &vhost, tag, Settle::Requeue);
+            }
+        }
+    }
+
+    /// Node `node` is down (or its link broke): forwarded publishes it had
+    /// not confirmed are nacked, its deliveries to this node's clients are
+    /// forgotten (its successor redelivers them), and its forwarded
+    /// consumers and unacked deliveries on this node's queues are dropped
+    /// (requeued).
+    pub fn link_down(&mut self, node: &str, now_ms: u64) {
+        self.now = now_ms;
+        self.current = 0;
+        let lost: Vec<u64> = self
+            .links
+            .publishes
+            .iter()
+            .filter(|(_, p)| &*p.0 == node)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in lost {
+            if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
+                nack_one(&mut self.conns, conn, ch, cseq);
+            }
+        }
+        let gets: Vec<u64> = self
+            .links
+            .gets
+            .iter()
+            .filter(|(_, g)| &*g.0 == node)
+            .map(|(id, _)| *id)
+            .collect();
+        for req in gets {
+            if let Some((_, conn, ch, ..)) = self.links.gets.remove(&req)
+                && let Some(c) = self.conns.get_mut(&conn)
+            {
+                c.amqp.reply(ch, Reply::BasicGetEmpty);
+            }
+        }
+        for c in self.conns.values_mut() {
+            for chan in c.channels.values_mut() {
+                chan.unacked
+                    .retain(|_, u| u.remote.as_deref() != Some(node));
+            }
+        }
+        let gone: Vec<ConnId> = self
+            .links
+            .conns
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|(_, id)| *id)
+            .collect();
+        self.links.conns.retain(|(n, _), _| n != node);
+        for id in gone {
+            self.cleanup_conn(id);
+            self.conns.remove(&id);
+        }
+        self.out_link_dropped(node);
+        self.wake_clients();
+    }
+
+    fn out_link_dropped(&mut self, node: &str) {
+        self.links.out.remove(node);
+    }
+}
