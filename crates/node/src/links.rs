@@ -33,7 +33,7 @@ fn now_ms() -> u64 {
 }
 
 /// Starts the forwarding listener on `bind_ip` (any port), the sender and
-/// the failure watcher; returns the listener's address. Call on the
+/// the failure watcher; returns the listener's address.
 pub(crate) async fn start(
     cluster: Cluster,
     transport: Arc<dyn Transport>,
