@@ -7,6 +7,7 @@
 
 mod amqp_bench;
 mod bench;
+mod bench_mirrored;
 mod cluster;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,8 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["test", rest @ ..] => test(rest),
+        ["bench", "mirrored", rest @ ..] => bench_mirrored::mirrored(&workspace_root(), rest),
+        ["bench", "many-queues", rest @ ..] => bench_mirrored::many_queues(&workspace_root(), rest),
         ["bench", which, rest @ ..] => bench::run(&workspace_root(), which, rest),
         ["cluster", rest @ ..] => cluster::run(&workspace_root(), rest),
         _ => {
@@ -31,6 +34,9 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  bench gm | backing-queue  the GM ring and backing-queue benches");
             eprintln!(
                 "  bench amqp [--duration S]  Warren vs RabbitMQ (if installed), same lapin load"
+            );
+            eprintln!(
+                "  bench mirrored | many-queues  3-node mirrored queues (vs RabbitMQ); 1,000 queues"
             );
             eprintln!(
                 "  cluster up [--nodes N] [--transport tcp|quic]   a local cluster on 127.0.0.1..N"

@@ -57,6 +57,13 @@ struct Args {
     /// Queue name.
     #[arg(long, default_value = "warren-bench")]
     queue: String,
+    /// A durable queue even for transient messages (`--persistent` implies it).
+    #[arg(long)]
+    durable: bool,
+    /// Use the queue as it is: neither delete it before nor after the run (for
+    /// a queue set up beforehand, e.g. mirrored and synchronised).
+    #[arg(long)]
+    keep_queue: bool,
 }
 
 #[tokio::main]
@@ -66,15 +73,17 @@ async fn main() -> anyhow::Result<()> {
     let setup = Connection::connect(&args.url, ConnectionProperties::default())
         .await
         .context("connecting")?;
-    let ch = setup.create_channel().await?;
-    let _ = ch
-        .queue_delete(args.queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
+    if !args.keep_queue {
+        let ch = setup.create_channel().await?;
+        let _ = ch
+            .queue_delete(args.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
     let ch = setup.create_channel().await?;
     ch.queue_declare(
         args.queue.as_str().into(),
         QueueDeclareOptions {
-            durable: args.persistent,
+            durable: args.persistent || args.durable,
             ..Default::default()
         },
         FieldTable::default(),
@@ -234,10 +243,12 @@ async fn main() -> anyhow::Result<()> {
         pct(0.50),
         pct(0.99)
     );
-    let ch = setup.create_channel().await?;
-    let _ = ch
-        .queue_delete(args.queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
+    if !args.keep_queue {
+        let ch = setup.create_channel().await?;
+        let _ = ch
+            .queue_delete(args.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
     let _ = setup.close(200, "done".into()).await;
     Ok(())
 }

@@ -1,0 +1,1427 @@
+//! `cargo xtask bench mirrored` and `cargo xtask bench many-queues`: mirrored
+//! queues on a 3-node Warren cluster (separate processes on 127.0.0.1, over
+//! TCP and over QUIC) and — when Debian's `rabbitmq-server` is installed — on
+//! a 3-node RabbitMQ cluster with the same `ha-mode: all` policy, driven by
+//! the same lapin load generator (`crates/node/examples/amqp_bench.rs`).
+//!
+//! Every node runs on loopback on its own ports with its data and logs under
+//! `target/bench-mirrored/`; only processes this command started are stopped
+//! (by their pid), `epmd` included when RabbitMQ started it.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde_json::Value;
+
+/// Warren node *i* (1-based) listens on these ports plus *i*.
+const WARREN_AMQP: u16 = 5910;
+const WARREN_HTTP: u16 = 15910;
+const WARREN_METRICS: u16 = 15920;
+const WARREN_PEER: u16 = 25910;
+/// RabbitMQ node *i* listens on these ports plus *i*.
+const RABBIT_AMQP: u16 = 5930;
+const RABBIT_DIST: u16 = 25930;
+
+/// The mirroring policy: queues named `ha.*` on every node, synced at once.
+const HA_ALL: &str = r#"{"pattern":"^ha\\.","apply-to":"queues","definition":{"ha-mode":"all","ha-sync-mode":"automatic"}}"#;
+
+/// The workloads: a name, the queue, and the load generator's flags.
+const WORKLOADS: [(&str, &str, &[&str]); 2] = [
+    (
+        "1 KiB persistent, durable queue, 100 confirms in flight, manual acks",
+        "ha.bench.persistent",
+        &[
+            "--size",
+            "1024",
+            "--confirms",
+            "100",
+            "--persistent",
+            "--manual-ack",
+        ],
+    ),
+    (
+        "16 B transient, durable queue, no confirms, auto-ack",
+        "ha.bench.transient",
+        &["--size", "16", "--durable"],
+    ),
+];
+
+fn flag<'a>(rest: &[&'a str], name: &str) -> Option<&'a str> {
+    rest.iter()
+        .position(|a| *a == name)
+        .and_then(|i| rest.get(i + 1).copied())
+}
+
+fn number(rest: &[&str], name: &str, default: u64) -> anyhow::Result<u64> {
+    flag(rest, name).map_or(Ok(default), |v| {
+        v.parse()
+            .with_context(|| format!("{name} takes a number, not {v:?}"))
+    })
+}
+
+/// Where cargo puts the release binaries (`CARGO_TARGET_DIR` or `target/`).
+fn release_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("release")
+}
+
+fn build() -> anyhow::Result<()> {
+    crate::step(
+        "build warren and the load generator (release)",
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "-p",
+            "warren-node",
+            "--bins",
+            "--examples",
+        ],
+    )
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Waits up to `limit` for `child` to exit; true if it did.
+fn wait_exit(child: &mut Child, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+fn wait_port(port: u16, what: &str, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("{what} did not open port {port} within {limit:?}")
+}
+
+/// Polls `check` every 200 ms until it holds; fails after `limit`.
+fn eventually(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    loop {
+        if check()? {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            bail!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One HTTP/1.1 request as guest; returns the status and the (de-chunked) body.
+fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = Vec::new();
+    s.read_to_end(&mut response)?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, rest) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("{method} {path} on {addr}: no status in {head:?}"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let mut text = String::new();
+    if chunked {
+        let mut rest = rest;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if size == 0 || after.len() < size {
+                break;
+            }
+            text.push_str(&after[..size]);
+            rest = after[size..].trim_start_matches("\r\n");
+        }
+    } else {
+        text.push_str(rest);
+    }
+    Ok((status, text))
+}
+
+fn http_json(addr: &str, path: &str) -> anyhow::Result<Option<Value>> {
+    let (status, text) = http(addr, "GET", path, None)?;
+    if status != 200 {
+        return Ok(None);
+    }
+    Ok(Some(serde_json::from_str(&text)?))
+}
+
+fn list_len(v: &Value, key: &str) -> usize {
+    v.get(key).and_then(Value::as_array).map_or(0, Vec::len)
+}
+
+/// One started `warren` process, stopped (SIGTERM, then SIGKILL) when dropped.
+struct WarrenNode {
+    name: String,
+    amqp: u16,
+    http: String,
+    child: Child,
+}
+
+impl WarrenNode {
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for WarrenNode {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        signal(self.pid(), "-TERM");
+        if !wait_exit(&mut self.child, Duration::from_secs(20)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Started `warren` nodes, all sent SIGTERM at once when dropped.
+struct WarrenCluster(Vec<WarrenNode>);
+
+impl Drop for WarrenCluster {
+    fn drop(&mut self) {
+        for n in &mut self.0 {
+            if let Ok(None) = n.child.try_wait() {
+                signal(n.pid(), "-TERM");
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for WarrenCluster {
+    type Target = [WarrenNode];
+
+    fn deref(&self) -> &[WarrenNode] {
+        &self.0
+    }
+}
+
+/// Starts three clustered `warren` processes on 127.0.0.1 and sets `ha-all`.
+fn warren_cluster(root: &Path, dir: &Path, transport: &str) -> anyhow::Result<WarrenCluster> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let secret = dir.join("cluster-secret");
+    std::fs::write(&secret, format!("warren-bench-{}\n", std::process::id()))?;
+    let bin = release_dir(root).join("warren");
+    let mut nodes = WarrenCluster(Vec::new());
+    for i in 1..=3u16 {
+        let name = format!("warren@n{i}");
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--node-name", &name])
+            .args(["--amqp-addr", &format!("127.0.0.1:{}", WARREN_AMQP + i)])
+            .args(["--http-addr", &format!("127.0.0.1:{}", WARREN_HTTP + i)])
+            .args([
+                "--prometheus-addr",
+                &format!("127.0.0.1:{}", WARREN_METRICS + i),
+            ])
+            .args(["--peer-addr", &format!("127.0.0.1:{}", WARREN_PEER + i)])
+            .args(["--transport", transport])
+            .arg("--cluster-secret-file")
+            .arg(&secret)
+            .arg("--data-dir")
+            .arg(dir.join(format!("node{i}")));
+        if transport == "quic" {
+            cmd.arg("--cluster-ca-dir").arg(dir.join("ca"));
+        }
+        if i > 1 {
+            cmd.args(["--join", &format!("127.0.0.1:{}", WARREN_PEER + 1)]);
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn,openraft=error");
+        }
+        let log = std::fs::File::create(dir.join(format!("node{i}.log")))?;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("node stdout")?;
+        nodes.0.push(WarrenNode {
+            name: name.clone(),
+            amqp: WARREN_AMQP + i,
+            http: format!("127.0.0.1:{}", WARREN_HTTP + i),
+            child,
+        });
+        wait_ready(stdout, &name, Duration::from_secs(120))
+            .with_context(|| format!("see {}", dir.join(format!("node{i}.log")).display()))?;
+    }
+    let first = nodes[0].http.clone();
+    eventually(
+        "three running cluster members",
+        Duration::from_secs(60),
+        || {
+            Ok(http_json(&first, "/api/cluster")?
+                .is_some_and(|v| list_len(&v, "running_nodes") == 3))
+        },
+    )?;
+    let (status, text) = http(&first, "PUT", "/api/policies/%2F/ha-all", Some(HA_ALL))?;
+    if ![200, 201, 204].contains(&status) {
+        bail!("setting the ha-all policy answered {status}: {text}");
+    }
+    Ok(nodes)
+}
+
+/// Waits for the node's "ready" line on its stdout, then keeps draining it.
+fn wait_ready(
+    stdout: impl Read + Send + 'static,
+    name: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if line.contains("ready") {
+                let _ = tx.send(());
+                break;
+            }
+        }
+        for _ in lines {}
+    });
+    rx.recv_timeout(limit)
+        .map_err(|_| anyhow::anyhow!("{name} did not become ready within {limit:?}"))
+}
+
+/// Waits until the Warren queue `name` has two synchronised mirrors.
+fn warren_synced(node: &WarrenNode, name: &str) -> anyhow::Result<Duration> {
+    let path = format!("/api/queues/%2F/{name}");
+    eventually(
+        &format!("{name} to have 2 synchronised mirrors on Warren"),
+        Duration::from_secs(60),
+        || {
+            Ok(http_json(&node.http, &path)?
+                .is_some_and(|q| list_len(&q, "synchronised_slave_nodes") == 2))
+        },
+    )
+}
+
+/// A RabbitMQ node from Debian's package, stopped (SIGTERM to its start
+/// script, then SIGKILL to the Erlang VM) when dropped.
+struct RabbitNode {
+    name: String,
+    port: u16,
+    child: Child,
+    home: PathBuf,
+}
+
+const RABBIT_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+const RABBIT_CTL: &str = "/usr/lib/rabbitmq/bin/rabbitmqctl";
+
+impl RabbitNode {
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Runs `rabbitmqctl -n NODE args…`; returns its stdout.
+    fn ctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        rabbitmqctl(&self.home, &self.name, args)
+    }
+
+    /// The Erlang VM's pid.
+    fn beam_pid(&self) -> anyhow::Result<u32> {
+        let out = self.ctl(&["eval", "os:getpid()."])?;
+        out.trim()
+            .trim_matches('"')
+            .parse()
+            .with_context(|| format!("os:getpid() on {} answered {out:?}", self.name))
+    }
+}
+
+impl Drop for RabbitNode {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let beam = self.beam_pid().ok();
+        signal(self.child.id(), "-TERM");
+        if !wait_exit(&mut self.child, Duration::from_secs(30)) {
+            if let Some(pid) = beam {
+                signal(pid, "-KILL");
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn rabbitmqctl(home: &Path, node: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(RABBIT_CTL)
+        .env("HOME", home)
+        .args(["-n", node])
+        .args(args)
+        .output()
+        .context("running rabbitmqctl")?;
+    if !out.status.success() {
+        bail!(
+            "rabbitmqctl -n {node} {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The pids of running `epmd` processes.
+fn epmd_pids() -> Vec<u32> {
+    Command::new("pidof")
+        .arg("epmd")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Starts a 3-node RabbitMQ cluster with the `ha-all` policy; `None` when
+/// `rabbitmq-server` is not installed.
+fn rabbit_cluster(dir: &Path) -> anyhow::Result<Option<Vec<RabbitNode>>> {
+    if !Path::new(RABBIT_SERVER).exists() {
+        return Ok(None);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    // A shared Erlang cookie for the nodes and rabbitmqctl, in a HOME of our own.
+    let cookie = dir.join(".erlang.cookie");
+    std::fs::write(&cookie, format!("WARRENBENCH{}", std::process::id()))?;
+    Command::new("chmod").arg("400").arg(&cookie).status()?;
+    let mut nodes: Vec<RabbitNode> = Vec::new();
+    for i in 1..=3u16 {
+        let base = dir.join(format!("rabbit{i}"));
+        std::fs::create_dir_all(base.join("log"))?;
+        let port = RABBIT_AMQP + i;
+        std::fs::write(
+            base.join("rabbitmq.conf"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )?;
+        let name = format!("rabbit{i}@localhost");
+        let log = std::fs::File::create(dir.join(format!("rabbit{i}.log")))?;
+        let child = Command::new(RABBIT_SERVER)
+            .env("RABBITMQ_NODENAME", &name)
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", (RABBIT_DIST + i).to_string())
+            .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", base.join("log"))
+            .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                base.join("enabled_plugins"),
+            )
+            .env("HOME", dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting rabbitmq-server")?;
+        let node = RabbitNode {
+            name: name.clone(),
+            port,
+            child,
+            home: dir.to_owned(),
+        };
+        wait_port(port, &name, Duration::from_secs(120))?;
+        node.ctl(&["await_startup"])?;
+        if i > 1 {
+            node.ctl(&["stop_app"])?;
+            node.ctl(&["join_cluster", "rabbit1@localhost"])?;
+            node.ctl(&["start_app"])?;
+        }
+        println!("    {name} up on 127.0.0.1:{port}");
+        nodes.push(node);
+    }
+    nodes[0].ctl(&[
+        "set_policy",
+        "--apply-to",
+        "queues",
+        "ha-all",
+        r"^ha\.",
+        r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#,
+    ])?;
+    Ok(Some(nodes))
+}
+
+/// Waits until the RabbitMQ queue `name` has two synchronised mirrors.
+fn rabbit_synced(node: &RabbitNode, name: &str) -> anyhow::Result<Duration> {
+    eventually(
+        &format!("{name} to have 2 synchronised mirrors on RabbitMQ"),
+        Duration::from_secs(60),
+        || {
+            let out = node.ctl(&[
+                "list_queues",
+                "-q",
+                "--no-table-headers",
+                "name",
+                "synchronised_slave_pids",
+            ])?;
+            Ok(out.lines().any(|l| {
+                l.split_whitespace().next() == Some(name) && l.matches("@localhost").count() == 2
+            }))
+        },
+    )
+}
+
+/// Declares durable queues on `url`, `parallel` channels at a time.
+async fn declare(url: &str, names: &[String], parallel: usize) -> anyhow::Result<()> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let mut tasks = Vec::new();
+    for part in names.chunks(names.len().div_ceil(parallel.max(1)).max(1)) {
+        let ch = conn.create_channel().await?;
+        let part = part.to_vec();
+        tasks.push(tokio::spawn(async move {
+            for name in part {
+                ch.queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// Deletes a queue (what a run left in it included).
+async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.queue_delete(name.into(), QueueDeleteOptions::default())
+        .await?;
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// One load generator run: published/s, consumed/s, latency p50 and p99 (µs).
+type Rates = [f64; 4];
+
+/// Runs the load generator against an existing (mirrored) queue.
+fn load(
+    root: &Path,
+    url: &str,
+    queue: &str,
+    flags: &[&str],
+    duration: u64,
+) -> anyhow::Result<Rates> {
+    let out = Command::new(release_dir(root).join("examples/amqp_bench"))
+        .args(["--url", url, "--queue", queue, "--keep-queue"])
+        .args(["--duration", &duration.to_string()])
+        .args(flags)
+        .output()
+        .context("running amqp_bench")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "amqp_bench failed: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let value = |key: &str| -> anyhow::Result<f64> {
+        let start = text
+            .find(key)
+            .with_context(|| format!("no {key} in: {text}"))?
+            + key.len();
+        let digits: String = text[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        Ok(digits.parse()?)
+    };
+    Ok([
+        value("published/s=")?,
+        value("consumed/s=")?,
+        value("p50=")?,
+        value("p99=")?,
+    ])
+}
+
+/// Seconds the stall measurement goes on publishing after the SIGKILL.
+const AFTER_KILL: Duration = Duration::from_secs(8);
+
+/// What a confirmed publisher saw around the SIGKILL of a mirror's node.
+struct Stall {
+    /// The longest time without a confirm from the SIGKILL on (to the end
+    /// of the run if confirms never resumed).
+    longest_gap: Duration,
+    /// When that pause began, counted from the SIGKILL.
+    gap_start: Duration,
+    /// From the SIGKILL to the first confirm of a message published after it.
+    first_new_confirm: Option<Duration>,
+    /// Confirms received after the SIGKILL.
+    confirms_after: usize,
+    /// Publishes the broker nacked.
+    nacks: u64,
+    /// Whether confirms were still outstanding 10 s after publishing stopped.
+    stuck: bool,
+}
+
+/// Publishes 1 KiB persistent messages with 100 confirms in flight to
+/// `queue` on `url`; after 2 s SIGKILLs `pid` and goes on for [`AFTER_KILL`].
+async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    // (sent, confirmed, ack) for every confirm received.
+    let seen: Arc<Mutex<Vec<(Instant, Instant, bool)>>> = Arc::default();
+    let producer = {
+        let (stop, seen, queue) = (stop.clone(), seen.clone(), queue.to_owned());
+        tokio::spawn(async move {
+            let body = vec![0u8; 1024];
+            let props = BasicProperties::default().with_delivery_mode(2);
+            let mut inflight = std::collections::VecDeque::new();
+            loop {
+                let stopping = stop.load(Ordering::Relaxed);
+                if !stopping {
+                    let sent = Instant::now();
+                    let confirm = ch
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            BasicPublishOptions::default(),
+                            &body,
+                            props.clone(),
+                        )
+                        .await?;
+                    inflight.push_back((sent, confirm));
+                }
+                let window = if stopping { 0 } else { 100 };
+                while inflight.len() > window {
+                    if let Some((sent, c)) = inflight.pop_front() {
+                        let ack = c.await.is_ok_and(|c| c.is_ack());
+                        if let Ok(mut s) = seen.lock() {
+                            s.push((sent, Instant::now(), ack));
+                        }
+                    }
+                }
+                if stopping {
+                    return anyhow::Ok(());
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = Instant::now();
+    signal(pid, "-KILL");
+    tokio::time::sleep(AFTER_KILL).await;
+    let end = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    let stuck = tokio::time::timeout(Duration::from_secs(10), producer)
+        .await
+        .is_err();
+    let _ = conn.close(200, "done".into()).await;
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    let mut times: Vec<Instant> = seen
+        .iter()
+        .map(|s| s.1)
+        .filter(|t| (killed..end).contains(t))
+        .collect();
+    times.sort_unstable();
+    let (mut longest_gap, mut gap_start) = (Duration::ZERO, Duration::ZERO);
+    let mut previous = killed;
+    for t in times.iter().copied().chain([end]) {
+        if t.saturating_duration_since(previous) > longest_gap {
+            longest_gap = t.saturating_duration_since(previous);
+            gap_start = previous.duration_since(killed);
+        }
+        previous = t;
+    }
+    Ok(Stall {
+        longest_gap,
+        gap_start,
+        first_new_confirm: seen
+            .iter()
+            .filter(|s| s.0 >= killed)
+            .map(|s| s.1.duration_since(killed))
+            .min(),
+        confirms_after: times.len(),
+        nacks: seen.iter().filter(|s| !s.2).count() as u64,
+        stuck,
+    })
+}
+
+/// The results of one broker: rates per workload and the failover stall.
+struct Outcome {
+    broker: String,
+    rates: Vec<Option<Rates>>,
+    stall: Option<Stall>,
+    note: String,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Runs both workloads and the stall measurement on a Warren cluster.
+fn bench_warren(
+    root: &Path,
+    dir: &Path,
+    transport: &str,
+    duration: u64,
+) -> anyhow::Result<Outcome> {
+    let rt = runtime()?;
+    let broker = format!("Warren {}", transport.to_uppercase());
+    println!(
+        "==> {broker}: starting 3 nodes on 127.0.0.1 ({})",
+        dir.display()
+    );
+    let nodes = warren_cluster(root, dir, transport)?;
+    let mut rates = Vec::new();
+    for (name, queue, flags) in WORKLOADS {
+        rt.block_on(declare(&nodes[0].url(), &[queue.to_owned()], 1))?;
+        let took = warren_synced(&nodes[0], queue)?;
+        println!(
+            "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
+            took.as_secs_f64()
+        );
+        let r = load(root, &nodes[0].url(), queue, flags, duration)?;
+        println!(
+            "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
+            r[0], r[1], r[2], r[3]
+        );
+        rates.push(Some(r));
+        rt.block_on(delete(&nodes[0].url(), queue))?;
+    }
+    // The stall: producer and master on node 2, node 3 (a mirror) SIGKILLed.
+    let queue = "ha.bench.stall";
+    rt.block_on(declare(&nodes[1].url(), &[queue.to_owned()], 1))?;
+    warren_synced(&nodes[1], queue)?;
+    let master = http_json(&nodes[1].http, &format!("/api/queues/%2F/{queue}"))?
+        .and_then(|q| q["node"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let note = if master == nodes[1].name {
+        String::new()
+    } else {
+        format!(
+            "(the stall queue's master is {master}, not {})",
+            nodes[1].name
+        )
+    };
+    println!(
+        "    publisher stall: publishing to {queue} on {} (master {master}), SIGKILL {} after 2 s…",
+        nodes[1].name, nodes[2].name
+    );
+    let s = rt.block_on(stall(&nodes[1].url(), queue, nodes[2].pid()))?;
+    print_stall(&s);
+    Ok(Outcome {
+        broker,
+        rates,
+        stall: Some(s),
+        note,
+    })
+}
+
+fn print_stall(s: &Stall) {
+    println!("    {}", describe_stall(s));
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1e3)
+}
+
+fn describe_stall(s: &Stall) -> String {
+    format!(
+        "longest pause in confirms {} (from {} after the SIGKILL), first confirm of a new publish after {}, {} confirms in the {} s after the SIGKILL, {} nacks{}",
+        ms(s.longest_gap),
+        ms(s.gap_start),
+        s.first_new_confirm.map_or("never".to_owned(), ms),
+        s.confirms_after,
+        AFTER_KILL.as_secs(),
+        s.nacks,
+        if s.stuck {
+            "; confirms still outstanding 10 s after publishing stopped"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Runs both workloads and the stall measurement on a RabbitMQ cluster.
+fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option<Outcome>> {
+    let rt = runtime()?;
+    let version = Command::new("dpkg-query")
+        .args(["-W", "-f=${Version}", "rabbitmq-server"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let broker = format!(
+        "RabbitMQ {} mirrored",
+        version.split('-').next().unwrap_or("3")
+    );
+    println!(
+        "==> {broker}: starting 3 nodes on 127.0.0.1 ({})",
+        dir.display()
+    );
+    let epmd_before = epmd_pids();
+    let result = (|| -> anyhow::Result<Option<Outcome>> {
+        let Some(nodes) = rabbit_cluster(dir)? else {
+            return Ok(None);
+        };
+        let mut rates = Vec::new();
+        for (name, queue, flags) in WORKLOADS {
+            rt.block_on(declare(&nodes[0].url(), &[queue.to_owned()], 1))?;
+            let took = rabbit_synced(&nodes[0], queue)?;
+            println!(
+                "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
+                took.as_secs_f64()
+            );
+            let r = load(root, &nodes[0].url(), queue, flags, duration)?;
+            println!(
+                "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
+                r[0], r[1], r[2], r[3]
+            );
+            rates.push(Some(r));
+            rt.block_on(delete(&nodes[0].url(), queue))?;
+        }
+        let queue = "ha.bench.stall";
+        rt.block_on(declare(&nodes[1].url(), &[queue.to_owned()], 1))?;
+        rabbit_synced(&nodes[1], queue)?;
+        let victim = nodes[2].beam_pid()?;
+        println!(
+            "    publisher stall: publishing to {queue} on {} (its master), SIGKILL {} after 2 s…",
+            nodes[1].name, nodes[2].name
+        );
+        let s = rt.block_on(stall(&nodes[1].url(), queue, victim))?;
+        print_stall(&s);
+        Ok(Some(Outcome {
+            broker: broker.clone(),
+            rates,
+            stall: Some(s),
+            note: String::new(),
+        }))
+    })();
+    // Stop the epmd the nodes started (it outlives them), by its pid.
+    for pid in epmd_pids() {
+        if !epmd_before.contains(&pid) {
+            signal(pid, "-TERM");
+        }
+    }
+    result
+}
+
+/// `bench mirrored [--duration S] [--transports tcp,quic] [--no-rabbitmq]`.
+pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
+    let duration = number(rest, "--duration", 10)?;
+    let transports: Vec<&str> = flag(rest, "--transports")
+        .unwrap_or("tcp,quic")
+        .split(',')
+        .collect();
+    if let Some(t) = transports.iter().find(|t| !["tcp", "quic"].contains(t)) {
+        bail!("unknown transport {t:?} (tcp, quic)");
+    }
+    build()?;
+    let out_dir = root.join("target/bench-mirrored");
+    std::fs::create_dir_all(&out_dir)?;
+    let mut outcomes = Vec::new();
+    for t in &transports {
+        match bench_warren(root, &out_dir.join(format!("warren-{t}")), t, duration) {
+            Ok(o) => outcomes.push(o),
+            Err(e) => {
+                println!("    Warren over {t} failed: {e:#}");
+                outcomes.push(Outcome {
+                    broker: format!("Warren {}", t.to_uppercase()),
+                    rates: vec![None; WORKLOADS.len()],
+                    stall: None,
+                    note: format!("failed: {e:#}"),
+                });
+            }
+        }
+    }
+    let mut rabbit_note = String::new();
+    if rest.contains(&"--no-rabbitmq") {
+        rabbit_note = "RabbitMQ skipped (--no-rabbitmq).".to_owned();
+    } else {
+        match bench_rabbit(root, &out_dir.join("rabbitmq"), duration) {
+            Ok(Some(o)) => outcomes.push(o),
+            Ok(None) => {
+                rabbit_note = format!(
+                    "RabbitMQ could not be run: {RABBIT_SERVER} is missing (apt-get install rabbitmq-server)."
+                );
+            }
+            Err(e) => rabbit_note = format!("RabbitMQ could not be run: {e:#}"),
+        }
+    }
+    if !rabbit_note.is_empty() {
+        println!("    {rabbit_note}");
+    }
+    let report = mirrored_report(&outcomes, duration, &rabbit_note)?;
+    let out = out_dir.join("report.md");
+    std::fs::write(&out, &report)?;
+    println!("\n{report}\n(written to {})", out.display());
+    Ok(())
+}
+
+fn mirrored_report(
+    outcomes: &[Outcome],
+    duration: u64,
+    rabbit_note: &str,
+) -> anyhow::Result<String> {
+    let mut t = String::new();
+    let rabbit = outcomes.iter().find(|o| o.broker.starts_with("RabbitMQ"));
+    let warrens: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.broker.starts_with("Warren"))
+        .collect();
+    writeln!(
+        t,
+        "3 nodes on 127.0.0.1, policy ha-mode all with automatic sync, one producer and one consumer on the master's node, {duration} s per run (after 1 s of warm-up).\n"
+    )?;
+    write!(t, "| workload | measure |")?;
+    for o in outcomes {
+        write!(t, " {} |", o.broker)?;
+    }
+    if let Some(r) = rabbit {
+        for w in &warrens {
+            write!(
+                t,
+                " {} / {} |",
+                w.broker,
+                r.broker.trim_end_matches(" mirrored")
+            )?;
+        }
+    }
+    writeln!(t)?;
+    write!(t, "|---|---|")?;
+    for _ in 0..outcomes.len() + rabbit.map_or(0, |_| warrens.len()) {
+        write!(t, "---:|")?;
+    }
+    writeln!(t)?;
+    let measures = [
+        "published/s",
+        "consumed/s",
+        "latency p50 µs",
+        "latency p99 µs",
+    ];
+    for (w, (name, _, _)) in WORKLOADS.iter().enumerate() {
+        for (m, measure) in measures.iter().enumerate() {
+            write!(t, "| {name} | {measure} |")?;
+            let value = |o: &Outcome| o.rates.get(w).copied().flatten().map(|r| r[m]);
+            for o in outcomes {
+                match value(o) {
+                    Some(v) => write!(t, " {} |", thousands(v))?,
+                    None => write!(t, " – |")?,
+                }
+            }
+            if let Some(r) = rabbit {
+                for o in &warrens {
+                    match (value(o), value(r)) {
+                        (Some(a), Some(b)) if m < 2 => write!(t, " {:.2}× |", a / b.max(1.0))?,
+                        _ => write!(t, " |")?,
+                    }
+                }
+            }
+            writeln!(t)?;
+        }
+    }
+    writeln!(
+        t,
+        "\nPublisher stall when a mirror dies: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a queue whose master is node 2; after 2 s node 3, a synchronised mirror, is SIGKILLed; measured over the next {} s.\n",
+        AFTER_KILL.as_secs()
+    )?;
+    writeln!(
+        t,
+        "| broker | longest pause in confirms after the SIGKILL | pause began after | first confirm of a publish made after the SIGKILL | confirms in the {} s after | nacks |",
+        AFTER_KILL.as_secs()
+    )?;
+    writeln!(t, "|---|---:|---:|---:|---:|---:|")?;
+    for o in outcomes {
+        match &o.stall {
+            Some(s) => writeln!(
+                t,
+                "| {} | {}{} | {} | {} | {} | {} |",
+                o.broker,
+                ms(s.longest_gap),
+                if s.stuck {
+                    " (confirms still outstanding 10 s later)"
+                } else {
+                    ""
+                },
+                ms(s.gap_start),
+                s.first_new_confirm.map_or("none".to_owned(), ms),
+                thousands(s.confirms_after as f64),
+                s.nacks
+            )?,
+            None => writeln!(t, "| {} | – | – | – | – | – |", o.broker)?,
+        }
+    }
+    let notes: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.note.is_empty())
+        .map(|o| format!("- {}: {}", o.broker, o.note))
+        .chain((!rabbit_note.is_empty()).then(|| format!("- {rabbit_note}")))
+        .collect();
+    if !notes.is_empty() {
+        writeln!(t, "\n{}", notes.join("\n"))?;
+    }
+    Ok(t)
+}
+
+/// 12345.6 → "12,346".
+fn thousands(v: f64) -> String {
+    let digits = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// CPU time (user + system, in clock ticks) and resident memory (KiB) of a process.
+fn usage(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok((ticks, rss))
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Counters shared by the many-queues load generator's tasks.
+#[derive(Default)]
+struct Counters {
+    confirmed: AtomicU64,
+    nacked: AtomicU64,
+    consumed: AtomicU64,
+    /// Confirm latencies (µs) while measuring.
+    latencies: Mutex<Vec<u64>>,
+    measuring: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// Publishers and consumers (connections each) of the many-queues load.
+const LOAD_CONNECTIONS: usize = 4;
+/// Unconfirmed publishes per publisher past which it stops publishing.
+const MAX_UNCONFIRMED: u64 = 20_000;
+
+/// Publishes persistent 64 B messages with confirms to `queues` at `rate`
+/// msg/s each, paced every 10 ms.
+async fn paced_publisher(
+    url: String,
+    queues: Vec<String>,
+    rate: f64,
+    counters: Arc<Counters>,
+) -> anyhow::Result<()> {
+    let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, lapin::PublisherConfirm)>();
+    let sent = Arc::new(AtomicU64::new(0));
+    let settled = Arc::new(AtomicU64::new(0));
+    let collector = {
+        let (counters, settled) = (counters.clone(), settled.clone());
+        tokio::spawn(async move {
+            while let Some((at, confirm)) = rx.recv().await {
+                let ack = confirm.await.is_ok_and(|c| c.is_ack());
+                settled.fetch_add(1, Ordering::Relaxed);
+                if ack {
+                    counters.confirmed.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    counters.nacked.fetch_add(1, Ordering::Relaxed);
+                }
+                if counters.measuring.load(Ordering::Relaxed)
+                    && let Ok(mut l) = counters.latencies.lock()
+                {
+                    l.push(at.elapsed().as_micros() as u64);
+                }
+            }
+        })
+    };
+    let body = [0u8; 64];
+    let props = BasicProperties::default().with_delivery_mode(2);
+    let total_rate = rate * queues.len() as f64;
+    let start = Instant::now();
+    let mut next = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while !counters.stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let due = (start.elapsed().as_secs_f64() * total_rate) as u64;
+        while sent.load(Ordering::Relaxed) < due
+            && sent.load(Ordering::Relaxed) - settled.load(Ordering::Relaxed) < MAX_UNCONFIRMED
+        {
+            let queue = &queues[next % queues.len()];
+            next += 1;
+            let at = Instant::now();
+            let confirm = ch
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    props.clone(),
+                )
+                .await?;
+            sent.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send((at, confirm));
+        }
+    }
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), collector).await;
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// Consumes (acking each message) from every queue of `queues` on one
+/// connection and channel.
+async fn consumer(url: String, queues: Vec<String>, counters: Arc<Counters>) -> anyhow::Result<()> {
+    let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(50, BasicQosOptions::default()).await?;
+    let mut tasks = Vec::new();
+    for queue in queues {
+        let mut stream = ch
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let counters = counters.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(Ok(d)) = stream.next().await {
+                counters.consumed.fetch_add(1, Ordering::Relaxed);
+                if d.ack(BasicAckOptions::default()).await.is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    while !counters.stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in tasks {
+        t.abort();
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// What one node used during the many-queues run.
+struct NodeUsage {
+    name: String,
+    /// CPU seconds per second while measuring.
+    cpu: f64,
+    /// RSS (KiB): idle before the queues, with the queues before the load, at the end.
+    rss: [u64; 3],
+}
+
+/// `bench many-queues [--queues N] [--rate R] [--duration S] [--transport tcp|quic]`.
+pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
+    let n = number(rest, "--queues", 1000)?.max(1) as usize;
+    let rate = number(rest, "--rate", 10)?.max(1) as f64;
+    let duration = number(rest, "--duration", 30)?.max(1);
+    let transport = flag(rest, "--transport").unwrap_or("tcp");
+    if !["tcp", "quic"].contains(&transport) {
+        bail!("--transport must be tcp or quic");
+    }
+    build()?;
+    let out_dir = root.join("target/bench-mirrored");
+    let dir = out_dir.join(format!("many-queues-{transport}"));
+    println!(
+        "==> Warren {}: starting 3 nodes on 127.0.0.1 ({})",
+        transport.to_uppercase(),
+        dir.display()
+    );
+    let nodes = warren_cluster(root, &dir, transport)?;
+    let rt = runtime()?;
+    std::thread::sleep(Duration::from_secs(2));
+    let idle: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|n| usage(n.pid()))
+        .collect::<Result<_, _>>()?;
+
+    let names: Vec<String> = (0..n).map(|i| format!("ha.q{i}")).collect();
+    println!(
+        "    declaring {n} durable queues ha.q0…ha.q{} on {}…",
+        n - 1,
+        nodes[0].name
+    );
+    let t = Instant::now();
+    rt.block_on(declare(&nodes[0].url(), &names, 8))?;
+    println!(
+        "    declared in {:.1} s; waiting for 2 synchronised mirrors each…",
+        t.elapsed().as_secs_f64()
+    );
+    let mut last_print = Instant::now();
+    let synced_count = || -> anyhow::Result<usize> {
+        Ok(http_json(&nodes[0].http, "/api/queues/%2F")?
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter(|q| {
+                q["name"].as_str().is_some_and(|s| s.starts_with("ha.q"))
+                    && list_len(q, "synchronised_slave_nodes") == 2
+            })
+            .count())
+    };
+    let synced = eventually("every queue synchronised", Duration::from_secs(300), || {
+        let c = synced_count()?;
+        if last_print.elapsed() > Duration::from_secs(5) {
+            println!("      {c}/{n} synchronised");
+            last_print = Instant::now();
+        }
+        Ok(c == n)
+    });
+    let sync_note = match synced {
+        Ok(took) => format!(
+            "all {n} queues had 2 synchronised mirrors {:.1} s after the declares",
+            took.as_secs_f64()
+        ),
+        Err(_) => format!(
+            "only {}/{n} queues had 2 synchronised mirrors 300 s after the declares (ran anyway)",
+            synced_count().unwrap_or(0)
+        ),
+    };
+    println!("    {sync_note}");
+    let loaded: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|n| usage(n.pid()))
+        .collect::<Result<_, _>>()?;
+
+    let counters = Arc::new(Counters::default());
+    println!(
+        "    load: {n} queues × {rate} msg/s = {} msg/s, persistent 64 B with confirms, consumed with acks; 3 s warm-up, then {duration} s…",
+        thousands(rate * n as f64)
+    );
+    let url = nodes[0].url();
+    let (before, after, secs, own_cpu) = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for k in 0..LOAD_CONNECTIONS {
+            let share: Vec<String> = names
+                .iter()
+                .skip(k)
+                .step_by(LOAD_CONNECTIONS)
+                .cloned()
+                .collect();
+            tasks.push(tokio::spawn(consumer(
+                url.clone(),
+                share.clone(),
+                counters.clone(),
+            )));
+            tasks.push(tokio::spawn(paced_publisher(
+                url.clone(),
+                share,
+                rate,
+                counters.clone(),
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let snapshot = || -> anyhow::Result<(Vec<u64>, [u64; 3])> {
+            let cpu = nodes
+                .iter()
+                .map(|n| usage(n.pid()).map(|u| u.0))
+                .collect::<Result<_, _>>()?;
+            Ok((
+                cpu,
+                [
+                    counters.confirmed.load(Ordering::Relaxed),
+                    counters.consumed.load(Ordering::Relaxed),
+                    counters.nacked.load(Ordering::Relaxed),
+                ],
+            ))
+        };
+        let own0 = usage(std::process::id())?.0;
+        let before = snapshot()?;
+        counters.measuring.store(true, Ordering::Relaxed);
+        let t0 = Instant::now();
+        for s in 1..=duration {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if s % 5 == 0 || s == duration {
+                println!(
+                    "      {s} s: confirmed {}, consumed {}",
+                    counters.confirmed.load(Ordering::Relaxed) - before.1[0],
+                    counters.consumed.load(Ordering::Relaxed) - before.1[1]
+                );
+            }
+        }
+        let after = snapshot()?;
+        let secs = t0.elapsed().as_secs_f64();
+        let own = usage(std::process::id())?.0 - own0;
+        counters.measuring.store(false, Ordering::Relaxed);
+        counters.stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            match tokio::time::timeout(Duration::from_secs(10), t).await {
+                Ok(Ok(Err(e))) => println!("      a load task failed: {e:#}"),
+                Ok(Err(e)) => println!("      a load task panicked: {e}"),
+                _ => {}
+            }
+        }
+        anyhow::Ok((before, after, secs, own))
+    })?;
+    let end: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|n| usage(n.pid()))
+        .collect::<Result<_, _>>()?;
+    let hz = clock_ticks();
+    let usages: Vec<NodeUsage> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| NodeUsage {
+            name: node.name.clone(),
+            cpu: (after.0[i] - before.0[i]) as f64 / hz / secs,
+            rss: [idle[i].1, loaded[i].1, end[i].1],
+        })
+        .collect();
+    let mut lat = counters
+        .latencies
+        .lock()
+        .map(|l| l.clone())
+        .unwrap_or_default();
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .map_or("–".to_owned(), |us| format!("{:.1}", us as f64 / 1e3))
+    };
+    let target = rate * n as f64;
+    let published = (after.1[0] - before.1[0]) as f64 / secs;
+    let consumed = (after.1[1] - before.1[1]) as f64 / secs;
+    let nacked = after.1[2] - before.1[2];
+    let held = published >= 0.95 * target && consumed >= 0.95 * target;
+
+    let mut t = String::new();
+    writeln!(
+        t,
+        "{n} durable queues ha.q0… mirrored to all 3 Warren nodes ({} between nodes, 127.0.0.1), {rate} msg/s each: persistent 64 B messages with confirms, {LOAD_CONNECTIONS} publisher and {LOAD_CONNECTIONS} consumer connections (acks, prefetch 50) on {}, measured over {secs:.1} s after 3 s of warm-up; {sync_note}.\n",
+        transport.to_uppercase(),
+        nodes[0].name
+    )?;
+    writeln!(
+        t,
+        "| target msg/s | confirmed msg/s | consumed msg/s | held the rate | nacks | confirm p50 ms | confirm p99 ms |"
+    )?;
+    writeln!(t, "|---:|---:|---:|---|---:|---:|---:|")?;
+    writeln!(
+        t,
+        "| {} | {} ({:.0} %) | {} ({:.0} %) | {} | {nacked} | {} | {} |\n",
+        thousands(target),
+        thousands(published),
+        100.0 * published / target,
+        thousands(consumed),
+        100.0 * consumed / target,
+        if held { "yes" } else { "no" },
+        pct(0.50),
+        pct(0.99)
+    )?;
+    writeln!(
+        t,
+        "| node | CPU (% of one core) | CPU per queue (µs/s) | RSS idle MiB | RSS with queues MiB | RSS at end MiB | RSS per queue KiB |"
+    )?;
+    writeln!(t, "|---|---:|---:|---:|---:|---:|---:|")?;
+    for u in &usages {
+        writeln!(
+            t,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
+            u.name,
+            u.cpu * 100.0,
+            u.cpu * 1e6 / n as f64,
+            u.rss[0] as f64 / 1024.0,
+            u.rss[1] as f64 / 1024.0,
+            u.rss[2] as f64 / 1024.0,
+            u.rss[2].saturating_sub(u.rss[0]) as f64 / n as f64
+        )?;
+    }
+    writeln!(
+        t,
+        "\nThe load generator (this xtask, a debug build, on the same machine) used {:.0} % of one core.",
+        own_cpu as f64 / hz / secs * 100.0
+    )?;
+    drop(nodes);
+    let out = out_dir.join("many-queues.md");
+    std::fs::write(&out, &t)?;
+    println!("\n{t}\n(written to {})", out.display());
+    Ok(())
+}
