@@ -34,6 +34,17 @@ const LINK_CHANNEL: ChannelId = 1;
 /// One message between two nodes' brokers about a forwarded queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LinkMsg {
+    /// The first message on every link connection (handled by the shell):
+    /// the sender's process incarnation and its connection count to this
+    /// node. A new incarnation, or a new connection of a known one, means the
+    /// sender dropped its link state: the receiver drops its own
+    /// ([`Broker::link_down`]) before going on.
+    Hello {
+        /// Random per process start.
+        incarnation: u64,
+        /// Counts the sender's connections to this node.
+        session: u64,
+    },
     /// Origin → master: a publish into `queue` (`id` names its confirm).
     Publish {
         /// The vhost.
@@ -550,6 +561,7 @@ impl Broker {
 
     fn link_one(&mut self, from: &str, m: LinkMsg) {
         match m {
+            LinkMsg::Hello { .. } => {}
             LinkMsg::Publish {
                 vhost,
                 queue,

@@ -32,6 +32,14 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// This process's incarnation: differs between two starts of a node.
+fn incarnation() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
 /// Starts the forwarding listener on `bind_ip` (any port), the sender and
 /// the failure watcher; returns the listener's address.
 pub(crate) async fn start(
@@ -46,13 +54,14 @@ pub(crate) async fn start(
         .await
         .context("listening for forwarded queue work")?;
     let addr = listener.local_addr().to_string();
+    let sessions: Sessions = Arc::new(Mutex::new(HashMap::new()));
     {
         let broker = broker.clone();
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let peer = conn.peer_node().to_string();
                 let (_tx, rx) = conn.split();
-                tokio::spawn(receive(peer, rx, broker.clone()));
+                tokio::spawn(receive(peer, rx, broker.clone(), sessions.clone()));
             }
         });
     }
@@ -61,14 +70,30 @@ pub(crate) async fn start(
         let n = notify.clone();
         lock(&broker).set_link_waker(Arc::new(move || n.notify_one()));
     }
-    tokio::spawn(send(cluster.clone(), transport, broker.clone(), notify));
-    tokio::spawn(watch_down(cluster, broker));
+    let (reset_tx, reset_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(send(
+        cluster.clone(),
+        transport,
+        broker.clone(),
+        notify.clone(),
+        reset_rx,
+    ));
+    tokio::spawn(watch_down(cluster, broker, reset_tx, notify));
     tracing::info!(%addr, "forwarding listener up");
     Ok(addr)
 }
 
-async fn receive(peer: String, mut rx: Box<dyn warren_transport::FrameReceiver>, broker: Shared) {
+/// The last (incarnation, session) seen from each node.
+type Sessions = Arc<Mutex<HashMap<String, (u64, u64)>>>;
+
+async fn receive(
+    peer: String,
+    mut rx: Box<dyn warren_transport::FrameReceiver>,
+    broker: Shared,
+    sessions: Sessions,
+) {
     let mut frames = Vec::new();
+    let mut greeted = false;
     loop {
         frames.clear();
         match rx.recv_batch(&mut frames, 1024).await {
@@ -78,7 +103,25 @@ async fn receive(peer: String, mut rx: Box<dyn warren_transport::FrameReceiver>,
         let mut msgs = Vec::with_capacity(frames.len());
         for f in &frames {
             match postcard::from_bytes::<LinkMsg>(f) {
-                Ok(m) => msgs.push(m),
+                Ok(LinkMsg::Hello {
+                    incarnation,
+                    session,
+                }) if !greeted => {
+                    greeted = true;
+                    let before = sessions
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(peer.clone(), (incarnation, session));
+                    if before.is_some_and(|b| b != (incarnation, session)) {
+                        tracing::info!(%peer, "node reconnected: dropping the old link's state");
+                        lock(&broker).link_down(&peer, now_ms());
+                    }
+                }
+                Ok(m) if greeted => msgs.push(m),
+                Ok(_) => {
+                    tracing::warn!(%peer, "a link connection did not start with a hello; closing it");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "dropping a malformed link message; closing the link");
                     return;
@@ -94,26 +137,47 @@ async fn send(
     transport: Arc<dyn Transport>,
     broker: Shared,
     notify: Arc<Notify>,
+    mut resets: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
-    let mut senders: HashMap<String, Box<dyn FrameSender>> = HashMap::new();
+    let incarnation = incarnation();
+    let mut session = 0u64;
+    let mut senders: HashMap<String, (String, Box<dyn FrameSender>)> = HashMap::new();
     loop {
         notify.notified().await;
+        while let Ok(node) = resets.try_recv() {
+            senders.remove(&node);
+        }
         let out = lock(&broker).take_link_out();
         for (node, msgs) in out {
+            let addr = cluster
+                .local()
+                .nodes
+                .get(&node)
+                .and_then(|n| n.link_addr.clone());
+            // The node restarted elsewhere: its old link is gone.
+            if senders
+                .get(&node)
+                .is_some_and(|(a, _)| Some(a) != addr.as_ref())
+            {
+                senders.remove(&node);
+            }
             if !senders.contains_key(&node) {
-                let addr = cluster
-                    .local()
-                    .nodes
-                    .get(&node)
-                    .and_then(|n| n.link_addr.clone());
-                let conn = match addr {
-                    Some(a) => transport.connect(&PeerAddr::new(a)).await.ok(),
+                let conn = match &addr {
+                    Some(a) => transport.connect(&PeerAddr::new(a.clone())).await.ok(),
                     None => None,
                 };
                 match conn {
                     Some(c) => {
-                        let (tx, _rx) = c.split();
-                        senders.insert(node.clone(), tx);
+                        let (mut tx, _rx) = c.split();
+                        session += 1;
+                        let hello = LinkMsg::Hello {
+                            incarnation,
+                            session,
+                        };
+                        if let Ok(v) = postcard::to_allocvec(&hello) {
+                            let _ = tx.feed(Bytes::from(v));
+                        }
+                        senders.insert(node.clone(), (addr.clone().unwrap_or_default(), tx));
                     }
                     None => {
                         tracing::warn!(%node, "cannot reach node for forwarded queue work");
@@ -122,7 +186,7 @@ async fn send(
                     }
                 }
             }
-            let Some(tx) = senders.get_mut(&node) else {
+            let Some((_, tx)) = senders.get_mut(&node) else {
                 continue;
             };
             let mut ok = true;
@@ -146,13 +210,20 @@ async fn send(
     }
 }
 
-async fn watch_down(cluster: Cluster, broker: Shared) {
+async fn watch_down(
+    cluster: Cluster,
+    broker: Shared,
+    resets: tokio::sync::mpsc::UnboundedSender<String>,
+    notify: Arc<Notify>,
+) {
     let mut events = cluster.subscribe();
     loop {
         match events.recv().await {
             Ok(NodeEvent::Down(n)) => {
                 tracing::info!(node = %n, "node down: failing its forwarded work");
                 lock(&broker).link_down(n.as_str(), now_ms());
+                let _ = resets.send(n.to_string());
+                notify.notify_one();
             }
             Ok(NodeEvent::Up(_)) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}

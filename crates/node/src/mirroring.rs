@@ -505,6 +505,9 @@ impl Mirroring {
         );
         let _ =
             tokio::time::timeout(limit, async { while tasks.join_next().await.is_some() {} }).await;
+        // Let the last frames (a master's `Stopping`, the members' removal
+        // from their rings) reach the peers before the connections drop.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         self.gm.shutdown();
     }
 

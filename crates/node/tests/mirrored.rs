@@ -116,7 +116,7 @@ async fn consume_all(p: &Peer, want: &BTreeSet<String>) -> Vec<String> {
 
 #[test]
 fn a_mirrored_queue_survives_its_masters_sigkill() {
-    let root = tempfile::tempdir().unwrap();
+    let root = peers::test_root();
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -178,7 +178,7 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
 
 #[test]
 fn clients_on_any_node_are_served_by_the_master() {
-    let root = tempfile::tempdir().unwrap();
+    let root = peers::test_root();
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -247,4 +247,65 @@ fn clients_on_any_node_are_served_by_the_master() {
     let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
     let lost: Vec<&String> = want.difference(&seen_set).collect();
     assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+}
+
+#[test]
+fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
+    let root = peers::test_root();
+    let (secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+    eventually("two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    let acked = rt.block_on(publish_confirmed(&nodes[2], 0, 300));
+    assert_eq!(acked.len(), 300);
+
+    // SIGTERM the master: a synchronised mirror takes over at once.
+    nodes[0].terminate();
+    eventually("a synchronised mirror took over", || {
+        let q = queue(&nodes[1]);
+        (q["node"] == "warren@b" || q["node"] == "warren@c") && q["messages"] == 300
+    });
+
+    // The old master comes back as a mirror: it drops what it held and is
+    // synchronised again (ha-sync-mode automatic).
+    let dir = nodes[0].dir.clone();
+    nodes[0] = Peer::start("warren@a", &dir, &secret, None);
+    eventually("the restarted node is a synchronised mirror", || {
+        let q = queue(&nodes[1]);
+        names(&q, "synchronised_slave_nodes").contains(&"warren@a".to_owned())
+    });
+    // Stop the new master too: the restarted node may now be promoted, and
+    // it must hold every confirmed message.
+    let master = queue(&nodes[1])["node"].as_str().unwrap().to_owned();
+    let idx = nodes.iter().position(|n| n.name == master).unwrap();
+    nodes[idx].terminate();
+    let survivor = if idx == 1 { 2 } else { 1 };
+    eventually("another synchronised mirror took over", || {
+        let q = queue(&nodes[survivor]);
+        q["node"] != master.as_str() && q["node"].is_string()
+    });
+    let seen = rt.block_on(consume_all(&nodes[0], &acked));
+    let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
+    let lost: Vec<&String> = acked.difference(&seen_set).collect();
+    assert!(
+        lost.is_empty(),
+        "{} confirmed messages lost; queue on the survivor: {}",
+        lost.len(),
+        queue(&nodes[survivor])
+    );
+    assert_eq!(seen.len(), seen_set.len(), "no message delivered twice");
 }

@@ -133,6 +133,20 @@ impl Drop for Peer {
     }
 }
 
+/// A test's root directory; kept (and named on stderr) when
+/// `WARREN_KEEP_TEST_DIRS` is set, to read the nodes' logs after a failure.
+pub fn test_root() -> tempfile::TempDir {
+    let mut d = tempfile::tempdir().expect("temp dir");
+    if std::env::var_os("WARREN_KEEP_TEST_DIRS").is_some() {
+        d.disable_cleanup(true);
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("test dir kept: {}", d.path().display());
+        }
+    }
+    d
+}
+
 /// The node's log: next to its data directory, kept when a test fails.
 fn log_file(dir: &Path) -> Stdio {
     let _ = std::fs::create_dir_all(dir.parent().unwrap_or(dir));
