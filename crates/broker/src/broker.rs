@@ -157,6 +157,8 @@ struct Consumer {
     reserved: u32,
     /// Its id at the queue's master when the queue is forwarded (0: none).
     remote_cid: u64,
+    /// `x-cancel-on-ha-failover`: cancelled when the queue's master changes.
+    cancel_on_failover: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -2780,6 +2782,10 @@ impl Broker {
             unacked: 0,
             reserved: 0,
             remote_cid: 0,
+            cancel_on_failover: matches!(
+                c.arguments.inner().get("x-cancel-on-ha-failover"),
+                Some(AMQPValue::Boolean(true))
+            ),
         };
         if q.remote.is_some() {
             self.link_consume(&vhost, &qarc, &mut consumer);

@@ -309,6 +309,34 @@ impl Broker {
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(Arc::from);
         let qname = q.name.clone();
+        // Consumers that asked for it are told of the failover (RabbitMQ's
+        // x-cancel-on-ha-failover) instead of following the new master.
+        let cancelled: Vec<Consumer> = q
+            .consumers
+            .iter()
+            .filter(|c| c.cancel_on_failover)
+            .cloned()
+            .collect();
+        q.consumers.retain(|c| !c.cancel_on_failover);
+        for c in &cancelled {
+            if c.remote_cid != 0 {
+                self.links.consumers.remove(&c.remote_cid);
+            }
+            if let Some(conn) = self.conns.get_mut(&c.conn) {
+                if let Some(ch) = conn.channels.get_mut(&c.channel) {
+                    ch.consumers.remove(&c.tag);
+                }
+                conn.cancel_consumer(c.channel, &c.tag);
+                conn.wake(0, c.conn);
+            }
+        }
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(name))
+        else {
+            return;
+        };
         let consumers: Vec<(u64, Consumer)> = q
             .consumers
             .iter()
@@ -643,6 +671,7 @@ impl Broker {
                     unacked: 0,
                     reserved: 0,
                     remote_cid: 0,
+                    cancel_on_failover: false,
                 });
                 q.had_consumers = true;
                 if let Some(ch) = self

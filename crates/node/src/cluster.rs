@@ -986,7 +986,7 @@ impl warren_management::MirrorSource for Records {
             node: q.master.clone(),
             slave_nodes: q.mirrors.clone(),
             synchronised_slave_nodes: q.synchronised.clone(),
-            syncing: None,
+            syncing: self.mirroring.get().and_then(|m| m.sync_left(vhost, queue)),
         })
     }
 

@@ -511,6 +511,12 @@ impl Mirroring {
         self.gm.shutdown();
     }
 
+    /// Messages left to send while a sync of queue `name` runs on this node.
+    pub(crate) fn sync_left(&self, vhost: &str, name: &str) -> Option<u64> {
+        let p = lock(&self.broker).replica_status(vhost, name)?.syncing?;
+        Some(p.total.saturating_sub(p.synced))
+    }
+
     /// Starts a sync of a queue whose master is on this node.
     pub(crate) fn sync(&self, vhost: &str, name: &str) -> Result<(), String> {
         lock(&self.broker).sync_queue(vhost, name)

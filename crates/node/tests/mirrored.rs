@@ -309,3 +309,74 @@ fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
     );
     assert_eq!(seen.len(), seen_set.len(), "no message delivered twice");
 }
+
+#[test]
+fn consumers_that_ask_are_cancelled_on_failover() {
+    let root = peers::test_root();
+    let (_secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+    eventually("two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    rt.block_on(async {
+        // On b: one consumer asks to be cancelled on failover, one does not.
+        let conn = connect(&nodes[1]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let mut args = FieldTable::default();
+        args.insert("x-cancel-on-ha-failover".into(), true.into());
+        let mut cancelling = ch
+            .basic_consume(
+                QUEUE.into(),
+                "cancel-me".into(),
+                BasicConsumeOptions::default(),
+                args,
+            )
+            .await
+            .unwrap();
+        let mut staying = ch
+            .basic_consume(
+                QUEUE.into(),
+                "stay".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        nodes[0].kill();
+        // lapin ends a consumer's stream when the server cancels it.
+        let ended = tokio::time::timeout(Duration::from_secs(30), async {
+            while cancelling.next().await.is_some() {}
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "the x-cancel-on-ha-failover consumer was cancelled"
+        );
+        // The other one carries on with the new master.
+        let acked = publish_confirmed(&nodes[2], 0, 10).await;
+        assert_eq!(acked.len(), 10);
+        let mut got = 0;
+        while got < 10 {
+            let d = tokio::time::timeout(Duration::from_secs(10), staying.next())
+                .await
+                .expect("deliveries after the failover")
+                .expect("the consumer stays")
+                .unwrap();
+            d.ack(BasicAckOptions::default()).await.unwrap();
+            got += 1;
+        }
+    });
+}
