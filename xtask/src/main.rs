@@ -3,12 +3,14 @@
 //! - `cargo xtask test` — what CI runs: fmt check, clippy, cargo-deny, nextest.
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
+//! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod amqp_bench;
 mod bench;
 mod bench_mirrored;
 mod cluster;
+mod scenario;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,6 +26,7 @@ fn main() -> anyhow::Result<()> {
         ["bench", "many-queues", rest @ ..] => bench_mirrored::many_queues(&workspace_root(), rest),
         ["bench", which, rest @ ..] => bench::run(&workspace_root(), which, rest),
         ["cluster", rest @ ..] => cluster::run(&workspace_root(), rest),
+        ["scenario", rest @ ..] => scenario::main(&workspace_root(), rest),
         _ => {
             eprintln!("usage: cargo xtask <command>");
             eprintln!();
@@ -42,6 +45,7 @@ fn main() -> anyhow::Result<()> {
                 "  cluster up [--nodes N] [--transport tcp|quic]   a local cluster on 127.0.0.1..N"
             );
             eprintln!("  cluster down              stop the cluster started by `cluster up`");
+            eprintln!("  scenario 1..6|all         the seed's two-node recovery scenarios");
             bail!("unknown or missing command: {args:?}")
         }
     }
