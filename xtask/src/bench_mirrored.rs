@@ -599,6 +599,23 @@ fn load(
 /// Seconds the stall measurement goes on publishing after the SIGKILL.
 const AFTER_KILL: Duration = Duration::from_secs(8);
 
+/// The failover stalls measured, each on a fresh cluster: what happens, the
+/// publisher's node, the queue master's node and the node SIGKILLed (0-based).
+const STALLS: [(&str, usize, usize, usize); 2] = [
+    (
+        "a mirror dies (publisher and master on node 2, node 3 SIGKILLed)",
+        1,
+        1,
+        2,
+    ),
+    (
+        "the master dies (publisher on node 2, master on node 1 SIGKILLed)",
+        1,
+        0,
+        0,
+    ),
+];
+
 /// What a confirmed publisher saw around the SIGKILL of a mirror's node.
 struct Stall {
     /// The longest time without a confirm from the SIGKILL on (to the end
@@ -614,6 +631,8 @@ struct Stall {
     nacks: u64,
     /// Whether confirms were still outstanding 10 s after publishing stopped.
     stuck: bool,
+    /// The publisher's error, if its channel or connection failed.
+    error: Option<String>,
 }
 
 /// Publishes 1 KiB persistent messages with 100 confirms in flight to
@@ -667,9 +686,12 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
     tokio::time::sleep(AFTER_KILL).await;
     let end = Instant::now();
     stop.store(true, Ordering::Relaxed);
-    let stuck = tokio::time::timeout(Duration::from_secs(10), producer)
-        .await
-        .is_err();
+    let (stuck, error) = match tokio::time::timeout(Duration::from_secs(10), producer).await {
+        Err(_) => (true, None),
+        Ok(Ok(Ok(()))) => (false, None),
+        Ok(Ok(Err(e))) => (false, Some(format!("{e:#}"))),
+        Ok(Err(e)) => (false, Some(e.to_string())),
+    };
     let _ = conn.close(200, "done".into()).await;
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
     let mut times: Vec<Instant> = seen
@@ -698,14 +720,15 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
         confirms_after: times.len(),
         nacks: seen.iter().filter(|s| !s.2).count() as u64,
         stuck,
+        error,
     })
 }
 
-/// The results of one broker: rates per workload and the failover stall.
+/// The results of one broker: rates per workload and the failover stalls.
 struct Outcome {
     broker: String,
     rates: Vec<Option<Rates>>,
-    stall: Option<Stall>,
+    stalls: Vec<Option<Stall>>,
     note: String,
 }
 
@@ -716,7 +739,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Runs both workloads and the stall measurement on a Warren cluster.
+/// Runs both workloads and the stall measurements on Warren clusters.
 fn bench_warren(
     root: &Path,
     dir: &Path,
@@ -729,49 +752,61 @@ fn bench_warren(
         "==> {broker}: starting 3 nodes on 127.0.0.1 ({})",
         dir.display()
     );
-    let nodes = warren_cluster(root, dir, transport)?;
     let mut rates = Vec::new();
-    for (name, queue, flags) in WORKLOADS {
-        rt.block_on(declare(&nodes[0].url(), &[queue.to_owned()], 1))?;
-        let took = warren_synced(&nodes[0], queue)?;
-        println!(
-            "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
-            took.as_secs_f64()
-        );
-        let r = load(root, &nodes[0].url(), queue, flags, duration)?;
-        println!(
-            "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
-            r[0], r[1], r[2], r[3]
-        );
-        rates.push(Some(r));
-        rt.block_on(delete(&nodes[0].url(), queue))?;
+    {
+        let nodes = warren_cluster(root, &dir.join("workloads"), transport)?;
+        for (name, queue, flags) in WORKLOADS {
+            rt.block_on(declare(&nodes[0].url(), &[queue.to_owned()], 1))?;
+            let took = warren_synced(&nodes[0], queue)?;
+            println!(
+                "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
+                took.as_secs_f64()
+            );
+            let r = load(root, &nodes[0].url(), queue, flags, duration)?;
+            println!(
+                "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
+                r[0], r[1], r[2], r[3]
+            );
+            rates.push(Some(r));
+            rt.block_on(delete(&nodes[0].url(), queue))?;
+        }
     }
-    // The stall: producer and master on node 2, node 3 (a mirror) SIGKILLed.
-    let queue = "ha.bench.stall";
-    rt.block_on(declare(&nodes[1].url(), &[queue.to_owned()], 1))?;
-    warren_synced(&nodes[1], queue)?;
-    let master = http_json(&nodes[1].http, &format!("/api/queues/%2F/{queue}"))?
-        .and_then(|q| q["node"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    let note = if master == nodes[1].name {
-        String::new()
-    } else {
-        format!(
-            "(the stall queue's master is {master}, not {})",
-            nodes[1].name
-        )
-    };
-    println!(
-        "    publisher stall: publishing to {queue} on {} (master {master}), SIGKILL {} after 2 s…",
-        nodes[1].name, nodes[2].name
-    );
-    let s = rt.block_on(stall(&nodes[1].url(), queue, nodes[2].pid()))?;
-    print_stall(&s);
+    let mut stalls = Vec::new();
+    let mut notes = Vec::new();
+    for (k, (what, publisher, master, victim)) in STALLS.into_iter().enumerate() {
+        println!("    publisher stall when {what}: a fresh cluster…");
+        let run = || -> anyhow::Result<Stall> {
+            let nodes = warren_cluster(root, &dir.join(format!("stall{k}")), transport)?;
+            let queue = "ha.bench.stall";
+            rt.block_on(declare(&nodes[master].url(), &[queue.to_owned()], 1))?;
+            warren_synced(&nodes[master], queue)?;
+            let actual = http_json(&nodes[master].http, &format!("/api/queues/%2F/{queue}"))?
+                .and_then(|q| q["node"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            if actual != nodes[master].name {
+                bail!(
+                    "the queue's master is {actual:?}, not {}",
+                    nodes[master].name
+                );
+            }
+            let s = rt.block_on(stall(&nodes[publisher].url(), queue, nodes[victim].pid()))?;
+            print_stall(&s);
+            Ok(s)
+        };
+        match run() {
+            Ok(s) => stalls.push(Some(s)),
+            Err(e) => {
+                println!("    failed: {e:#}");
+                notes.push(format!("stall when {what} failed: {e:#}"));
+                stalls.push(None);
+            }
+        }
+    }
     Ok(Outcome {
         broker,
         rates,
-        stall: Some(s),
-        note,
+        stalls,
+        note: notes.join("; "),
     })
 }
 
@@ -792,10 +827,10 @@ fn describe_stall(s: &Stall) -> String {
         s.confirms_after,
         AFTER_KILL.as_secs(),
         s.nacks,
-        if s.stuck {
-            "; confirms still outstanding 10 s after publishing stopped"
-        } else {
-            ""
+        match (&s.error, s.stuck) {
+            (Some(e), _) => format!("; the publisher failed: {e}"),
+            (None, true) => "; confirms still outstanding 10 s after publishing stopped".to_owned(),
+            (None, false) => String::new(),
         }
     )
 }
@@ -818,7 +853,7 @@ fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option
     );
     let epmd_before = epmd_pids();
     let result = (|| -> anyhow::Result<Option<Outcome>> {
-        let Some(nodes) = rabbit_cluster(dir)? else {
+        let Some(nodes) = rabbit_cluster(&dir.join("workloads"))? else {
             return Ok(None);
         };
         let mut rates = Vec::new();
@@ -837,21 +872,36 @@ fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option
             rates.push(Some(r));
             rt.block_on(delete(&nodes[0].url(), queue))?;
         }
-        let queue = "ha.bench.stall";
-        rt.block_on(declare(&nodes[1].url(), &[queue.to_owned()], 1))?;
-        rabbit_synced(&nodes[1], queue)?;
-        let victim = nodes[2].beam_pid()?;
-        println!(
-            "    publisher stall: publishing to {queue} on {} (its master), SIGKILL {} after 2 s…",
-            nodes[1].name, nodes[2].name
-        );
-        let s = rt.block_on(stall(&nodes[1].url(), queue, victim))?;
-        print_stall(&s);
+        drop(nodes);
+        let mut stalls = Vec::new();
+        let mut notes = Vec::new();
+        for (k, (what, publisher, master, victim)) in STALLS.into_iter().enumerate() {
+            println!("    publisher stall when {what}: a fresh cluster…");
+            let run = || -> anyhow::Result<Stall> {
+                let nodes = rabbit_cluster(&dir.join(format!("stall{k}")))?
+                    .context("rabbitmq-server went missing")?;
+                let queue = "ha.bench.stall";
+                rt.block_on(declare(&nodes[master].url(), &[queue.to_owned()], 1))?;
+                rabbit_synced(&nodes[master], queue)?;
+                let pid = nodes[victim].beam_pid()?;
+                let s = rt.block_on(stall(&nodes[publisher].url(), queue, pid))?;
+                print_stall(&s);
+                Ok(s)
+            };
+            match run() {
+                Ok(s) => stalls.push(Some(s)),
+                Err(e) => {
+                    println!("    failed: {e:#}");
+                    notes.push(format!("stall when {what} failed: {e:#}"));
+                    stalls.push(None);
+                }
+            }
+        }
         Ok(Some(Outcome {
             broker: broker.clone(),
             rates,
-            stall: Some(s),
-            note: String::new(),
+            stalls,
+            note: notes.join("; "),
         }))
     })();
     // Stop the epmd the nodes started (it outlives them), by its pid.
@@ -885,7 +935,7 @@ pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
                 outcomes.push(Outcome {
                     broker: format!("Warren {}", t.to_uppercase()),
                     rates: vec![None; WORKLOADS.len()],
-                    stall: None,
+                    stalls: Vec::new(),
                     note: format!("failed: {e:#}"),
                 });
             }
@@ -979,33 +1029,35 @@ fn mirrored_report(
     }
     writeln!(
         t,
-        "\nPublisher stall when a mirror dies: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a queue whose master is node 2; after 2 s node 3, a synchronised mirror, is SIGKILLed; measured over the next {} s.\n",
+        "\nPublisher stalls: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a mirrored queue (2 synchronised mirrors); after 2 s a node is SIGKILLed; measured over the next {} s, each on a fresh cluster.\n",
         AFTER_KILL.as_secs()
     )?;
     writeln!(
         t,
-        "| broker | longest pause in confirms after the SIGKILL | pause began after | first confirm of a publish made after the SIGKILL | confirms in the {} s after | nacks |",
+        "| when | broker | longest pause in confirms after the SIGKILL | pause began after | first confirm of a publish made after the SIGKILL | confirms in the {} s after | nacks |",
         AFTER_KILL.as_secs()
     )?;
-    writeln!(t, "|---|---:|---:|---:|---:|---:|")?;
-    for o in outcomes {
-        match &o.stall {
-            Some(s) => writeln!(
-                t,
-                "| {} | {}{} | {} | {} | {} | {} |",
-                o.broker,
-                ms(s.longest_gap),
-                if s.stuck {
-                    " (confirms still outstanding 10 s later)"
-                } else {
-                    ""
-                },
-                ms(s.gap_start),
-                s.first_new_confirm.map_or("none".to_owned(), ms),
-                thousands(s.confirms_after as f64),
-                s.nacks
-            )?,
-            None => writeln!(t, "| {} | – | – | – | – | – |", o.broker)?,
+    writeln!(t, "|---|---|---:|---:|---:|---:|---:|")?;
+    for (k, (what, ..)) in STALLS.iter().enumerate() {
+        for o in outcomes {
+            match o.stalls.get(k).and_then(Option::as_ref) {
+                Some(s) => writeln!(
+                    t,
+                    "| {what} | {} | {}{} | {} | {} | {} | {} |",
+                    o.broker,
+                    ms(s.longest_gap),
+                    match (&s.error, s.stuck) {
+                        (Some(e), _) => format!(" (the publisher failed: {e})"),
+                        (None, true) => " (confirms still outstanding 10 s later)".to_owned(),
+                        (None, false) => String::new(),
+                    },
+                    ms(s.gap_start),
+                    s.first_new_confirm.map_or("none".to_owned(), ms),
+                    thousands(s.confirms_after as f64),
+                    s.nacks
+                )?,
+                None => writeln!(t, "| {what} | {} | – | – | – | – | – |", o.broker)?,
+            }
         }
     }
     let notes: Vec<String> = outcomes
@@ -1247,7 +1299,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             })
             .count())
     };
-    let synced = eventually("every queue synchronised", Duration::from_secs(300), || {
+    let synced = eventually("every queue synchronised", Duration::from_secs(120), || {
         let c = synced_count()?;
         if last_print.elapsed() > Duration::from_secs(5) {
             println!("      {c}/{n} synchronised");
@@ -1261,7 +1313,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             took.as_secs_f64()
         ),
         Err(_) => format!(
-            "only {}/{n} queues had 2 synchronised mirrors 300 s after the declares (ran anyway)",
+            "only {}/{n} queues had 2 synchronised mirrors 120 s after the declares (ran anyway)",
             synced_count().unwrap_or(0)
         ),
     };
