@@ -175,8 +175,12 @@ struct Queue {
     opts: QueueOpts,
     owner: Option<ConnId>,
     store: Store,
-    /// The node serving this queue when it is not this one (forwarded).
+    /// The node serving this queue when it is not this one (forwarded); the
+    /// empty name while no node is known to serve it (publishes are nacked).
     remote: Option<Arc<str>>,
+    /// This node's master replica handed the queue over: it is not served
+    /// here until this node is made its master again.
+    handed_over: bool,
     consumers: Vec<Consumer>,
     rr: usize,
     had_consumers: bool,
@@ -956,6 +960,7 @@ impl Broker {
             owner,
             store: Store::Local(bq),
             remote: None,
+            handed_over: false,
             consumers: Vec::new(),
             rr: 0,
             had_consumers: false,

@@ -183,6 +183,10 @@ pub(crate) struct Links {
 
 impl Links {
     fn send(&mut self, node: &str, msg: LinkMsg) {
+        if node.is_empty() {
+            // No node serves the queue right now: consumers wait for one.
+            return;
+        }
         self.out.entry(node.to_owned()).or_default().push(msg);
         if let Some(w) = &self.waker {
             w();
@@ -303,9 +307,10 @@ impl Broker {
         else {
             return;
         };
-        if q.remote.as_deref() == master {
+        if q.remote.as_deref() == master || (master.is_none() && q.handed_over) {
             return;
         }
+        q.handed_over = false;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(Arc::from);
         let qname = q.name.clone();
@@ -392,6 +397,13 @@ impl Broker {
         msg: &Msg,
         confirm: Option<(ConnId, ChannelId, u64)>,
     ) -> bool {
+        if node.is_empty() {
+            // No node serves the queue right now: refuse, the publisher resends.
+            if let Some(c) = confirm {
+                self.deferred_nacks.push(c);
+            }
+            return confirm.is_some();
+        }
         let id = self.links.next();
         if let Some((conn, ch, cseq)) = confirm {
             self.links
@@ -457,6 +469,9 @@ impl Broker {
 
     /// Settles a forwarded delivery at its master.
     pub(super) fn link_settle(&mut self, node: &str, vhost: &str, tag: u64, how: Settle) {
+        if node.is_empty() {
+            return;
+        }
         let how = match how {
             Settle::Ack => 0,
             Settle::Requeue => 1,
@@ -481,6 +496,12 @@ impl Broker {
         queue: &Arc<str>,
         no_ack: bool,
     ) {
+        if node.is_empty() {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.send_get_empty(ch);
+            }
+            return;
+        }
         let req = self.links.next();
         self.links
             .gets

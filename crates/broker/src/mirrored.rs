@@ -49,6 +49,9 @@ pub(crate) struct Mirrored {
     publishes: HashMap<PublishId, (ConnId, ChannelId, u64)>,
     /// Messages the master dropped, for dead-lettering.
     dropped: Vec<Dropped>,
+    /// Whether the replica was this queue's master when it last acted (not
+    /// deposed): a stopped replica's role no longer says.
+    master: bool,
 }
 
 /// Who gets a fetched message.
@@ -253,6 +256,10 @@ impl Broker {
         if matches!(q.store, Store::Replica(_)) || q.opts.exclusive {
             return false;
         }
+        if start.master {
+            q.handed_over = false;
+            q.remote = None;
+        }
         let placeholder = Store::Local(BackingQueue::in_memory(Default::default()));
         let Store::Local(bq) = std::mem::replace(&mut q.store, placeholder) else {
             return false;
@@ -287,15 +294,18 @@ impl Broker {
             fetches: HashMap::new(),
             publishes: HashMap::new(),
             dropped: Vec::new(),
+            master: start.master,
         }));
         self.mirror_turn(vhost, name);
         true
     }
 
     /// Ends queue `name`'s replica after its ring member left: a master keeps
-    /// serving its messages alone; a mirror's content is dropped (the queue
-    /// is served from its master). Pending publishes are nacked.
-    pub fn end_replica(&mut self, vhost: &str, name: &str, factory: &mut QueueFactory) {
+    /// serving its messages alone if `keep` (the queue stops being mirrored);
+    /// otherwise (a mirror, or a master that handed over) the content is
+    /// dropped and the queue is served from its master. Pending publishes are
+    /// nacked.
+    pub fn end_replica(&mut self, vhost: &str, name: &str, factory: &mut QueueFactory, keep: bool) {
         let Some(q) = self
             .vhosts
             .get_mut(vhost)
@@ -314,8 +324,13 @@ impl Broker {
         };
         let m = *m;
         let pending: Vec<(ConnId, ChannelId, u64)> = m.publishes.values().copied().collect();
-        let was_master = m.replica.role() == Role::Master;
-        let bq = m.replica.into_queue().filter(|_| was_master);
+        let was_master = m.master;
+        let bq = m.replica.into_queue().filter(|_| was_master && keep);
+        if was_master && !keep {
+            // Handed over: served by the new master once the record names it.
+            q.handed_over = true;
+            q.remote = Some(Arc::from(""));
+        }
         let limits = super::queue_args(&q.opts.arguments, &q.name, vhost)
             .map(|a| a.limits)
             .unwrap_or_default();
@@ -474,6 +489,9 @@ impl Broker {
             return;
         };
         m.replica.flush();
+        if m.replica.role() == Role::Master {
+            m.master = true;
+        }
         let outputs: Vec<Output> = m.replica.drain_outputs().collect();
         let mut wake_shell = false;
         let mut want_sync = m.replica.needs_storage_sync();
@@ -542,6 +560,7 @@ impl Broker {
                     want_sync = true;
                 }
                 Output::Deposed { epoch } => {
+                    m.master = false;
                     tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");
                     wake_shell = true;
                 }

@@ -59,6 +59,9 @@ struct Running {
     notify: Arc<Notify>,
     /// Set when the reconciler wants the replica gone.
     stopping: bool,
+    /// Whether a master keeps its messages when it stops (the queue stops
+    /// being mirrored) rather than handing over (the master moves).
+    keep: bool,
 }
 
 /// The mirroring side of a clustered node.
@@ -195,6 +198,7 @@ impl Mirroring {
         let policies = policy_set(meta);
         let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
         let mut wanted: BTreeMap<(String, String), (bool, Settings)> = BTreeMap::new();
+        let mut mirrored = std::collections::BTreeSet::new();
         for ((vhost, name), q) in &meta.queues {
             if !q.durable || q.exclusive_owner.is_some() {
                 continue;
@@ -210,8 +214,16 @@ impl Mirroring {
                 running_nodes: running,
                 order: CandidateOrder::Seeded(seed(vhost, name)),
             });
+            mirrored.insert((vhost.clone(), name.clone()));
             let master = q.master == self.node;
-            if master || placement.mirrors.contains(&self.node) {
+            // `nodes` moves the master once a listed node is synchronised:
+            // this master then hands over (stops) and is not wanted.
+            let here = if placement.master_moves {
+                placement.master == self.node || placement.mirrors.contains(&self.node)
+            } else {
+                master || placement.mirrors.contains(&self.node)
+            };
+            if here {
                 wanted.insert(
                     (vhost.clone(), name.clone()),
                     (master, Settings::from_policy(ha)),
@@ -233,6 +245,7 @@ impl Mirroring {
                             settings: *settings,
                             notify: notify.clone(),
                             stopping: false,
+                            keep: true,
                         },
                     );
                     let me = self.clone();
@@ -254,11 +267,15 @@ impl Mirroring {
                 continue;
             }
             // A master that stops being mirrored keeps its queue: it leaves
-            // the ring once its mirrors have gone.
+            // the ring once its mirrors have gone. A master that moves hands
+            // over at once.
             let gone = !meta.queues.contains_key(key);
-            if r.master && !gone && !lock(&self.broker).replica_alone(&key.0, &key.1) {
+            let unmirrored = !mirrored.contains(key);
+            if r.master && !gone && unmirrored && !lock(&self.broker).replica_alone(&key.0, &key.1)
+            {
                 continue;
             }
+            r.keep = unmirrored;
             r.stopping = true;
             tracing::info!(node = %self.node, vhost = %key.0, queue = %key.1, master = r.master, "dropping this node's replica");
             r.notify.notify_one();
@@ -444,10 +461,16 @@ impl Mirroring {
             }
             if io.stopped {
                 ring.leave().await;
+                let keep = self
+                    .replicas
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&(vhost.to_owned(), name.to_owned()))
+                    .is_none_or(|r| r.keep);
                 {
                     let mut b = lock(&self.broker);
                     let mut factory = fresh_queue(b.queue_dir(vhost, name));
-                    b.end_replica(vhost, name, &mut factory);
+                    b.end_replica(vhost, name, &mut factory, keep);
                 }
                 tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
                 return;

@@ -380,3 +380,88 @@ fn consumers_that_ask_are_cancelled_on_failover() {
         }
     });
 }
+
+fn set_policy(p: &Peer, definition: Value) {
+    let (status, v) = p.http(
+        "PUT",
+        "/api/policies/%2F/ha",
+        Some(&json!({"pattern": "^ha\\.", "apply-to": "queues", "definition": definition})),
+    );
+    assert!(status == 201 || status == 204, "set policy: {status} {v}");
+}
+
+#[test]
+fn policy_changes_under_load_lose_nothing() {
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    set_policy(
+        &nodes[0],
+        json!({"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+    eventually("exactly 2: one synchronised mirror", || {
+        let q = queue(&nodes[0]);
+        names(&q, "slave_nodes").len() == 1 && names(&q, "synchronised_slave_nodes").len() == 1
+    });
+    let mut acked = BTreeSet::new();
+    let mut batch = 0;
+    let mut publish = |acked: &mut BTreeSet<String>| {
+        // A publisher on b, through every change.
+        let got = rt.block_on(publish_confirmed(&nodes[1], batch * 100, 100));
+        batch += 1;
+        acked.extend(got);
+    };
+    publish(&mut acked);
+    set_policy(
+        &nodes[0],
+        json!({"ha-mode": "all", "ha-sync-mode": "automatic"}),
+    );
+    publish(&mut acked);
+    eventually("all: two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    publish(&mut acked);
+    set_policy(
+        &nodes[0],
+        json!({"ha-mode": "nodes", "ha-params": ["warren@c"], "ha-sync-mode": "automatic"}),
+    );
+    publish(&mut acked);
+    eventually("nodes [c]: the master moved to c, no mirror left", || {
+        let q = queue(&nodes[1]);
+        q["node"] == "warren@c" && names(&q, "slave_nodes").is_empty()
+    });
+    publish(&mut acked);
+    let (status, _) = nodes[0].http("DELETE", "/api/policies/%2F/ha", None);
+    assert_eq!(status, 204);
+    publish(&mut acked);
+    eventually("cleared: not mirrored, still on c", || {
+        let q = queue(&nodes[1]);
+        q["node"] == "warren@c" && names(&q, "slave_nodes").is_empty() && q["policy"].is_null()
+    });
+    publish(&mut acked);
+    assert!(
+        acked.len() >= 600,
+        "most publishes confirmed ({})",
+        acked.len()
+    );
+    let seen = rt.block_on(consume_all(&nodes[0], &acked));
+    let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
+    let lost: Vec<&String> = acked.difference(&seen_set).collect();
+    assert!(
+        lost.is_empty(),
+        "{} confirmed messages lost: {lost:?}",
+        lost.len()
+    );
+}
