@@ -465,3 +465,60 @@ fn policy_changes_under_load_lose_nothing() {
         lost.len()
     );
 }
+
+#[test]
+fn a_new_node_gets_an_unsynchronised_mirror_until_sync_queue() {
+    let root = peers::test_root();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
+    let a = Peer::start("warren@a", &root.path().join("a"), &secret, None);
+    let b = Peer::start("warren@b", &root.path().join("b"), &secret, Some(&a.peers));
+    set_policy(&a, json!({"ha-mode": "all", "ha-sync-mode": "manual"}));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(&a).await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+    // b's mirror started with the queue empty: synchronised at once.
+    eventually("b is a synchronised mirror", || {
+        names(&queue(&a), "synchronised_slave_nodes") == ["warren@b"]
+    });
+    let mut acked = rt.block_on(publish_confirmed(&b, 0, 1000));
+    assert_eq!(acked.len(), 1000);
+
+    let c = Peer::start("warren@c", &root.path().join("c"), &secret, Some(&a.peers));
+    eventually("c is a mirror, not synchronised (manual)", || {
+        let q = queue(&a);
+        names(&q, "slave_nodes").contains(&"warren@c".to_owned())
+            && !names(&q, "synchronised_slave_nodes").contains(&"warren@c".to_owned())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !names(&queue(&a), "synchronised_slave_nodes").contains(&"warren@c".to_owned()),
+        "manual sync mode waits for sync_queue"
+    );
+    // sync_queue on the master's node; the queue keeps serving meanwhile.
+    let (status, v) = a.http(
+        "POST",
+        &format!("/api/queues/%2F/{QUEUE}/actions"),
+        Some(&json!({"action": "sync"})),
+    );
+    assert!((200..300).contains(&status), "sync: {status} {v}");
+    acked.extend(rt.block_on(publish_confirmed(&c, 1000, 200)));
+    eventually("c is synchronised", || {
+        names(&queue(&a), "synchronised_slave_nodes").contains(&"warren@c".to_owned())
+    });
+    assert_eq!(queue(&c)["messages"], 1200, "c's API shows the master's count");
+    let seen = rt.block_on(consume_all(&c, &acked));
+    let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
+    assert_eq!(seen_set.len(), 1200);
+    drop((a, b, c));
+}
