@@ -171,7 +171,7 @@ pub(crate) fn run(n: u32, bins: &Bins, work: &Path) -> anyhow::Result<Report> {
         confirmed: BTreeSet::new(),
         notes: Vec::new(),
     };
-    match n {
+    let result = match n {
         1 => s.one(),
         2 => s.two(),
         3 => s.three(),
@@ -179,7 +179,22 @@ pub(crate) fn run(n: u32, bins: &Bins, work: &Path) -> anyhow::Result<Report> {
         5 => s.five(),
         6 => s.six(),
         _ => bail!("there are six scenarios"),
-    }
+    };
+    // A step that failed fails the scenario, with what was confirmed so far.
+    Ok(result.unwrap_or_else(|e| {
+        let mut notes = std::mem::take(&mut s.notes);
+        notes.push(format!("error: {e:#} (logs in {})", work.display()));
+        Report {
+            scenario: n,
+            pass: false,
+            confirmed: s.confirmed.len(),
+            recovered: 0,
+            lost: 0,
+            expected_lost: 0,
+            duplicated: 0,
+            notes,
+        }
+    }))
 }
 
 /// Where a node listens and keeps its data; kept across restarts.
