@@ -555,27 +555,46 @@ async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
 /// One load generator run: published/s, consumed/s, latency p50 and p99 (µs).
 type Rates = [f64; 4];
 
-/// Runs the load generator against an existing (mirrored) queue.
+/// Seconds the load generator waits for its consumer to drain the queue.
+const DRAIN_TIMEOUT: u64 = 60;
+
+/// Runs the load generator against an existing (mirrored) queue; returns
+/// its rates and whether the consumer received everything before
+/// [`DRAIN_TIMEOUT`].
 fn load(
     root: &Path,
     url: &str,
     queue: &str,
     flags: &[&str],
     duration: u64,
-) -> anyhow::Result<Rates> {
-    let out = Command::new(release_dir(root).join("examples/amqp_bench"))
+) -> anyhow::Result<(Rates, bool)> {
+    let mut child = Command::new(release_dir(root).join("examples/amqp_bench"))
         .args(["--url", url, "--queue", queue, "--keep-queue"])
         .args(["--duration", &duration.to_string()])
+        .args(["--drain-timeout", &DRAIN_TIMEOUT.to_string()])
         .args(flags)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running amqp_bench")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "amqp_bench failed: {}{}",
-            text,
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let mut stdout = child.stdout.take().context("amqp_bench stdout")?;
+    let mut stderr = child.stderr.take().context("amqp_bench stderr")?;
+    let reader = std::thread::spawn(move || {
+        let (mut out, mut err) = (String::new(), String::new());
+        let _ = stdout.read_to_string(&mut out);
+        let _ = stderr.read_to_string(&mut err);
+        (out, err)
+    });
+    let limit = Duration::from_secs(duration + DRAIN_TIMEOUT + 60);
+    if !wait_exit(&mut child, limit) {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("amqp_bench did not finish within {limit:?}: killed");
+    }
+    let status = child.wait()?;
+    let (text, err) = reader.join().unwrap_or_default();
+    if !status.success() {
+        bail!("amqp_bench failed ({status}): {text}{err}");
     }
     let value = |key: &str| -> anyhow::Result<f64> {
         let start = text
@@ -588,12 +607,45 @@ fn load(
             .collect();
         Ok(digits.parse()?)
     };
-    Ok([
+    let rates = [
         value("published/s=")?,
         value("consumed/s=")?,
         value("p50=")?,
         value("p99=")?,
-    ])
+    ];
+    Ok((rates, !text.contains("drain timed out")))
+}
+
+/// Runs one workload on a queue declared on `url`'s node and synchronised
+/// (`synced` waits for that); deletes the queue afterwards. Returns the rates
+/// and what went wrong on the way, if anything.
+fn workload(
+    root: &Path,
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    (name, queue, flags): (&str, &str, &[&str]),
+    duration: u64,
+    synced: impl Fn(&str) -> anyhow::Result<Duration>,
+) -> anyhow::Result<(Rates, Option<String>)> {
+    rt.block_on(declare(url, &[queue.to_owned()], 1))?;
+    let took = synced(queue)?;
+    println!(
+        "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
+        took.as_secs_f64()
+    );
+    let (r, drained) = load(root, url, queue, flags, duration)?;
+    println!(
+        "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
+        r[0], r[1], r[2], r[3]
+    );
+    let note = (!drained).then(|| {
+        format!("{name}: the consumer had not received every message {DRAIN_TIMEOUT} s after publishing stopped")
+    });
+    if let Some(n) = &note {
+        println!("    {n}");
+    }
+    rt.block_on(delete(url, queue))?;
+    Ok((r, note))
 }
 
 /// Seconds the stall measurement goes on publishing after the SIGKILL.
@@ -618,14 +670,14 @@ const STALLS: [(&str, usize, usize, usize); 2] = [
 
 /// What a confirmed publisher saw around the SIGKILL of a mirror's node.
 struct Stall {
-    /// The longest time without a confirm from the SIGKILL on (to the end
-    /// of the run if confirms never resumed).
+    /// The longest time without a positive confirm (ack) from the SIGKILL on
+    /// (to the end of the run if acks never resumed); nacks do not count.
     longest_gap: Duration,
     /// When that pause began, counted from the SIGKILL.
     gap_start: Duration,
-    /// From the SIGKILL to the first confirm of a message published after it.
+    /// From the SIGKILL to the first ack of a message published after it.
     first_new_confirm: Option<Duration>,
-    /// Confirms received after the SIGKILL.
+    /// Acks received after the SIGKILL.
     confirms_after: usize,
     /// Publishes the broker nacked.
     nacks: u64,
@@ -696,6 +748,7 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
     let mut times: Vec<Instant> = seen
         .iter()
+        .filter(|s| s.2)
         .map(|s| s.1)
         .filter(|t| (killed..end).contains(t))
         .collect();
@@ -714,7 +767,7 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
         gap_start,
         first_new_confirm: seen
             .iter()
-            .filter(|s| s.0 >= killed)
+            .filter(|s| s.2 && s.0 >= killed)
             .map(|s| s.1.duration_since(killed))
             .min(),
         confirms_after: times.len(),
@@ -748,6 +801,7 @@ fn bench_warren(
 ) -> anyhow::Result<Outcome> {
     let rt = runtime()?;
     let broker = format!("Warren {}", transport.to_uppercase());
+    let mut notes = Vec::new();
     println!(
         "==> {broker}: starting 3 nodes on 127.0.0.1 ({})",
         dir.display()
@@ -755,24 +809,32 @@ fn bench_warren(
     let mut rates = Vec::new();
     {
         let nodes = warren_cluster(root, &dir.join("workloads"), transport)?;
-        for (name, queue, flags) in WORKLOADS {
-            rt.block_on(declare(&nodes[0].url(), &[queue.to_owned()], 1))?;
-            let took = warren_synced(&nodes[0], queue)?;
-            println!(
-                "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
-                took.as_secs_f64()
-            );
-            let r = load(root, &nodes[0].url(), queue, flags, duration)?;
-            println!(
-                "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
-                r[0], r[1], r[2], r[3]
-            );
-            rates.push(Some(r));
-            rt.block_on(delete(&nodes[0].url(), queue))?;
+        for w in WORKLOADS {
+            let synced = |queue: &str| warren_synced(&nodes[0], queue);
+            let result = workload(root, &rt, &nodes[0].url(), w, duration, synced);
+            // Where the queue's master is now (it should not have moved).
+            let master = http_json(&nodes[1].http, &format!("/api/queues/%2F/{}", w.1))
+                .ok()
+                .flatten()
+                .and_then(|q| q["node"].as_str().map(str::to_owned));
+            match result {
+                Ok((r, note)) => {
+                    rates.push(Some(r));
+                    notes.extend(note);
+                }
+                Err(e) => {
+                    println!("    failed: {e:#}");
+                    let moved = master
+                        .filter(|m| *m != nodes[0].name)
+                        .map(|m| format!(" (the queue's master was {m} afterwards)"))
+                        .unwrap_or_default();
+                    notes.push(format!("{} failed: {e:#}{moved}", w.0));
+                    rates.push(None);
+                }
+            }
         }
     }
     let mut stalls = Vec::new();
-    let mut notes = Vec::new();
     for (k, (what, publisher, master, victim)) in STALLS.into_iter().enumerate() {
         println!("    publisher stall when {what}: a fresh cluster…");
         let run = || -> anyhow::Result<Stall> {
@@ -820,7 +882,7 @@ fn ms(d: Duration) -> String {
 
 fn describe_stall(s: &Stall) -> String {
     format!(
-        "longest pause in confirms {} (from {} after the SIGKILL), first confirm of a new publish after {}, {} confirms in the {} s after the SIGKILL, {} nacks{}",
+        "longest pause in acks {} (from {} after the SIGKILL), first ack of a new publish after {}, {} acks in the {} s after the SIGKILL, {} nacks{}",
         ms(s.longest_gap),
         ms(s.gap_start),
         s.first_new_confirm.map_or("never".to_owned(), ms),
@@ -857,24 +919,23 @@ fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option
             return Ok(None);
         };
         let mut rates = Vec::new();
-        for (name, queue, flags) in WORKLOADS {
-            rt.block_on(declare(&nodes[0].url(), &[queue.to_owned()], 1))?;
-            let took = rabbit_synced(&nodes[0], queue)?;
-            println!(
-                "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
-                took.as_secs_f64()
-            );
-            let r = load(root, &nodes[0].url(), queue, flags, duration)?;
-            println!(
-                "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
-                r[0], r[1], r[2], r[3]
-            );
-            rates.push(Some(r));
-            rt.block_on(delete(&nodes[0].url(), queue))?;
+        let mut notes = Vec::new();
+        for w in WORKLOADS {
+            let synced = |queue: &str| rabbit_synced(&nodes[0], queue);
+            match workload(root, &rt, &nodes[0].url(), w, duration, synced) {
+                Ok((r, note)) => {
+                    rates.push(Some(r));
+                    notes.extend(note);
+                }
+                Err(e) => {
+                    println!("    failed: {e:#}");
+                    notes.push(format!("{} failed: {e:#}", w.0));
+                    rates.push(None);
+                }
+            }
         }
         drop(nodes);
         let mut stalls = Vec::new();
-        let mut notes = Vec::new();
         for (k, (what, publisher, master, victim)) in STALLS.into_iter().enumerate() {
             println!("    publisher stall when {what}: a fresh cluster…");
             let run = || -> anyhow::Result<Stall> {
@@ -1029,12 +1090,12 @@ fn mirrored_report(
     }
     writeln!(
         t,
-        "\nPublisher stalls: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a mirrored queue (2 synchronised mirrors); after 2 s a node is SIGKILLed; measured over the next {} s, each on a fresh cluster.\n",
+        "\nPublisher stalls: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a mirrored queue (2 synchronised mirrors); after 2 s a node is SIGKILLed; measured over the next {} s, each on a fresh cluster. Only acks count as confirms here: a nack tells the publisher to send again.\n",
         AFTER_KILL.as_secs()
     )?;
     writeln!(
         t,
-        "| when | broker | longest pause in confirms after the SIGKILL | pause began after | first confirm of a publish made after the SIGKILL | confirms in the {} s after | nacks |",
+        "| when | broker | longest pause in acks after the SIGKILL | pause began after | first ack of a publish made after the SIGKILL | acks in the {} s after | nacks |",
         AFTER_KILL.as_secs()
     )?;
     writeln!(t, "|---|---|---:|---:|---:|---:|---:|")?;

@@ -64,6 +64,11 @@ struct Args {
     /// a queue set up beforehand, e.g. mirrored and synchronised).
     #[arg(long)]
     keep_queue: bool,
+    /// Seconds to wait, after publishing stopped, for the consumers to drain
+    /// the queue (0 = as long as it takes); past it the run ends anyway and
+    /// says so.
+    #[arg(long, default_value_t = 0)]
+    drain_timeout: u64,
 }
 
 #[tokio::main]
@@ -94,10 +99,16 @@ async fn main() -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let published = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
+    let latencies: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
 
     let mut consumers = Vec::new();
     for _ in 0..args.consumers {
-        let (args, stop, consumed) = (args.clone(), stop.clone(), consumed.clone());
+        let (args, stop, consumed, latencies) = (
+            args.clone(),
+            stop.clone(),
+            consumed.clone(),
+            latencies.clone(),
+        );
         let conn = Connection::connect(&args.url, ConnectionProperties::default()).await?;
         consumers.push(tokio::spawn(async move {
             let ch = conn.create_channel().await?;
@@ -116,7 +127,6 @@ async fn main() -> anyhow::Result<()> {
                     FieldTable::default(),
                 )
                 .await?;
-            let mut lat = Vec::with_capacity(1 << 20);
             // An empty body (sent once the producers stopped) ends the run.
             while let Some(d) = c.next().await {
                 let d = d?;
@@ -126,7 +136,9 @@ async fn main() -> anyhow::Result<()> {
                 if d.data.len() >= 8 && !stop.load(Ordering::Relaxed) {
                     let sent = u64::from_be_bytes(d.data[..8].try_into().unwrap_or([0; 8]));
                     let now = start.elapsed().as_micros() as u64;
-                    lat.push(now.saturating_sub(sent));
+                    if let Ok(mut l) = latencies.lock() {
+                        l.push(now.saturating_sub(sent));
+                    }
                 }
                 consumed.fetch_add(1, Ordering::Relaxed);
                 if args.manual_ack {
@@ -134,7 +146,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             let _ = conn.close(200, "done".into()).await;
-            anyhow::Ok(lat)
+            anyhow::Ok(())
         }));
     }
 
@@ -222,10 +234,24 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     }
-    let mut lat = Vec::new();
-    for c in consumers {
-        lat.extend(c.await??);
+    let drain = async {
+        for c in consumers {
+            c.await??;
+        }
+        anyhow::Ok(())
+    };
+    if args.drain_timeout == 0 {
+        drain.await?;
+    } else if let Ok(r) = tokio::time::timeout(Duration::from_secs(args.drain_timeout), drain).await
+    {
+        r?;
+    } else {
+        println!(
+            "drain timed out after {} s: the consumers had not received every message",
+            args.drain_timeout
+        );
     }
+    let mut lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
