@@ -620,6 +620,14 @@ impl Scenario<'_> {
                 node.queue()["node"]
             ));
         }
+        let q = node.queue();
+        self.say(&format!(
+            "before consuming, {} reports: messages {}, master {}, synchronised mirrors {:?}",
+            node.spec.name,
+            q["messages"],
+            q["node"],
+            names(&q, "synchronised_slave_nodes")
+        ));
         let seen = self.rt.block_on(consume_all(&node.amqp_url(), must))?;
         let mut count: BTreeMap<&str, usize> = BTreeMap::new();
         for s in &seen {
