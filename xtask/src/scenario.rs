@@ -1019,19 +1019,16 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "Warren bug: after both nodes are SIGKILLed and restarted, each recovers the 100 messages from disk, then GM suspects the other node dead about 3 s after start, the master is deposed and restarts with an empty queue: every confirmed message is lost"]
     fn scenario_2_both_killed_together_both_restart() {
         scenario(2);
     }
 
     #[test]
-    #[ignore = "Warren bug, intermittent (1 run in 8 with the scenarios in parallel): when C joins within a second of B's restart, B's master starts a sync round before C's mirror is in its view, the round stalls, and C stays in slave_nodes but never in synchronised_slave_nodes (45 s)"]
     fn scenario_3_a_gone_for_good_forget_it_and_join_c() {
         scenario(3);
     }
 
     #[test]
-    #[ignore = "Warren bug: forget_cluster_node --offline warren@b on stopped A deletes ha.seed (its master B has no synchronised mirror in the record, A having stopped first; forget_node_in_queues in crates/cluster/src/state.rs) instead of promoting A's stopped mirror: A starts without the queue (404 NOT_FOUND)"]
     fn scenario_4_b_gone_for_good_offline_forget_on_a() {
         scenario(4);
     }

@@ -494,6 +494,7 @@ impl Broker {
         }
         let outputs: Vec<Output> = m.replica.drain_outputs().collect();
         let mut wake_shell = false;
+        let mut handed_out = false;
         let mut want_sync = m.replica.needs_storage_sync();
         for o in outputs {
             match o {
@@ -526,6 +527,7 @@ impl Broker {
                     let Some(f) = m.fetches.remove(&token) else {
                         continue;
                     };
+                    handed_out = true;
                     let remaining = m.replica.stats().map_or(0, |s| s.ready);
                     let res = match hand_out(
                         &mut self.conns,
@@ -545,6 +547,7 @@ impl Broker {
                 }
                 Output::FetchFailed { token } => {
                     if let Some(f) = m.fetches.remove(&token) {
+                        handed_out = true;
                         hand_out(
                             &mut self.conns,
                             q.consumers.as_mut_slice(),
@@ -560,7 +563,6 @@ impl Broker {
                     want_sync = true;
                 }
                 Output::Deposed { epoch } => {
-                    m.master = false;
                     tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");
                     wake_shell = true;
                 }
@@ -586,6 +588,10 @@ impl Broker {
         }
         if want_sync || m.replica.needs_storage_sync() {
             self.want_sync();
+        }
+        // Deliveries went to clients or down links: wake whoever carries them.
+        if handed_out {
+            self.wake_clients();
         }
     }
 

@@ -138,7 +138,13 @@ pub fn forget_cluster_node_offline(
         .values()
         .map(|n| (n.name.clone(), n.addr.clone()))
         .collect();
-    Arc::make_mut(&mut state.metadata).apply_membership(last.index, &members);
+    // Queues whose master is forgotten with no mirror left stay, served by
+    // this node from whatever it holds.
+    Arc::make_mut(&mut state.metadata).apply_membership_with(
+        last.index,
+        &members,
+        Some(me.as_str()),
+    );
     let content = SnapshotState {
         last_applied: Some(last),
         membership: state.membership.clone(),

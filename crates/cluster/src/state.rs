@@ -724,9 +724,23 @@ impl Metadata {
     /// Applies a Raft membership change committed at `index`: new members are
     /// recorded as joined at `index`; members no longer in the membership are
     /// forgotten, and so are their places in queue views (a forgotten master is
-    /// replaced by its oldest synchronised mirror; a queue with none left is
-    /// deleted, as RabbitMQ's `forget_cluster_node` does).
+    /// replaced by its oldest synchronised mirror, or failing that its oldest
+    /// mirror; a queue with no mirror left is deleted, as RabbitMQ's
+    /// `forget_cluster_node` does).
     pub fn apply_membership(&mut self, index: LogIndex, members: &BTreeMap<String, String>) {
+        self.apply_membership_with(index, members, None);
+    }
+
+    /// [`apply_membership`](Self::apply_membership), where a forgotten master
+    /// with no mirror left is replaced by `fallback` (a member) rather than
+    /// its queue deleted: the offline forget run on a stopped node's data
+    /// makes that node serve whatever it still holds (RabbitMQ does the same).
+    pub fn apply_membership_with(
+        &mut self,
+        index: LogIndex,
+        members: &BTreeMap<String, String>,
+        fallback: Option<&str>,
+    ) {
         for (name, addr) in members {
             self.nodes
                 .entry(name.clone())
@@ -747,11 +761,12 @@ impl Metadata {
             .collect();
         for node in gone {
             self.nodes.remove(&node);
-            self.forget_node_in_queues(&node);
+            let fallback = fallback.filter(|f| members.contains_key(*f));
+            self.forget_node_in_queues(&node, fallback);
         }
     }
 
-    fn forget_node_in_queues(&mut self, node: &str) {
+    fn forget_node_in_queues(&mut self, node: &str, fallback: Option<&str>) {
         let mut deleted = Vec::new();
         for (k, q) in &mut self.queues {
             let in_view = q.master == node || q.mirrors.iter().any(|m| m == node);
@@ -761,7 +776,16 @@ impl Metadata {
             q.mirrors.retain(|m| m != node);
             q.synchronised.retain(|m| m != node);
             if q.master == node {
-                match q.synchronised.first().cloned() {
+                // The oldest synchronised mirror, else the oldest mirror: an
+                // explicit forget of the master keeps what a mirror holds
+                // (RabbitMQ promotes a stopped mirror here too).
+                match q
+                    .synchronised
+                    .first()
+                    .or_else(|| q.mirrors.first())
+                    .cloned()
+                    .or_else(|| fallback.map(str::to_owned))
+                {
                     Some(promoted) => {
                         q.mirrors.retain(|m| m != &promoted);
                         q.synchronised.retain(|m| m != &promoted);
@@ -895,7 +919,7 @@ mod tests {
     }
 
     #[test]
-    fn forgetting_a_node_promotes_the_oldest_synchronised_mirror_or_deletes() {
+    fn forgetting_a_node_promotes_the_oldest_synchronised_mirror_or_mirror_or_deletes() {
         let mut m = md();
         m.apply(&Command::DeclareQueue(queue(
             "q1",
@@ -905,6 +929,7 @@ mod tests {
         )));
         m.apply(&Command::DeclareQueue(queue("q2", "a", &["b"], &[])));
         m.apply(&Command::DeclareQueue(queue("q3", "b", &["a"], &[])));
+        m.apply(&Command::DeclareQueue(queue("q4", "a", &[], &[])));
         let members = |names: &[&str]| {
             names
                 .iter()
@@ -919,7 +944,9 @@ mod tests {
         assert_eq!(q1.master, "c");
         assert_eq!(q1.mirrors, vec!["b"]);
         assert_eq!(q1.view_version, 2);
-        assert!(m.queue("/", "q2").is_none());
+        let q2 = m.queue("/", "q2").unwrap();
+        assert_eq!((q2.master.as_str(), q2.mirrors.len()), ("b", 0));
+        assert!(m.queue("/", "q4").is_none());
         let q3 = m.queue("/", "q3").unwrap();
         assert_eq!((q3.master.as_str(), q3.mirrors.len()), ("b", 0));
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use warren_transport::{Connection, FrameSender, PeerAddr, Transport, TransportError};
@@ -450,7 +450,9 @@ async fn adopt(
 }
 
 struct Peer {
-    addr: Option<PeerAddr>,
+    /// Where the peer listens (its dialer follows changes: a restarted
+    /// node listens elsewhere).
+    addr: Option<watch::Sender<PeerAddr>>,
     conn: u64,
     outbox: Option<Arc<Handoff<Bytes>>>,
     dialing: bool,
@@ -541,10 +543,18 @@ impl NodeTask {
                     outbox: None,
                     dialing: false,
                 });
-                peer.addr = Some(addr.clone());
-                if self.cfg.node < node && !peer.dialing {
-                    peer.dialing = true;
-                    self.spawn_dialer(node, addr);
+                match &peer.addr {
+                    Some(tx) => {
+                        tx.send_replace(addr);
+                    }
+                    None => {
+                        let (tx, rx) = watch::channel(addr);
+                        peer.addr = Some(tx);
+                        if self.cfg.node < node && !peer.dialing {
+                            peer.dialing = true;
+                            self.spawn_dialer(node, rx);
+                        }
+                    }
                 }
             }
             Command::Leave(ring, member) => {
@@ -608,7 +618,7 @@ impl NodeTask {
         }
     }
 
-    fn spawn_dialer(&self, peer: NodeName, addr: PeerAddr) {
+    fn spawn_dialer(&self, peer: NodeName, addr: watch::Receiver<PeerAddr>) {
         let transport = self.transport.clone();
         let in_tx = self.in_tx.clone();
         let conn_ids = self.conn_ids.clone();
@@ -616,7 +626,8 @@ impl NodeTask {
         let redial = self.cfg.redial_interval;
         self.spawn(async move {
             loop {
-                if let Ok(conn) = transport.connect(&addr).await
+                let target = addr.borrow().clone();
+                if let Ok(conn) = transport.connect(&target).await
                     && conn.peer_node() == &peer
                 {
                     let down = Arc::new(Notify::new());

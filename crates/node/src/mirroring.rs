@@ -23,7 +23,9 @@ use tokio::sync::{Notify, mpsc};
 use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
 use warren_broker::{Broker, MirrorInput, ReplicaStart};
 use warren_cluster::{Cluster, Command, Metadata};
-use warren_gm::{GmNode, HeartbeatDetector, NodeConfig, RingEvent, RingHandle, ViewAuthority};
+use warren_gm::{
+    GmNode, HeartbeatDetector, NodeConfig, RingEvent, RingHandle, ViewAuthority, ViewChange,
+};
 use warren_mirror::{
     ClusterRecords, ClusterViewAuthority, QueueFactory, RecordError, RecordStore, RecordView,
     Settings,
@@ -75,6 +77,9 @@ pub(crate) struct Mirroring {
     /// Replica tasks still running (for a clean stop).
     tasks: Mutex<tokio::task::JoinSet<()>>,
     stop_all: Notify,
+    /// The node is shutting down: replicas stop but leave their files as
+    /// they are (the next start decides what they are).
+    shutting_down: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Mirroring {
@@ -122,6 +127,7 @@ impl Mirroring {
             replicas: Mutex::new(HashMap::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
             stop_all: Notify::new(),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(me.clone().register(addr, link_addr));
         tokio::spawn(me.clone().reconcile_loop());
@@ -353,6 +359,7 @@ impl Mirroring {
         if master && record.master != self.node {
             return Ok(None);
         }
+        self.remove_stale_members(ring_id).await?;
         let ring = self
             .gm
             .join(ring_id)
@@ -381,6 +388,39 @@ impl Mirroring {
         }
         tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, master, "replica started");
         Ok(Some(ring))
+    }
+
+    /// Removes this node's members of a previous run (a crash or restart
+    /// left them in the ring's view, alive to a failure detector that sees
+    /// this node up again: this node has no member in the ring right now),
+    /// and members on nodes no longer in the cluster (forgotten).
+    async fn remove_stale_members(&self, ring_id: &str) -> anyhow::Result<()> {
+        for _ in 0..100 {
+            let view = self
+                .authority
+                .current(ring_id)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading ring {ring_id}: {e}"))?;
+            let members = self.cluster.local();
+            let Some(stale) = view
+                .entries
+                .iter()
+                .find(|e| {
+                    e.alive
+                        && (e.node.as_str() == self.node
+                            || !members.nodes.contains_key(e.node.as_str()))
+                })
+                .map(|e| e.id)
+            else {
+                return Ok(());
+            };
+            tracing::info!(node = %self.node, ring = %ring_id, member = %stale, "removing this node's member from an earlier run");
+            let _ = self
+                .authority
+                .update(ring_id, view.version, ViewChange::Remove(stale))
+                .await;
+        }
+        anyhow::bail!("could not clean ring {ring_id} of this node's earlier members")
     }
 
     fn input(&self, vhost: &str, name: &str, input: MirrorInput) {
@@ -461,12 +501,16 @@ impl Mirroring {
             }
             if io.stopped {
                 ring.leave().await;
+                // A master keeps its messages unless it handed over, or the
+                // record names another master (which holds them).
                 let keep = self
                     .replicas
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .get(&(vhost.to_owned(), name.to_owned()))
-                    .is_none_or(|r| r.keep);
+                    .is_none_or(|r| r.keep)
+                    && records.local().is_ok_and(|r| r.master == self.node)
+                    || self.shutting_down.load(std::sync::atomic::Ordering::SeqCst);
                 {
                     let mut b = lock(&self.broker);
                     let mut factory = fresh_queue(b.queue_dir(vhost, name));
@@ -519,6 +563,8 @@ impl Mirroring {
     /// Clean stop of every replica (masters hand over to synchronised
     /// mirrors), waiting at most `limit`.
     pub(crate) async fn stop(&self, limit: Duration) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop_all.notify_waiters();
         let mut tasks = std::mem::take(
             &mut *self

@@ -516,9 +516,192 @@ fn a_new_node_gets_an_unsynchronised_mirror_until_sync_queue() {
     eventually("c is synchronised", || {
         names(&queue(&a), "synchronised_slave_nodes").contains(&"warren@c".to_owned())
     });
-    assert_eq!(queue(&c)["messages"], 1200, "c's API shows the master's count");
+    assert_eq!(
+        queue(&c)["messages"],
+        1200,
+        "c's API shows the master's count"
+    );
     let seen = rt.block_on(consume_all(&c, &acked));
     let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
     assert_eq!(seen_set.len(), 1200);
     drop((a, b, c));
+}
+
+/// What a publisher and a consumer saw while nodes were killed.
+struct History {
+    confirmed: BTreeSet<String>,
+    delivered: Vec<(String, bool)>,
+    /// The queue as the consumer's node shows it at the end.
+    after: Value,
+}
+
+/// Publishes with confirms on `pub_node` and consumes (acking) on
+/// `con_node` while `fault` runs after a second; keeps going 3 s after it,
+/// then drains.
+fn under_load(
+    rt: &tokio::runtime::Runtime,
+    tag: &'static str,
+    pub_node: &Peer,
+    con_node: &Peer,
+    fault: impl FnOnce(),
+) -> History {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let stop = Arc::new(AtomicBool::new(false));
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let pub_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", pub_node.amqp);
+    let con_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", con_node.amqp);
+    let publisher = {
+        let (stop, confirmed) = (stop.clone(), confirmed.clone());
+        rt.spawn(async move {
+            let conn = Connection::connect(&pub_url, ConnectionProperties::default())
+                .await
+                .unwrap();
+            let ch = conn.create_channel().await.unwrap();
+            ch.confirm_select(ConfirmSelectOptions::default())
+                .await
+                .unwrap();
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let mut batch = Vec::new();
+                for _ in 0..50 {
+                    let body = format!("{tag}{i}");
+                    i += 1;
+                    let Ok(c) = ch
+                        .basic_publish(
+                            "".into(),
+                            QUEUE.into(),
+                            BasicPublishOptions::default(),
+                            body.as_bytes(),
+                            BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await
+                    else {
+                        return;
+                    };
+                    batch.push((body, c));
+                }
+                // A master in a minority never confirms: give up on a batch
+                // after a while (those publishes count as unconfirmed).
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                for (body, c) in batch {
+                    if let Ok(Ok(c)) = tokio::time::timeout_at(deadline, c).await
+                        && c.is_ack()
+                    {
+                        confirmed.lock().unwrap().insert(body);
+                    }
+                }
+            }
+            let _ = conn.close(200, "bye".into()).await;
+        })
+    };
+    let consumer = {
+        let delivered = delivered.clone();
+        rt.spawn(async move {
+            let conn = Connection::connect(&con_url, ConnectionProperties::default())
+                .await
+                .unwrap();
+            let ch = conn.create_channel().await.unwrap();
+            ch.basic_qos(100, BasicQosOptions::default()).await.unwrap();
+            let mut consumer = ch
+                .basic_consume(
+                    QUEUE.into(),
+                    "load".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            while let Ok(Some(Ok(d))) =
+                tokio::time::timeout(Duration::from_secs(8), consumer.next()).await
+            {
+                delivered
+                    .lock()
+                    .unwrap()
+                    .push((String::from_utf8_lossy(&d.data).into_owned(), d.redelivered));
+                let _ = d.ack(BasicAckOptions::default()).await;
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    fault();
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::SeqCst);
+    rt.block_on(publisher).unwrap();
+    rt.block_on(consumer).unwrap();
+    let confirmed = confirmed.lock().unwrap().clone();
+    let delivered = delivered.lock().unwrap().clone();
+    History {
+        confirmed,
+        delivered,
+        after: queue(con_node),
+    }
+}
+
+/// Every confirmed message was delivered at least once; a message
+/// delivered twice came the second time with the redelivered flag.
+fn check(h: &History) {
+    let seen: BTreeSet<String> = h.delivered.iter().map(|(b, _)| b.clone()).collect();
+    let lost: Vec<&String> = h.confirmed.difference(&seen).collect();
+    assert!(!h.confirmed.is_empty(), "some publishes were confirmed");
+    assert!(
+        lost.is_empty(),
+        "{} of {} confirmed messages lost: {lost:?}; the queue afterwards: {}",
+        lost.len(),
+        h.confirmed.len(),
+        h.after
+    );
+    let mut first = BTreeSet::new();
+    for (b, redelivered) in &h.delivered {
+        if !first.insert(b.clone()) {
+            assert!(
+                redelivered,
+                "{b} delivered again without the redelivered flag"
+            );
+        }
+    }
+}
+
+fn declare_on(rt: &tokio::runtime::Runtime, p: &Peer) {
+    rt.block_on(async {
+        let conn = connect(p).await;
+        let ch = conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+}
+
+#[test]
+fn sigkill_of_the_master_or_a_mirror_under_load_loses_no_confirmed_message() {
+    let root = peers::test_root();
+    let (_secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_on(&rt, &nodes[0]);
+    eventually("two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    // The master (a) dies; publisher on b, consumer on c.
+    let pid = nodes[0].pid();
+    let h = under_load(&rt, "master-", &nodes[1], &nodes[2], || peers::sigkill(pid));
+    check(&h);
+    // a comes back (a mirror again), then a mirror dies; publisher and
+    // consumer on the master's node.
+    let dir = nodes[0].dir.clone();
+    nodes[0] = Peer::start("warren@a", &dir, &_secret, None);
+    eventually("two synchronised mirrors again", || {
+        names(&queue(&nodes[1]), "synchronised_slave_nodes").len() == 2
+    });
+    let master = queue(&nodes[1])["node"].as_str().unwrap().to_owned();
+    let (m, mirror) = if master == "warren@b" { (1, 2) } else { (2, 1) };
+    let pid = nodes[mirror].pid();
+    let h = under_load(&rt, "mirror-", &nodes[m], &nodes[m], || peers::sigkill(pid));
+    check(&h);
 }

@@ -112,6 +112,11 @@ impl Peer {
         v
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -131,6 +136,13 @@ impl Drop for Peer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// SIGKILLs process `pid` (a node started by the test).
+pub fn sigkill(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
 }
 
 /// A test's root directory; kept (and named on stderr) when
