@@ -265,6 +265,8 @@ struct Conn {
     closed: bool,
     /// Set for the internal connection of a forwarding link (master side).
     link: Option<link::Link>,
+    /// It has published: flow control may hold its input back.
+    publisher: bool,
 }
 
 impl fmt::Debug for Conn {
@@ -415,6 +417,9 @@ pub struct Broker {
     deferred_nacks: Vec<(ConnId, ChannelId, u64)>,
     /// Forwarding to and from other nodes.
     links: link::Links,
+    /// Mirrored queues whose ring backlog is over the high-water mark:
+    /// publishers wait (credit-based flow control, as RabbitMQ's).
+    backlogged: HashSet<(String, Arc<str>)>,
 }
 
 impl fmt::Debug for Broker {
@@ -841,6 +846,7 @@ impl Broker {
             next_publish: 1,
             deferred_nacks: Vec::new(),
             links: link::Links::default(),
+            backlogged: HashSet::new(),
         };
         let mut defs = b.meta.load();
         if defs.vhosts.is_empty() && defs.users.is_empty() {
@@ -1058,6 +1064,7 @@ impl Broker {
                 confirm_dirty: Vec::new(),
                 closed: false,
                 link: None,
+                publisher: false,
             },
         );
         id
@@ -1991,6 +1998,7 @@ impl Broker {
     }
 
     fn publish(&mut self, id: ConnId, ch: ChannelId, p: Publish) -> Result<(), AmqpError> {
+        self.conn(id).publisher = true;
         let vhost = self.conns[&id].vhost.clone();
         let ex = p.exchange.as_str();
         let perm_name = if ex.is_empty() { "amq.default" } else { ex };

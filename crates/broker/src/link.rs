@@ -515,6 +515,11 @@ impl Broker {
         self.links.send(node, msg);
     }
 
+    /// Whether more link messages wait to be sent than flow control allows.
+    pub(crate) fn links_behind(&self) -> bool {
+        self.links.out.values().map(Vec::len).sum::<usize>() > 20_000
+    }
+
     /// Link messages waiting for each node (the shell sends each batch in order).
     pub fn take_link_out(&mut self) -> Vec<(String, Vec<LinkMsg>)> {
         let mut out: Vec<(String, Vec<LinkMsg>)> = self.links.out.drain().collect();
@@ -595,6 +600,7 @@ impl Broker {
                 throttled: false,
                 confirm_dirty: Vec::new(),
                 closed: false,
+                publisher: false,
                 link: Some(Link {
                     node: from.to_owned(),
                     out: Vec::new(),

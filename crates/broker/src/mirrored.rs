@@ -233,7 +233,29 @@ impl Store {
     }
 }
 
+/// A mirrored queue with this many publishes and fetches waiting for its
+/// ring holds publishers back until it is under [`BACKLOG_LOW`].
+const BACKLOG_HIGH: usize = 20_000;
+/// See [`BACKLOG_HIGH`].
+const BACKLOG_LOW: usize = 10_000;
+
 impl Broker {
+    /// Whether connection `id` must wait before more of its input is read:
+    /// it publishes, and a mirrored queue's ring, or the links to other
+    /// nodes, are behind (flow control; a stopped reader is what RabbitMQ's
+    /// credit flow does too).
+    #[must_use]
+    pub fn input_paused(&self, id: ConnId) -> bool {
+        self.conns.get(&id).is_some_and(|c| c.publisher) && self.replicas_behind()
+    }
+
+    /// Whether any mirrored queue here, or the links to other nodes, are
+    /// behind: forwarded publishes from other nodes wait too.
+    #[must_use]
+    pub fn replicas_behind(&self) -> bool {
+        !self.backlogged.is_empty() || self.links_behind()
+    }
+
     /// Turns queue `name` of `vhost` into a replica of a mirrored queue: as
     /// master it keeps the local messages, as mirror it starts empty (its old
     /// content is deleted). `factory` makes the mirror's fresh backing queue.
@@ -322,8 +344,21 @@ impl Broker {
         ) else {
             return;
         };
-        let m = *m;
+        let mut m = *m;
         let pending: Vec<(ConnId, ChannelId, u64)> = m.publishes.values().copied().collect();
+        // Fetches that will never finish: give their consumers' credit back
+        // (gets are answered empty).
+        let qname = q.name.clone();
+        for (_, f) in m.fetches.drain() {
+            hand_out(
+                &mut self.conns,
+                q.consumers.as_mut_slice(),
+                &qname,
+                f,
+                None,
+                0,
+            );
+        }
         let was_master = m.master;
         let bq = m.replica.into_queue().filter(|_| was_master && keep);
         if was_master && !keep {
@@ -351,6 +386,7 @@ impl Broker {
         for (conn, ch, cseq) in pending {
             nack_one(&mut self.conns, conn, ch, cseq);
         }
+        self.after_queue_op(vhost, name);
         self.wake_clients();
     }
 
@@ -586,8 +622,15 @@ impl Broker {
         if wake_shell {
             (m.waker)();
         }
+        let backlog = m.replica.backlog();
         if want_sync || m.replica.needs_storage_sync() {
             self.want_sync();
+        }
+        let key = (vhost.to_owned(), qname.clone());
+        if backlog > BACKLOG_HIGH {
+            self.backlogged.insert(key);
+        } else if backlog < BACKLOG_LOW && self.backlogged.remove(&key) {
+            self.wake_clients();
         }
         // Deliveries went to clients or down links: wake whoever carries them.
         if handed_out {

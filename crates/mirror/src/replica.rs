@@ -486,6 +486,12 @@ impl Replica {
         }
     }
 
+    /// Publishes and fetches waiting for the ring (or the disk): what flow
+    /// control holds publishers back on.
+    pub fn backlog(&self) -> usize {
+        self.confirms.len() + self.fetches.len()
+    }
+
     /// Whether no other member is alive in the ring's view.
     pub fn alone(&self) -> bool {
         self.view.alive().all(|m| m == self.member)

@@ -95,6 +95,11 @@ async fn receive(
     let mut frames = Vec::new();
     let mut greeted = false;
     loop {
+        // Flow control: forwarded publishes wait while this node's mirrored
+        // queues catch up (the sender's own publishers then wait too).
+        while lock(&broker).replicas_behind() {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
         frames.clear();
         match rx.recv_batch(&mut frames, 1024).await {
             Ok(0) | Err(_) => return,

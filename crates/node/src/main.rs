@@ -386,13 +386,20 @@ async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr, running: Arc
     let mut input = BytesMut::with_capacity(64 * 1024);
     let mut output = BytesMut::with_capacity(64 * 1024);
     loop {
-        let deadline = lock(&broker).poll_conn_timeout(id);
+        let (deadline, paused) = {
+            let b = lock(&broker);
+            (b.poll_conn_timeout(id), b.input_paused(id))
+        };
         let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
         if input.capacity() - input.len() < 16 * 1024 {
             input.reserve(64 * 1024);
         }
         let open = tokio::select! {
-            r = rd.read_buf(&mut input) => match r {
+            // Flow control: a publisher waits while mirrored queues catch up.
+            () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
+                lock(&broker).take_output(id, &mut output)
+            }
+            r = rd.read_buf(&mut input), if !paused => match r {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     let mut b = lock(&broker);
