@@ -235,9 +235,9 @@ impl Store {
 
 /// A mirrored queue with this many publishes and fetches waiting for its
 /// ring holds publishers back until it is under [`BACKLOG_LOW`].
-const BACKLOG_HIGH: usize = 20_000;
+const BACKLOG_HIGH: usize = 4_000;
 /// See [`BACKLOG_HIGH`].
-const BACKLOG_LOW: usize = 10_000;
+const BACKLOG_LOW: usize = 2_000;
 
 impl Broker {
     /// Whether connection `id` must wait before more of its input is read:

@@ -1013,6 +1013,13 @@ impl Replica {
             self.outputs.push_back(Output::Nacked(nacked));
         }
         for f in self.fetches.drain(..) {
+            // Never handed out: back in the local queue (redelivered), for
+            // whoever serves it next from here.
+            if let (Some(d), Some(bq)) = (&f.delivery, self.bq.as_mut())
+                && let Err(e) = bq.requeue(d.tag)
+            {
+                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "requeue of an unfinished fetch failed");
+            }
             self.outputs
                 .push_back(Output::FetchFailed { token: f.token });
         }
