@@ -4,11 +4,13 @@
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
+//! - `cargo xtask chaos [--seed S] [--duration SECS]` — a seeded fault schedule (`chaos`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod amqp_bench;
 mod bench;
 mod bench_mirrored;
+mod chaos;
 mod cluster;
 mod scenario;
 
@@ -27,6 +29,7 @@ fn main() -> anyhow::Result<()> {
         ["bench", which, rest @ ..] => bench::run(&workspace_root(), which, rest),
         ["cluster", rest @ ..] => cluster::run(&workspace_root(), rest),
         ["scenario", rest @ ..] => scenario::main(&workspace_root(), rest),
+        ["chaos", rest @ ..] => chaos::main(&workspace_root(), rest),
         _ => {
             eprintln!("usage: cargo xtask <command>");
             eprintln!();
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
             );
             eprintln!("  cluster down              stop the cluster started by `cluster up`");
             eprintln!("  scenario 1..6|all         the seed's two-node recovery scenarios");
+            eprintln!("  chaos [--seed S] [--duration SECS] [--nodes 3|5]  seeded fault schedule");
             bail!("unknown or missing command: {args:?}")
         }
     }

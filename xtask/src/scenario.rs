@@ -201,36 +201,44 @@ pub(crate) fn run(n: u32, bins: &Bins, work: &Path) -> anyhow::Result<Report> {
 
 /// Where a node listens and keeps its data; kept across restarts.
 #[derive(Clone)]
-struct Spec {
-    name: String,
-    dir: PathBuf,
-    log: PathBuf,
-    amqp: u16,
-    http: u16,
-    metrics: u16,
-    peer: u16,
+pub(crate) struct Spec {
+    /// The node name (`warren@…`).
+    pub(crate) name: String,
+    /// The data directory.
+    pub(crate) dir: PathBuf,
+    /// The log file (the node's stderr).
+    pub(crate) log: PathBuf,
+    /// The AMQP port.
+    pub(crate) amqp: u16,
+    /// The management API port.
+    pub(crate) http: u16,
+    /// The Prometheus port.
+    pub(crate) metrics: u16,
+    /// The peer (cluster) port.
+    pub(crate) peer: u16,
 }
 
 impl Spec {
-    fn http_addr(&self) -> String {
+    pub(crate) fn http_addr(&self) -> String {
         format!("127.0.0.1:{}", self.http)
     }
 
-    fn peer_addr(&self) -> String {
+    pub(crate) fn peer_addr(&self) -> String {
         format!("127.0.0.1:{}", self.peer)
     }
 }
 
 /// A started process that has not printed its ready line yet.
-struct Pending {
+pub(crate) struct Pending {
     spec: Spec,
     child: Option<Child>,
     ready: mpsc::Receiver<()>,
 }
 
 /// A node that printed its ready line.
-struct Node {
-    spec: Spec,
+pub(crate) struct Node {
+    /// Where it listens.
+    pub(crate) spec: Spec,
     child: Option<Child>,
 }
 
@@ -254,7 +262,7 @@ impl Drop for Node {
 
 impl Pending {
     /// Waits for the ready line (the boot wait plus half a minute at most).
-    fn ready(mut self) -> anyhow::Result<Node> {
+    pub(crate) fn ready(mut self) -> anyhow::Result<Node> {
         let limit = Duration::from_secs(BOOT_WAIT_SECS + 30);
         let deadline = Instant::now() + limit;
         loop {
@@ -292,7 +300,7 @@ impl Pending {
 
 impl Node {
     /// SIGTERM, then waits (a minute at most) for the exit.
-    fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
@@ -320,7 +328,7 @@ impl Node {
     }
 
     /// SIGKILL (like a power loss).
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -329,7 +337,12 @@ impl Node {
 
     /// One management API call as guest: the status and the JSON body
     /// (`Null` when there is none).
-    fn http(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
+    pub(crate) fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
         let agent = ureq::AgentBuilder::new()
             .timeout(Duration::from_secs(30))
             .build();
@@ -377,25 +390,87 @@ impl Node {
         }
     }
 
-    fn amqp_url(&self) -> String {
+    /// The process id (`None` once it was stopped or killed).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub(crate) fn amqp_url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.spec.amqp)
     }
 }
 
 /// The last lines of a log file.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
-fn names(q: &Value, key: &str) -> Vec<String> {
+/// The names in the array `key` of a queue's JSON.
+pub(crate) fn names(q: &Value, key: &str) -> Vec<String> {
     q.get(key)
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter_map(|n| n.as_str().map(str::to_owned))
         .collect()
+}
+
+/// Starts a `warren` process for `spec` (joining `join` on its first
+/// start) with the cluster secret in `secret`, its stderr appended to
+/// `spec.log` after a header naming `label`; does not wait for it.
+pub(crate) fn spawn(
+    bins: &Bins,
+    secret: &Path,
+    label: &str,
+    spec: &Spec,
+    join: Option<&Spec>,
+) -> anyhow::Result<Pending> {
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&spec.log)?;
+    writeln!(log, "==== xtask {}: starting {}", label, spec.name)?;
+    let mut cmd = Command::new(&bins.warren);
+    cmd.args(["--node-name", &spec.name])
+        .args(["--amqp-addr", &format!("127.0.0.1:{}", spec.amqp)])
+        .args(["--http-addr", &spec.http_addr()])
+        .args(["--prometheus-addr", &format!("127.0.0.1:{}", spec.metrics)])
+        .args(["--peer-addr", &spec.peer_addr()])
+        .args(["--boot-wait", &BOOT_WAIT_SECS.to_string()])
+        .arg("--cluster-secret-file")
+        .arg(secret)
+        .arg("--data-dir")
+        .arg(&spec.dir)
+        .env("RUST_LOG", "info,openraft=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    if let Some(j) = join {
+        cmd.args(["--join", &j.peer_addr()]);
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bins.warren.display()))?;
+    let stdout = child.stdout.take().context("the node's stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if line.contains("ready") {
+                let _ = tx.send(());
+                break;
+            }
+        }
+        for _ in lines {}
+    });
+    Ok(Pending {
+        spec: spec.clone(),
+        child: Some(child),
+        ready: rx,
+    })
 }
 
 /// One run's state: the cluster's secret, the runtime driving lapin, and
@@ -448,55 +523,17 @@ impl Scenario<'_> {
 
     /// Starts `spec` (joining `join` on its first start) without waiting.
     fn spawn(&self, spec: &Spec, join: Option<&Spec>) -> anyhow::Result<Pending> {
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log)?;
-        writeln!(
-            log,
-            "==== xtask scenario {}: starting {}",
-            self.n, spec.name
+        let pending = spawn(
+            self.bins,
+            &self.secret,
+            &format!("scenario {}", self.n),
+            spec,
+            join,
         )?;
-        let mut cmd = Command::new(&self.bins.warren);
-        cmd.args(["--node-name", &spec.name])
-            .args(["--amqp-addr", &format!("127.0.0.1:{}", spec.amqp)])
-            .args(["--http-addr", &spec.http_addr()])
-            .args(["--prometheus-addr", &format!("127.0.0.1:{}", spec.metrics)])
-            .args(["--peer-addr", &spec.peer_addr()])
-            .args(["--boot-wait", &BOOT_WAIT_SECS.to_string()])
-            .arg("--cluster-secret-file")
-            .arg(&self.secret)
-            .arg("--data-dir")
-            .arg(&spec.dir)
-            .env("RUST_LOG", "info,openraft=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log);
-        if let Some(j) = join {
-            cmd.args(["--join", &j.peer_addr()]);
+        if let Some(c) = &pending.child {
+            self.say(&format!("started {} (pid {})", spec.name, c.id()));
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", self.bins.warren.display()))?;
-        let stdout = child.stdout.take().context("the node's stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            for line in lines.by_ref() {
-                let Ok(line) = line else { break };
-                if line.contains("ready") {
-                    let _ = tx.send(());
-                    break;
-                }
-            }
-            for _ in lines {}
-        });
-        self.say(&format!("started {} (pid {})", spec.name, child.id()));
-        Ok(Pending {
-            spec: spec.clone(),
-            child: Some(child),
-            ready: rx,
-        })
+        Ok(pending)
     }
 
     /// Starts `spec` and waits until it is ready.

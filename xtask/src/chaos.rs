@@ -1,0 +1,754 @@
+//! `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5]`: a seeded
+//! fault schedule against a cluster of `warren` processes on 127.0.0.1
+//! under a confirmed publish / acked consume load, then a history check.
+//!
+//! The cluster (`warren@a`, `warren@b`, … with `--join` to A on the first
+//! start) gets the policy `ha-all` (`ha-mode: all`, `ha-sync-mode:
+//! automatic`) and the durable queue `ha.chaos`, declared on A. One
+//! publisher (persistent messages, confirms, a unique body each) prefers B,
+//! one consumer (manual acks) prefers C; each moves to the next live node
+//! when its connection fails, and neither resends anything: the run only
+//! records what was confirmed and what was delivered (with the redelivered
+//! flag). Every 2–4 s the schedule (splitmix64 over the seed) picks a node
+//! and a fault: SIGKILL then a restart 1–3 s later, SIGTERM then a restart
+//! 1–3 s later, or SIGSTOP for 1–2 s then SIGCONT. One node at most is down
+//! at a time, and a fault waits until the queue's mirrors are synchronised
+//! again. Afterwards every node is up, the load stops, the queue is drained
+//! through A and the history is checked. Data directories and node logs are
+//! in `target/chaos/<seed>/`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde_json::{Value, json};
+
+use crate::scenario::{Bins, Node, Spec, names, spawn, tail};
+
+/// The mirrored queue of the run.
+const QUEUE: &str = "ha.chaos";
+/// The first port of the run's own range (`PORTS` wide).
+const PORT_BASE: u16 = 20_000;
+/// How many ports the run may pick from.
+const PORTS: u16 = 2_000;
+/// How long the schedule waits for the mirrors to be synchronised before a
+/// fault, and the drain for the queue to settle.
+const SYNC_WAIT: Duration = Duration::from_secs(60);
+
+/// What `cargo xtask chaos` runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Options {
+    /// The schedule's seed.
+    pub(crate) seed: u64,
+    /// How long faults are injected.
+    pub(crate) duration: Duration,
+    /// The cluster size (3 or 5).
+    pub(crate) nodes: usize,
+}
+
+impl Options {
+    /// The command that replays this run.
+    fn replay(&self) -> String {
+        let mut cmd = format!(
+            "cargo xtask chaos --seed {} --duration {}",
+            self.seed,
+            self.duration.as_secs()
+        );
+        if self.nodes != 3 {
+            cmd.push_str(&format!(" --nodes {}", self.nodes));
+        }
+        cmd
+    }
+}
+
+/// Runs `cargo xtask chaos …`.
+pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
+    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5]";
+    let mut opts = Options {
+        seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+        duration: Duration::from_secs(60),
+        nodes: 3,
+    };
+    let mut args = rest.iter();
+    while let Some(flag) = args.next() {
+        let value = args.next().context(usage)?;
+        match *flag {
+            "--seed" => opts.seed = value.parse().context(usage)?,
+            "--duration" => opts.duration = Duration::from_secs(value.parse().context(usage)?),
+            "--nodes" => match value.parse() {
+                Ok(n @ (3 | 5)) => opts.nodes = n,
+                _ => bail!("{usage}"),
+            },
+            _ => bail!("{usage}"),
+        }
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
+    println!("building warren and warrenctl (debug)…");
+    let bins = Bins::build(root, &target)?;
+    let work = root.join("target/chaos").join(opts.seed.to_string());
+    let report = run(opts, &bins, &work)?;
+    println!("{report}");
+    if !report.pass() {
+        println!("replay: {}", opts.replay());
+        bail!("chaos run with seed {} lost confirmed messages", opts.seed);
+    }
+    Ok(())
+}
+
+/// splitmix64: a small deterministic generator for the schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// SIGKILL, restart after the pause.
+    Kill,
+    /// SIGTERM (waiting for the exit), restart after the pause.
+    Term,
+    /// SIGSTOP, SIGCONT after the pause.
+    Pause,
+}
+
+/// What a run recorded and what the history check found.
+#[derive(Debug)]
+pub(crate) struct Report {
+    /// The run's options.
+    pub(crate) opts: Options,
+    /// The faults injected, in order.
+    pub(crate) faults: Vec<String>,
+    /// Messages published (each body once).
+    pub(crate) published: usize,
+    /// Messages confirmed by the broker.
+    pub(crate) confirmed: usize,
+    /// Deliveries, the drain's included.
+    pub(crate) deliveries: usize,
+    /// Confirmed messages never delivered: the run fails on any.
+    pub(crate) lost: Vec<String>,
+    /// Repeated deliveries that came without the redelivered flag.
+    pub(crate) unflagged: Vec<String>,
+    /// Repeated deliveries in all (flagged or not).
+    pub(crate) duplicates: usize,
+    /// Delivered messages that were never confirmed (allowed).
+    pub(crate) unconfirmed_delivered: usize,
+    /// Delivered bodies that were never published (a broker bug).
+    pub(crate) phantom: Vec<String>,
+    /// What else the run observed.
+    pub(crate) notes: Vec<String>,
+}
+
+impl Report {
+    /// No confirmed message was lost and nothing unpublished came out.
+    pub(crate) fn pass(&self) -> bool {
+        self.lost.is_empty() && self.phantom.is_empty() && self.confirmed > 0
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let few = |v: &[String]| v.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
+        writeln!(
+            f,
+            "== chaos seed {} ({} nodes, {} s of faults): {}",
+            self.opts.seed,
+            self.opts.nodes,
+            self.opts.duration.as_secs(),
+            if self.pass() { "PASS" } else { "FAIL" }
+        )?;
+        writeln!(f, "  faults injected: {}", self.faults.len())?;
+        writeln!(
+            f,
+            "  published {}, confirmed {}, deliveries {} ({} repeats)",
+            self.published, self.confirmed, self.deliveries, self.duplicates
+        )?;
+        writeln!(
+            f,
+            "  LOST (confirmed, never delivered): {} {}",
+            self.lost.len(),
+            few(&self.lost)
+        )?;
+        writeln!(
+            f,
+            "  repeats without the redelivered flag: {} {}",
+            self.unflagged.len(),
+            few(&self.unflagged)
+        )?;
+        writeln!(
+            f,
+            "  delivered but never confirmed (allowed): {}",
+            self.unconfirmed_delivered
+        )?;
+        write!(
+            f,
+            "  delivered but never published: {} {}",
+            self.phantom.len(),
+            few(&self.phantom)
+        )?;
+        for n in &self.notes {
+            write!(f, "\n  note: {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything the load saw.
+#[derive(Default)]
+struct History {
+    /// Every body handed to `basic.publish`.
+    published: BTreeSet<String>,
+    /// Bodies the broker confirmed (`basic.ack`).
+    confirmed: BTreeSet<String>,
+    /// Every delivery: body and redelivered flag, in order.
+    delivered: Vec<(String, bool)>,
+}
+
+/// The history check.
+fn check(opts: Options, h: &History, faults: Vec<String>, notes: Vec<String>) -> Report {
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut unflagged = Vec::new();
+    for (body, redelivered) in &h.delivered {
+        let c = count.entry(body.as_str()).or_default();
+        *c += 1;
+        if *c > 1 && !redelivered {
+            unflagged.push(body.clone());
+        }
+    }
+    Report {
+        opts,
+        faults,
+        published: h.published.len(),
+        confirmed: h.confirmed.len(),
+        deliveries: h.delivered.len(),
+        lost: h
+            .confirmed
+            .iter()
+            .filter(|b| !count.contains_key(b.as_str()))
+            .cloned()
+            .collect(),
+        unflagged,
+        duplicates: count.values().map(|c| c - 1).sum(),
+        unconfirmed_delivered: count.keys().filter(|b| !h.confirmed.contains(**b)).count(),
+        phantom: count
+            .keys()
+            .filter(|b| !h.published.contains(**b))
+            .map(|b| (*b).to_owned())
+            .collect(),
+        notes,
+    }
+}
+
+/// The cluster while the schedule runs: which node is up, shared with the
+/// load so that it reconnects to a live node.
+struct Cluster<'a> {
+    bins: &'a Bins,
+    secret: PathBuf,
+    label: String,
+    specs: Vec<Spec>,
+    nodes: Vec<Option<Node>>,
+    up: Arc<Vec<AtomicBool>>,
+    start: Instant,
+}
+
+impl Cluster<'_> {
+    fn say(&self, what: &str) {
+        println!(
+            "[chaos {:>7.3}s] {what}",
+            self.start.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Starts node `i` (joining A on its first start) and waits for it.
+    fn start(&mut self, i: usize, join: bool) -> anyhow::Result<()> {
+        let join = if join { Some(&self.specs[0]) } else { None };
+        let node = spawn(self.bins, &self.secret, &self.label, &self.specs[i], join)?.ready()?;
+        self.say(&format!(
+            "{} is ready (pid {})",
+            self.specs[i].name,
+            node.pid().unwrap_or_default()
+        ));
+        self.nodes[i] = Some(node);
+        self.up[i].store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The first node that is up.
+    fn any(&self) -> anyhow::Result<&Node> {
+        self.nodes.iter().flatten().next().context("no node is up")
+    }
+
+    /// The queue as the management API of node `node` shows it.
+    fn queue(node: &Node) -> Value {
+        match node.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None) {
+            Ok((200, v)) => v,
+            _ => Value::Null,
+        }
+    }
+
+    /// Waits until the queue has a master and every other node as a
+    /// synchronised mirror; false if it did not happen within `SYNC_WAIT`.
+    fn wait_synchronised(&self) -> anyhow::Result<bool> {
+        let want = self.specs.len() - 1;
+        let deadline = Instant::now() + SYNC_WAIT;
+        loop {
+            let q = Self::queue(self.any()?);
+            if q["node"].is_string() && names(&q, "synchronised_slave_nodes").len() == want {
+                return Ok(true);
+            }
+            if Instant::now() > deadline {
+                self.say(&format!(
+                    "mirrors not synchronised after {SYNC_WAIT:?}: master {}, synchronised {:?}",
+                    q["node"],
+                    names(&q, "synchronised_slave_nodes")
+                ));
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Sends `signal` to node `i` with `kill`.
+    fn signal(&self, i: usize, signal: &str) -> anyhow::Result<u32> {
+        let pid = self.nodes[i]
+            .as_ref()
+            .and_then(Node::pid)
+            .context("the node has no process")?;
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed");
+        }
+        Ok(pid)
+    }
+
+    /// Injects `fault` on node `i`, then brings it back after `pause`.
+    fn inject(&mut self, fault: Fault, i: usize, pause: Duration) -> anyhow::Result<String> {
+        let name = self.specs[i].name.clone();
+        let what = match fault {
+            Fault::Kill => {
+                self.up[i].store(false, Ordering::SeqCst);
+                let node = self.nodes[i].take().context("the node is down")?;
+                let pid = node.pid().unwrap_or_default();
+                node.kill();
+                format!("SIGKILL {name} (pid {pid}), restart in {pause:?}")
+            }
+            Fault::Term => {
+                self.up[i].store(false, Ordering::SeqCst);
+                let node = self.nodes[i].take().context("the node is down")?;
+                let pid = node.pid().unwrap_or_default();
+                let stopped = node.stop();
+                let what = format!("SIGTERM {name} (pid {pid}), restart in {pause:?}");
+                if let Err(e) = stopped {
+                    self.say(&format!("{what}: {e:#}"));
+                }
+                what
+            }
+            Fault::Pause => {
+                self.up[i].store(false, Ordering::SeqCst);
+                let pid = self.signal(i, "STOP")?;
+                format!("SIGSTOP {name} (pid {pid}), SIGCONT in {pause:?}")
+            }
+        };
+        self.say(&what);
+        std::thread::sleep(pause);
+        match fault {
+            Fault::Pause => {
+                self.signal(i, "CONT")?;
+                self.up[i].store(true, Ordering::SeqCst);
+                self.say(&format!("SIGCONT {name}"));
+            }
+            Fault::Kill | Fault::Term => {
+                self.say(&format!("restarting {name}"));
+                self.start(i, false)?;
+            }
+        }
+        Ok(what)
+    }
+}
+
+/// Runs the schedule of `opts` with `bins`, data directories and logs under
+/// `work` (emptied first); returns the history check's report.
+pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Report> {
+    if work.exists() {
+        std::fs::remove_dir_all(work).with_context(|| format!("emptying {}", work.display()))?;
+    }
+    std::fs::create_dir_all(work)?;
+    let secret = work.join("secret");
+    std::fs::write(&secret, format!("chaos-{}-secret\n", opts.seed))?;
+    let mut next_port = u16::try_from(std::process::id() % u32::from(PORTS))?;
+    let mut free_port = || -> anyhow::Result<u16> {
+        for _ in 0..PORTS {
+            let port = PORT_BASE + next_port % PORTS;
+            next_port = next_port.wrapping_add(1);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+        bail!("no free port in {PORT_BASE}..{}", PORT_BASE + PORTS)
+    };
+    let mut specs = Vec::new();
+    for short in ["a", "b", "c", "d", "e"].into_iter().take(opts.nodes) {
+        specs.push(Spec {
+            name: format!("warren@{short}"),
+            dir: work.join(short),
+            log: work.join(format!("{short}.log")),
+            amqp: free_port()?,
+            http: free_port()?,
+            metrics: free_port()?,
+            peer: free_port()?,
+        });
+    }
+    let mut c = Cluster {
+        bins,
+        secret,
+        label: format!("chaos seed {}", opts.seed),
+        nodes: specs.iter().map(|_| None).collect(),
+        up: Arc::new(specs.iter().map(|_| AtomicBool::new(false)).collect()),
+        specs,
+        start: Instant::now(),
+    };
+    for i in 0..opts.nodes {
+        c.start(i, i > 0)?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let a = c.any()?;
+    let (status, v) = a.http(
+        "PUT",
+        "/api/policies/%2F/ha-all",
+        Some(&json!({
+            "pattern": "^ha\\.",
+            "apply-to": "queues",
+            "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+        })),
+    )?;
+    if status != 201 && status != 204 {
+        bail!("setting the policy ha-all: {status} {v}");
+    }
+    rt.block_on(async {
+        let conn = Connection::connect(&a.amqp_url(), ConnectionProperties::default()).await?;
+        let ch = conn.create_channel().await?;
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
+            .await?;
+        let _ = conn.close(200, "bye".into()).await;
+        anyhow::Ok(())
+    })?;
+    if !c.wait_synchronised()? {
+        bail!("{QUEUE} never got {} synchronised mirrors", opts.nodes - 1);
+    }
+    c.say(&format!(
+        "policy ha-all set, {QUEUE} declared on A with {} synchronised mirrors",
+        opts.nodes - 1
+    ));
+
+    let history = Arc::new(Mutex::new(History::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let urls: Vec<String> = c.specs.iter().map(amqp_url).collect();
+    let order = |first: usize| (0..opts.nodes).map(move |k| (first + k) % opts.nodes);
+    let publisher = rt.spawn(publish(
+        opts.seed,
+        urls.clone(),
+        order(1).collect(),
+        c.up.clone(),
+        stop.clone(),
+        history.clone(),
+    ));
+    let consumer = rt.spawn(consume(
+        urls,
+        order(2).collect(),
+        c.up.clone(),
+        stop.clone(),
+        history.clone(),
+    ));
+
+    let mut rng = Rng(opts.seed);
+    let mut faults = Vec::new();
+    let mut notes = Vec::new();
+    let faults_start = Instant::now();
+    c.say(&format!(
+        "load running; faults for {} s",
+        opts.duration.as_secs()
+    ));
+    loop {
+        let gap = Duration::from_millis(rng.range(2_000, 4_000));
+        let i = usize::try_from(rng.range(0, opts.nodes as u64 - 1))?;
+        let (fault, pause) = match rng.range(0, 2) {
+            0 => (Fault::Kill, rng.range(1_000, 3_000)),
+            1 => (Fault::Term, rng.range(1_000, 3_000)),
+            _ => (Fault::Pause, rng.range(1_000, 2_000)),
+        };
+        std::thread::sleep(gap);
+        if faults_start.elapsed() >= opts.duration {
+            break;
+        }
+        if !c.wait_synchronised()? {
+            notes.push(format!(
+                "before fault {}: mirrors not synchronised within {SYNC_WAIT:?}",
+                faults.len() + 1
+            ));
+        }
+        let what = c.inject(fault, i, Duration::from_millis(pause))?;
+        faults.push(format!("{:.3}s {what}", c.start.elapsed().as_secs_f64()));
+    }
+    c.say("faults stopped; every node is up");
+    if !c.wait_synchronised()? {
+        notes.push("after the faults: mirrors not synchronised".to_owned());
+    }
+    stop.store(true, Ordering::SeqCst);
+    if let Err(e) = rt.block_on(publisher)? {
+        notes.push(format!("publisher: {e:#}"));
+    }
+    if let Err(e) = rt.block_on(consumer)? {
+        notes.push(format!("consumer: {e:#}"));
+    }
+    let a = c.nodes[0].as_ref().context("A is down")?;
+    let q = Cluster::queue(a);
+    c.say(&format!(
+        "load stopped; draining through {}: messages {}, master {}, synchronised mirrors {:?}",
+        a.spec.name,
+        q["messages"],
+        q["node"],
+        names(&q, "synchronised_slave_nodes")
+    ));
+    let drained = rt.block_on(drain(&a.amqp_url()))?;
+    c.say(&format!("drained {} deliveries", drained.len()));
+    let mut h = std::mem::take(&mut *history.lock().expect("the history"));
+    h.delivered.extend(drained);
+    let report = check(opts, &h, faults, notes);
+    if !report.pass() {
+        for s in &c.specs {
+            println!("--- last lines of {}:\n{}", s.log.display(), tail(&s.log));
+        }
+    }
+    Ok(report)
+}
+
+fn amqp_url(s: &Spec) -> String {
+    format!("amqp://guest:guest@127.0.0.1:{}/%2f", s.amqp)
+}
+
+/// Connects to the first node of `order` that is up (waiting while none is).
+async fn connect_live(
+    urls: &[String],
+    order: &[usize],
+    up: &[AtomicBool],
+    stop: &AtomicBool,
+) -> Option<Connection> {
+    while !stop.load(Ordering::SeqCst) {
+        for &i in order {
+            if !up[i].load(Ordering::SeqCst) {
+                continue;
+            }
+            let connect = Connection::connect(&urls[i], ConnectionProperties::default());
+            if let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
+                return Some(conn);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+/// The publisher: batches of 20 persistent messages with unique bodies,
+/// each batch's confirms awaited (20 s at most); on a failure it connects
+/// to the next live node and goes on with new bodies.
+async fn publish(
+    seed: u64,
+    urls: Vec<String>,
+    order: Vec<usize>,
+    up: Arc<Vec<AtomicBool>>,
+    stop: Arc<AtomicBool>,
+    history: Arc<Mutex<History>>,
+) -> anyhow::Result<()> {
+    let mut n = 0u64;
+    while let Some(conn) = connect_live(&urls, &order, &up, &stop).await {
+        let session = async {
+            let ch = conn.create_channel().await?;
+            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            while !stop.load(Ordering::SeqCst) {
+                let mut batch = Vec::new();
+                for _ in 0..20 {
+                    let body = format!("chaos-{seed}-m{n}");
+                    n += 1;
+                    history
+                        .lock()
+                        .expect("the history")
+                        .published
+                        .insert(body.clone());
+                    let confirm = ch
+                        .basic_publish(
+                            "".into(),
+                            QUEUE.into(),
+                            BasicPublishOptions::default(),
+                            body.as_bytes(),
+                            BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await?;
+                    batch.push((body, confirm));
+                }
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                let mut failed = false;
+                for (body, confirm) in batch {
+                    match tokio::time::timeout_at(deadline, confirm).await {
+                        Ok(Ok(c)) if c.is_ack() => {
+                            history.lock().expect("the history").confirmed.insert(body);
+                        }
+                        _ => failed = true,
+                    }
+                }
+                if failed {
+                    bail!("a batch was not confirmed");
+                }
+            }
+            anyhow::Ok(())
+        };
+        let result = session.await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+        if result.is_ok() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The consumer: prefetch 100, manual acks, every delivery recorded before
+/// its ack; on a failure it connects to the next live node.
+async fn consume(
+    urls: Vec<String>,
+    order: Vec<usize>,
+    up: Arc<Vec<AtomicBool>>,
+    stop: Arc<AtomicBool>,
+    history: Arc<Mutex<History>>,
+) -> anyhow::Result<()> {
+    while let Some(conn) = connect_live(&urls, &order, &up, &stop).await {
+        let session = async {
+            let ch = conn.create_channel().await?;
+            ch.basic_qos(100, BasicQosOptions::default()).await?;
+            let mut consumer = ch
+                .basic_consume(
+                    QUEUE.into(),
+                    "chaos".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            while !stop.load(Ordering::SeqCst) {
+                match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
+                    Err(_) => {}
+                    Ok(Some(Ok(d))) => {
+                        let body = String::from_utf8_lossy(&d.data).into_owned();
+                        history
+                            .lock()
+                            .expect("the history")
+                            .delivered
+                            .push((body, d.redelivered));
+                        d.ack(BasicAckOptions::default()).await?;
+                    }
+                    Ok(Some(Err(e))) => bail!("consumer: {e}"),
+                    Ok(None) => bail!("the consumer was cancelled"),
+                }
+            }
+            anyhow::Ok(())
+        };
+        let result = session.await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+        if result.is_ok() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Consumes (acking) through `url` until nothing came for 5 s; returns every
+/// delivery (body, redelivered flag).
+async fn drain(url: &str) -> anyhow::Result<Vec<(String, bool)>> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(100, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            QUEUE.into(),
+            "chaos-drain".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut seen = Vec::new();
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await
+    {
+        seen.push((String::from_utf8_lossy(&d.data).into_owned(), d.redelivered));
+        d.ack(BasicAckOptions::default()).await?;
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    Ok(seen)
+}
+
+#[cfg(test)]
+mod tests {
+    //! A short schedule (seed 1, 15 s of faults) with the debug binaries of
+    //! the target directory this test was built into.
+
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use super::{Options, run};
+    use crate::scenario::Bins;
+
+    #[test]
+    fn chaos_seed_1_loses_no_confirmed_message() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace root")
+            .to_path_buf();
+        // <target>/debug/deps/xtask-HASH
+        let exe = std::env::current_exe().expect("the test binary");
+        let target: PathBuf = exe
+            .ancestors()
+            .nth(3)
+            .expect("a target directory")
+            .to_path_buf();
+        let bins = Bins::build(&root, &target).expect("building warren and warrenctl");
+        let opts = Options {
+            seed: 1,
+            duration: Duration::from_secs(15),
+            nodes: 3,
+        };
+        let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
+        println!("{report}");
+        assert!(report.pass(), "{report}\nreplay: {}", opts.replay());
+    }
+}
