@@ -86,7 +86,7 @@ pub(crate) enum DiskFreeLimit {
     Absolute(u64),
 }
 
-/// The AMQPS listener and its certificate files (checked, not served yet).
+/// The AMQPS listener and its certificate files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Tls {
     /// `listeners.ssl.default`.
@@ -408,9 +408,6 @@ impl Settings {
         }
         if let Some(l) = self.disk_free_limit {
             tracing::warn!(limit = ?l, "disk_free_limit is accepted but not enforced yet (no disk alarm)");
-        }
-        if let Some(l) = self.tls.listener {
-            tracing::warn!(addr = %l, "listeners.ssl.default is accepted but not served yet (no AMQPS listener)");
         }
     }
 

@@ -9,6 +9,7 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod amqps;
 mod app;
 mod cluster;
 mod config;
@@ -317,11 +318,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, metrics = %metrics_text, "ready");
+    let amqps_text = match &args.settings.tls.listener {
+        Some(addr) => {
+            let a = amqps::start(*addr, &args.settings.tls, broker.clone(), app.running())
+                .await
+                .context("starting the AMQPS listener")?;
+            format!(", AMQPS on {a}")
+        }
+        None => String::new(),
+    };
     let peers_text = clustered
         .as_ref()
         .map_or_else(String::new, |c| format!(", peers on {}", c.peer_addr()));
     println!(
-        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}, metrics on {metrics_text}{peers_text}",
+        "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}, metrics on {metrics_text}{amqps_text}{peers_text}",
         args.node_name
     );
 
@@ -371,6 +381,18 @@ async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr, running: Arc
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "set_nodelay failed");
     }
+    serve_stream(broker, stream, peer, running).await;
+}
+
+/// Runs one client connection over any byte stream (TCP, or TLS for AMQPS).
+pub(crate) async fn serve_stream<S>(
+    broker: Shared,
+    stream: S,
+    peer: SocketAddr,
+    running: Arc<AtomicBool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
     let notify = Arc::new(Notify::new());
     let id = {
         let n = notify.clone();
@@ -382,7 +404,7 @@ async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr, running: Arc
         }
         b.connect(peer, Arc::new(move || n.notify_one()))
     };
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, mut wr) = tokio::io::split(stream);
     let mut input = BytesMut::with_capacity(64 * 1024);
     let mut output = BytesMut::with_capacity(64 * 1024);
     loop {

@@ -1,0 +1,71 @@
+//! The AMQPS listener: AMQP 0-9-1 over TLS (rustls), RabbitMQ's
+//! `listeners.ssl.default` with `ssl_options.certfile` / `keyfile` (PEM).
+//! Each accepted connection runs the same broker shell as plain AMQP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context as _;
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Tls;
+use crate::{Shared, serve_stream};
+
+/// Binds `addr`, loads the certificate and key, and serves AMQPS clients
+/// until the process ends; returns the bound address.
+pub(crate) async fn start(
+    addr: SocketAddr,
+    tls: &Tls,
+    broker: Shared,
+    running: Arc<AtomicBool>,
+) -> anyhow::Result<SocketAddr> {
+    let cert = tls
+        .certfile
+        .as_ref()
+        .context("listeners.ssl.default needs ssl_options.certfile")?;
+    let key = tls
+        .keyfile
+        .as_ref()
+        .context("listeners.ssl.default needs ssl_options.keyfile")?;
+    let certs = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading certificates from {}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading certificates from {}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading the private key from {}", key.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS protocol versions")?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .context("the AMQPS certificate and key do not match")?;
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening for AMQPS on {addr}"))?;
+    let local = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let (acceptor, broker, running) = (acceptor.clone(), broker.clone(), running.clone());
+            tokio::spawn(async move {
+                match acceptor.accept(stream).await {
+                    Ok(tls) => serve_stream(broker, tls, peer, running).await,
+                    Err(e) => tracing::info!(%peer, error = %e, "AMQPS handshake failed"),
+                }
+            });
+        }
+    });
+    tracing::info!(addr = %local, "AMQPS listening");
+    Ok(local)
+}
