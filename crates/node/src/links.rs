@@ -137,6 +137,8 @@ async fn receive(
     }
 }
 
+/// Hands each node's batches to that node's sender task, so that a slow or
+/// dead node (a QUIC connect waits for its timeout) holds up no other.
 async fn send(
     cluster: Cluster,
     transport: Arc<dyn Transport>,
@@ -145,53 +147,102 @@ async fn send(
     mut resets: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     let incarnation = incarnation();
-    let mut session = 0u64;
-    let mut senders: HashMap<String, (String, Box<dyn FrameSender>)> = HashMap::new();
+    let sessions = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut nodes: HashMap<String, tokio::sync::mpsc::UnboundedSender<Option<Vec<LinkMsg>>>> =
+        HashMap::new();
     loop {
         notify.notified().await;
+        let mut batches: Vec<(String, Option<Vec<LinkMsg>>)> = Vec::new();
         while let Ok(node) = resets.try_recv() {
-            senders.remove(&node);
+            batches.push((node, None));
         }
-        let out = lock(&broker).take_link_out();
-        for (node, msgs) in out {
-            let addr = cluster
+        batches.extend(
+            lock(&broker)
+                .take_link_out()
+                .into_iter()
+                .map(|(n, m)| (n, Some(m))),
+        );
+        for (node, batch) in batches {
+            let tx = nodes.entry(node.clone()).or_insert_with(|| {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let link = NodeLink {
+                    node: node.clone(),
+                    cluster: cluster.clone(),
+                    transport: transport.clone(),
+                    broker: broker.clone(),
+                    incarnation,
+                    sessions: sessions.clone(),
+                };
+                tokio::spawn(link.run(rx));
+                tx
+            });
+            let _ = tx.send(batch);
+        }
+    }
+}
+
+/// The sending side of the link to one node.
+struct NodeLink {
+    node: String,
+    cluster: Cluster,
+    transport: Arc<dyn Transport>,
+    broker: Shared,
+    incarnation: u64,
+    sessions: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl NodeLink {
+    /// Sends each batch in order (`None`: drop the connection, the node went
+    /// down); a batch that cannot be sent fails the node's forwarded work.
+    async fn run(self, mut rx: tokio::sync::mpsc::UnboundedReceiver<Option<Vec<LinkMsg>>>) {
+        let node = &self.node;
+        let mut conn: Option<(String, Box<dyn FrameSender>)> = None;
+        while let Some(batch) = rx.recv().await {
+            let Some(msgs) = batch else {
+                conn = None;
+                continue;
+            };
+            let addr = self
+                .cluster
                 .local()
                 .nodes
-                .get(&node)
+                .get(node)
                 .and_then(|n| n.link_addr.clone());
             // The node restarted elsewhere: its old link is gone.
-            if senders
-                .get(&node)
-                .is_some_and(|(a, _)| Some(a) != addr.as_ref())
-            {
-                senders.remove(&node);
+            if conn.as_ref().is_some_and(|(a, _)| Some(a) != addr.as_ref()) {
+                conn = None;
             }
-            if !senders.contains_key(&node) {
-                let conn = match &addr {
-                    Some(a) => transport.connect(&PeerAddr::new(a.clone())).await.ok(),
+            if conn.is_none() {
+                let c = match &addr {
+                    Some(a) => self.transport.connect(&PeerAddr::new(a.clone())).await.ok(),
                     None => None,
                 };
-                match conn {
+                match c {
                     Some(c) => {
                         let (mut tx, _rx) = c.split();
-                        session += 1;
+                        let session = self
+                            .sessions
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                            + 1;
                         let hello = LinkMsg::Hello {
-                            incarnation,
+                            incarnation: self.incarnation,
                             session,
                         };
                         if let Ok(v) = postcard::to_allocvec(&hello) {
                             let _ = tx.feed(Bytes::from(v));
                         }
-                        senders.insert(node.clone(), (addr.clone().unwrap_or_default(), tx));
+                        conn = Some((addr.clone().unwrap_or_default(), tx));
                     }
                     None => {
                         tracing::warn!(%node, "cannot reach node for forwarded queue work");
-                        lock(&broker).link_down(&node, now_ms());
+                        // What queued meanwhile is lost with this attempt.
+                        while rx.try_recv().is_ok() {}
+                        lock(&self.broker).link_down(node, now_ms());
                         continue;
                     }
                 }
             }
-            let Some((_, tx)) = senders.get_mut(&node) else {
+            let Some((_, tx)) = conn.as_mut() else {
                 continue;
             };
             let mut ok = true;
@@ -208,8 +259,8 @@ async fn send(
             }
             if !ok || tx.flush().await.is_err() {
                 tracing::warn!(%node, "forwarding link broke");
-                senders.remove(&node);
-                lock(&broker).link_down(&node, now_ms());
+                conn = None;
+                lock(&self.broker).link_down(node, now_ms());
             }
         }
     }
