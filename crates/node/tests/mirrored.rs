@@ -705,3 +705,40 @@ fn sigkill_of_the_master_or_a_mirror_under_load_loses_no_confirmed_message() {
     let h = under_load(&rt, "mirror-", &nodes[m], &nodes[m], || peers::sigkill(pid));
     check(&h);
 }
+
+#[test]
+fn two_nodes_of_five_sigkilled_under_load_lose_no_confirmed_message() {
+    let root = peers::test_root();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "cluster-test-secret\n").unwrap();
+    let first = Peer::start("warren@a", &root.path().join("a"), &secret, None);
+    let seed = first.peers.clone();
+    let mut nodes = vec![first];
+    for n in ["b", "c", "d", "e"] {
+        nodes.push(Peer::start(
+            &format!("warren@{n}"),
+            &root.path().join(n),
+            &secret,
+            Some(&seed),
+        ));
+    }
+    for n in &nodes {
+        eventually("five running members", || {
+            names(&n.get("/api/cluster"), "running_nodes").len() == 5
+        });
+    }
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_on(&rt, &nodes[0]);
+    eventually("four synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 4
+    });
+    // The master (a) and a mirror (b) die together; publisher on c,
+    // consumer on d.
+    let (pa, pb) = (nodes[0].pid(), nodes[1].pid());
+    let h = under_load(&rt, "two-of-five-", &nodes[2], &nodes[3], || {
+        peers::sigkill(pa);
+        peers::sigkill(pb);
+    });
+    check(&h);
+}
