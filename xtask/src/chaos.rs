@@ -151,7 +151,8 @@ pub(crate) struct Report {
     pub(crate) confirmed: usize,
     /// Deliveries, the drain's included.
     pub(crate) deliveries: usize,
-    /// Confirmed messages never delivered: the run fails on any.
+    /// Confirmed messages never delivered, with when they were confirmed
+    /// (seconds into the run): the run fails on any.
     pub(crate) lost: Vec<String>,
     /// Repeated deliveries that came without the redelivered flag.
     pub(crate) unflagged: Vec<String>,
@@ -224,14 +225,20 @@ impl std::fmt::Display for Report {
 struct History {
     /// Every body handed to `basic.publish`.
     published: BTreeSet<String>,
-    /// Bodies the broker confirmed (`basic.ack`).
-    confirmed: BTreeSet<String>,
+    /// Bodies the broker confirmed (`basic.ack`), with when.
+    confirmed: BTreeMap<String, Instant>,
     /// Every delivery: body and redelivered flag, in order.
     delivered: Vec<(String, bool)>,
 }
 
-/// The history check.
-fn check(opts: Options, h: &History, faults: Vec<String>, notes: Vec<String>) -> Report {
+/// The history check; `start` is when the run started.
+fn check(
+    opts: Options,
+    h: &History,
+    start: Instant,
+    faults: Vec<String>,
+    notes: Vec<String>,
+) -> Report {
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unflagged = Vec::new();
     for (body, redelivered) in &h.delivered {
@@ -250,12 +257,15 @@ fn check(opts: Options, h: &History, faults: Vec<String>, notes: Vec<String>) ->
         lost: h
             .confirmed
             .iter()
-            .filter(|b| !count.contains_key(b.as_str()))
-            .cloned()
+            .filter(|(b, _)| !count.contains_key(b.as_str()))
+            .map(|(b, at)| format!("{b} (confirmed at {:.3}s)", (*at - start).as_secs_f64()))
             .collect(),
         unflagged,
         duplicates: count.values().map(|c| c - 1).sum(),
-        unconfirmed_delivered: count.keys().filter(|b| !h.confirmed.contains(**b)).count(),
+        unconfirmed_delivered: count
+            .keys()
+            .filter(|b| !h.confirmed.contains_key(**b))
+            .count(),
         phantom: count
             .keys()
             .filter(|b| !h.published.contains(**b))
@@ -364,12 +374,12 @@ impl Cluster<'_> {
                 self.up[i].store(false, Ordering::SeqCst);
                 let node = self.nodes[i].take().context("the node is down")?;
                 let pid = node.pid().unwrap_or_default();
-                let stopped = node.stop();
-                let what = format!("SIGTERM {name} (pid {pid}), restart in {pause:?}");
-                if let Err(e) = stopped {
-                    self.say(&format!("{what}: {e:#}"));
+                self.say(&format!("SIGTERM {name} (pid {pid})"));
+                match node.stop() {
+                    Ok(()) => self.say(&format!("{name} exited")),
+                    Err(e) => self.say(&format!("{name}: {e:#}")),
                 }
-                what
+                format!("SIGTERM {name} (pid {pid}), restart in {pause:?}")
             }
             Fault::Pause => {
                 self.up[i].store(false, Ordering::SeqCst);
@@ -548,7 +558,7 @@ pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Rep
     c.say(&format!("drained {} deliveries", drained.len()));
     let mut h = std::mem::take(&mut *history.lock().expect("the history"));
     h.delivered.extend(drained);
-    let report = check(opts, &h, faults, notes);
+    let report = check(opts, &h, c.start, faults, notes);
     if !report.pass() {
         for s in &c.specs {
             println!("--- last lines of {}:\n{}", s.log.display(), tail(&s.log));
@@ -625,7 +635,11 @@ async fn publish(
                 for (body, confirm) in batch {
                     match tokio::time::timeout_at(deadline, confirm).await {
                         Ok(Ok(c)) if c.is_ack() => {
-                            history.lock().expect("the history").confirmed.insert(body);
+                            history
+                                .lock()
+                                .expect("the history")
+                                .confirmed
+                                .insert(body, Instant::now());
                         }
                         _ => failed = true,
                     }
