@@ -10,27 +10,17 @@
 //! [`Broker::link_down`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use tokio::sync::Notify;
-use warren_broker::{Broker, LinkMsg};
+use warren_broker::LinkMsg;
 use warren_cluster::{Cluster, NodeEvent};
 use warren_transport::{FrameSender, PeerAddr, Transport};
 
-type Shared = Arc<Mutex<Broker>>;
-
-fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::{Shared, lock, now_ms};
 
 /// This process's incarnation: differs between two starts of a node.
 fn incarnation() -> u64 {

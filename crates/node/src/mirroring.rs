@@ -15,13 +15,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::sync::{Notify, mpsc};
 use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
-use warren_broker::{Broker, MirrorInput, ReplicaStart};
+use warren_broker::{MirrorInput, ReplicaStart};
 use warren_cluster::{Cluster, Command, Metadata};
 use warren_gm::{
     GmNode, HeartbeatDetector, NodeConfig, RingEvent, RingHandle, ViewAuthority, ViewChange,
@@ -33,17 +33,7 @@ use warren_mirror::{
 use warren_policy::{CandidateOrder, PlacementInput, Policy, PolicyKind, PolicySet, PolicySpec};
 use warren_transport::{NodeName, PeerAddr, Transport};
 
-type Shared = Arc<Mutex<Broker>>;
-
-fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::{Shared, lock, now_ms};
 
 /// Operator policies are stored under this prefix (see `cluster.rs`).
 const OPERATOR_PREFIX: &str = "operator-policy:";

@@ -120,18 +120,7 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let conn = connect(&nodes[0]).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
+    declare_on(&rt, &nodes[0]);
     eventually("two synchronised mirrors", || {
         let q = queue(&nodes[0]);
         q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
@@ -182,18 +171,7 @@ fn clients_on_any_node_are_served_by_the_master() {
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let conn = connect(&nodes[0]).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
+    declare_on(&rt, &nodes[0]);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -255,18 +233,7 @@ fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
     let (secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let conn = connect(&nodes[0]).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
+    declare_on(&rt, &nodes[0]);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -316,18 +283,7 @@ fn consumers_that_ask_are_cancelled_on_failover() {
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let conn = connect(&nodes[0]).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
+    declare_on(&rt, &nodes[0]);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -399,18 +355,7 @@ fn policy_changes_under_load_lose_nothing() {
         json!({"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}),
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let conn = connect(&nodes[0]).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
+    declare_on(&rt, &nodes[0]);
     eventually("exactly 2: one synchronised mirror", || {
         let q = queue(&nodes[0]);
         names(&q, "slave_nodes").len() == 1 && names(&q, "synchronised_slave_nodes").len() == 1
@@ -475,18 +420,7 @@ fn a_new_node_gets_an_unsynchronised_mirror_until_sync_queue() {
     let b = Peer::start("warren@b", &root.path().join("b"), &secret, Some(&a.peers));
     set_policy(&a, json!({"ha-mode": "all", "ha-sync-mode": "manual"}));
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let conn = connect(&a).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
+    declare_on(&rt, &a);
     // b's mirror started with the queue empty: synchronised at once.
     eventually("b is a synchronised mirror", || {
         names(&queue(&a), "synchronised_slave_nodes") == ["warren@b"]
@@ -663,6 +597,7 @@ fn check(h: &History) {
     }
 }
 
+/// Declares the durable test queue through node `p` (its master is `p`).
 fn declare_on(rt: &tokio::runtime::Runtime, p: &Peer) {
     rt.block_on(async {
         let conn = connect(p).await;
