@@ -900,8 +900,8 @@ impl Broker {
     }
 
     /// Node `node` is down (or its link broke): forwarded publishes it had
-    /// not confirmed are nacked, its deliveries to this node's clients are
-    /// forgotten (its successor redelivers them), and its forwarded
+    /// not confirmed are nacked, its deliveries to this node's clients settle
+    /// nowhere (its successor redelivers them), and its forwarded
     /// consumers and unacked deliveries on this node's queues are dropped
     /// (requeued).
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
@@ -933,10 +933,17 @@ impl Broker {
                 c.amqp.reply(ch, Reply::BasicGetEmpty);
             }
         }
+        // Its deliveries stay known to their channels (a client acking one
+        // must not get "unknown delivery tag"), but settle nowhere: the
+        // queue's next master delivers them again, redelivered.
+        let nowhere: Arc<str> = Arc::from("");
         for c in self.conns.values_mut() {
             for chan in c.channels.values_mut() {
-                chan.unacked
-                    .retain(|_, u| u.remote.as_deref() != Some(node));
+                for u in chan.unacked.values_mut() {
+                    if u.remote.as_deref() == Some(node) {
+                        u.remote = Some(nowhere.clone());
+                    }
+                }
             }
         }
         let gone: Vec<ConnId> = self

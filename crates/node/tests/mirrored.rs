@@ -642,7 +642,6 @@ fn sigkill_of_the_master_or_a_mirror_under_load_loses_no_confirmed_message() {
 }
 
 #[test]
-#[ignore = "Warren bug, intermittent (about 1 run in 4): when the master and the mirror next to it in the ring die together, sometimes no mirror is ever promoted (the record keeps the dead master; confirmed messages wait, undelivered)"]
 fn two_nodes_of_five_sigkilled_under_load_lose_no_confirmed_message() {
     let root = peers::test_root();
     let secret = root.path().join("secret");
