@@ -6,7 +6,6 @@
 //! `target/bench-amqp/`; only processes this command started are stopped.
 
 use std::fmt::Write as _;
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,8 +15,8 @@ use anyhow::{Context, bail};
 const WARREN_PORT: u16 = 5801;
 const RABBIT_PORT: u16 = 5802;
 
-/// A workload: a name and the load generator's flags.
-const WORKLOADS: [(&str, &[&str]); 2] = [
+/// The workloads: a name and the load generator's flags.
+pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
     ("16 B transient, auto-ack, no confirms", &["--size", "16"]),
     (
         "1 KiB persistent, 100 confirms in flight, manual acks",
@@ -54,22 +53,11 @@ impl Drop for Broker {
     }
 }
 
-fn wait_port(port: u16, what: &str, limit: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    bail!("{what} did not open port {port} within {limit:?}")
-}
-
 fn start_warren(root: &Path, dir: &Path) -> anyhow::Result<Broker> {
     let data = dir.join("warren-data");
     let _ = std::fs::remove_dir_all(&data);
     let log = std::fs::File::create(dir.join("warren.log"))?;
-    let child = Command::new(root.join("target/release/warren"))
+    let child = Command::new(crate::bench::target_dir(root).join("release/warren"))
         .args(["--amqp-addr", &format!("127.0.0.1:{WARREN_PORT}")])
         .args([
             "--http-addr",
@@ -84,7 +72,7 @@ fn start_warren(root: &Path, dir: &Path) -> anyhow::Result<Broker> {
         .spawn()
         .context("starting warren")?;
     let broker = Broker { child };
-    wait_port(WARREN_PORT, "warren", Duration::from_secs(30))?;
+    crate::bench_mirrored::wait_port(WARREN_PORT, "warren", Duration::from_secs(30))?;
     Ok(broker)
 }
 
@@ -120,14 +108,14 @@ fn start_rabbitmq(dir: &Path) -> anyhow::Result<Option<Broker>> {
         .spawn()
         .context("starting rabbitmq-server")?;
     let broker = Broker { child };
-    wait_port(RABBIT_PORT, "rabbitmq-server", Duration::from_secs(90))?;
+    crate::bench_mirrored::wait_port(RABBIT_PORT, "rabbitmq-server", Duration::from_secs(90))?;
     Ok(Some(broker))
 }
 
 /// Runs the load generator; returns (published/s, consumed/s, p50 µs, p99 µs).
 fn load(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Result<[f64; 4]> {
     let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let out = Command::new(root.join("target/release/examples/amqp_bench"))
+    let out = Command::new(crate::bench::target_dir(root).join("release/examples/amqp_bench"))
         .args(["--url", &url, "--duration", duration])
         .args(flags)
         .output()
@@ -140,6 +128,12 @@ fn load(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Resul
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    rates(&text)
+}
+
+/// The load generator's published/s, consumed/s, latency p50 and p99 (µs),
+/// from its output.
+pub(crate) fn rates(text: &str) -> anyhow::Result<[f64; 4]> {
     let value = |key: &str| -> anyhow::Result<f64> {
         let start = text
             .find(key)
@@ -159,13 +153,35 @@ fn load(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Resul
     ])
 }
 
-/// Runs the side-by-side AMQP bench.
+/// One broker's rates on one workload of [`WORKLOADS`].
+#[derive(Debug, Clone)]
+pub(crate) struct AmqpRow {
+    /// "warren" or "rabbitmq".
+    pub(crate) broker: &'static str,
+    /// The workload's name.
+    pub(crate) workload: &'static str,
+    /// published/s, consumed/s, latency p50 and p99 (µs).
+    pub(crate) rates: [f64; 4],
+}
+
+/// `bench amqp [--duration S]`: measures, prints and writes the table.
 pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     let duration = rest
         .iter()
         .position(|a| *a == "--duration")
         .and_then(|i| rest.get(i + 1).copied())
         .unwrap_or("10");
+    let rows = measure(root, duration)?;
+    let table = table(&rows)?;
+    let out = crate::bench::target_dir(root).join("bench-amqp/report.md");
+    std::fs::write(&out, &table)?;
+    println!("\n{table}(written to {})", out.display());
+    Ok(())
+}
+
+/// Runs every workload for `duration` seconds against one Warren node, then
+/// against one RabbitMQ node when it is installed.
+pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow>> {
     crate::step(
         "build warren and the load generator (release)",
         "cargo",
@@ -180,16 +196,26 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             "amqp_bench",
         ],
     )?;
-    let dir = root.join("target/bench-amqp");
+    let dir = crate::bench::target_dir(root).join("bench-amqp");
     std::fs::create_dir_all(&dir)?;
-    let mut results: Vec<(&str, &str, [f64; 4])> = Vec::new();
+    let mut rows = Vec::new();
+    // Every workload against the broker on `port`, named `broker`.
+    let mut each = |broker: &'static str, port: u16| -> anyhow::Result<()> {
+        for (workload, flags) in WORKLOADS {
+            println!("    {workload} ({duration} s)…");
+            let rates = load(root, port, flags, duration)?;
+            rows.push(AmqpRow {
+                broker,
+                workload,
+                rates,
+            });
+        }
+        Ok(())
+    };
     {
         println!("==> Warren on 127.0.0.1:{WARREN_PORT}");
         let _warren = start_warren(root, &dir)?;
-        for (name, flags) in WORKLOADS {
-            println!("    {name} ({duration} s)…");
-            results.push(("warren", name, load(root, WARREN_PORT, flags, duration)?));
-        }
+        each("warren", WARREN_PORT)?;
     }
     match start_rabbitmq(&dir)? {
         None => println!(
@@ -197,33 +223,34 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         ),
         Some(_rabbit) => {
             println!("==> RabbitMQ on 127.0.0.1:{RABBIT_PORT}");
-            for (name, flags) in WORKLOADS {
-                println!("    {name} ({duration} s)…");
-                results.push(("rabbitmq", name, load(root, RABBIT_PORT, flags, duration)?));
-            }
+            each("rabbitmq", RABBIT_PORT)?;
         }
     }
+    Ok(rows)
+}
+
+/// The Markdown table of [`measure`]'s rows, with Warren / RabbitMQ ratios.
+pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
     let mut table = String::new();
     writeln!(
         table,
         "| workload | broker | published/s | consumed/s | p50 µs | p99 µs |"
     )?;
     writeln!(table, "|---|---|---:|---:|---:|---:|")?;
-    for (broker, name, [p, c, p50, p99]) in &results {
+    for r in rows {
+        let [p, c, p50, p99] = r.rates;
         writeln!(
             table,
-            "| {name} | {broker} | {p:.0} | {c:.0} | {p50:.0} | {p99:.0} |"
+            "| {} | {} | {p:.0} | {c:.0} | {p50:.0} | {p99:.0} |",
+            r.workload, r.broker
         )?;
     }
     writeln!(table)?;
     for (name, _) in WORKLOADS {
-        let of = |b: &str| {
-            results
-                .iter()
-                .find(|r| r.0 == b && r.1 == name)
-                .map(|r| r.2[1])
-        };
-        if let (Some(w), Some(r)) = (of("warren"), of("rabbitmq")) {
+        if let (Some(w), Some(r)) = (
+            consumed(rows, "warren", name),
+            consumed(rows, "rabbitmq", name),
+        ) {
             writeln!(
                 table,
                 "- {name}: Warren / RabbitMQ consumed/s = {:.2}",
@@ -231,8 +258,12 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             )?;
         }
     }
-    let out = dir.join("report.md");
-    std::fs::write(&out, &table)?;
-    println!("\n{table}(written to {})", out.display());
-    Ok(())
+    Ok(table)
+}
+
+/// The consumed/s of `broker` on the workload named `workload`, if it ran.
+pub(crate) fn consumed(rows: &[AmqpRow], broker: &str, workload: &str) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.broker == broker && r.workload == workload)
+        .map(|r| r.rates[1])
 }

@@ -40,7 +40,7 @@ const RABBIT_DIST: u16 = 25930;
 const HA_ALL: &str = r#"{"pattern":"^ha\\.","apply-to":"queues","definition":{"ha-mode":"all","ha-sync-mode":"automatic"}}"#;
 
 /// The workloads: a name, the queue, and the load generator's flags.
-const WORKLOADS: [(&str, &str, &[&str]); 2] = [
+pub(crate) const WORKLOADS: [(&str, &str, &[&str]); 2] = [
     (
         "1 KiB persistent, durable queue, 100 confirms in flight, manual acks",
         "ha.bench.persistent",
@@ -75,9 +75,7 @@ fn number(rest: &[&str], name: &str, default: u64) -> anyhow::Result<u64> {
 
 /// Where cargo puts the release binaries (`CARGO_TARGET_DIR` or `target/`).
 fn release_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), PathBuf::from)
-        .join("release")
+    crate::bench::target_dir(root).join("release")
 }
 
 fn build() -> anyhow::Result<()> {
@@ -114,7 +112,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> bool {
     false
 }
 
-fn wait_port(port: u16, what: &str, limit: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_port(port: u16, what: &str, limit: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -246,15 +244,20 @@ impl std::ops::Deref for WarrenCluster {
     }
 }
 
-/// Starts three clustered `warren` processes on 127.0.0.1 and sets `ha-all`.
-fn warren_cluster(root: &Path, dir: &Path, transport: &str) -> anyhow::Result<WarrenCluster> {
+/// Starts `size` clustered `warren` processes on 127.0.0.1 and sets `ha-all`.
+fn warren_cluster(
+    root: &Path,
+    dir: &Path,
+    transport: &str,
+    size: u16,
+) -> anyhow::Result<WarrenCluster> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
     let secret = dir.join("cluster-secret");
     std::fs::write(&secret, format!("warren-bench-{}\n", std::process::id()))?;
     let bin = release_dir(root).join("warren");
     let mut nodes = WarrenCluster(Vec::new());
-    for i in 1..=3u16 {
+    for i in 1..=size {
         let name = format!("warren@n{i}");
         let mut cmd = Command::new(&bin);
         cmd.args(["--node-name", &name])
@@ -297,11 +300,11 @@ fn warren_cluster(root: &Path, dir: &Path, transport: &str) -> anyhow::Result<Wa
     }
     let first = nodes[0].http.clone();
     eventually(
-        "three running cluster members",
+        &format!("{size} running cluster members"),
         Duration::from_secs(60),
         || {
             Ok(http_json(&first, "/api/cluster")?
-                .is_some_and(|v| list_len(&v, "running_nodes") == 3))
+                .is_some_and(|v| list_len(&v, "running_nodes") == usize::from(size)))
         },
     )?;
     let (status, text) = http(&first, "PUT", "/api/policies/%2F/ha-all", Some(HA_ALL))?;
@@ -333,15 +336,15 @@ fn wait_ready(
         .map_err(|_| anyhow::anyhow!("{name} did not become ready within {limit:?}"))
 }
 
-/// Waits until the Warren queue `name` has two synchronised mirrors.
-fn warren_synced(node: &WarrenNode, name: &str) -> anyhow::Result<Duration> {
+/// Waits until the Warren queue `name` has `mirrors` synchronised mirrors.
+fn warren_synced(node: &WarrenNode, name: &str, mirrors: usize) -> anyhow::Result<Duration> {
     let path = format!("/api/queues/%2F/{name}");
     eventually(
-        &format!("{name} to have 2 synchronised mirrors on Warren"),
+        &format!("{name} to have {mirrors} synchronised mirrors on Warren"),
         Duration::from_secs(60),
         || {
             Ok(http_json(&node.http, &path)?
-                .is_some_and(|q| list_len(&q, "synchronised_slave_nodes") == 2))
+                .is_some_and(|q| list_len(&q, "synchronised_slave_nodes") == mirrors))
         },
     )
 }
@@ -427,9 +430,9 @@ fn epmd_pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Starts a 3-node RabbitMQ cluster with the `ha-all` policy; `None` when
-/// `rabbitmq-server` is not installed.
-fn rabbit_cluster(dir: &Path) -> anyhow::Result<Option<Vec<RabbitNode>>> {
+/// Starts a RabbitMQ cluster of `size` nodes with the `ha-all` policy;
+/// `None` when `rabbitmq-server` is not installed.
+fn rabbit_cluster(dir: &Path, size: u16) -> anyhow::Result<Option<Vec<RabbitNode>>> {
     if !Path::new(RABBIT_SERVER).exists() {
         return Ok(None);
     }
@@ -440,7 +443,7 @@ fn rabbit_cluster(dir: &Path) -> anyhow::Result<Option<Vec<RabbitNode>>> {
     std::fs::write(&cookie, format!("WARRENBENCH{}", std::process::id()))?;
     Command::new("chmod").arg("400").arg(&cookie).status()?;
     let mut nodes: Vec<RabbitNode> = Vec::new();
-    for i in 1..=3u16 {
+    for i in 1..=size {
         let base = dir.join(format!("rabbit{i}"));
         std::fs::create_dir_all(base.join("log"))?;
         let port = RABBIT_AMQP + i;
@@ -493,10 +496,10 @@ fn rabbit_cluster(dir: &Path) -> anyhow::Result<Option<Vec<RabbitNode>>> {
     Ok(Some(nodes))
 }
 
-/// Waits until the RabbitMQ queue `name` has two synchronised mirrors.
-fn rabbit_synced(node: &RabbitNode, name: &str) -> anyhow::Result<Duration> {
+/// Waits until the RabbitMQ queue `name` has `mirrors` synchronised mirrors.
+fn rabbit_synced(node: &RabbitNode, name: &str, mirrors: usize) -> anyhow::Result<Duration> {
     eventually(
-        &format!("{name} to have 2 synchronised mirrors on RabbitMQ"),
+        &format!("{name} to have {mirrors} synchronised mirrors on RabbitMQ"),
         Duration::from_secs(60),
         || {
             let out = node.ctl(&[
@@ -507,7 +510,8 @@ fn rabbit_synced(node: &RabbitNode, name: &str) -> anyhow::Result<Duration> {
                 "synchronised_slave_pids",
             ])?;
             Ok(out.lines().any(|l| {
-                l.split_whitespace().next() == Some(name) && l.matches("@localhost").count() == 2
+                l.split_whitespace().next() == Some(name)
+                    && l.matches("@localhost").count() == mirrors
             }))
         },
     )
@@ -553,7 +557,7 @@ async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
 }
 
 /// One load generator run: published/s, consumed/s, latency p50 and p99 (µs).
-type Rates = [f64; 4];
+pub(crate) type Rates = [f64; 4];
 
 /// Seconds the load generator waits for its consumer to drain the queue.
 const DRAIN_TIMEOUT: u64 = 60;
@@ -596,23 +600,7 @@ fn load(
     if !status.success() {
         bail!("amqp_bench failed ({status}): {text}{err}");
     }
-    let value = |key: &str| -> anyhow::Result<f64> {
-        let start = text
-            .find(key)
-            .with_context(|| format!("no {key} in: {text}"))?
-            + key.len();
-        let digits: String = text[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
-        Ok(digits.parse()?)
-    };
-    let rates = [
-        value("published/s=")?,
-        value("consumed/s=")?,
-        value("p50=")?,
-        value("p99=")?,
-    ];
+    let rates = crate::amqp_bench::rates(&text)?;
     Ok((rates, !text.contains("drain timed out")))
 }
 
@@ -630,7 +618,7 @@ fn workload(
     rt.block_on(declare(url, &[queue.to_owned()], 1))?;
     let took = synced(queue)?;
     println!(
-        "    {queue}: 2 synchronised mirrors after {:.1} s; {name} for {duration} s…",
+        "    {queue}: mirrors synchronised after {:.1} s; {name} for {duration} s…",
         took.as_secs_f64()
     );
     let (r, drained) = load(root, url, queue, flags, duration)?;
@@ -669,6 +657,7 @@ const STALLS: [(&str, usize, usize, usize); 2] = [
 ];
 
 /// What a confirmed publisher saw around the SIGKILL of a mirror's node.
+#[derive(Debug)]
 struct Stall {
     /// The longest time without a positive confirm (ack) from the SIGKILL on
     /// (to the end of the run if acks never resumed); nacks do not count.
@@ -778,9 +767,12 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
 }
 
 /// The results of one broker: rates per workload and the failover stalls.
-struct Outcome {
-    broker: String,
-    rates: Vec<Option<Rates>>,
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// "Warren TCP", "Warren QUIC" or "RabbitMQ 3.x mirrored".
+    pub(crate) broker: String,
+    /// Rates per workload of [`WORKLOADS`], `None` where it failed.
+    pub(crate) rates: Vec<Option<Rates>>,
     stalls: Vec<Option<Stall>>,
     note: String,
 }
@@ -797,20 +789,21 @@ fn bench_warren(
     root: &Path,
     dir: &Path,
     transport: &str,
-    duration: u64,
+    opts: &Options,
 ) -> anyhow::Result<Outcome> {
     let rt = runtime()?;
     let broker = format!("Warren {}", transport.to_uppercase());
     let mut notes = Vec::new();
+    let (size, mirrors, duration) = (opts.nodes, opts.mirrors(), opts.duration);
     println!(
-        "==> {broker}: starting 3 nodes on 127.0.0.1 ({})",
+        "==> {broker}: starting {size} nodes on 127.0.0.1 ({})",
         dir.display()
     );
     let mut rates = Vec::new();
     {
-        let nodes = warren_cluster(root, &dir.join("workloads"), transport)?;
+        let nodes = warren_cluster(root, &dir.join("workloads"), transport, size)?;
         for w in WORKLOADS {
-            let synced = |queue: &str| warren_synced(&nodes[0], queue);
+            let synced = |queue: &str| warren_synced(&nodes[0], queue, mirrors);
             let result = workload(root, &rt, &nodes[0].url(), w, duration, synced);
             // Where the queue's master is now (it should not have moved).
             let master = http_json(&nodes[1].http, &format!("/api/queues/%2F/{}", w.1))
@@ -835,13 +828,13 @@ fn bench_warren(
         }
     }
     let mut stalls = Vec::new();
-    for (k, (what, publisher, master, victim)) in STALLS.into_iter().enumerate() {
+    for (k, (what, publisher, master, victim)) in opts.stalls().enumerate() {
         println!("    publisher stall when {what}: a fresh cluster…");
         let run = || -> anyhow::Result<Stall> {
-            let nodes = warren_cluster(root, &dir.join(format!("stall{k}")), transport)?;
+            let nodes = warren_cluster(root, &dir.join(format!("stall{k}")), transport, size)?;
             let queue = "ha.bench.stall";
             rt.block_on(declare(&nodes[master].url(), &[queue.to_owned()], 1))?;
-            warren_synced(&nodes[master], queue)?;
+            warren_synced(&nodes[master], queue, mirrors)?;
             let actual = http_json(&nodes[master].http, &format!("/api/queues/%2F/{queue}"))?
                 .and_then(|q| q["node"].as_str().map(str::to_owned))
                 .unwrap_or_default();
@@ -898,8 +891,9 @@ fn describe_stall(s: &Stall) -> String {
 }
 
 /// Runs both workloads and the stall measurement on a RabbitMQ cluster.
-fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option<Outcome>> {
+fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Option<Outcome>> {
     let rt = runtime()?;
+    let (size, mirrors, duration) = (opts.nodes, opts.mirrors(), opts.duration);
     let version = Command::new("dpkg-query")
         .args(["-W", "-f=${Version}", "rabbitmq-server"])
         .output()
@@ -910,18 +904,18 @@ fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option
         version.split('-').next().unwrap_or("3")
     );
     println!(
-        "==> {broker}: starting 3 nodes on 127.0.0.1 ({})",
+        "==> {broker}: starting {size} nodes on 127.0.0.1 ({})",
         dir.display()
     );
     let epmd_before = epmd_pids();
     let result = (|| -> anyhow::Result<Option<Outcome>> {
-        let Some(nodes) = rabbit_cluster(&dir.join("workloads"))? else {
+        let Some(nodes) = rabbit_cluster(&dir.join("workloads"), size)? else {
             return Ok(None);
         };
         let mut rates = Vec::new();
         let mut notes = Vec::new();
         for w in WORKLOADS {
-            let synced = |queue: &str| rabbit_synced(&nodes[0], queue);
+            let synced = |queue: &str| rabbit_synced(&nodes[0], queue, mirrors);
             match workload(root, &rt, &nodes[0].url(), w, duration, synced) {
                 Ok((r, note)) => {
                     rates.push(Some(r));
@@ -936,14 +930,14 @@ fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option
         }
         drop(nodes);
         let mut stalls = Vec::new();
-        for (k, (what, publisher, master, victim)) in STALLS.into_iter().enumerate() {
+        for (k, (what, publisher, master, victim)) in opts.stalls().enumerate() {
             println!("    publisher stall when {what}: a fresh cluster…");
             let run = || -> anyhow::Result<Stall> {
-                let nodes = rabbit_cluster(&dir.join(format!("stall{k}")))?
+                let nodes = rabbit_cluster(&dir.join(format!("stall{k}")), size)?
                     .context("rabbitmq-server went missing")?;
                 let queue = "ha.bench.stall";
                 rt.block_on(declare(&nodes[master].url(), &[queue.to_owned()], 1))?;
-                rabbit_synced(&nodes[master], queue)?;
+                rabbit_synced(&nodes[master], queue, mirrors)?;
                 let pid = nodes[victim].beam_pid()?;
                 let s = rt.block_on(stall(&nodes[publisher].url(), queue, pid))?;
                 print_stall(&s);
@@ -974,22 +968,110 @@ fn bench_rabbit(root: &Path, dir: &Path, duration: u64) -> anyhow::Result<Option
     result
 }
 
-/// `bench mirrored [--duration S] [--transports tcp,quic] [--no-rabbitmq]`.
-pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
-    let duration = number(rest, "--duration", 10)?;
-    let transports: Vec<&str> = flag(rest, "--transports")
-        .unwrap_or("tcp,quic")
-        .split(',')
-        .collect();
-    if let Some(t) = transports.iter().find(|t| !["tcp", "quic"].contains(t)) {
-        bail!("unknown transport {t:?} (tcp, quic)");
+/// What `bench mirrored` runs, from its flags.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// Seconds per load generator run.
+    pub(crate) duration: u64,
+    /// Warren's cluster transports to run: "tcp", "quic".
+    pub(crate) transports: Vec<String>,
+    /// Whether to run RabbitMQ too (when it is installed).
+    pub(crate) rabbitmq: bool,
+    /// Nodes per cluster (at least 3: the stalls kill node 1 or 3).
+    pub(crate) nodes: u16,
+    /// Whether to measure the publisher stalls when a node is SIGKILLed.
+    pub(crate) stalls: bool,
+}
+
+impl Options {
+    /// `[--duration S] [--transports tcp,quic] [--nodes N] [--no-rabbitmq] [--no-stalls]`.
+    pub(crate) fn parse(rest: &[&str]) -> anyhow::Result<Self> {
+        let transports: Vec<String> = flag(rest, "--transports")
+            .unwrap_or("tcp,quic")
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        if let Some(t) = transports
+            .iter()
+            .find(|t| !["tcp", "quic"].contains(&t.as_str()))
+        {
+            bail!("unknown transport {t:?} (tcp, quic)");
+        }
+        let nodes = number(rest, "--nodes", 3)?;
+        if !(3..=9).contains(&nodes) {
+            bail!("--nodes takes 3 to 9, not {nodes}");
+        }
+        Ok(Self {
+            duration: number(rest, "--duration", 10)?,
+            transports,
+            rabbitmq: !rest.contains(&"--no-rabbitmq"),
+            nodes: nodes as u16,
+            stalls: !rest.contains(&"--no-stalls"),
+        })
     }
+
+    /// Synchronised mirrors a queue has once mirrored on every node.
+    fn mirrors(&self) -> usize {
+        usize::from(self.nodes) - 1
+    }
+
+    /// The stall measurements to run.
+    fn stalls(&self) -> impl Iterator<Item = (&'static str, usize, usize, usize)> {
+        STALLS.into_iter().filter(|_| self.stalls)
+    }
+
+    /// The file the report is written to, under `target/bench-mirrored/`.
+    pub(crate) fn report_file(&self) -> String {
+        if self.nodes == 3 {
+            "report.md".to_owned()
+        } else {
+            format!("report-{}-nodes.md", self.nodes)
+        }
+    }
+}
+
+/// What `bench mirrored` measured: each broker's outcome and the report.
+#[derive(Debug)]
+pub(crate) struct Mirrored {
+    /// One per Warren transport, then RabbitMQ's when it ran.
+    pub(crate) outcomes: Vec<Outcome>,
+    /// The Markdown report (tables and notes).
+    pub(crate) report: String,
+}
+
+impl Mirrored {
+    /// The consumed/s of the broker whose name starts with `broker` on
+    /// workload `w` of [`WORKLOADS`], if it ran.
+    pub(crate) fn consumed(&self, broker: &str, w: usize) -> Option<f64> {
+        self.outcomes
+            .iter()
+            .find(|o| o.broker.starts_with(broker))
+            .and_then(|o| o.rates.get(w).copied().flatten())
+            .map(|r| r[1])
+    }
+}
+
+/// `bench mirrored [--duration S] [--transports tcp,quic] [--nodes N]
+/// [--no-rabbitmq] [--no-stalls]`: measures, prints and writes the report.
+pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
+    let opts = Options::parse(rest)?;
+    let m = measure(root, &opts)?;
+    let out = crate::bench::target_dir(root)
+        .join("bench-mirrored")
+        .join(opts.report_file());
+    std::fs::write(&out, &m.report)?;
+    println!("\n{}\n(written to {})", m.report, out.display());
+    Ok(())
+}
+
+/// Runs the workloads (and stalls) on each Warren transport, then on RabbitMQ.
+pub(crate) fn measure(root: &Path, opts: &Options) -> anyhow::Result<Mirrored> {
     build()?;
-    let out_dir = root.join("target/bench-mirrored");
+    let out_dir = crate::bench::target_dir(root).join("bench-mirrored");
     std::fs::create_dir_all(&out_dir)?;
     let mut outcomes = Vec::new();
-    for t in &transports {
-        match bench_warren(root, &out_dir.join(format!("warren-{t}")), t, duration) {
+    for t in &opts.transports {
+        match bench_warren(root, &out_dir.join(format!("warren-{t}")), t, opts) {
             Ok(o) => outcomes.push(o),
             Err(e) => {
                 println!("    Warren over {t} failed: {e:#}");
@@ -1003,10 +1085,10 @@ pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         }
     }
     let mut rabbit_note = String::new();
-    if rest.contains(&"--no-rabbitmq") {
+    if !opts.rabbitmq {
         rabbit_note = "RabbitMQ skipped (--no-rabbitmq).".to_owned();
     } else {
-        match bench_rabbit(root, &out_dir.join("rabbitmq"), duration) {
+        match bench_rabbit(root, &out_dir.join("rabbitmq"), opts) {
             Ok(Some(o)) => outcomes.push(o),
             Ok(None) => {
                 rabbit_note = format!(
@@ -1019,16 +1101,13 @@ pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     if !rabbit_note.is_empty() {
         println!("    {rabbit_note}");
     }
-    let report = mirrored_report(&outcomes, duration, &rabbit_note)?;
-    let out = out_dir.join("report.md");
-    std::fs::write(&out, &report)?;
-    println!("\n{report}\n(written to {})", out.display());
-    Ok(())
+    let report = mirrored_report(&outcomes, opts, &rabbit_note)?;
+    Ok(Mirrored { outcomes, report })
 }
 
 fn mirrored_report(
     outcomes: &[Outcome],
-    duration: u64,
+    opts: &Options,
     rabbit_note: &str,
 ) -> anyhow::Result<String> {
     let mut t = String::new();
@@ -1039,7 +1118,8 @@ fn mirrored_report(
         .collect();
     writeln!(
         t,
-        "3 nodes on 127.0.0.1, policy ha-mode all with automatic sync, one producer and one consumer on the master's node, {duration} s per run (after 1 s of warm-up).\n"
+        "{} nodes on 127.0.0.1, policy ha-mode all with automatic sync, one producer and one consumer on the master's node, {} s per run (after 1 s of warm-up).\n",
+        opts.nodes, opts.duration
     )?;
     write!(t, "| workload | measure |")?;
     for o in outcomes {
@@ -1088,9 +1168,28 @@ fn mirrored_report(
             writeln!(t)?;
         }
     }
+    if opts.stalls {
+        stall_table(&mut t, outcomes, opts.mirrors())?;
+    } else {
+        writeln!(t, "\nPublisher stalls not measured (--no-stalls).")?;
+    }
+    let notes: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.note.is_empty())
+        .map(|o| format!("- {}: {}", o.broker, o.note))
+        .chain((!rabbit_note.is_empty()).then(|| format!("- {rabbit_note}")))
+        .collect();
+    if !notes.is_empty() {
+        writeln!(t, "\n{}", notes.join("\n"))?;
+    }
+    Ok(t)
+}
+
+/// The publisher stalls table: one row per stall and broker.
+fn stall_table(t: &mut String, outcomes: &[Outcome], mirrors: usize) -> anyhow::Result<()> {
     writeln!(
         t,
-        "\nPublisher stalls: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a mirrored queue (2 synchronised mirrors); after 2 s a node is SIGKILLed; measured over the next {} s, each on a fresh cluster. Only acks count as confirms here: a nack tells the publisher to send again.\n",
+        "\nPublisher stalls: a producer on node 2 publishes 1 KiB persistent messages with 100 confirms in flight to a mirrored queue ({mirrors} synchronised mirrors); after 2 s a node is SIGKILLed; measured over the next {} s, each on a fresh cluster. Only acks count as confirms here: a nack tells the publisher to send again.\n",
         AFTER_KILL.as_secs()
     )?;
     writeln!(
@@ -1121,16 +1220,7 @@ fn mirrored_report(
             }
         }
     }
-    let notes: Vec<String> = outcomes
-        .iter()
-        .filter(|o| !o.note.is_empty())
-        .map(|o| format!("- {}: {}", o.broker, o.note))
-        .chain((!rabbit_note.is_empty()).then(|| format!("- {rabbit_note}")))
-        .collect();
-    if !notes.is_empty() {
-        writeln!(t, "\n{}", notes.join("\n"))?;
-    }
-    Ok(t)
+    Ok(())
 }
 
 /// 12345.6 → "12,346".
@@ -1321,14 +1411,14 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         bail!("--transport must be tcp or quic");
     }
     build()?;
-    let out_dir = root.join("target/bench-mirrored");
+    let out_dir = crate::bench::target_dir(root).join("bench-mirrored");
     let dir = out_dir.join(format!("many-queues-{transport}"));
     println!(
         "==> Warren {}: starting 3 nodes on 127.0.0.1 ({})",
         transport.to_uppercase(),
         dir.display()
     );
-    let nodes = warren_cluster(root, &dir, transport)?;
+    let nodes = warren_cluster(root, &dir, transport, 3)?;
     let rt = runtime()?;
     std::thread::sleep(Duration::from_secs(2));
     let idle: Vec<(u64, u64)> = nodes

@@ -2,6 +2,7 @@
 //!
 //! - `cargo xtask test` — what CI runs: fmt check, clippy, cargo-deny, nextest.
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
+//! - `cargo xtask bench all [--quick]` — every bench, into `docs/bench/report.md`.
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
 //! - `cargo xtask chaos [--seed S] [--duration SECS]` — a seeded fault schedule (`chaos`).
@@ -9,7 +10,9 @@
 
 mod amqp_bench;
 mod bench;
+mod bench_all;
 mod bench_mirrored;
+mod bench_report;
 mod chaos;
 mod cluster;
 mod scenario;
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!(
                 "  bench mirrored | many-queues  3-node mirrored queues (vs RabbitMQ); 1,000 queues"
             );
+            eprintln!("  bench all [--quick]       every bench: docs/bench/report.md and a chart");
             eprintln!(
                 "  cluster up [--nodes N] [--transport tcp|quic]   a local cluster on 127.0.0.1..N"
             );
