@@ -1,7 +1,14 @@
 //! `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5]`: a seeded
-//! fault schedule against a cluster of `warren` processes on 127.0.0.1
-//! under a confirmed publish / acked consume load, then a history check.
+//! fault schedule against a cluster of `warren` processes in a private
+//! network namespace under a confirmed publish / acked consume load, then a
+//! history check.
 //!
+//! The run creates the network namespace `warren-chaos-<pid>` (`lo` up,
+//! deleted at the end, also on an error) and starts every node in it with
+//! `ip netns exec`, node N on its own address 127.0.0.(N+1) (A on
+//! 127.0.0.2, …) with the standard ports; the load, the management calls
+//! and the drain run on a thread that entered the namespace (`setns`), so
+//! the clients connect from 127.0.0.1, which no partition rule touches.
 //! The cluster (`warren@a`, `warren@b`, … with `--join` to A on the first
 //! start) gets the policy `ha-all` (`ha-mode: all`, `ha-sync-mode:
 //! automatic`) and the durable queue `ha.chaos`, declared on A. One
@@ -11,11 +18,18 @@
 //! records what was confirmed and what was delivered (with the redelivered
 //! flag). Every 2–4 s the schedule (splitmix64 over the seed) picks a node
 //! and a fault: SIGKILL then a restart 1–3 s later, SIGTERM then a restart
-//! 1–3 s later, or SIGSTOP for 1–2 s then SIGCONT. One node at most is down
-//! at a time, and a fault waits until the queue's mirrors are synchronised
-//! again. Afterwards every node is up, the load stops, the queue is drained
-//! through A and the history is checked. Data directories and node logs are
-//! in `target/chaos/<seed>/`.
+//! 1–3 s later, SIGSTOP for 1–2 s then SIGCONT, or for 3–10 s a partition
+//! made with iptables in the namespace: the node isolated from every other
+//! node both ways (DROP, or REJECT with a TCP reset), or 30 % of the
+//! packets dropped at random both ways between it and one other node; then
+//! the rules are flushed. One node at most is faulty at a time (an isolated
+//! node stays reachable by the clients), and a fault waits until the
+//! queue's mirrors are synchronised again. Afterwards every node is up and
+//! connected, the load stops, the queue is drained through A and the
+//! history is checked. Data directories and node logs are in
+//! `target/chaos/<seed>/`.
+
+pub(crate) mod netns;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -35,13 +49,10 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
 use crate::scenario::{Bins, Node, Spec, names, spawn, tail};
+use netns::Netns;
 
 /// The mirrored queue of the run.
 const QUEUE: &str = "ha.chaos";
-/// The first port of the run's own range (`PORTS` wide).
-const PORT_BASE: u16 = 20_000;
-/// How many ports the run may pick from.
-const PORTS: u16 = 2_000;
 /// How long the schedule waits for the mirrors to be synchronised before a
 /// fault, and the drain for the queue to settle.
 const SYNC_WAIT: Duration = Duration::from_secs(60);
@@ -136,6 +147,37 @@ enum Fault {
     Term,
     /// SIGSTOP, SIGCONT after the pause.
     Pause,
+    /// Every packet between the node and every other node dropped (or, with
+    /// `reset`, TCP refused with a reset) both ways; healed after the pause.
+    Isolate {
+        /// REJECT with `tcp-reset` instead of DROP.
+        reset: bool,
+    },
+    /// 30 % of the packets between the node and node `other` dropped at
+    /// random, both ways; healed after the pause.
+    Lossy {
+        /// The other end of the lossy link.
+        other: usize,
+    },
+}
+
+impl Fault {
+    /// The next fault of the schedule and its pause, for a cluster of
+    /// `nodes`, on node `i`.
+    fn draw(rng: &mut Rng, nodes: usize, i: usize) -> anyhow::Result<(Self, u64)> {
+        Ok(match rng.range(0, 5) {
+            0 => (Self::Kill, rng.range(1_000, 3_000)),
+            1 => (Self::Term, rng.range(1_000, 3_000)),
+            2 => (Self::Pause, rng.range(1_000, 2_000)),
+            3 => (Self::Isolate { reset: false }, rng.range(3_000, 10_000)),
+            4 => (Self::Isolate { reset: true }, rng.range(3_000, 10_000)),
+            _ => {
+                let step = usize::try_from(rng.range(1, nodes as u64 - 1))?;
+                let other = (i + step) % nodes;
+                (Self::Lossy { other }, rng.range(3_000, 10_000))
+            }
+        })
+    }
 }
 
 /// What a run recorded and what the history check found.
@@ -279,6 +321,7 @@ fn check(
 /// load so that it reconnects to a live node.
 struct Cluster<'a> {
     bins: &'a Bins,
+    ns: &'a Netns,
     secret: PathBuf,
     label: String,
     specs: Vec<Spec>,
@@ -359,9 +402,24 @@ impl Cluster<'_> {
         Ok(pid)
     }
 
+    /// Adds the iptables rules `rule` (after `-A INPUT`) for both directions
+    /// between node `i` and every node of `others`.
+    fn cut(&self, i: usize, others: &[usize], rule: &[&str]) -> anyhow::Result<()> {
+        for &j in others {
+            for (from, to) in [(i, j), (j, i)] {
+                let (s, d) = (&self.specs[from].ip, &self.specs[to].ip);
+                let mut args = vec!["-A", "INPUT", "-s", s, "-d", d];
+                args.extend_from_slice(rule);
+                self.ns.iptables(&args)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Injects `fault` on node `i`, then brings it back after `pause`.
     fn inject(&mut self, fault: Fault, i: usize, pause: Duration) -> anyhow::Result<String> {
         let name = self.specs[i].name.clone();
+        let ip = self.specs[i].ip.clone();
         let what = match fault {
             Fault::Kill => {
                 self.up[i].store(false, Ordering::SeqCst);
@@ -386,6 +444,36 @@ impl Cluster<'_> {
                 let pid = self.signal(i, "STOP")?;
                 format!("SIGSTOP {name} (pid {pid}), SIGCONT in {pause:?}")
             }
+            Fault::Isolate { reset } => {
+                let others: Vec<usize> = (0..self.specs.len()).filter(|&j| j != i).collect();
+                let (rule, how): (&[&str], _) = if reset {
+                    (
+                        &["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
+                        "REJECT tcp-reset",
+                    )
+                } else {
+                    (&["-j", "DROP"], "DROP")
+                };
+                self.cut(i, &others, rule)?;
+                format!(
+                    "isolate {name} ({ip}) from the others ({how} both ways), heal in {pause:?}"
+                )
+            }
+            Fault::Lossy { other } => {
+                let rule = [
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    "0.3",
+                ];
+                self.cut(i, &[other], &[&rule[..], &["-j", "DROP"]].concat())?;
+                format!(
+                    "drop 30% between {name} ({ip}) and {} ({}) both ways, heal in {pause:?}",
+                    self.specs[other].name, self.specs[other].ip
+                )
+            }
         };
         self.say(&what);
         std::thread::sleep(pause);
@@ -399,45 +487,52 @@ impl Cluster<'_> {
                 self.say(&format!("restarting {name}"));
                 self.start(i, false)?;
             }
+            Fault::Isolate { .. } | Fault::Lossy { .. } => {
+                self.ns.iptables(&["-F", "INPUT"])?;
+                self.say("healed (INPUT rules flushed)");
+            }
         }
         Ok(what)
     }
 }
 
-/// Runs the schedule of `opts` with `bins`, data directories and logs under
-/// `work` (emptied first); returns the history check's report.
+/// Runs the schedule of `opts` with `bins` in a network namespace of its
+/// own, data directories and logs under `work` (emptied first); returns
+/// the history check's report.
 pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Report> {
+    let ns = Netns::create(&format!("warren-chaos-{}", std::process::id()))?;
+    ns.run(|| run_in(&ns, opts, bins, work))
+}
+
+/// [`run`] on a thread inside `ns`.
+fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Report> {
     if work.exists() {
         std::fs::remove_dir_all(work).with_context(|| format!("emptying {}", work.display()))?;
     }
     std::fs::create_dir_all(work)?;
     let secret = work.join("secret");
     std::fs::write(&secret, format!("chaos-{}-secret\n", opts.seed))?;
-    let mut next_port = u16::try_from(std::process::id() % u32::from(PORTS))?;
-    let mut free_port = || -> anyhow::Result<u16> {
-        for _ in 0..PORTS {
-            let port = PORT_BASE + next_port % PORTS;
-            next_port = next_port.wrapping_add(1);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return Ok(port);
-            }
-        }
-        bail!("no free port in {PORT_BASE}..{}", PORT_BASE + PORTS)
-    };
     let mut specs = Vec::new();
-    for short in ["a", "b", "c", "d", "e"].into_iter().take(opts.nodes) {
+    for (n, short) in ["a", "b", "c", "d", "e"]
+        .into_iter()
+        .take(opts.nodes)
+        .enumerate()
+    {
         specs.push(Spec {
             name: format!("warren@{short}"),
             dir: work.join(short),
             log: work.join(format!("{short}.log")),
-            amqp: free_port()?,
-            http: free_port()?,
-            metrics: free_port()?,
-            peer: free_port()?,
+            amqp: 5672,
+            http: 15672,
+            metrics: 15692,
+            peer: 25672,
+            ip: format!("127.0.0.{}", n + 2),
+            netns: Some(ns.name().to_owned()),
         });
     }
     let mut c = Cluster {
         bins,
+        ns,
         secret,
         label: format!("chaos seed {}", opts.seed),
         nodes: specs.iter().map(|_| None).collect(),
@@ -487,7 +582,7 @@ pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Rep
 
     let history = Arc::new(Mutex::new(History::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let urls: Vec<String> = c.specs.iter().map(amqp_url).collect();
+    let urls: Vec<String> = c.specs.iter().map(Spec::amqp_url).collect();
     let order = |first: usize| (0..opts.nodes).map(move |k| (first + k) % opts.nodes);
     let publisher = rt.spawn(publish(
         opts.seed,
@@ -516,11 +611,7 @@ pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Rep
     loop {
         let gap = Duration::from_millis(rng.range(2_000, 4_000));
         let i = usize::try_from(rng.range(0, opts.nodes as u64 - 1))?;
-        let (fault, pause) = match rng.range(0, 2) {
-            0 => (Fault::Kill, rng.range(1_000, 3_000)),
-            1 => (Fault::Term, rng.range(1_000, 3_000)),
-            _ => (Fault::Pause, rng.range(1_000, 2_000)),
-        };
+        let (fault, pause) = Fault::draw(&mut rng, opts.nodes, i)?;
         std::thread::sleep(gap);
         if faults_start.elapsed() >= opts.duration {
             break;
@@ -534,7 +625,7 @@ pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Rep
         let what = c.inject(fault, i, Duration::from_millis(pause))?;
         faults.push(format!("{:.3}s {what}", c.start.elapsed().as_secs_f64()));
     }
-    c.say("faults stopped; every node is up");
+    c.say("faults stopped; every node is up and connected");
     if !c.wait_synchronised()? {
         notes.push("after the faults: mirrors not synchronised".to_owned());
     }
@@ -565,10 +656,6 @@ pub(crate) fn run(opts: Options, bins: &Bins, work: &Path) -> anyhow::Result<Rep
         }
     }
     Ok(report)
-}
-
-fn amqp_url(s: &Spec) -> String {
-    format!("amqp://guest:guest@127.0.0.1:{}/%2f", s.amqp)
 }
 
 /// Connects to the first node of `order` that is up (waiting while none is).
@@ -733,17 +820,26 @@ async fn drain(url: &str) -> anyhow::Result<Vec<(String, bool)>> {
 
 #[cfg(test)]
 mod tests {
-    //! A short schedule (seed 1, 15 s of faults) with the debug binaries of
-    //! the target directory this test was built into.
+    //! A short schedule (seed 1, 20 s of faults: a SIGKILL, then a partition)
+    //! with the debug binaries of the target directory this test was built
+    //! into. It needs root, `ip` and iptables: without them it is skipped
+    //! with a message, unless `WARREN_REQUIRE_NETNS=1` makes it fail.
 
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
+    use super::netns::Netns;
     use super::{Options, run};
     use crate::scenario::Bins;
 
     #[test]
     fn chaos_seed_1_loses_no_confirmed_message() {
+        if let Err(e) = Netns::create(&format!("warren-probe-{}", std::process::id())) {
+            let required = std::env::var("WARREN_REQUIRE_NETNS").is_ok_and(|v| v == "1");
+            assert!(!required, "WARREN_REQUIRE_NETNS=1 but: {e:#}");
+            println!("skipped: no network namespace with iptables here ({e:#})");
+            return;
+        }
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("the workspace root")
@@ -758,11 +854,19 @@ mod tests {
         let bins = Bins::build(&root, &target).expect("building warren and warrenctl");
         let opts = Options {
             seed: 1,
-            duration: Duration::from_secs(15),
+            duration: Duration::from_secs(20),
             nodes: 3,
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");
         assert!(report.pass(), "{report}\nreplay: {}", opts.replay());
+        assert!(
+            report
+                .faults
+                .iter()
+                .any(|f| f.contains("isolate") || f.contains("drop 30%")),
+            "seed 1 injected no partition: {:?}",
+            report.faults
+        );
     }
 }

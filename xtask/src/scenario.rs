@@ -28,6 +28,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
+use crate::chaos::netns::exec_in;
+
 /// The mirrored queue every scenario uses.
 const QUEUE: &str = "ha.seed";
 /// Messages per publishing round.
@@ -216,15 +218,25 @@ pub(crate) struct Spec {
     pub(crate) metrics: u16,
     /// The peer (cluster) port.
     pub(crate) peer: u16,
+    /// The node's own loopback address: every listener binds it, and so do
+    /// its outgoing peer connections.
+    pub(crate) ip: String,
+    /// The network namespace the node runs in (`ip netns exec`), if any.
+    pub(crate) netns: Option<String>,
 }
 
 impl Spec {
     pub(crate) fn http_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.http)
+        format!("{}:{}", self.ip, self.http)
     }
 
     pub(crate) fn peer_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.peer)
+        format!("{}:{}", self.ip, self.peer)
+    }
+
+    /// The AMQP URL of the node as guest, default vhost.
+    pub(crate) fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@{}:{}/%2f", self.ip, self.amqp)
     }
 }
 
@@ -396,7 +408,7 @@ impl Node {
     }
 
     pub(crate) fn amqp_url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.spec.amqp)
+        self.spec.amqp_url()
     }
 }
 
@@ -432,11 +444,14 @@ pub(crate) fn spawn(
         .append(true)
         .open(&spec.log)?;
     writeln!(log, "==== xtask {}: starting {}", label, spec.name)?;
-    let mut cmd = Command::new(&bins.warren);
+    let mut cmd = exec_in(spec.netns.as_deref(), &bins.warren);
     cmd.args(["--node-name", &spec.name])
-        .args(["--amqp-addr", &format!("127.0.0.1:{}", spec.amqp)])
+        .args(["--amqp-addr", &format!("{}:{}", spec.ip, spec.amqp)])
         .args(["--http-addr", &spec.http_addr()])
-        .args(["--prometheus-addr", &format!("127.0.0.1:{}", spec.metrics)])
+        .args([
+            "--prometheus-addr",
+            &format!("{}:{}", spec.ip, spec.metrics),
+        ])
         .args(["--peer-addr", &spec.peer_addr()])
         .args(["--boot-wait", &BOOT_WAIT_SECS.to_string()])
         .arg("--cluster-secret-file")
@@ -518,6 +533,8 @@ impl Scenario<'_> {
             http: self.free_port()?,
             metrics: self.free_port()?,
             peer: self.free_port()?,
+            ip: "127.0.0.1".to_owned(),
+            netns: None,
         })
     }
 
