@@ -307,6 +307,7 @@ impl GmNode {
             ticks: 0,
             fetching: BTreeSet::new(),
             removing: BTreeSet::new(),
+            suspects: Arc::default(),
             loopback: VecDeque::new(),
             woken: BTreeSet::new(),
             dirty: BTreeSet::new(),
@@ -480,6 +481,10 @@ struct NodeTask {
     ticks: u64,
     fetching: BTreeSet<String>,
     removing: BTreeSet<(String, MemberId)>,
+    /// Nodes suspected dead and not heard from since: a removal proposed
+    /// because of a suspicion is dropped once its node is heard from again
+    /// (a healed partition), however long the proposal took.
+    suspects: Arc<Mutex<BTreeSet<NodeName>>>,
     loopback: VecDeque<(String, MemberId, Frame)>,
     woken: BTreeSet<NodeName>,
     /// Members that took input since the last flush.
@@ -561,7 +566,7 @@ impl NodeTask {
                 if let Some(r) = self.rings.get_mut(&ring) {
                     r.remove(&member);
                 }
-                self.remove(ring, member);
+                self.remove(ring, member, None);
             }
             Command::Join(ring, reply) => {
                 self.next_member += 1;
@@ -676,6 +681,10 @@ impl NodeTask {
                     return;
                 }
                 self.detector.heard_from(&peer, Instant::now());
+                self.suspects
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&peer);
                 for bytes in frames {
                     self.on_peer_frame(bytes);
                 }
@@ -764,6 +773,10 @@ impl NodeTask {
         }
         for suspect in self.detector.poll_suspects(now) {
             tracing::info!(node = %self.cfg.node, %suspect, "peer node suspected dead");
+            self.suspects
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(suspect.clone());
             self.report_neighbours_on(&suspect);
         }
         if self
@@ -811,18 +824,30 @@ impl NodeTask {
             }
         }
         for (ring, victim) in victims {
-            self.remove(ring, victim);
+            self.remove(ring, victim, Some(suspect.clone()));
         }
     }
 
-    fn remove(&mut self, ring: String, victim: MemberId) {
+    /// Proposes removing `victim` from `ring`; when that is because its node
+    /// `suspect` is suspected dead, only while it still is.
+    fn remove(&mut self, ring: String, victim: MemberId, suspect: Option<NodeName>) {
         if !self.removing.insert((ring.clone(), victim)) {
             return;
         }
         let in_tx = self.in_tx.clone();
         let ring2 = ring.clone();
+        let suspects = self.suspects.clone();
         self.propose(ring, move |view| {
-            view.is_alive(victim).then_some(ViewChange::Remove(victim))
+            let still = suspect.as_ref().is_none_or(|n| {
+                suspects
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .contains(n)
+            });
+            if !still {
+                tracing::info!(%victim, "its node was heard from again: member not removed");
+            }
+            (still && view.is_alive(victim)).then_some(ViewChange::Remove(victim))
         });
         self.spawn(async move {
             // Allow a later report of the same member once this one is settled.
@@ -994,7 +1019,7 @@ impl NodeTask {
         }
         for change in proposals {
             match change {
-                ViewChange::Remove(m) => self.remove(ring.to_owned(), m),
+                ViewChange::Remove(m) => self.remove(ring.to_owned(), m, None),
                 ViewChange::Erase(dead) => self.propose(ring.to_owned(), move |v| {
                     v.entry(dead)
                         .is_some_and(|e| !e.alive)

@@ -11,11 +11,11 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use peers::{Peer, eventually, names, three};
+use peers::{Peer, declare_durable, eventually, names, set_ha_all, three};
 use serde_json::{Value, json};
 
 const QUEUE: &str = "ha.orders";
@@ -23,19 +23,6 @@ const QUEUE: &str = "ha.orders";
 fn queue(p: &Peer) -> Value {
     let (status, v) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
     if status == 200 { v } else { Value::Null }
-}
-
-fn set_ha_all(p: &Peer) {
-    let (status, v) = p.http(
-        "PUT",
-        "/api/policies/%2F/ha-all",
-        Some(&json!({
-            "pattern": "^ha\\.",
-            "apply-to": "queues",
-            "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
-        })),
-    );
-    assert!(status == 201 || status == 204, "set policy: {status} {v}");
 }
 
 async fn connect(p: &Peer) -> Connection {
@@ -120,7 +107,7 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("two synchronised mirrors", || {
         let q = queue(&nodes[0]);
         q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
@@ -171,7 +158,7 @@ fn clients_on_any_node_are_served_by_the_master() {
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -233,7 +220,7 @@ fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
     let (secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -283,7 +270,7 @@ fn consumers_that_ask_are_cancelled_on_failover() {
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -355,7 +342,7 @@ fn policy_changes_under_load_lose_nothing() {
         json!({"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}),
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("exactly 2: one synchronised mirror", || {
         let q = queue(&nodes[0]);
         names(&q, "slave_nodes").len() == 1 && names(&q, "synchronised_slave_nodes").len() == 1
@@ -420,7 +407,7 @@ fn a_new_node_gets_an_unsynchronised_mirror_until_sync_queue() {
     let b = Peer::start("warren@b", &root.path().join("b"), &secret, Some(&a.peers));
     set_policy(&a, json!({"ha-mode": "all", "ha-sync-mode": "manual"}));
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &a);
+    declare_durable(&rt, &a, QUEUE);
     // b's mirror started with the queue empty: synchronised at once.
     eventually("b is a synchronised mirror", || {
         names(&queue(&a), "synchronised_slave_nodes") == ["warren@b"]
@@ -597,29 +584,13 @@ fn check(h: &History) {
     }
 }
 
-/// Declares the durable test queue through node `p` (its master is `p`).
-fn declare_on(rt: &tokio::runtime::Runtime, p: &Peer) {
-    rt.block_on(async {
-        let conn = connect(p).await;
-        let ch = conn.create_channel().await.unwrap();
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-    });
-}
-
 #[test]
 fn sigkill_of_the_master_or_a_mirror_under_load_loses_no_confirmed_message() {
     let root = peers::test_root();
     let (_secret, mut nodes) = three(root.path());
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("two synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
     });
@@ -664,7 +635,7 @@ fn two_nodes_of_five_sigkilled_under_load_lose_no_confirmed_message() {
     }
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_on(&rt, &nodes[0]);
+    declare_durable(&rt, &nodes[0], QUEUE);
     eventually("four synchronised mirrors", || {
         names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 4
     });

@@ -9,13 +9,19 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use serde_json::Value;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use serde_json::{Value, json};
 
 /// A running clustered `warren` process.
 pub struct Peer {
     child: Child,
     /// The node name.
     pub name: String,
+    /// The address every listener of the node binds (and its outgoing peer
+    /// connections too).
+    pub ip: String,
     /// The AMQP port.
     pub amqp: u16,
     /// The management HTTP address.
@@ -45,10 +51,24 @@ impl Peer {
         join: Option<&str>,
         extra: &[&str],
     ) -> Self {
+        Self::start_on("127.0.0.1", name, dir, secret, join, extra)
+    }
+
+    /// Starts a node whose listeners bind `ip` (free ports), as
+    /// [`Peer::start_with`] does on 127.0.0.1.
+    pub fn start_on(
+        ip: &str,
+        name: &str,
+        dir: &Path,
+        secret: &Path,
+        join: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let any_port = format!("{ip}:0");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
-        cmd.args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--prometheus-addr", "127.0.0.1:0"])
-            .args(["--node-name", name, "--peer-addr", "127.0.0.1:0"])
+        cmd.args(["--amqp-addr", &any_port, "--http-addr", &any_port])
+            .args(["--prometheus-addr", &any_port])
+            .args(["--node-name", name, "--peer-addr", &any_port])
             .arg("--data-dir")
             .arg(dir)
             .arg("--cluster-secret-file")
@@ -73,6 +93,7 @@ impl Peer {
         Self {
             child,
             name: name.to_owned(),
+            ip: ip.to_owned(),
             amqp,
             http: field(&line, "HTTP on ").to_owned(),
             peers: field(&line, "peers on ").to_owned(),
@@ -104,6 +125,11 @@ impl Peer {
         let status = resp.status();
         let text = resp.into_string().expect("read body");
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// The node's AMQP URL as guest, default vhost.
+    pub fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@{}:{}/%2f", self.ip, self.amqp)
     }
 
     pub fn get(&self, path: &str) -> Value {
@@ -189,6 +215,37 @@ pub fn names(v: &Value, key: &str) -> Vec<String> {
 
 pub fn has(list: &Value, pred: impl Fn(&Value) -> bool) -> bool {
     list.as_array().is_some_and(|a| a.iter().any(pred))
+}
+
+/// Sets the policy `ha-all` through `p`: queues named `ha.*` mirrored to
+/// every node, synchronised automatically.
+pub fn set_ha_all(p: &Peer) {
+    let (status, v) = p.http(
+        "PUT",
+        "/api/policies/%2F/ha-all",
+        Some(&json!({
+            "pattern": "^ha\\.",
+            "apply-to": "queues",
+            "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+        })),
+    );
+    assert!(status == 201 || status == 204, "set policy: {status} {v}");
+}
+
+/// Declares the durable queue `name` through node `p` (its master is `p`).
+pub fn declare_durable(rt: &tokio::runtime::Runtime, p: &Peer, name: &str) {
+    rt.block_on(async {
+        let conn = Connection::connect(&p.amqp_url(), ConnectionProperties::default()).await?;
+        let ch = conn.create_channel().await?;
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(name.into(), opts, FieldTable::default())
+            .await?;
+        conn.close(200, "bye".into()).await
+    })
+    .unwrap_or_else(|e| panic!("declaring {name} on {}: {e}", p.name));
 }
 
 /// Three nodes on 127.0.0.1 joined through the first one.

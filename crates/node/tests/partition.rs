@@ -1,0 +1,344 @@
+//! A network partition that isolates a mirrored queue's master, with real
+//! `warren` processes in a private network namespace (`ip netns`) and
+//! iptables rules between their addresses.
+//!
+//! Needs root, `ip` and iptables. Without them the test is skipped with a
+//! message, unless `WARREN_REQUIRE_NETNS=1` makes it fail.
+
+mod peers;
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd as _;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use peers::{Peer, declare_durable, eventually, names, set_ha_all};
+use serde_json::Value;
+
+const QUEUE: &str = "ha.partition";
+
+/// A network namespace the test created; deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    /// Creates the namespace (loopback up) and moves the calling thread
+    /// into it, so that the nodes it starts, its sockets and the runtimes
+    /// it builds live there; `None` (after saying why) when namespaces or
+    /// iptables are not available and `WARREN_REQUIRE_NETNS=1` is not set.
+    fn enter_new(name: &str) -> Option<Self> {
+        let ns = Self(name.to_owned());
+        let made = ns
+            .ip(&["netns", "add", name])
+            .and_then(|()| ns.ip(&["-n", name, "link", "set", "lo", "up"]))
+            .and_then(|()| ns.iptables(&["-S"]));
+        if let Err(e) = made {
+            let required = std::env::var("WARREN_REQUIRE_NETNS").is_ok_and(|v| v == "1");
+            assert!(!required, "WARREN_REQUIRE_NETNS=1 but: {e}");
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipped: no network namespace with iptables here ({e})");
+            }
+            return None;
+        }
+        let file = std::fs::File::open(format!("/var/run/netns/{name}")).expect("the netns file");
+        // SAFETY: setns only reads the descriptor, which `file` keeps open
+        // for the call, and changes nothing but this thread's namespace.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        Some(ns)
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<(), String> {
+        let out = Command::new("ip")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("ip {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// `iptables ARGS` inside the namespace.
+    fn iptables(&self, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["netns", "exec", &self.0, "iptables"];
+        all.extend_from_slice(args);
+        self.ip(&all)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = self.ip(&["netns", "del", &self.0]);
+    }
+}
+
+/// Everything the clients saw.
+#[derive(Default)]
+struct History {
+    /// Bodies the broker confirmed, with the node that confirmed them and
+    /// when.
+    confirmed: BTreeMap<String, (String, Instant)>,
+    /// Every delivery: body and redelivered flag, in order.
+    delivered: Vec<(String, bool)>,
+}
+
+fn queue(p: &Peer) -> Value {
+    let (status, v) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
+    if status == 200 { v } else { Value::Null }
+}
+
+/// Polls `check` until it holds (two minutes at most: the cluster has to
+/// notice the partition and its end).
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A connection to `url`, or `None` (after a pause) if it failed or took
+/// more than 5 s.
+async fn connect(url: &str) -> Option<Connection> {
+    let connect = Connection::connect(url, ConnectionProperties::default());
+    match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(conn)) => Some(conn),
+        _ => {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            None
+        }
+    }
+}
+
+/// Publishes persistent messages `{tag}{n}` with confirms through `url` in
+/// batches of 20 until `stop`; a batch not confirmed within 5 s, or a
+/// failed connection, makes it reconnect (and go on with new bodies).
+async fn publish(url: String, tag: &'static str, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let Some(conn) = connect(&url).await else {
+            continue;
+        };
+        let session = async {
+            let ch = conn.create_channel().await?;
+            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            while !stop.load(Ordering::SeqCst) {
+                let mut batch = Vec::new();
+                for _ in 0..20 {
+                    let body = format!("{tag}{n}");
+                    n += 1;
+                    let props = BasicProperties::default().with_delivery_mode(2);
+                    let opts = BasicPublishOptions::default();
+                    let c = ch
+                        .basic_publish("".into(), QUEUE.into(), opts, body.as_bytes(), props)
+                        .await?;
+                    batch.push((body, c));
+                }
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                let mut all = true;
+                for (body, c) in batch {
+                    match tokio::time::timeout_at(deadline, c).await {
+                        Ok(Ok(c)) if c.is_ack() => {
+                            let at = (tag.to_owned(), Instant::now());
+                            h.lock().unwrap().confirmed.insert(body, at);
+                        }
+                        _ => all = false,
+                    }
+                }
+                if !all {
+                    break;
+                }
+            }
+            Ok::<_, lapin::Error>(())
+        };
+        let _ = session.await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+    }
+}
+
+/// Consumes (prefetch 100, manual acks, each delivery recorded before its
+/// ack) through `url` until `stop`, reconnecting when the connection fails
+/// or the consumer is cancelled; with `stop` already set, until nothing
+/// came for 5 s (the drain).
+async fn consume(url: String, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    loop {
+        let Some(conn) = connect(&url).await else {
+            continue;
+        };
+        let session = async {
+            let ch = conn.create_channel().await?;
+            ch.basic_qos(100, BasicQosOptions::default()).await?;
+            let opts = BasicConsumeOptions::default();
+            let mut consumer = ch
+                .basic_consume(QUEUE.into(), "c".into(), opts, FieldTable::default())
+                .await?;
+            let quiet = Duration::from_secs(5);
+            loop {
+                match tokio::time::timeout(quiet, consumer.next()).await {
+                    Ok(Some(Ok(d))) => {
+                        let body = String::from_utf8_lossy(&d.data).into_owned();
+                        h.lock().unwrap().delivered.push((body, d.redelivered));
+                        d.ack(BasicAckOptions::default()).await?;
+                    }
+                    Ok(Some(Err(e))) => return Err(e),
+                    // Cancelled (failover): consume again.
+                    Ok(None) => return Ok(false),
+                    Err(_) if stop.load(Ordering::SeqCst) => return Ok(true),
+                    Err(_) => {}
+                }
+            }
+        };
+        let done = session.await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+        if matches!(done, Ok(true)) {
+            return;
+        }
+    }
+}
+
+#[test]
+fn isolating_the_master_loses_no_confirmed_message() {
+    let Some(ns) = Netns::enter_new(&format!("warren-partition-{}", std::process::id())) else {
+        return;
+    };
+    let root = peers::test_root();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "partition-test-secret\n").unwrap();
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let dir = |n: &str| root.path().join(n);
+    let a = Peer::start_on(ips[0], "warren@a", &dir("a"), &secret, None, &[]);
+    let join = Some(a.peers.as_str());
+    let b = Peer::start_on(ips[1], "warren@b", &dir("b"), &secret, join, &[]);
+    let c = Peer::start_on(ips[2], "warren@c", &dir("c"), &secret, join, &[]);
+    for n in [&a, &b, &c] {
+        eventually("three running members", || {
+            names(&n.get("/api/cluster"), "running_nodes").len() == 3
+        });
+    }
+    set_ha_all(&a);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &a, QUEUE);
+    eventually("a master on a and two synchronised mirrors", || {
+        let q = queue(&a);
+        q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
+    });
+
+    // Publishers on both sides (b: the majority, a: the isolated master),
+    // the consumer on c.
+    let h = Arc::new(Mutex::new(History::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let pub_b = rt.spawn(publish(b.amqp_url(), "b-", stop.clone(), h.clone()));
+    let pub_a = rt.spawn(publish(a.amqp_url(), "a-", stop.clone(), h.clone()));
+    let consumer = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
+    std::thread::sleep(Duration::from_secs(2));
+
+    let cut_at = Instant::now();
+    for other in &ips[1..] {
+        for (s, d) in [(ips[0], *other), (*other, ips[0])] {
+            ns.iptables(&["-A", "INPUT", "-s", s, "-d", d, "-j", "DROP"])
+                .unwrap();
+        }
+    }
+    // At least 10 s, and until the majority side has promoted a mirror
+    // (and confirmed some more publishes there).
+    std::thread::sleep(Duration::from_secs(10));
+    let mut master_during = Value::Null;
+    wait_for("the majority side to promote a mirror", || {
+        master_during = queue(&b)["node"].clone();
+        master_during.is_string() && master_during != "warren@a"
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    ns.iptables(&["-F", "INPUT"]).unwrap();
+    let healed_at = Instant::now();
+
+    wait_for(
+        "a master and two synchronised mirrors after the heal",
+        || {
+            let q = queue(&b);
+            q["node"].is_string() && names(&q, "synchronised_slave_nodes").len() == 2
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    rt.block_on(pub_b).unwrap();
+    rt.block_on(pub_a).unwrap();
+    // The consumer ends after 5 s without deliveries: the queue is drained.
+    rt.block_on(consumer).unwrap();
+    let after = queue(&b);
+
+    let h = h.lock().unwrap();
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut unflagged = Vec::new();
+    for (body, redelivered) in &h.delivered {
+        let n = count.entry(body).or_default();
+        *n += 1;
+        if *n > 1 && !redelivered {
+            unflagged.push(body.clone());
+        }
+    }
+    let lost: Vec<String> = h
+        .confirmed
+        .iter()
+        .filter(|(body, _)| !count.contains_key(body.as_str()))
+        .map(|(body, (by, at))| {
+            let t = at.saturating_duration_since(cut_at).as_secs_f64();
+            format!("{body} (via {by}, {t:.1}s after the cut)")
+        })
+        .collect();
+    // Confirms already on their way when the rules went in may arrive just
+    // after: count from a second after the cut.
+    let during = |tag: &str| {
+        let from = cut_at + Duration::from_secs(1);
+        h.confirmed
+            .values()
+            .filter(|(by, at)| by == tag && *at > from && *at < healed_at)
+            .count()
+    };
+    let repeats: usize = count.values().map(|n| n - 1).sum();
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "confirmed {} ({} via a, {} via b from 1 s after the cut to the heal), delivered {} ({repeats} \
+             repeats, all flagged: {}); master while cut off: {master_during}; the queue \
+             after: master {}, synchronised {:?}, {} messages",
+            h.confirmed.len(),
+            during("a-"),
+            during("b-"),
+            h.delivered.len(),
+            unflagged.is_empty(),
+            after["node"],
+            names(&after, "synchronised_slave_nodes"),
+            after["messages"],
+        );
+    }
+    assert!(
+        h.confirmed.keys().any(|b| b.starts_with("b-")),
+        "the majority side confirmed publishes"
+    );
+    assert!(
+        lost.is_empty(),
+        "{} of {} confirmed messages lost: {lost:?}",
+        lost.len(),
+        h.confirmed.len()
+    );
+    assert!(
+        unflagged.is_empty(),
+        "repeated without the redelivered flag: {unflagged:?}"
+    );
+}
