@@ -217,15 +217,22 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
         let _warren = start_warren(root, &dir)?;
         each("warren", WARREN_PORT)?;
     }
-    match start_rabbitmq(&dir)? {
-        None => println!(
-            "==> rabbitmq-server is not installed (apt-get install rabbitmq-server): Warren only"
-        ),
-        Some(_rabbit) => {
-            println!("==> RabbitMQ on 127.0.0.1:{RABBIT_PORT}");
-            each("rabbitmq", RABBIT_PORT)?;
+    let epmd_before = crate::bench_mirrored::epmd_pids();
+    let rabbit = match start_rabbitmq(&dir) {
+        Ok(None) => {
+            println!(
+                "==> rabbitmq-server is not installed (apt-get install rabbitmq-server): Warren only"
+            );
+            Ok(())
         }
-    }
+        Ok(Some(_rabbit)) => {
+            println!("==> RabbitMQ on 127.0.0.1:{RABBIT_PORT}");
+            each("rabbitmq", RABBIT_PORT)
+        }
+        Err(e) => Err(e),
+    };
+    crate::bench_mirrored::stop_new_epmd(&epmd_before);
+    rabbit?;
     Ok(rows)
 }
 

@@ -278,7 +278,10 @@ fn gm_chart(g: &bench::Gm) -> Bars {
     Bars {
         title: "GM ring, 64 B: confirmed broadcasts/s by ring size".to_owned(),
         unit: "msg/s".to_owned(),
-        groups: members.iter().map(|m| format!("{m} members")).collect(),
+        groups: members
+            .iter()
+            .map(|&m| format!("{m} member{}", if m == 1 { "" } else { "s" }))
+            .collect(),
         series,
     }
 }
@@ -340,7 +343,7 @@ fn notes(quick: bool, load_before: &str, total: Duration) -> Vec<String> {
             shell("nproc", &[]),
             load_average()
         ),
-        "Every broker, load generator and cluster node ran on this one machine over loopback, so a 3- or 5-node cluster shares the same cores as a single node.".to_owned(),
+        "Every broker, load generator and cluster node ran on this one machine over loopback, so a 3- or 5-node cluster shares the same cores as a single node. A bench's time includes the cargo builds it started.".to_owned(),
         "Cluster size: 1 node is `bench amqp` (Warren and RabbitMQ alone, queues not mirrored); 3 and 5 nodes are `bench mirrored` (policy ha-mode all: every node holds a mirror; Warren's cluster links over TCP).".to_owned(),
     ];
     if quick {

@@ -416,8 +416,26 @@ fn rabbitmqctl(home: &Path, node: &str, args: &[&str]) -> anyhow::Result<String>
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Stops the `epmd` RabbitMQ started (it outlives the nodes): every one
+/// not in `before` ([`epmd_pids`] taken before starting them), by its pid.
+pub(crate) fn stop_new_epmd(before: &[u32]) {
+    let started: Vec<u32> = epmd_pids()
+        .into_iter()
+        .filter(|pid| !before.contains(pid))
+        .collect();
+    for &pid in &started {
+        signal(pid, "-TERM");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    // `epmd -daemon` may outlive SIGTERM.
+    let running = epmd_pids();
+    for pid in started.into_iter().filter(|p| running.contains(p)) {
+        signal(pid, "-KILL");
+    }
+}
+
 /// The pids of running `epmd` processes.
-fn epmd_pids() -> Vec<u32> {
+pub(crate) fn epmd_pids() -> Vec<u32> {
     Command::new("pidof")
         .arg("epmd")
         .output()
@@ -959,12 +977,7 @@ fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Optio
             note: notes.join("; "),
         }))
     })();
-    // Stop the epmd the nodes started (it outlives them), by its pid.
-    for pid in epmd_pids() {
-        if !epmd_before.contains(&pid) {
-            signal(pid, "-TERM");
-        }
-    }
+    stop_new_epmd(&epmd_before);
     result
 }
 
