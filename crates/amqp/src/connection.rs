@@ -1406,6 +1406,13 @@ impl Connection {
         (active && self.heartbeat_secs > 0).then(|| u64::from(self.heartbeat_secs) * 1000)
     }
 
+    /// The shell is holding this connection's input unread (flow control or
+    /// a resource alarm): the client's silence meanwhile is not its fault,
+    /// so the missed-heartbeat clock starts again.
+    pub fn input_held(&mut self) {
+        self.recv_activity = true;
+    }
+
     /// Advances time to `now_ms` (any monotonic millisecond clock): sends a
     /// heartbeat when nothing was sent for half the interval, and ends the
     /// connection when nothing was received for two intervals, the handshake

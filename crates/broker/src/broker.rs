@@ -25,6 +25,8 @@ use crate::auth::{self, Access, Permission, PermissionDef, UserDef};
 use crate::meta::{BindingDef, Change, ExchangeDef, MetadataStore, QueueDef};
 use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta};
 
+#[path = "alarm.rs"]
+pub(crate) mod alarm;
 #[path = "introspect.rs"]
 pub(crate) mod introspect;
 #[path = "link.rs"]
@@ -420,6 +422,8 @@ pub struct Broker {
     /// Mirrored queues whose ring backlog is over the high-water mark:
     /// publishers wait (credit-based flow control, as RabbitMQ's).
     backlogged: HashSet<(String, Arc<str>)>,
+    /// Resource alarms: publishers are blocked while one is in force.
+    alarms: alarm::Alarms,
 }
 
 impl fmt::Debug for Broker {
@@ -847,6 +851,7 @@ impl Broker {
             deferred_nacks: Vec::new(),
             links: link::Links::default(),
             backlogged: HashSet::new(),
+            alarms: alarm::Alarms::default(),
         };
         let mut defs = b.meta.load();
         if defs.vhosts.is_empty() && defs.users.is_empty() {
@@ -1131,7 +1136,12 @@ impl Broker {
     pub fn handle_conn_tick(&mut self, id: ConnId, now_ms: u64) {
         self.now = now_ms;
         self.current = id;
+        let paused = self.input_paused(id);
         if let Some(c) = self.conns.get_mut(&id) {
+            if paused {
+                // Its input is not being read: the client's silence is ours.
+                c.amqp.input_held();
+            }
             c.amqp.handle_tick(now_ms);
         }
         self.process_events(id, None);
@@ -1274,6 +1284,7 @@ impl Broker {
     pub fn tick(&mut self, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
+        self.expire_remote_alarms(now_ms);
         let mut expire = Vec::new();
         let mut delete = Vec::new();
         for (vname, v) in &self.vhosts {
@@ -1999,6 +2010,11 @@ impl Broker {
 
     fn publish(&mut self, id: ConnId, ch: ChannelId, p: Publish) -> Result<(), AmqpError> {
         self.conn(id).publisher = true;
+        if self.alarmed() {
+            // A resource alarm: this publisher is told, and its input waits.
+            let reason = self.alarms.cluster().to_string();
+            self.conn(id).amqp.block(&reason);
+        }
         let vhost = self.conns[&id].vhost.clone();
         let ex = p.exchange.as_str();
         let perm_name = if ex.is_empty() { "amq.default" } else { ex };

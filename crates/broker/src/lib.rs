@@ -22,6 +22,9 @@ mod broker;
 pub mod meta;
 mod routing;
 
+pub use broker::alarm::{
+    AlarmSet, DiskLimit, MemoryLimit, ResourceSample, ResourceStatus, parse_size,
+};
 pub use broker::introspect::{
     BindingInfo, ConnectionInfo, ConsumerInfo, ExchangeInfo, QueueInfo, amqp_to_json, json_to_amqp,
     json_to_table, table_to_json,

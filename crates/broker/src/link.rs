@@ -139,6 +139,16 @@ pub enum LinkMsg {
         /// How.
         how: u8,
     },
+    /// Any node → every other: the sender's resource alarms, repeated
+    /// while one is set (RabbitMQ's alarms are cluster-wide: publishers on
+    /// every node wait). An all-clear ends them at once; a node that stops
+    /// repeating, or goes down, stops counting after a while.
+    Alarms {
+        /// The sender's memory alarm.
+        memory: bool,
+        /// The sender's disk alarm.
+        disk: bool,
+    },
 }
 
 /// The link state of a master-side internal connection.
@@ -520,6 +530,20 @@ impl Broker {
         self.links.out.values().map(Vec::len).sum::<usize>() > 20_000
     }
 
+    /// Tells each of `nodes` this node's resource alarms.
+    pub fn announce_alarms(&mut self, nodes: &[String]) {
+        let a = self.local_alarms();
+        for n in nodes {
+            self.links.send(
+                n,
+                LinkMsg::Alarms {
+                    memory: a.memory,
+                    disk: a.disk,
+                },
+            );
+        }
+    }
+
     /// Link messages waiting for each node (the shell sends each batch in order).
     pub fn take_link_out(&mut self) -> Vec<(String, Vec<LinkMsg>)> {
         let mut out: Vec<(String, Vec<LinkMsg>)> = self.links.out.drain().collect();
@@ -715,6 +739,9 @@ impl Broker {
                     self.cancel(pc, LINK_CHANNEL, &cid.to_string());
                 }
             }
+            LinkMsg::Alarms { memory, disk } => {
+                self.set_remote_alarms(from, crate::AlarmSet { memory, disk });
+            }
             LinkMsg::Settle { vhost, tags, how } => {
                 let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() else {
                     return;
@@ -907,6 +934,7 @@ impl Broker {
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
+        self.set_remote_alarms(node, crate::AlarmSet::default());
         let lost: Vec<u64> = self
             .links
             .publishes

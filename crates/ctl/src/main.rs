@@ -102,6 +102,20 @@ enum Cmd {
     StopApp,
     /// Start the broker application.
     StartApp,
+    /// Set the memory high watermark: `<fraction>` of the machine's memory,
+    /// or `absolute <size>` (e.g. `absolute 2GB`).
+    SetVmMemoryHighWatermark {
+        /// `<fraction>` or `absolute <size>`.
+        #[arg(num_args = 1..=2, required = true)]
+        limit: Vec<String>,
+    },
+    /// Set the disk free limit: `<size>` (e.g. `50MB`), or `mem_relative
+    /// <multiple>` of the machine's memory.
+    SetDiskFreeLimit {
+        /// `<size>` or `mem_relative <multiple>`.
+        #[arg(num_args = 1..=2, required = true)]
+        limit: Vec<String>,
+    },
     /// Add a virtual host.
     AddVhost {
         /// Its name.
@@ -743,6 +757,58 @@ fn app_verb(c: &Client, cli: &Cli, verb: &str) -> Res<()> {
     ))
 }
 
+/// `set_vm_memory_high_watermark` and `set_disk_free_limit`: `PUT
+/// /api/nodes/{node}/memory_high_watermark` or `…/disk_free_limit`; the
+/// node checks the values.
+fn set_limit(c: &Client, cli: &Cli, which: &str, limit: &[String]) -> Res<()> {
+    let usage = |text: &str| Failure::new(EX_USAGE, text.to_owned());
+    let number = |v: &str| -> Res<Value> {
+        v.parse::<f64>()
+            .ok()
+            .and_then(|x| serde_json::Number::from_f64(x).map(Value::Number))
+            .ok_or_else(|| usage(&format!("{v:?} is not a number")))
+    };
+    let (path, body, what) = match (which, limit) {
+        ("memory", [f]) => (
+            "memory_high_watermark",
+            json!({"relative": number(f)?}),
+            format!("fraction {f}"),
+        ),
+        ("memory", [k, v]) if k == "absolute" => {
+            ("memory_high_watermark", json!({"absolute": v}), v.clone())
+        }
+        ("memory", _) => {
+            return Err(usage(
+                "usage: set_vm_memory_high_watermark <fraction> | absolute <size>",
+            ));
+        }
+        ("disk", [v]) => ("disk_free_limit", json!({"absolute": v}), v.clone()),
+        ("disk", [k, f]) if k == "mem_relative" => (
+            "disk_free_limit",
+            json!({"mem_relative": number(f)?}),
+            format!("{f} × memory"),
+        ),
+        _ => {
+            return Err(usage(
+                "usage: set_disk_free_limit <size> | mem_relative <multiple>",
+            ));
+        }
+    };
+    let o = c.get("/api/overview")?;
+    let node = cell(&field(&o, "node"));
+    let out = Out { cli };
+    out.info(&match which {
+        "memory" => format!("Setting memory threshold on {node} to {what} ..."),
+        _ => format!("Setting disk free limit on {node} to {what} ..."),
+    });
+    c.call(
+        "PUT",
+        &format!("/api/nodes/{}/{path}", enc(&node)),
+        Some(&body),
+    )?;
+    Ok(())
+}
+
 fn set_policy(c: &Client, cli: &Cli, a: &PolicyArgs, operator: bool) -> Res<()> {
     let definition: Value = serde_json::from_str(&a.definition).map_err(|e| {
         Failure::new(
@@ -828,6 +894,32 @@ fn app_running(nodes: &[Value]) -> bool {
         .unwrap_or(true)
 }
 
+/// The resource alarms `/api/nodes` reports, in rabbitmqctl's words.
+fn alarm_lines(nodes: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in nodes {
+        let name = cell(&field(n, "name"));
+        if n.get("mem_alarm").and_then(Value::as_bool) == Some(true) {
+            out.push(format!("Memory alarm on node {name}"));
+        }
+        if n.get("disk_free_alarm").and_then(Value::as_bool) == Some(true) {
+            out.push(format!("Free disk space alarm on node {name}"));
+        }
+    }
+    out
+}
+
+/// The "Alarms" section of `status` and `cluster_status`.
+fn push_alarms(s: &mut String, alarms: &[String]) {
+    s.push_str("\nAlarms\n\n");
+    if alarms.is_empty() {
+        s.push_str("(none)\n");
+    }
+    for a in alarms {
+        s.push_str(&format!("{a}\n"));
+    }
+}
+
 fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
     let o = c.get("/api/overview")?;
     let nodes = list(c.get("/api/nodes")?);
@@ -847,7 +939,7 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
                 "cluster_name": field(&o, "cluster_name"),
                 "disk_nodes": names,
                 "running_nodes": running,
-                "alarms": [],
+                "alarms": alarm_lines(&nodes),
                 "partitions": {},
                 "listeners": field(&o, "listeners"),
                 "versions": {node.clone(): {"warren_version": field(&o, "product_version"), "rabbitmq_version": field(&o, "rabbitmq_version")}},
@@ -915,7 +1007,8 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
         for n in &names {
             s.push_str(&format!("Node: {n}, status: not under maintenance\n"));
         }
-        s.push_str("\nAlarms\n\n(none)\n\nNetwork Partitions\n\n(none)\n\nListeners\n\n");
+        push_alarms(&mut s, &alarm_lines(&nodes));
+        s.push_str("\nNetwork Partitions\n\n(none)\n\nListeners\n\n");
         for l in &listeners {
             s.push_str(&format!("{l}\n"));
         }
@@ -946,15 +1039,22 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
             "Application: stopped (start_app starts it)\n"
         });
         s.push_str(&format!(
-            "\nMemory\n\nTotal memory used: {} bytes\n",
-            cell(&field(&n, "mem_used"))
+            "\nMemory\n\nTotal memory used: {} bytes\nMemory high watermark: {} bytes\n",
+            cell(&field(&n, "mem_used")),
+            cell(&field(&n, "mem_limit"))
+        ));
+        s.push_str(&format!(
+            "\nFree Disk Space\n\nLow free disk space watermark: {} bytes\nFree disk space: {} bytes\n",
+            cell(&field(&n, "disk_free_limit")),
+            cell(&field(&n, "disk_free"))
         ));
         s.push_str(&format!(
             "\nFile Descriptors\n\nTotal: {}, limit: {}\n",
             cell(&field(&n, "fd_used")),
             cell(&field(&n, "fd_total"))
         ));
-        s.push_str("\nAlarms\n\n(none)\n\nTotals\n\n");
+        push_alarms(&mut s, &alarm_lines(&nodes[..nodes.len().min(1)]));
+        s.push_str("\nTotals\n\n");
         for k in [
             "connections",
             "channels",
@@ -1012,6 +1112,8 @@ fn run(cli: &Cli) -> Res<()> {
         Cmd::Stop => app_verb(&c, cli, "stop"),
         Cmd::StopApp => app_verb(&c, cli, "stop_app"),
         Cmd::StartApp => app_verb(&c, cli, "start_app"),
+        Cmd::SetVmMemoryHighWatermark { limit } => set_limit(&c, cli, "memory", limit),
+        Cmd::SetDiskFreeLimit { limit } => set_limit(&c, cli, "disk", limit),
         Cmd::AddVhost { name } => {
             out.info(&format!("Adding vhost \"{name}\" ..."));
             c.call(

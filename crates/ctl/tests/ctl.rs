@@ -788,6 +788,67 @@ fn status_cluster_status_and_unsupported_verbs() {
 }
 
 #[test]
+fn resource_limits_alarms_status_and_metrics() {
+    let (_d, n) = node();
+    let node_json = || n.http("GET", "/api/nodes/warren%40testhost", None).1;
+    // RabbitMQ's defaults: 0.4 of the machine's memory, 50 MB of disk.
+    assert_eq!(node_json()["disk_free_limit"], 50_000_000);
+    assert!(node_json()["mem_limit"].as_u64().unwrap() > 0);
+    let out = n.ctl(&["status"]).ok().to_owned();
+    assert!(out.contains("\nAlarms\n\n(none)\n"), "{out}");
+
+    n.ctl(&["set_vm_memory_high_watermark", "absolute", "1"])
+        .ok();
+    assert_eq!(node_json()["mem_alarm"], true);
+    assert_eq!(node_json()["mem_limit"], 1);
+    let out = n.ctl(&["status"]).ok().to_owned();
+    assert!(
+        out.contains("Memory alarm on node warren@testhost"),
+        "{out}"
+    );
+    let out = n.ctl(&["cluster_status"]).ok().to_owned();
+    assert!(
+        out.contains("Memory alarm on node warren@testhost"),
+        "{out}"
+    );
+    let (_, _, text) = n.get_plain(&n.metrics, "/metrics");
+    for line in [
+        "rabbitmq_alarms_memory_used_watermark 1",
+        "rabbitmq_alarms_free_disk_space_watermark 0",
+        "rabbitmq_resident_memory_limit_bytes 1",
+        "rabbitmq_disk_space_available_limit_bytes 50000000",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line:?} missing from\n{text}"
+        );
+    }
+
+    n.ctl(&["set_vm_memory_high_watermark", "0.9"]).ok();
+    assert_eq!(node_json()["mem_alarm"], false);
+    n.ctl(&["set_disk_free_limit", "mem_relative", "1000000"])
+        .ok();
+    assert_eq!(node_json()["disk_free_alarm"], true);
+    let out = n.ctl(&["cluster_status"]).ok().to_owned();
+    assert!(
+        out.contains("Free disk space alarm on node warren@testhost"),
+        "{out}"
+    );
+    n.ctl(&["set_disk_free_limit", "50MB"]).ok();
+    assert_eq!(node_json()["disk_free_alarm"], false);
+    assert_eq!(node_json()["disk_free_limit"], 50_000_000);
+
+    // Bad values: the node's reason, or the usage, and a non-zero exit.
+    let r = n.ctl(&["set_disk_free_limit", "plenty"]);
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.err.contains("is not a size"), "{r:?}");
+    let r = n.ctl(&["set_vm_memory_high_watermark", "lots"]);
+    assert_eq!(r.code, 64, "{r:?}");
+    let r = n.ctl(&["set_vm_memory_high_watermark", "relative", "0.5"]);
+    assert_eq!(r.code, 64, "{r:?}");
+}
+
+#[test]
 fn stop_app_start_app_and_stop() {
     let (_d, mut n) = node();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -200,6 +200,14 @@ pub(crate) fn routes(state: Management) -> Router {
         .route("/api/nodes/{name}/stop", post(crate::node::stop))
         .route("/api/nodes/{name}/stop_app", post(crate::node::stop_app))
         .route("/api/nodes/{name}/start_app", post(crate::node::start_app))
+        .route(
+            "/api/nodes/{name}/memory_high_watermark",
+            axum::routing::put(crate::node::set_memory_limit),
+        )
+        .route(
+            "/api/nodes/{name}/disk_free_limit",
+            axum::routing::put(crate::node::set_disk_limit),
+        )
         .route("/api/vhosts", get(vhosts))
         .route(
             "/api/vhosts/{vhost}",
@@ -265,8 +273,8 @@ pub(crate) fn routes(state: Management) -> Router {
             "/api/definitions/{vhost}",
             get(defs::export_vhost).post(defs::import_vhost),
         )
-        .route("/api/health/checks/alarms", get(health_ok))
-        .route("/api/health/checks/local-alarms", get(health_ok))
+        .route("/api/health/checks/alarms", get(alarms_cluster))
+        .route("/api/health/checks/local-alarms", get(alarms_local))
         .route("/api/health/checks/virtual-hosts", get(health_ok))
         .route(
             "/api/health/checks/node-is-mirror-sync-critical",
@@ -346,18 +354,6 @@ async fn cluster_name(State(s): State<Management>) -> Response {
     ok(json!({"name": s.node}))
 }
 
-pub(crate) fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 pub(crate) fn fd_used() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
@@ -365,18 +361,19 @@ pub(crate) fn fd_used() -> u64 {
 fn node_json(s: &Management) -> Value {
     let b = s.broker();
     let o = b.overview();
+    let r = b.resources();
     json!({
         "name": s.node,
         "type": "disc",
         "running": true,
         "app_running": s.node_control.as_ref().is_none_or(|c| c.app_running()),
         "os_pid": std::process::id().to_string(),
-        "mem_used": rss_bytes(),
-        "mem_limit": 0,
-        "mem_alarm": false,
-        "disk_free": 0,
-        "disk_free_limit": 50_000_000,
-        "disk_free_alarm": false,
+        "mem_used": r.sample.memory_used,
+        "mem_limit": r.memory_limit,
+        "mem_alarm": r.memory_alarm,
+        "disk_free": r.sample.disk_free,
+        "disk_free_limit": r.disk_free_limit,
+        "disk_free_alarm": r.disk_alarm,
         "fd_used": fd_used(),
         "fd_total": 1_048_576,
         "sockets_used": o.connections,
@@ -394,11 +391,19 @@ fn node_json(s: &Management) -> Value {
 fn all_nodes(s: &Management) -> Vec<Value> {
     let mut out = vec![node_json(s)];
     if let Some(c) = &s.cluster {
+        let alarms = s.broker().alarms_in_force();
         for m in c.status().members.iter().filter(|m| m.name != s.node) {
+            let a = alarms
+                .iter()
+                .find(|(n, _)| *n == m.name)
+                .map(|(_, a)| *a)
+                .unwrap_or_default();
             out.push(json!({
                 "name": m.name,
                 "type": "disc",
                 "running": m.running,
+                "mem_alarm": a.memory,
+                "disk_free_alarm": a.disk,
                 "peer_addr": m.addr,
                 "voter": m.voter,
                 "partitions": [],
@@ -1396,6 +1401,43 @@ async fn consumers_vhost(
 }
 
 // ------------------------------------------------------------------ health
+
+/// `/api/health/checks/alarms`: 503 while any node of the cluster has a
+/// resource alarm, as RabbitMQ answers.
+async fn alarms_cluster(State(s): State<Management>) -> Response {
+    let alarms = s.broker().alarms_in_force();
+    alarms_response(alarms, "There are alarms in effect in the cluster")
+}
+
+/// `/api/health/checks/local-alarms`: 503 while this node has one.
+async fn alarms_local(State(s): State<Management>) -> Response {
+    let local = s.broker().local_alarms();
+    let alarms = vec![(s.node.clone(), local)];
+    alarms_response(alarms, "There are alarms in effect on the node")
+}
+
+fn alarms_response(alarms: Vec<(String, warren_broker::AlarmSet)>, reason: &str) -> Response {
+    let list: Vec<Value> = alarms
+        .iter()
+        .flat_map(|(node, a)| {
+            let mem = a
+                .memory
+                .then(|| json!({"node": node, "resource": "memory"}));
+            let disk = a.disk.then(|| json!({"node": node, "resource": "disk"}));
+            mem.into_iter().chain(disk)
+        })
+        .collect();
+    if list.is_empty() {
+        return ok(json!({"status": "ok"}));
+    }
+    let body = json!({"status": "failed", "reason": reason, "alarms": list});
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
 
 async fn health_ok() -> Response {
     ok(json!({"status": "ok"}))

@@ -135,11 +135,42 @@ pub fn render(s: &Management) -> String {
         "gauge",
         "Resident memory of the node process",
     );
+    let r = s.broker().resources();
     let _ = writeln!(
         out,
         "rabbitmq_process_resident_memory_bytes {}",
-        crate::api::rss_bytes()
+        r.sample.memory_used
     );
+    for (name, help, v) in [
+        (
+            "rabbitmq_resident_memory_limit_bytes",
+            "Memory high watermark in bytes",
+            r.memory_limit,
+        ),
+        (
+            "rabbitmq_disk_space_available_bytes",
+            "Disk space available in bytes",
+            r.sample.disk_free,
+        ),
+        (
+            "rabbitmq_disk_space_available_limit_bytes",
+            "Free disk space low watermark in bytes",
+            r.disk_free_limit,
+        ),
+        (
+            "rabbitmq_alarms_memory_used_watermark",
+            "is 1 when the memory alarm is in effect",
+            u64::from(r.memory_alarm),
+        ),
+        (
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "is 1 when the disk alarm is in effect",
+            u64::from(r.disk_alarm),
+        ),
+    ] {
+        family(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
     family(
         &mut out,
         "rabbitmq_process_open_fds",

@@ -32,6 +32,16 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         &["post"],
         "Warren's own, administrator only: accept AMQP connections again (warrenctl start_app)",
     ),
+    (
+        "/api/nodes/{name}/memory_high_watermark",
+        &["put"],
+        "Warren's own, administrator only: set the memory high watermark, {\"relative\": 0.4} or {\"absolute\": \"2GB\"} (warrenctl set_vm_memory_high_watermark)",
+    ),
+    (
+        "/api/nodes/{name}/disk_free_limit",
+        &["put"],
+        "Warren's own, administrator only: set the disk free limit, {\"absolute\": \"50MB\"} or {\"mem_relative\": 1.5} (warrenctl set_disk_free_limit)",
+    ),
     ("/api/vhosts", &["get"], "Virtual hosts"),
     (
         "/api/vhosts/{vhost}",
@@ -119,12 +129,12 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
     (
         "/api/health/checks/alarms",
         &["get"],
-        "200 without resource alarms, 503 otherwise",
+        "200 without resource alarms anywhere in the cluster, 503 (with the alarms) otherwise",
     ),
     (
         "/api/health/checks/local-alarms",
         &["get"],
-        "200 without local resource alarms",
+        "200 without resource alarms on this node, 503 (with the alarms) otherwise",
     ),
     (
         "/api/health/checks/virtual-hosts",

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
-use warren_broker::Broker;
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
+use warren_broker::{Broker, DiskLimit, MemoryLimit, parse_size};
 
 use crate::Args;
 use crate::cluster::PeerTransport;
@@ -68,24 +68,6 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// The memory high watermark (`vm_memory_high_watermark.*`; the last one set wins).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum MemoryWatermark {
-    /// A fraction of the machine's memory.
-    Relative(f64),
-    /// Bytes.
-    Absolute(u64),
-}
-
-/// The free disk space limit (`disk_free_limit.*`; the last one set wins).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum DiskFreeLimit {
-    /// A multiple of the machine's memory.
-    Relative(f64),
-    /// Bytes.
-    Absolute(u64),
-}
-
 /// The AMQPS listener and its certificate files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Tls {
@@ -131,9 +113,9 @@ pub(crate) struct Settings {
     /// `cluster.boot_wait`, seconds.
     pub boot_wait: Option<u64>,
     /// `vm_memory_high_watermark.relative` / `.absolute`.
-    pub memory_high_watermark: Option<MemoryWatermark>,
+    pub memory_high_watermark: Option<MemoryLimit>,
     /// `disk_free_limit.relative` / `.absolute`.
-    pub disk_free_limit: Option<DiskFreeLimit>,
+    pub disk_free_limit: Option<DiskLimit>,
     /// `default_user`.
     pub default_user: Option<String>,
     /// `default_pass`.
@@ -174,31 +156,6 @@ fn fraction(v: &str) -> Result<f64, String> {
         Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
         _ => Err(format!("{v:?} is not a non-negative number (e.g. 0.4)")),
     }
-}
-
-/// A size in bytes: a number with an optional unit. `k`, `K`, `KiB`, `M`,
-/// `MiB`, `G`, `GiB`, `T`, `TiB` count in powers of 1024; `kB`, `KB`,
-/// `MB`, `GB`, `TB` (any case) in powers of 1000, as RabbitMQ does.
-pub(crate) fn bytes(v: &str) -> Result<u64, String> {
-    let bad = || format!("{v:?} is not a size (e.g. 1073741824, 1024MiB, 2GB)");
-    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let n: u64 = v[..digits].parse().map_err(|_| bad())?;
-    let unit = v[digits..].trim();
-    let mult: u64 = match unit {
-        "" => 1,
-        "k" | "K" | "KiB" | "kiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        u => match u.to_ascii_lowercase().as_str() {
-            "kb" => 1_000,
-            "mb" => 1_000_000,
-            "gb" => 1_000_000_000,
-            "tb" => 1_000_000_000_000,
-            _ => return Err(bad()),
-        },
-    };
-    n.checked_mul(mult).ok_or_else(bad)
 }
 
 fn existing_file(v: &str) -> Result<PathBuf, String> {
@@ -252,16 +209,16 @@ impl Settings {
                 );
             }
             "vm_memory_high_watermark.relative" => {
-                self.memory_high_watermark = Some(MemoryWatermark::Relative(fraction(v)?));
+                self.memory_high_watermark = Some(MemoryLimit::Relative(fraction(v)?));
             }
             "vm_memory_high_watermark.absolute" => {
-                self.memory_high_watermark = Some(MemoryWatermark::Absolute(bytes(v)?));
+                self.memory_high_watermark = Some(MemoryLimit::Absolute(parse_size(v)?));
             }
             "disk_free_limit.relative" => {
-                self.disk_free_limit = Some(DiskFreeLimit::Relative(fraction(v)?));
+                self.disk_free_limit = Some(DiskLimit::Relative(fraction(v)?));
             }
             "disk_free_limit.absolute" => {
-                self.disk_free_limit = Some(DiskFreeLimit::Absolute(bytes(v)?));
+                self.disk_free_limit = Some(DiskLimit::Absolute(parse_size(v)?));
             }
             "default_user" => self.default_user = Some(non_empty(v)?),
             "default_pass" => self.default_pass = Some(non_empty(v)?),
@@ -401,14 +358,11 @@ impl Settings {
         Ok(())
     }
 
-    /// Logs the settings that are accepted but not acted on yet.
-    pub(crate) fn warn_unenforced(&self) {
-        if let Some(w) = self.memory_high_watermark {
-            tracing::warn!(watermark = ?w, "vm_memory_high_watermark is accepted but not enforced yet (no memory alarm)");
-        }
-        if let Some(l) = self.disk_free_limit {
-            tracing::warn!(limit = ?l, "disk_free_limit is accepted but not enforced yet (no disk alarm)");
-        }
+    /// Hands the memory high watermark and the disk free limit to `broker`
+    /// (RabbitMQ's defaults where unset).
+    pub(crate) fn apply_limits(&self, broker: &mut Broker) {
+        broker.set_memory_limit(self.memory_high_watermark.unwrap_or_default());
+        broker.set_disk_limit(self.disk_free_limit.unwrap_or_default());
     }
 
     /// `self`, with what it leaves unset taken from `lower`.
@@ -643,14 +597,8 @@ mod tests {
         assert_eq!(s.transport, Some(PeerTransport::Quic));
         assert_eq!(s.ca_dir, Some(PathBuf::from("/etc/warren/ca")));
         assert_eq!(s.boot_wait, Some(30));
-        assert_eq!(
-            s.memory_high_watermark,
-            Some(MemoryWatermark::Relative(0.6))
-        );
-        assert_eq!(
-            s.disk_free_limit,
-            Some(DiskFreeLimit::Absolute(2_000_000_000))
-        );
+        assert_eq!(s.memory_high_watermark, Some(MemoryLimit::Relative(0.6)));
+        assert_eq!(s.disk_free_limit, Some(DiskLimit::Absolute(2_000_000_000)));
         assert_eq!(s.default_user.as_deref(), Some("admin"));
         assert_eq!(s.default_pass.as_deref(), Some("s3cret = yes"));
         assert_eq!(s.log_level.as_deref(), Some("warn"));
@@ -674,9 +622,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             s.memory_high_watermark,
-            Some(MemoryWatermark::Absolute(1 << 30))
+            Some(MemoryLimit::Absolute(1 << 30))
         );
-        assert_eq!(s.disk_free_limit, Some(DiskFreeLimit::Relative(1.5)));
+        assert_eq!(s.disk_free_limit, Some(DiskLimit::Relative(1.5)));
         assert_eq!(Settings::parse("", "x").unwrap(), Settings::default());
     }
 
@@ -695,7 +643,7 @@ mod tests {
             ("2GB", 2_000_000_000),
             ("1TiB", 1 << 40),
         ] {
-            assert_eq!(bytes(text), Ok(n), "{text}");
+            assert_eq!(parse_size(text), Ok(n), "{text}");
         }
         for bad in [
             "",
@@ -705,7 +653,7 @@ mod tests {
             "1.5GB",
             "99999999999999999999",
         ] {
-            assert!(bytes(bad).is_err(), "{bad}");
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 

@@ -68,9 +68,39 @@ pub(crate) async fn start(
         notify.clone(),
         reset_rx,
     ));
+    tokio::spawn(announce_alarms(cluster.clone(), broker.clone()));
     tokio::spawn(watch_down(cluster, broker, reset_tx, notify));
     tracing::info!(%addr, "forwarding listener up");
     Ok(addr)
+}
+
+/// Tells the other nodes this node's resource alarms: at once when they
+/// change, and every few seconds while one is set (the others forget an
+/// alarm that is not repeated).
+async fn announce_alarms(cluster: Cluster, broker: Shared) {
+    const REPEAT: std::time::Duration = std::time::Duration::from_secs(3);
+    let mut iv = tokio::time::interval(std::time::Duration::from_millis(250));
+    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent = warren_broker::AlarmSet::default();
+    let mut last = tokio::time::Instant::now();
+    loop {
+        iv.tick().await;
+        let now = lock(&broker).local_alarms();
+        if now == sent && !(now.any() && last.elapsed() >= REPEAT) {
+            continue;
+        }
+        let me = cluster.node().as_str().to_owned();
+        let others: Vec<String> = cluster
+            .local()
+            .nodes
+            .keys()
+            .filter(|n| **n != me)
+            .cloned()
+            .collect();
+        lock(&broker).announce_alarms(&others);
+        sent = now;
+        last = tokio::time::Instant::now();
+    }
 }
 
 /// The last (incarnation, session) seen from each node.

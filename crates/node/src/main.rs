@@ -15,6 +15,7 @@ mod cluster;
 mod config;
 mod links;
 mod mirroring;
+mod resources;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -246,11 +247,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if first_start {
         args.settings.apply_default_user(&mut broker)?;
     }
-    args.settings.warn_unenforced();
+    args.settings.apply_limits(&mut broker);
     if let Some(path) = &args.definitions {
         import_definitions(&mut broker, path)?;
     }
     let broker: Shared = Arc::new(Mutex::new(broker));
+    resources::start(broker.clone(), args.data_dir.clone());
     if let Some(c) = &clustered {
         c.attach(broker.clone());
         c.start_mirroring(broker.clone()).await?;

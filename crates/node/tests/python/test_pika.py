@@ -10,8 +10,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import base64
+import json
 import time
 import unittest
+import urllib.parse
+import urllib.request
 
 import pika
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
@@ -36,6 +40,18 @@ class Node:
         if "AMQP on " not in line:
             raise RuntimeError(f"warren did not start: {line!r}")
         self.port = int(line.split("AMQP on ")[1].split(",")[0].rsplit(":", 1)[1])
+        self.http = line.split("HTTP on ")[1].split(",")[0].strip()
+        self.name = line.split("node ")[1].split(" ")[0] if "node " in line else "warren@localhost"
+
+    def put(self, path, body):
+        """PUT `body` (JSON) to the management API as guest."""
+        req = urllib.request.Request(
+            f"http://{self.http}{path}", data=json.dumps(body).encode(), method="PUT",
+            headers={"Content-Type": "application/json",
+                     "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
 
     def params(self, user="guest", password="guest", vhost="/"):
         return pika.ConnectionParameters(
@@ -138,6 +154,33 @@ class PikaTest(unittest.TestCase):
         self.assertEqual(self.ch.queue_declare("d", passive=True, durable=True).method.message_count, 100)
         with self.assertRaises(UnroutableError):
             self.ch.basic_publish("", "nowhere", b"x", mandatory=True)
+
+    def test_connection_blocked_by_a_memory_alarm(self):
+        events = []
+        self.conn.add_on_connection_blocked_callback(lambda _c, m: events.append(("blocked", m.method.reason)))
+        self.conn.add_on_connection_unblocked_callback(lambda _c, _m: events.append(("unblocked",)))
+        self.ch.queue_declare("alarm", durable=True)
+        limit = "/api/nodes/" + urllib.parse.quote(self.node.name, safe="") + "/memory_high_watermark"
+        self.assertEqual(self.node.put(limit, {"absolute": 1}), 204)
+        self.ch.basic_publish("", "alarm", b"first")
+        deadline = time.time() + 30
+        while not events and time.time() < deadline:
+            self.conn.process_data_events(time_limit=0.1)
+        self.assertEqual(events, [("blocked", "low on memory")])
+        # Consumers on other connections keep draining.
+        other = self.node.connect()
+        try:
+            method, _props, body = other.channel().basic_get("alarm", auto_ack=True)
+            self.assertEqual(body, b"first")
+        finally:
+            other.close()
+        self.assertEqual(self.node.put(limit, {"relative": 0.9}), 204)
+        while len(events) < 2 and time.time() < deadline:
+            self.conn.process_data_events(time_limit=0.1)
+        self.assertEqual(events[1:], [("unblocked",)])
+        self.ch.confirm_delivery()
+        self.ch.basic_publish("", "alarm", b"after")
+        self.assertEqual(self.ch.basic_get("alarm", auto_ack=True)[2], b"after")
 
     def test_errors(self):
         self.assert_closed_with(404, self.ch.queue_declare, "missing", passive=True)
