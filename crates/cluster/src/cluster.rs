@@ -590,8 +590,16 @@ impl Cluster {
         Some((l, n))
     }
 
+    /// Returns once this node no longer takes `leader` for the leader (a new
+    /// term began, or Raft stopped).
+    async fn leader_moved_from(&self, leader: NodeId) {
+        let mut metrics = self.inner.raft.metrics();
+        let _ = metrics.wait_for(|m| m.current_leader != Some(leader)).await;
+    }
+
     /// Sends an admin request to the leader (or serves it here if this node
-    /// leads), retrying only while it surely has not reached a leader.
+    /// leads), retrying only while it surely has not reached a leader (or,
+    /// for a read index, until the deadline: asking again is harmless).
     async fn to_leader(
         &self,
         op: &'static str,
@@ -616,28 +624,34 @@ impl Cluster {
                 Some((id, _)) if id == self.inner.id => {
                     Some(handle_admin(&self.inner, req.clone(), remaining).await)
                 }
-                Some((_, node)) => {
+                Some((id, node)) => {
                     let name = NodeName::new(node.name.clone())
                         .map_err(|e| ClusterError::Remote(e.to_string()))?;
-                    match self
-                        .inner
-                        .peers
-                        .call(
-                            Some(&name),
-                            &PeerAddr::new(node.addr.clone()),
-                            Request::Admin(req.clone()),
-                            remaining,
-                        )
-                        .await
-                    {
-                        Ok(Response::Admin(a)) => Some(a),
-                        Ok(other) => {
+                    let addr = PeerAddr::new(node.addr.clone());
+                    let call = self.inner.peers.call(
+                        Some(&name),
+                        &addr,
+                        Request::Admin(req.clone()),
+                        remaining,
+                    );
+                    // A leader cut off by a partition answers nothing until
+                    // the deadline: stop waiting for it once this node sees
+                    // another term begin (an election on the majority side).
+                    let answer = tokio::select! {
+                        answer = call => Some(answer),
+                        () = self.leader_moved_from(id) => None,
+                    };
+                    match answer {
+                        None if matches!(req, AdminRequest::ReadIndex) => None,
+                        None => return Err(self.no_majority(op, true)),
+                        Some(Ok(Response::Admin(a))) => Some(a),
+                        Some(Ok(other)) => {
                             return Err(ClusterError::Remote(format!(
                                 "unexpected answer {other:?}"
                             )));
                         }
-                        Err(CallError::Unreachable { .. }) => None,
-                        Err(CallError::Lost { .. } | CallError::Timeout { .. }) => {
+                        Some(Err(CallError::Unreachable { .. })) => None,
+                        Some(Err(CallError::Lost { .. } | CallError::Timeout { .. })) => {
                             return Err(self.no_majority(op, true));
                         }
                     }
