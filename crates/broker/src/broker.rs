@@ -33,6 +33,8 @@ pub(crate) mod introspect;
 pub(crate) mod link;
 #[path = "mirrored.rs"]
 pub(crate) mod mirrored;
+#[path = "stats.rs"]
+pub(crate) mod stats;
 
 use mirrored::{FetchForArgs, Store, nack_one};
 
@@ -196,6 +198,8 @@ struct Queue {
     /// (queue seq, connection, channel, publish sequence number).
     confirms: VecDeque<(SeqId, ConnId, ChannelId, u64)>,
     dir: Option<PathBuf>,
+    /// Its traffic since this node started serving it.
+    counters: stats::QueueCounters,
 }
 
 impl fmt::Debug for Queue {
@@ -246,6 +250,8 @@ struct Channel {
     confirm_nacked: BTreeSet<u64>,
     confirm_last: u64,
     confirm_acked: u64,
+    /// When each confirm-mode publish was read: (sequence number, ms).
+    confirm_started: VecDeque<(u64, u64)>,
     tx: Option<Vec<TxOp>>,
     /// Group commits a tx.commit-ok waits for.
     tx_wait: u32,
@@ -269,6 +275,10 @@ struct Conn {
     link: Option<link::Link>,
     /// It has published: flow control may hold its input back.
     publisher: bool,
+    /// Its client traffic so far.
+    counters: stats::MessageCounters,
+    /// Its confirm latencies so far.
+    latency: stats::LatencyHistogram,
 }
 
 impl fmt::Debug for Conn {
@@ -292,7 +302,9 @@ impl Conn {
         }
     }
 
-    fn flush_confirms(&mut self) {
+    /// Sends the acks and nacks of publishes settled since the last call;
+    /// `now_ms` times the confirms.
+    fn flush_confirms(&mut self, now_ms: u64) {
         for ch_id in std::mem::take(&mut self.confirm_dirty) {
             let Some(ch) = self.channels.get_mut(&ch_id) else {
                 continue;
@@ -334,7 +346,21 @@ impl Conn {
                     },
                 );
             }
+            while let Some(&(seq, at)) = ch.confirm_started.front() {
+                if seq > ch.confirm_acked {
+                    break;
+                }
+                ch.confirm_started.pop_front();
+                self.counters.confirmed += 1;
+                self.latency.observe(now_ms.saturating_sub(at));
+            }
         }
+    }
+
+    /// Counts a message this client connection is sent (deliver or get-ok).
+    pub(crate) fn count_delivery(&mut self, redelivered: bool) {
+        self.counters.delivered += 1;
+        self.counters.redelivered += u64::from(redelivered);
     }
 }
 
@@ -424,6 +450,10 @@ pub struct Broker {
     backlogged: HashSet<(String, Arc<str>)>,
     /// Resource alarms: publishers are blocked while one is in force.
     alarms: alarm::Alarms,
+    /// The traffic counts of closed client connections.
+    retired_counters: stats::MessageCounters,
+    /// The confirm latencies of closed client connections.
+    retired_latency: stats::LatencyHistogram,
 }
 
 impl fmt::Debug for Broker {
@@ -728,6 +758,8 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
             }
         };
         q.rr = idx + 1;
+        q.counters.delivered += 1;
+        q.counters.redelivered += u64::from(delivery.redelivered);
         let c = &mut q.consumers[idx];
         let Some(conn) = conns.get_mut(&c.conn) else {
             continue;
@@ -852,6 +884,8 @@ impl Broker {
             links: link::Links::default(),
             backlogged: HashSet::new(),
             alarms: alarm::Alarms::default(),
+            retired_counters: stats::MessageCounters::default(),
+            retired_latency: stats::LatencyHistogram::default(),
         };
         let mut defs = b.meta.load();
         if defs.vhosts.is_empty() && defs.users.is_empty() {
@@ -982,6 +1016,7 @@ impl Broker {
             dl_msgs: HashMap::new(),
             confirms: VecDeque::new(),
             dir,
+            counters: stats::QueueCounters::default(),
         })
     }
 
@@ -1070,6 +1105,8 @@ impl Broker {
                 closed: false,
                 link: None,
                 publisher: false,
+                counters: stats::MessageCounters::default(),
+                latency: stats::LatencyHistogram::default(),
             },
         );
         id
@@ -1096,7 +1133,7 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&id) else {
             return false;
         };
-        c.flush_confirms();
+        c.flush_confirms(self.now);
         c.amqp.take_output(dst);
         c.woken = false;
         c.out_pending = 0;
@@ -1153,7 +1190,10 @@ impl Broker {
         self.now = now_ms;
         self.current = id;
         self.cleanup_conn(id);
-        self.conns.remove(&id);
+        if let Some(c) = self.conns.remove(&id) {
+            self.retired_counters.add(&c.counters);
+            self.retired_latency.add(&c.latency);
+        }
     }
 
     /// Closes every connection with 320 CONNECTION_FORCED (their tasks
@@ -1394,7 +1434,7 @@ impl Broker {
             }
         }
         if let Some(c) = self.conns.get_mut(&id) {
-            c.flush_confirms();
+            c.flush_confirms(self.now);
         }
     }
 
@@ -1660,6 +1700,7 @@ impl Broker {
                 pending += u32::from(self.link_publish(&node, vhost, qname, msg, confirm));
                 continue;
             }
+            q.counters.published += 1;
             let bq = match &mut q.store {
                 Store::Local(bq) => bq,
                 Store::Replica(_) => {
@@ -2059,7 +2100,25 @@ impl Broker {
         };
         let confirm = p.confirm_seq.map(|s| (id, ch, s));
         let pending = self.enqueue(&vhost, &targets, &msg, confirm)?;
+        let now = self.now;
         let c = self.conn(id);
+        if c.link.is_none() {
+            let n = &mut c.counters;
+            n.received += 1;
+            if targets.is_empty() && p.mandatory {
+                n.unroutable_returned += 1;
+            } else if targets.is_empty() {
+                n.unroutable_dropped += 1;
+            } else {
+                n.routed += 1;
+            }
+            if let Some(seq) = p.confirm_seq.filter(|s| *s != TX_COMMIT) {
+                n.received_confirm += 1;
+                if let Some(chan) = c.channels.get_mut(&ch) {
+                    chan.confirm_started.push_back((seq, now));
+                }
+            }
+        }
         if targets.is_empty() && p.mandatory {
             c.amqp.send_content(
                 ch,
@@ -2124,6 +2183,9 @@ impl Broker {
                 None => return Err(unknown_tag(tag)),
             }
         };
+        if matches!(how, Settle::Ack) && c.link.is_none() {
+            c.counters.acknowledged += taken.len() as u64;
+        }
         let mut touched: Vec<Arc<str>> = Vec::new();
         for (_, u) in taken {
             if let Some(node) = &u.remote {
@@ -2139,6 +2201,7 @@ impl Broker {
             };
             let res = match how {
                 Settle::Ack => {
+                    q.counters.acked += 1;
                     q.dl_msgs.remove(&u.msg_id);
                     q.store.ack(u.bq_tag)
                 }
@@ -2912,6 +2975,8 @@ impl Broker {
             self.after_queue_op(&vhost, &qarc);
             return Ok(());
         };
+        q.counters.delivered += 1;
+        q.counters.redelivered += u64::from(d.redelivered);
         if g.no_ack {
             if let Err(e) = bq.ack(d.tag) {
                 tracing::error!(queue = %name, error = %e, "ack failed");

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
+use super::stats::QueueCounters;
 use super::{Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, err, new_vhost};
 use crate::BrokerError;
 use crate::auth::{PermissionDef, UserDef};
@@ -47,6 +48,20 @@ pub struct QueueInfo {
     pub uid: u64,
     /// The owning connection of an exclusive queue.
     pub owner: Option<u64>,
+    /// Its traffic, counted where it is served.
+    pub counters: QueueCounters,
+    /// Its ring, when mirrored.
+    pub ring: Option<RingInfo>,
+}
+
+/// A mirrored queue's ring as this node's replica sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingInfo {
+    /// The view version (epoch).
+    pub view: u64,
+    /// Publishes and fetches sent around the ring and not yet held by every
+    /// member (GM's pending buffer).
+    pub pending: u64,
 }
 
 /// One exchange as the management API lists it.
@@ -265,6 +280,8 @@ impl Broker {
                     consumers: q.consumers.len() as u64,
                     uid: q.uid,
                     owner: q.owner,
+                    counters: q.counters,
+                    ring: q.store.ring(),
                 });
             }
         }

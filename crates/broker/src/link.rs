@@ -221,6 +221,11 @@ impl Conn {
     ) {
         match &mut self.link {
             None => {
+                if let ContentMethod::Deliver { redelivered, .. }
+                | ContentMethod::GetOk { redelivered, .. } = method
+                {
+                    self.count_delivery(*redelivered);
+                }
                 self.amqp.send_content(ch, method, props, body);
             }
             Some(l) => match method {
@@ -263,6 +268,7 @@ impl Conn {
     pub(crate) fn send_get_empty(&mut self, ch: ChannelId) {
         match &mut self.link {
             None => {
+                self.counters.get_empty += 1;
                 self.amqp.reply(ch, Reply::BasicGetEmpty);
             }
             Some(l) => {
@@ -625,6 +631,8 @@ impl Broker {
                 confirm_dirty: Vec::new(),
                 closed: false,
                 publisher: false,
+                counters: super::stats::MessageCounters::default(),
+                latency: super::stats::LatencyHistogram::default(),
                 link: Some(Link {
                     node: from.to_owned(),
                     out: Vec::new(),
@@ -850,6 +858,7 @@ impl Broker {
                     );
                 }
                 let m = decode_meta(&meta);
+                c.count_delivery(redelivered);
                 c.amqp.send_content(
                     ch,
                     &ContentMethod::GetOk {
@@ -903,6 +912,7 @@ impl Broker {
                 );
             }
             let m = decode_meta(meta);
+            c.count_delivery(redelivered);
             c.amqp.send_content(
                 rc.channel,
                 &ContentMethod::Deliver {

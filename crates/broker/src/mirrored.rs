@@ -134,6 +134,18 @@ fn err_text(e: impl std::fmt::Display) -> String {
 }
 
 impl Store {
+    /// A replica's ring: its view version and the messages sent around it
+    /// that not every member has acknowledged yet (`None` unmirrored).
+    pub(crate) fn ring(&self) -> Option<crate::RingInfo> {
+        match self {
+            Store::Local(_) => None,
+            Store::Replica(m) => Some(crate::RingInfo {
+                view: m.replica.status().epoch,
+                pending: m.replica.backlog() as u64,
+            }),
+        }
+    }
+
     /// Message counts (a replica that holds nothing counts zero).
     pub(crate) fn stats(&self) -> Stats {
         match self {
@@ -567,6 +579,10 @@ impl Broker {
                         continue;
                     };
                     handed_out = true;
+                    if let Some(d) = &delivery {
+                        q.counters.delivered += 1;
+                        q.counters.redelivered += u64::from(d.redelivered);
+                    }
                     let remaining = m.replica.stats().map_or(0, |s| s.ready);
                     let res = match hand_out(
                         &mut self.conns,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{Node, ctl};
 use futures::StreamExt as _;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
@@ -846,6 +846,108 @@ fn resource_limits_alarms_status_and_metrics() {
     assert_eq!(r.code, 64, "{r:?}");
     let r = n.ctl(&["set_vm_memory_high_watermark", "relative", "0.5"]);
     assert_eq!(r.code, 64, "{r:?}");
+}
+
+#[test]
+fn message_counters_and_confirm_latency() {
+    let (_d, n) = node();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = n.amqp_url();
+    let _conn = rt.block_on(async {
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.queue_declare("counted".into(), durable, FieldTable::default())
+            .await
+            .unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        // Four persistent messages into the queue, one unroutable and returned.
+        for (key, mandatory) in [("counted", false); 4]
+            .into_iter()
+            .chain([("nowhere", true)])
+        {
+            ch.basic_publish(
+                "".into(),
+                key.into(),
+                BasicPublishOptions {
+                    mandatory,
+                    ..Default::default()
+                },
+                b"x",
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        }
+        ch.wait_for_confirms().await.unwrap();
+        for _ in 0..4 {
+            let m = ch
+                .basic_get("counted".into(), BasicGetOptions::default())
+                .await
+                .unwrap()
+                .expect("a message");
+            m.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        let empty = ch
+            .basic_get("counted".into(), BasicGetOptions::default())
+            .await
+            .unwrap();
+        assert!(empty.is_none());
+        conn
+    });
+    let want = [
+        "rabbitmq_global_messages_received_total{protocol=\"amqp091\"} 5",
+        "rabbitmq_global_messages_received_confirm_total{protocol=\"amqp091\"} 5",
+        "rabbitmq_global_messages_routed_total{protocol=\"amqp091\"} 4",
+        "rabbitmq_global_messages_unroutable_returned_total{protocol=\"amqp091\"} 1",
+        "rabbitmq_global_messages_confirmed_total{protocol=\"amqp091\"} 5",
+        "rabbitmq_global_messages_delivered_total{protocol=\"amqp091\"} 4",
+        "rabbitmq_global_messages_acknowledged_total{protocol=\"amqp091\"} 4",
+        "rabbitmq_global_messages_get_empty_total{protocol=\"amqp091\"} 1",
+        "rabbitmq_queue_messages_published_total{vhost=\"/\",queue=\"counted\"} 4",
+        "rabbitmq_queue_messages_delivered_total{vhost=\"/\",queue=\"counted\"} 4",
+        "rabbitmq_queue_messages_acked_total{vhost=\"/\",queue=\"counted\"} 4",
+        "warren_confirm_latency_seconds_bucket{le=\"+Inf\"} 5",
+        "warren_confirm_latency_seconds_count 5",
+        "# TYPE warren_confirm_latency_seconds histogram",
+    ];
+    // The acks are asynchronous: wait until the node has counted them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let (_, _, text) = n.get_plain(&n.metrics, "/metrics");
+        if want.iter().all(|w| text.lines().any(|l| l == *w)) {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "missing {:?} in\n{text}",
+            want.iter().find(|w| !text.lines().any(|l| l == **w))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        !text.contains("warren_queue_ring_view{"),
+        "an unmirrored queue has no ring:\n{text}"
+    );
+    let (_, q) = n.http("GET", "/api/queues/%2F/counted", None);
+    assert_eq!(
+        q["message_stats"],
+        json!({"publish": 4, "deliver_get": 4, "redeliver": 0, "ack": 4})
+    );
+    let (_, o) = n.http("GET", "/api/overview", None);
+    assert_eq!(o["message_stats"]["publish"], 5, "{o}");
+    assert_eq!(o["message_stats"]["confirm"], 5, "{o}");
+    assert_eq!(o["message_stats"]["return_unroutable"], 1, "{o}");
 }
 
 #[test]

@@ -307,6 +307,7 @@ async fn openapi() -> Response {
 async fn overview(State(s): State<Management>) -> Response {
     let b = s.broker();
     let o = b.overview();
+    let (n, _) = b.message_stats();
     let mut listeners = Vec::new();
     if let Some(a) = s.amqp_addr {
         listeners.push(json!({"node": s.node, "protocol": "amqp", "ip_address": a.ip().to_string(), "port": a.port()}));
@@ -342,7 +343,16 @@ async fn overview(State(s): State<Management>) -> Response {
             "messages_ready": o.messages_ready,
             "messages_unacknowledged": o.messages_unacknowledged,
         },
-        "message_stats": {},
+        "message_stats": {
+            "publish": n.received,
+            "confirm": n.confirmed,
+            "deliver_get": n.delivered,
+            "redeliver": n.redelivered,
+            "ack": n.acknowledged,
+            "get_empty": n.get_empty,
+            "return_unroutable": n.unroutable_returned,
+            "drop_unroutable": n.unroutable_dropped,
+        },
     }))
 }
 
@@ -894,7 +904,12 @@ pub(crate) fn queue_json(
         "message_bytes": q.message_bytes_ready + q.message_bytes_unacknowledged,
         "message_bytes_ready": q.message_bytes_ready,
         "message_bytes_unacknowledged": q.message_bytes_unacknowledged,
-        "message_stats": {},
+        "message_stats": {
+            "publish": q.counters.published,
+            "deliver_get": q.counters.delivered,
+            "redeliver": q.counters.redelivered,
+            "ack": q.counters.acked,
+        },
     });
     if let (Some(n), Value::Object(o)) = (m.syncing, &mut v) {
         o.insert("sync_messages".into(), json!(n));

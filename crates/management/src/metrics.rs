@@ -1,5 +1,6 @@
 //! Prometheus text exposition at `/metrics`, with RabbitMQ's metric names
-//! (`rabbitmq_queue_messages_ready`, …) plus Warren's ring gauges.
+//! (`rabbitmq_queue_messages_ready`, `rabbitmq_global_messages_*`, …)
+//! plus Warren's ring gauges and confirm latency histogram.
 
 use std::fmt::Write as _;
 
@@ -11,8 +12,17 @@ use axum::routing::get;
 
 use crate::Management;
 
-/// Reads one per-queue gauge.
-type QueueGauge = fn(&warren_broker::QueueInfo) -> u64;
+/// One queue with its ring membership, as the per-queue metrics read it.
+struct Row {
+    q: warren_broker::QueueInfo,
+    /// Master and mirrors.
+    members: u64,
+    /// Synchronised mirrors.
+    synced: u64,
+}
+
+/// Reads one per-queue value (`None`: the queue has none, e.g. no ring).
+type QueueValue = fn(&Row) -> Option<u64>;
 
 /// Escapes a label value.
 fn label(v: &str) -> String {
@@ -64,71 +74,179 @@ pub fn render(s: &Management) -> String {
         family(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
     }
-    let gauges: [(&str, &str, QueueGauge); 5] = [
+    let per_queue: [(&str, &str, &str, QueueValue); 13] = [
         (
             "rabbitmq_queue_messages_ready",
+            "gauge",
             "Messages ready to be delivered",
-            |q| q.messages_ready,
+            |r| Some(r.q.messages_ready),
         ),
         (
             "rabbitmq_queue_messages_unacked",
+            "gauge",
             "Messages delivered and not yet acknowledged",
-            |q| q.messages_unacknowledged,
+            |r| Some(r.q.messages_unacknowledged),
         ),
         (
             "rabbitmq_queue_messages",
+            "gauge",
             "Ready and unacknowledged messages",
-            |q| q.messages_ready + q.messages_unacknowledged,
+            |r| Some(r.q.messages_ready + r.q.messages_unacknowledged),
         ),
         (
             "rabbitmq_queue_messages_bytes",
+            "gauge",
             "Bytes of ready and unacknowledged messages",
-            |q| q.message_bytes_ready + q.message_bytes_unacknowledged,
+            |r| Some(r.q.message_bytes_ready + r.q.message_bytes_unacknowledged),
         ),
-        ("rabbitmq_queue_consumers", "Consumers of the queue", |q| {
-            q.consumers
-        }),
+        (
+            "rabbitmq_queue_consumers",
+            "gauge",
+            "Consumers of the queue",
+            |r| Some(r.q.consumers),
+        ),
+        (
+            "rabbitmq_queue_messages_published_total",
+            "counter",
+            "Messages published into the queue (on the node serving it)",
+            |r| Some(r.q.counters.published),
+        ),
+        (
+            "rabbitmq_queue_messages_delivered_total",
+            "counter",
+            "Messages delivered or fetched from the queue (on the node serving it)",
+            |r| Some(r.q.counters.delivered),
+        ),
+        (
+            "rabbitmq_queue_messages_redelivered_total",
+            "counter",
+            "Of those, redelivered",
+            |r| Some(r.q.counters.redelivered),
+        ),
+        (
+            "rabbitmq_queue_messages_acked_total",
+            "counter",
+            "Deliveries from the queue acknowledged (on the node serving it)",
+            |r| Some(r.q.counters.acked),
+        ),
+        (
+            "warren_queue_ring_view",
+            "gauge",
+            "The view version (epoch) of the queue's ring, as this node's replica has it",
+            |r| r.q.ring.map(|g| g.view),
+        ),
+        (
+            "warren_queue_ring_pending",
+            "gauge",
+            "Publishes and fetches sent around the queue's ring not yet held by every member (GM's pending buffer)",
+            |r| r.q.ring.map(|g| g.pending),
+        ),
+        (
+            "warren_queue_ring_members",
+            "gauge",
+            "Members of the queue's ring view (master and mirrors)",
+            |r| Some(r.members),
+        ),
+        (
+            "warren_queue_synchronised_mirrors",
+            "gauge",
+            "Synchronised mirrors of the queue",
+            |r| Some(r.synced),
+        ),
     ];
-    for (name, help, f) in gauges {
-        family(&mut out, name, "gauge", help);
-        for q in &queues {
-            let _ = writeln!(
-                out,
-                "{name}{{vhost=\"{}\",queue=\"{}\"}} {}",
-                label(&q.vhost),
-                label(&q.name),
-                f(q)
-            );
+    let rows: Vec<Row> = queues
+        .into_iter()
+        .map(|q| {
+            let m = s.mirrors.mirrors(&q.vhost, &q.name).unwrap_or_default();
+            Row {
+                members: 1 + m.slave_nodes.len() as u64,
+                synced: m.synchronised_slave_nodes.len() as u64,
+                q,
+            }
+        })
+        .collect();
+    for (name, kind, help, f) in per_queue {
+        family(&mut out, name, kind, help);
+        for r in &rows {
+            if let Some(v) = f(r) {
+                let (vh, qn) = (label(&r.q.vhost), label(&r.q.name));
+                let _ = writeln!(out, "{name}{{vhost=\"{vh}\",queue=\"{qn}\"}} {v}");
+            }
         }
     }
+    let (n, latency) = s.broker().message_stats();
+    for (name, help, v) in [
+        (
+            "rabbitmq_global_messages_received_total",
+            "Messages published by clients",
+            n.received,
+        ),
+        (
+            "rabbitmq_global_messages_received_confirm_total",
+            "Messages published on channels in confirm mode",
+            n.received_confirm,
+        ),
+        (
+            "rabbitmq_global_messages_routed_total",
+            "Published messages routed to a queue",
+            n.routed,
+        ),
+        (
+            "rabbitmq_global_messages_unroutable_returned_total",
+            "Unroutable mandatory messages returned",
+            n.unroutable_returned,
+        ),
+        (
+            "rabbitmq_global_messages_unroutable_dropped_total",
+            "Unroutable messages dropped",
+            n.unroutable_dropped,
+        ),
+        (
+            "rabbitmq_global_messages_confirmed_total",
+            "Publisher confirms sent",
+            n.confirmed,
+        ),
+        (
+            "rabbitmq_global_messages_delivered_total",
+            "Messages delivered to clients (consume and get)",
+            n.delivered,
+        ),
+        (
+            "rabbitmq_global_messages_redelivered_total",
+            "Of those, redelivered",
+            n.redelivered,
+        ),
+        (
+            "rabbitmq_global_messages_acknowledged_total",
+            "Deliveries acknowledged by clients",
+            n.acknowledged,
+        ),
+        (
+            "rabbitmq_global_messages_get_empty_total",
+            "basic.get answered empty",
+            n.get_empty,
+        ),
+    ] {
+        family(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name}{{protocol=\"amqp091\"}} {v}");
+    }
+    let name = "warren_confirm_latency_seconds";
     family(
         &mut out,
-        "warren_queue_ring_members",
-        "gauge",
-        "Members of the queue's ring view (master and mirrors)",
+        name,
+        "histogram",
+        "Time from reading a confirm-mode publish to sending its basic.ack",
     );
-    let mut synced = String::new();
-    for q in &queues {
-        let m = s.mirrors.mirrors(&q.vhost, &q.name).unwrap_or_default();
-        let (vh, qn) = (label(&q.vhost), label(&q.name));
+    for (le_ms, count) in latency.cumulative() {
         let _ = writeln!(
             out,
-            "warren_queue_ring_members{{vhost=\"{vh}\",queue=\"{qn}\"}} {}",
-            1 + m.slave_nodes.len()
-        );
-        let _ = writeln!(
-            synced,
-            "warren_queue_synchronised_mirrors{{vhost=\"{vh}\",queue=\"{qn}\"}} {}",
-            m.synchronised_slave_nodes.len()
+            "{name}_bucket{{le=\"{}\"}} {count}",
+            le_ms as f64 / 1000.0
         );
     }
-    family(
-        &mut out,
-        "warren_queue_synchronised_mirrors",
-        "gauge",
-        "Synchronised mirrors of the queue",
-    );
-    out.push_str(&synced);
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", latency.count());
+    let _ = writeln!(out, "{name}_sum {}", latency.sum_ms() as f64 / 1000.0);
+    let _ = writeln!(out, "{name}_count {}", latency.count());
     family(
         &mut out,
         "rabbitmq_process_resident_memory_bytes",

@@ -306,7 +306,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             None
         }
     };
-    let metrics = warren_management::Management::new(broker.clone()).amqp_addr(amqp_addr);
+    let mut metrics = warren_management::Management::new(broker.clone()).amqp_addr(amqp_addr);
+    if let Some(c) = &clustered {
+        // The ring gauges read the queue records' mirrors.
+        metrics = metrics.mirrors(c.mirrors());
+    }
     let metrics_text = match TcpListener::bind(&args.prometheus_addr).await {
         Ok(l) => {
             let addr = l.local_addr()?;

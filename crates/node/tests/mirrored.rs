@@ -124,6 +124,26 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
             .iter()
             .all(|n| queue(n)["messages"] == 500 || queue(n)["node"] == "warren@a")
     });
+    // The ring in /metrics: three members, two synchronised, one view
+    // version on every member, nothing left pending.
+    let series = |name: &str| format!("{name}{{vhost=\"/\",queue=\"{QUEUE}\"}}");
+    assert_eq!(
+        nodes[0].metric(&series("warren_queue_ring_members")),
+        Some(3)
+    );
+    assert_eq!(
+        nodes[0].metric(&series("warren_queue_synchronised_mirrors")),
+        Some(2)
+    );
+    let view = nodes[0]
+        .metric(&series("warren_queue_ring_view"))
+        .expect("a mirrored queue's ring view in /metrics");
+    eventually("every member on the same view, nothing pending", || {
+        nodes.iter().all(|n| {
+            n.metric(&series("warren_queue_ring_view")) == Some(view)
+                && n.metric(&series("warren_queue_ring_pending")) == Some(0)
+        })
+    });
 
     nodes[0].kill();
     let mut master = String::new();
@@ -139,6 +159,12 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
     eventually("the new master serves the queue", || {
         queue(new_master)["messages"] == 500
     });
+    assert!(
+        new_master
+            .metric(&series("warren_queue_ring_view"))
+            .is_some_and(|v| v > view),
+        "the promotion is a new view"
+    );
     let seen = rt.block_on(consume_all(new_master, &acked));
     let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
     let lost: Vec<&String> = acked.difference(&seen_set).collect();

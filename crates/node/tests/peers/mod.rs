@@ -26,6 +26,8 @@ pub struct Peer {
     pub amqp: u16,
     /// The management HTTP address.
     pub http: String,
+    /// The Prometheus metrics address.
+    pub metrics: String,
     /// The peer (cluster) address.
     pub peers: String,
     /// The data directory.
@@ -96,6 +98,7 @@ impl Peer {
             ip: ip.to_owned(),
             amqp,
             http: field(&line, "HTTP on ").to_owned(),
+            metrics: field(&line, "metrics on ").to_owned(),
             peers: field(&line, "peers on ").to_owned(),
             dir: dir.to_owned(),
         }
@@ -125,6 +128,18 @@ impl Peer {
         let status = resp.status();
         let text = resp.into_string().expect("read body");
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// The value of the metric line `name{labels}` on `/metrics`, if present.
+    pub fn metric(&self, series: &str) -> Option<u64> {
+        let text = ureq::get(&format!("http://{}/metrics", self.metrics))
+            .timeout(Duration::from_secs(30))
+            .call()
+            .ok()?
+            .into_string()
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// The node's AMQP URL as guest, default vhost.
