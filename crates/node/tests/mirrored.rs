@@ -360,6 +360,59 @@ fn set_policy(p: &Peer, definition: Value) {
 }
 
 #[test]
+fn graceful_stop_of_a_master_without_synchronised_mirrors_promotes_none() {
+    let root = peers::test_root();
+    let (secret, mut nodes) = three(root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[0], QUEUE);
+    let acked = rt.block_on(publish_confirmed(&nodes[0], 0, 200));
+    assert_eq!(acked.len(), 200);
+    // Mirrors added after the messages, with manual sync: unsynchronised.
+    set_policy(
+        &nodes[0],
+        json!({"ha-mode": "all", "ha-sync-mode": "manual"}),
+    );
+    eventually("two unsynchronised mirrors", || {
+        let q = queue(&nodes[0]);
+        names(&q, "slave_nodes").len() == 2 && names(&q, "synchronised_slave_nodes").is_empty()
+    });
+
+    // SIGTERM the master: ha-promote-on-shutdown is when-synced, so no
+    // mirror (neither holds the 200 messages) takes over.
+    nodes[0].terminate();
+    eventually("the others see the master's node stopped", || {
+        names(&nodes[1].get("/api/cluster"), "running_nodes").len() == 2
+    });
+    // Publishes through a mirror's node wait for the master: not confirmed.
+    let during = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            publish_confirmed(&nodes[1], 5000, 5),
+        )
+        .await
+        .unwrap_or_default()
+    });
+    assert!(during.is_empty(), "confirmed without a master: {during:?}");
+    let q = queue(&nodes[1]);
+    assert_eq!(
+        q["node"], "warren@a",
+        "no unsynchronised mirror promoted: {q}"
+    );
+
+    // The master comes back with every confirmed message and serves again.
+    let dir = nodes[0].dir.clone();
+    nodes[0] = Peer::start("warren@a", &dir, &secret, None);
+    eventually("the master serves its messages again", || {
+        let q = queue(&nodes[0]);
+        q["node"] == "warren@a" && q["messages"] == 200
+    });
+    let seen = rt.block_on(consume_all(&nodes[1], &acked));
+    let seen_set: BTreeSet<String> = seen.iter().cloned().collect();
+    let lost: Vec<&String> = acked.difference(&seen_set).collect();
+    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+}
+
+#[test]
 fn policy_changes_under_load_lose_nothing() {
     let root = peers::test_root();
     let (_secret, nodes) = three(root.path());
