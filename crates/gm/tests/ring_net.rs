@@ -1,6 +1,8 @@
 //! The same ring test over the in-memory transport, TCP and QUIC: five
 //! members on five nodes broadcast; one node crashes; a sixth node joins;
-//! then the guarantees are checked on what every member delivered.
+//! then the guarantees are checked on what every member delivered. Also: a
+//! short cut heals without a view change, and a suspicion that heals while
+//! its removal cannot commit (a minority) removes nobody.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -8,7 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use warren_gm::{
-    GmNode, HeartbeatDetector, InMemoryAuthority, MemberId, NodeConfig, RingEvent, RingHandle,
+    FailureDetector, GmNode, HeartbeatDetector, InMemoryAuthority, MemberId, NodeConfig, RingEvent,
+    RingHandle, View, ViewAuthority, ViewChange, ViewError, ViewVersion,
 };
 use warren_tls::ClusterCa;
 use warren_transport::mem::MemNetwork;
@@ -414,4 +417,129 @@ async fn short_cut_heals_without_a_view_change() {
     })
     .await;
     assert_eq!(authority.current_now("q").version, 3, "no view change");
+}
+
+/// A view authority as a node in a minority sees it: while `cut`, every
+/// update is refused as a conflict after a while (the Raft write timed out
+/// and may still be applied), so the driver keeps retrying its proposals.
+#[derive(Debug)]
+struct Minority {
+    inner: Arc<InMemoryAuthority>,
+    cut: std::sync::atomic::AtomicBool,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl ViewAuthority for Minority {
+    async fn current(&self, ring: &str) -> Result<View, ViewError> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.current(ring).await
+    }
+
+    async fn update(
+        &self,
+        ring: &str,
+        expected: ViewVersion,
+        change: ViewChange,
+    ) -> Result<View, ViewError> {
+        if self.cut.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return Err(ViewError::Conflict {
+                expected,
+                current: expected,
+            });
+        }
+        self.inner.update(ring, expected, change).await
+    }
+}
+
+/// Suspects whatever the test says, once; heartbeats on every tick.
+#[derive(Debug, Default)]
+struct Scripted(Arc<Mutex<Vec<NodeName>>>);
+
+impl FailureDetector for Scripted {
+    fn watch(&mut self, _: &NodeName, _: tokio::time::Instant) {}
+    fn heard_from(&mut self, _: &NodeName, _: tokio::time::Instant) {}
+    fn heartbeat_due(&mut self, _: tokio::time::Instant) -> bool {
+        true
+    }
+    fn poll_suspects(&mut self, _: tokio::time::Instant) -> Vec<NodeName> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A node that suspected its peers while it could not change the view (a
+/// minority) keeps retrying the removals; once it hears from them again
+/// (the partition healed) it must not remove them any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let net = Net {
+        kind: Kind::Mem,
+        mem: MemNetwork::new(9),
+    };
+    let inner = Arc::new(InMemoryAuthority::new());
+    let minority = Arc::new(Minority {
+        inner: inner.clone(),
+        cut: false.into(),
+        reads: 0.into(),
+    });
+    let suspect = Arc::new(Mutex::new(Vec::new()));
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let node = NodeName::new(format!("s{i}@gm")).unwrap();
+        let mut config = NodeConfig::new(node.clone(), net.listen_addr(&node));
+        config.tick_interval = Duration::from_millis(5);
+        config.redial_interval = Duration::from_millis(50);
+        let (authority, detector): (Arc<dyn ViewAuthority>, _) = if i == 1 {
+            (minority.clone(), Scripted(suspect.clone()))
+        } else {
+            (inner.clone(), Scripted::default())
+        };
+        let started = GmNode::start(config, net.transport(&node), authority, Box::new(detector));
+        nodes.push(started.await.expect("start node"));
+    }
+    for a in &nodes {
+        for b in &nodes {
+            if a.node() != b.node() {
+                let added = a.add_peer(b.node().clone(), b.local_addr().clone());
+                added.await.unwrap();
+            }
+        }
+    }
+    let mut members = Vec::new();
+    for node in &nodes {
+        members.push(join(node).await);
+    }
+    wait_until("full views", || {
+        members
+            .iter()
+            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
+    })
+    .await;
+
+    minority.cut.store(true, SeqCst);
+    let before = minority.reads.load(SeqCst);
+    *suspect.lock().unwrap() = vec![nodes[1].node().clone(), nodes[2].node().clone()];
+    // The removals were proposed (read the view), and refused.
+    wait_until("the removals proposed", || {
+        minority.reads.load(SeqCst) >= before + 2
+    })
+    .await;
+    minority.cut.store(false, SeqCst);
+    let healed = minority.reads.load(SeqCst);
+    wait_until("the node reading views again", || {
+        minority.reads.load(SeqCst) >= healed + 3
+    })
+    .await;
+    broadcast_round(&mut members, &[0, 1, 2]).await;
+    wait_until("every broadcast confirmed", || {
+        members
+            .iter()
+            .all(|m| m.seen.lock().unwrap().confirmed == m.sent)
+    })
+    .await;
+    let view = inner.current_now("q");
+    assert_eq!(view.version, 3, "no member removed: {view:?}");
+    assert!(members.iter().all(|m| !m.seen.lock().unwrap().removed));
 }
