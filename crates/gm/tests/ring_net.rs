@@ -97,19 +97,36 @@ fn payload_of(publisher: MemberId, seq: u64) -> Bytes {
 }
 
 async fn start_node(net: &Net, name: &str, authority: &Arc<InMemoryAuthority>) -> GmNode {
+    let detector = HeartbeatDetector::new(Duration::from_millis(20), Duration::from_millis(400));
+    start_node_with(net, name, authority.clone(), Box::new(detector)).await
+}
+
+async fn start_node_with(
+    net: &Net,
+    name: &str,
+    authority: Arc<dyn ViewAuthority>,
+    detector: Box<dyn FailureDetector>,
+) -> GmNode {
     let node = NodeName::new(name).unwrap();
     let mut config = NodeConfig::new(node.clone(), net.listen_addr(&node));
     config.tick_interval = Duration::from_millis(5);
     config.redial_interval = Duration::from_millis(50);
-    let detector = HeartbeatDetector::new(Duration::from_millis(20), Duration::from_millis(400));
-    GmNode::start(
-        config,
-        net.transport(&node),
-        authority.clone(),
-        Box::new(detector),
-    )
-    .await
-    .expect("start node")
+    GmNode::start(config, net.transport(&node), authority, detector)
+        .await
+        .expect("start node")
+}
+
+/// Tells every node of `nodes` about every other.
+async fn introduce(nodes: &[GmNode]) {
+    for a in nodes {
+        for b in nodes {
+            if a.node() != b.node() {
+                a.add_peer(b.node().clone(), b.local_addr().clone())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
 }
 
 /// `count` nodes that all know each other.
@@ -123,15 +140,7 @@ async fn cluster(
     for i in 1..=count {
         nodes.push(start_node(net, &format!("{prefix}{i}@gm"), authority).await);
     }
-    for a in &nodes {
-        for b in &nodes {
-            if a.node() != b.node() {
-                a.add_peer(b.node().clone(), b.local_addr().clone())
-                    .await
-                    .unwrap();
-            }
-        }
-    }
+    introduce(&nodes).await;
     nodes
 }
 
@@ -487,26 +496,15 @@ async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
     let suspect = Arc::new(Mutex::new(Vec::new()));
     let mut nodes = Vec::new();
     for i in 1..=3 {
-        let node = NodeName::new(format!("s{i}@gm")).unwrap();
-        let mut config = NodeConfig::new(node.clone(), net.listen_addr(&node));
-        config.tick_interval = Duration::from_millis(5);
-        config.redial_interval = Duration::from_millis(50);
         let (authority, detector): (Arc<dyn ViewAuthority>, _) = if i == 1 {
             (minority.clone(), Scripted(suspect.clone()))
         } else {
             (inner.clone(), Scripted::default())
         };
-        let started = GmNode::start(config, net.transport(&node), authority, Box::new(detector));
-        nodes.push(started.await.expect("start node"));
+        let name = format!("s{i}@gm");
+        nodes.push(start_node_with(&net, &name, authority, Box::new(detector)).await);
     }
-    for a in &nodes {
-        for b in &nodes {
-            if a.node() != b.node() {
-                let added = a.add_peer(b.node().clone(), b.local_addr().clone());
-                added.await.unwrap();
-            }
-        }
-    }
+    introduce(&nodes).await;
     let mut members = Vec::new();
     for node in &nodes {
         members.push(join(node).await);
