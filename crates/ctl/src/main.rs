@@ -73,9 +73,10 @@ enum Cmd {
     Status,
     /// Cluster membership and listeners.
     ClusterStatus,
-    /// Join a cluster.
+    /// Join a cluster: stop_app first; the node is reset (its own metadata
+    /// and messages discarded) and restarts as a member, its app stopped.
     JoinCluster {
-        /// A node of the cluster to join.
+        /// A running member's peer address HOST:PORT (its --peer-addr).
         seed: String,
         /// Accepted and ignored (RAM nodes are not supported).
         #[arg(long)]
@@ -670,9 +671,11 @@ fn cluster_members(c: &Client) -> Res<Option<(Vec<String>, Vec<String>)>> {
 /// Whether the node runs as a cluster member (started with `--peer-addr`).
 fn clustered(c: &Client) -> Res<bool> {
     let (status, v) = c.send("GET", "/api/cluster", None)?;
-    if status != 200 {
-        return Ok(false);
-    }
+    Ok(status == 200 && is_clustered(&v))
+}
+
+/// Whether `GET /api/cluster`'s answer `v` is a cluster member's.
+fn is_clustered(v: &Value) -> bool {
     let with_addr = v
         .get("members")
         .and_then(Value::as_array)
@@ -685,9 +688,74 @@ fn clustered(c: &Client) -> Res<bool> {
                     .is_some_and(|a| !a.is_empty())
             })
         });
-    Ok(v.get("clustered")
+    v.get("clustered")
         .and_then(Value::as_bool)
-        .unwrap_or(with_addr))
+        .unwrap_or(with_addr)
+}
+
+/// `join_cluster SEED`, RabbitMQ's workflow (`stop_app`, `join_cluster`,
+/// `start_app`): the node refuses while its app runs, checks that the seed
+/// (a member's peer address `HOST:PORT`) answers the cluster handshake, and
+/// unless it is already a member, resets itself (its own metadata and
+/// messages are discarded) and restarts to join. This waits (up to
+/// `--timeout`) until the node answers again as a running member of the
+/// seed's cluster, its app stopped.
+fn join_cluster(c: &Client, cli: &Cli, seed: &str) -> Res<()> {
+    let out = Out { cli };
+    let (status, info) = c.send("GET", "/api/cluster", None)?;
+    let me = cell(&field(&info, "node"));
+    if status != 200 || !is_clustered(&info) {
+        return Err(Failure::new(
+            EX_UNAVAILABLE,
+            format!(
+                "node {me} ({}) runs alone (started without --peer-addr) and cannot join a \
+                 cluster: restart it with --peer-addr and the cluster's --cluster-secret-file, \
+                 then run join_cluster",
+                cli.node
+            ),
+        ));
+    }
+    out.info(&format!("Clustering node {me} with {seed}"));
+    let v = c.call("POST", "/api/cluster/join", Some(&json!({ "node": seed })))?;
+    if field(&v, "already_member") == Value::Bool(true) {
+        out.info(&format!(
+            "The node {me} is already a member of this cluster: nothing changed"
+        ));
+        return Ok(());
+    }
+    let seed_node = cell(&field(&v, "seed_node"));
+    out.info(&format!(
+        "Node {me} was reset to join the cluster of {seed_node}: its own metadata and \
+         messages were discarded; it restarts and takes the cluster's"
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(cli.timeout.max(1));
+    loop {
+        // Before the restart the node does not count the seed as a member;
+        // during it, it does not answer.
+        if let Ok((200, st)) = c.send("GET", "/api/cluster", None) {
+            let running = field(&st, "running_nodes");
+            let up = |n: &str| running.as_array().is_some_and(|a| a.iter().any(|x| x == n));
+            if up(&me) && up(&seed_node) {
+                break;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Failure::new(
+                EX_SOFTWARE,
+                format!(
+                    "node {me} is not a running member of the cluster of {seed_node} {}s after \
+                     it restarted to join it (it keeps trying for its --boot-wait; see its log)",
+                    cli.timeout
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    out.info(&format!(
+        "Node {me} is now a member of the cluster of {seed_node}; its app is stopped: start it \
+         with start_app"
+    ));
+    Ok(())
 }
 
 /// Posts a queue action (`sync`, `cancel_sync`) to the management API.
@@ -1083,14 +1151,7 @@ fn run(cli: &Cli) -> Res<()> {
     match &cli.cmd {
         Cmd::Status => status(&c, cli, false),
         Cmd::ClusterStatus => status(&c, cli, true),
-        Cmd::JoinCluster { seed, .. } => {
-            if !clustered(&c)? {
-                return Err(not_supported("join_cluster", &cli.node));
-            }
-            out.info(&format!("Clustering node {} with {seed}", cli.node));
-            c.call("POST", "/api/cluster/join", Some(&json!({"node": seed})))?;
-            Ok(())
-        }
+        Cmd::JoinCluster { seed, .. } => join_cluster(&c, cli, seed),
         Cmd::ForgetClusterNode {
             node_name,
             offline: true,

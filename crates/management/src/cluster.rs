@@ -1,6 +1,7 @@
 //! Cluster membership through the API: `GET /api/cluster` (what
 //! `warrenctl cluster_status` prints), `POST /api/cluster/join`
-//! (`join_cluster`) and `DELETE /api/cluster/nodes/{name}`
+//! (`join_cluster`: 200 when the node is already a member, 202 when it was
+//! reset and restarts to join) and `DELETE /api/cluster/nodes/{name}`
 //! (`forget_cluster_node`), served by whatever implements [`ClusterControl`].
 
 use std::fmt;
@@ -18,6 +19,22 @@ use crate::Management;
 /// A boxed future returned by [`ClusterControl`]'s and
 /// [`NodeControl`](crate::NodeControl)'s verbs.
 pub type ClusterFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// What [`ClusterControl::join`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinOutcome {
+    /// The node already belongs to the seed's cluster: nothing changed.
+    AlreadyMember,
+    /// The node was reset (its own metadata and messages discarded) and
+    /// restarts to join the cluster of `seed_node`.
+    Restarting {
+        /// The name of the member that answered at the seed address.
+        seed_node: String,
+    },
+}
+
+/// The boxed future of [`ClusterControl::join`].
+pub type JoinFuture = Pin<Box<dyn Future<Output = Result<JoinOutcome, String>> + Send>>;
 
 /// One member as [`ClusterControl::status`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,8 +64,9 @@ pub struct ClusterInfo {
 pub trait ClusterControl: Send + Sync + fmt::Debug {
     /// Members, leader, running nodes.
     fn status(&self) -> ClusterInfo;
-    /// Joins the cluster that the member at `seed` (a peer address) belongs to.
-    fn join(&self, seed: &str) -> ClusterFuture;
+    /// Joins the cluster that the member at `seed` (a peer address, or the
+    /// name of a member of this node's own cluster) belongs to.
+    fn join(&self, seed: &str) -> JoinFuture;
     /// Removes a stopped member from the cluster.
     fn forget(&self, node: &str) -> ClusterFuture;
 }
@@ -127,7 +145,17 @@ pub(crate) async fn join(State(s): State<Management>, body: Bytes) -> Response {
         return no_cluster();
     };
     match c.join(seed).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(JoinOutcome::AlreadyMember) => json_response(
+            StatusCode::OK,
+            &json!({"node": c.status().node, "seed": seed, "already_member": true}),
+        ),
+        Ok(JoinOutcome::Restarting { seed_node }) => json_response(
+            StatusCode::ACCEPTED,
+            &json!({
+                "node": c.status().node, "seed": seed, "seed_node": seed_node,
+                "already_member": false, "reset": true,
+            }),
+        ),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }

@@ -37,7 +37,9 @@ use std::time::Instant;
 use axum::Router;
 use warren_broker::Broker;
 
-pub use cluster::{ClusterControl, ClusterFuture, ClusterInfo, ClusterMember};
+pub use cluster::{
+    ClusterControl, ClusterFuture, ClusterInfo, ClusterMember, JoinFuture, JoinOutcome,
+};
 pub use defs::{ImportError, import_definitions};
 pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
 pub use node::NodeControl;

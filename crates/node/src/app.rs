@@ -1,6 +1,7 @@
 //! `warrenctl stop`, `stop_app` and `start_app`: the node's side of
 //! [`warren_management::NodeControl`]. The management API sends requests
-//! to the accept loop in `main.rs`, which owns the AMQP listener.
+//! to the accept loop in `main.rs`, which owns the AMQP listener; `join_cluster`
+//! (`cluster.rs`) asks it to stop the node and restart it to join a cluster.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use warren_management::{ClusterFuture, NodeControl};
 use crate::{Shared, lock};
 
 /// What the API asks of the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Request {
     /// Stop the node (as SIGTERM does).
     Stop,
@@ -21,6 +22,18 @@ pub(crate) enum Request {
     StopApp,
     /// Open the AMQP listener again.
     StartApp,
+    /// Stop the node, then restart it reset to join the cluster of this
+    /// member (a peer address): `join_cluster`.
+    Rejoin(String),
+}
+
+/// Why the accept loop ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// Stop the process.
+    Stop,
+    /// Restart the process, reset, to join the cluster of this member.
+    Rejoin(String),
 }
 
 type Reply = oneshot::Sender<Result<(), String>>;
@@ -63,6 +76,14 @@ impl NodeControl for AppControl {
     }
 }
 
+impl AppControl {
+    /// Asks the node to stop and restart to join the cluster of `seed`;
+    /// refused while the app runs (RabbitMQ's `join_cluster` rule).
+    pub(crate) fn rejoin(&self, seed: &str) -> ClusterFuture {
+        self.ask(Request::Rejoin(seed.to_owned()))
+    }
+}
+
 /// The API's requests, as the accept loop receives them.
 #[derive(Debug)]
 pub(crate) struct Requests {
@@ -89,17 +110,21 @@ pub(crate) struct App {
 
 impl App {
     /// The app around a bound AMQP listener, the API's requests to it and
-    /// the API's handle that sends them.
-    pub(crate) fn new(listener: TcpListener) -> std::io::Result<(Self, Requests, Arc<AppControl>)> {
+    /// the API's handle that sends them. Unless `started`, the listener is
+    /// closed at once and the app waits for `StartApp`.
+    pub(crate) fn new(
+        listener: TcpListener,
+        started: bool,
+    ) -> std::io::Result<(Self, Requests, Arc<AppControl>)> {
         let addr = listener.local_addr()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let running = Arc::new(AtomicBool::new(true));
+        let running = Arc::new(AtomicBool::new(started));
         let control = Arc::new(AppControl {
             tx,
             running: running.clone(),
         });
         let app = Self {
-            listener: Some(listener),
+            listener: started.then_some(listener),
             addr,
             running,
         };
@@ -125,11 +150,28 @@ impl App {
         }
     }
 
-    /// Carries out `StopApp` or `StartApp` and answers it; `Stop` is
-    /// answered and left to the caller, which shuts down.
-    pub(crate) async fn handle(&mut self, broker: &Shared, r: Request, reply: Reply) {
+    /// Carries out `StopApp` or `StartApp` and answers it; `Stop` and
+    /// `Rejoin` (refused while the app runs) are answered and returned for
+    /// the caller to carry out.
+    pub(crate) async fn handle(
+        &mut self,
+        broker: &Shared,
+        r: Request,
+        reply: Reply,
+    ) -> Option<Exit> {
+        let mut exit = None;
         let result = match r {
-            Request::Stop => Ok(()),
+            Request::Stop => {
+                exit = Some(Exit::Stop);
+                Ok(())
+            }
+            Request::Rejoin(_) if self.listener.is_some() => {
+                Err("the app is running: stop it first with `warrenctl stop_app`".to_owned())
+            }
+            Request::Rejoin(seed) => {
+                exit = Some(Exit::Rejoin(seed));
+                Ok(())
+            }
             Request::StopApp => {
                 self.listener = None;
                 self.running.store(false, Ordering::SeqCst);
@@ -149,5 +191,6 @@ impl App {
             },
         };
         let _ = reply.send(result);
+        exit
     }
 }

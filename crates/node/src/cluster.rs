@@ -8,6 +8,14 @@
 //! its metadata in a JSON file, as before. A node that ran alone and is then
 //! started with `--peer-addr` (and no `--join`) imports that file into the
 //! new cluster once.
+//!
+//! `join_cluster` ([`Control`]'s `join`): with the app stopped and the seed
+//! answering the cluster handshake, the node stops, leaves a marker holding
+//! the seed in its data directory and re-executes itself (same PID,
+//! arguments, name, ports and data directory). The new process finds the
+//! marker, resets the node's own data (Raft state, metadata, queue logs),
+//! joins through the seed exactly as a first start with `--join` does, and
+//! starts with its app stopped, as RabbitMQ's `join_cluster` leaves it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +41,7 @@ use warren_cluster::{
 };
 use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportConfig};
 
+use crate::app::AppControl;
 use crate::mirroring::Mirroring;
 
 /// The clustering part of the command line.
@@ -861,11 +870,17 @@ impl Clustered {
         }
     }
 
-    /// What the management API's `/api/cluster` routes drive.
-    pub(crate) fn control(&self) -> Arc<dyn warren_management::ClusterControl> {
+    /// What the management API's `/api/cluster` routes drive; `join_cluster`
+    /// asks `app` to restart the node.
+    pub(crate) fn control(
+        &self,
+        app: Arc<AppControl>,
+    ) -> Arc<dyn warren_management::ClusterControl> {
         Arc::new(Control {
             cluster: self.cluster.clone(),
             rt: self.rt.clone(),
+            transport: self.transport.clone(),
+            app,
         })
     }
 
@@ -886,12 +901,142 @@ impl Clustered {
             Err(e) => tracing::warn!(error = %e, "graceful cluster hand-off failed"),
         }
     }
+
+    /// Stops the cluster member at once, without a hand-off: before the
+    /// restart that `join_cluster` asked for (alone in its cluster, the node
+    /// has nobody to hand off to).
+    pub(crate) async fn shutdown(&self) {
+        let c = self.cluster.clone();
+        if let Err(e) = self.rt.spawn(async move { c.shutdown().await }).await {
+            tracing::warn!(error = %e, "stopping the cluster member failed");
+        }
+    }
 }
+
+// ------------------------------------------------------------ join_cluster
+
+/// What `join_cluster` leaves in the data directory (the file
+/// `join_cluster`, JSON) for the process it restarts: the seed to join and
+/// the addresses the node listened on, so that it keeps them even if it was
+/// started with port 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rejoin {
+    /// The seed's peer address.
+    pub seed: String,
+    /// The AMQP listener.
+    pub amqp_addr: String,
+    /// The management listener, if it listened.
+    pub http_addr: Option<String>,
+    /// The Prometheus listener, if it listened.
+    pub prometheus_addr: Option<String>,
+    /// The peer listener.
+    pub peer_addr: String,
+}
+
+/// The file [`Rejoin`] is kept in, in the data directory.
+const JOIN_MARKER: &str = "join_cluster";
+
+/// What a reset removes from the data directory: the node's cluster state,
+/// its single-node metadata and its queues' logs.
+const NODE_DATA: [&str; 4] = ["raft", "queues", "metadata.json", "metadata.json.tmp"];
+
+impl Rejoin {
+    /// Leaves this in `data_dir` for the next start.
+    pub(crate) fn save(&self, data_dir: &Path) -> anyhow::Result<()> {
+        let v = json!({
+            "seed": self.seed, "amqp_addr": self.amqp_addr, "http_addr": self.http_addr,
+            "prometheus_addr": self.prometheus_addr, "peer_addr": self.peer_addr,
+        });
+        write_atomic(&data_dir.join(JOIN_MARKER), v.to_string().as_bytes())
+    }
+
+    /// At start: what `join_cluster` left in `data_dir`, if anything, after
+    /// resetting the node (its own cluster state, metadata and messages).
+    /// The file stays until [`Rejoin::done`], so a start interrupted before
+    /// the join resets the node and joins again.
+    pub(crate) fn pending(data_dir: &Path) -> anyhow::Result<Option<Self>> {
+        let path = data_dir.join(JOIN_MARKER);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let v: Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        let need = |k: &str| s(k).with_context(|| format!("{} has no {k}", path.display()));
+        let rejoin = Self {
+            seed: need("seed")?,
+            amqp_addr: need("amqp_addr")?,
+            http_addr: s("http_addr"),
+            prometheus_addr: s("prometheus_addr"),
+            peer_addr: need("peer_addr")?,
+        };
+        for name in NODE_DATA {
+            let p = data_dir.join(name);
+            let removed = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            match removed {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("resetting: removing {}", p.display()));
+                }
+                _ => {}
+            }
+        }
+        tracing::warn!(seed = %rejoin.seed, data_dir = %data_dir.display(), "join_cluster: node reset (its own metadata and messages discarded); joining the seed's cluster");
+        Ok(Some(rejoin))
+    }
+
+    /// Makes the restarted node join the seed at the addresses it had.
+    pub(crate) fn apply(&self, args: &mut crate::Args) {
+        args.cluster.join = Some(self.seed.clone());
+        args.cluster.peer_addr = Some(self.peer_addr.clone());
+        args.amqp_addr.clone_from(&self.amqp_addr);
+        if let Some(a) = &self.http_addr {
+            args.http_addr.clone_from(a);
+        }
+        if let Some(a) = &self.prometheus_addr {
+            args.prometheus_addr.clone_from(a);
+        }
+    }
+
+    /// The join is done: removes the file from `data_dir`.
+    pub(crate) fn done(&self, data_dir: &Path) -> anyhow::Result<()> {
+        let path = data_dir.join(JOIN_MARKER);
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        tracing::info!(seed = %self.seed, "joined the cluster as join_cluster asked; the app waits for start_app");
+        Ok(())
+    }
+}
+
+/// Replaces this process with a fresh start of the same binary with the
+/// same arguments and environment (same PID), after `join_cluster`.
+/// Returns only if that fails.
+pub(crate) fn restart() -> anyhow::Error {
+    use std::os::unix::process::CommandExt as _;
+    tracing::info!("restarting (same process id) to join the cluster");
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_default();
+    // The running image itself, even if its file was replaced meanwhile.
+    let e = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .exec();
+    anyhow::Error::new(e).context("restarting the node to join the cluster")
+}
+
+/// How long `join_cluster` waits for the seed's handshake.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Control {
     cluster: Cluster,
     rt: tokio::runtime::Handle,
+    transport: Arc<dyn Transport>,
+    app: Arc<AppControl>,
 }
 
 impl warren_management::ClusterControl for Control {
@@ -913,22 +1058,65 @@ impl warren_management::ClusterControl for Control {
         }
     }
 
-    fn join(&self, seed: &str) -> warren_management::ClusterFuture {
+    fn join(&self, seed: &str) -> warren_management::JoinFuture {
+        use warren_management::{JoinOutcome, NodeControl as _};
         let status = self.cluster.cluster_status();
-        let seed = seed.to_owned();
+        let app_running = self.app.app_running();
+        let (transport, rt, app) = (self.transport.clone(), self.rt.clone(), self.app.clone());
+        let seed = seed.trim().to_owned();
         Box::pin(async move {
-            let member = status
+            let me = status.node.clone();
+            if app_running {
+                return Err(format!(
+                    "this command requires the app to be stopped on node {me}, and the app is \
+                     running: stop it first with `warrenctl stop_app`"
+                ));
+            }
+            let member = |n: &str| status.members.iter().any(|m| m.name == n || m.addr == n);
+            if member(&seed) {
+                return Ok(JoinOutcome::AlreadyMember);
+            }
+            if seed.contains('@') {
+                return Err(format!(
+                    "{seed} is not a member of {me}'s cluster: to join another cluster, give the \
+                     peer address HOST:PORT (--peer-addr) of one of its running members"
+                ));
+            }
+            let addr = PeerAddr::new(seed.clone());
+            let probe = rt.spawn(async move {
+                let mut conn = tokio::time::timeout(PROBE_TIMEOUT, transport.connect(&addr))
+                    .await
+                    .map_err(|_| format!("no handshake within {PROBE_TIMEOUT:?}"))?
+                    .map_err(|e| e.to_string())?;
+                let name = conn.peer_node().to_string();
+                let _ = conn.close().await;
+                Ok::<_, String>(name)
+            });
+            let seed_node = probe
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r)
+                .map_err(|e| {
+                    format!("cannot join the cluster of {seed}: {e}; node {me} is unchanged")
+                })?;
+            if seed_node == me || member(&seed_node) {
+                return Ok(JoinOutcome::AlreadyMember);
+            }
+            let others: Vec<&str> = status
                 .members
                 .iter()
-                .any(|m| m.addr == seed || m.name == seed);
-            if member {
-                return Ok(());
+                .map(|m| m.name.as_str())
+                .filter(|n| *n != me)
+                .collect();
+            if !others.is_empty() {
+                return Err(format!(
+                    "node {me} is clustered with {}: join_cluster resets only a node alone in its \
+                     cluster; node {me} is unchanged",
+                    others.join(", ")
+                ));
             }
-            Err(format!(
-                "{} is already a member of a cluster that {seed} is not in; to move it, stop \
-                 it, empty its data directory and start it with --join {seed}",
-                status.node
-            ))
+            app.rejoin(&seed).await?;
+            Ok(JoinOutcome::Restarting { seed_node })
         })
     }
 

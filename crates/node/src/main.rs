@@ -17,6 +17,7 @@ mod links;
 mod mirroring;
 mod resources;
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,7 +104,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(run(args))
+    match rt.block_on(run(args))? {
+        app::Exit::Stop => Ok(()),
+        // `join_cluster`: start again, reset, joining the seed's cluster.
+        app::Exit::Rejoin(_) => Err(cluster::restart()),
+    }
 }
 
 /// Wakes the group-commit thread.
@@ -227,11 +232,22 @@ fn import_definitions(broker: &mut Broker, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    // Restarted by `join_cluster`: reset, then join the seed at the same addresses.
+    let rejoin = match &args.cluster.peer_addr {
+        Some(_) => cluster::Rejoin::pending(&args.data_dir)?,
+        None => None,
+    };
+    if let Some(r) = &rejoin {
+        r.apply(&mut args);
+    }
     let clustered =
         cluster::Clustered::start(&args.cluster, &args.node_name, &args.data_dir).await?;
+    if let Some(r) = &rejoin {
+        r.done(&args.data_dir)?;
+    }
     let store: Box<dyn warren_broker::meta::MetadataStore> = match &clustered {
         Some(c) => c.store(),
         None => Box::new(FileStore::open(args.data_dir.join("metadata.json"))?),
@@ -286,7 +302,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.amqp_addr)
         .await
         .with_context(|| format!("listening for AMQP on {}", args.amqp_addr))?;
-    let (mut app, mut requests, app_control) = app::App::new(listener)?;
+    // After `join_cluster` the app waits for `start_app`, as in RabbitMQ.
+    let (mut app, mut requests, app_control) = app::App::new(listener, rejoin.is_none())?;
     let amqp_addr = app.addr();
     let http = match TcpListener::bind(&args.http_addr).await {
         Ok(l) => {
@@ -294,9 +311,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let mut api = warren_management::Management::new(broker.clone())
                 .amqp_addr(amqp_addr)
                 .http_addr(addr)
-                .node_control(app_control);
+                .node_control(app_control.clone());
             if let Some(c) = &clustered {
-                api = api.cluster(c.control()).mirrors(c.mirrors());
+                api = api.cluster(c.control(app_control)).mirrors(c.mirrors());
             }
             tokio::spawn(warren_management::serve(l, api));
             Some(addr)
@@ -311,17 +328,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         // The ring gauges read the queue records' mirrors.
         metrics = metrics.mirrors(c.mirrors());
     }
-    let metrics_text = match TcpListener::bind(&args.prometheus_addr).await {
+    let metrics_addr = match TcpListener::bind(&args.prometheus_addr).await {
         Ok(l) => {
             let addr = l.local_addr()?;
             tokio::spawn(warren_management::serve_metrics(l, metrics));
-            addr.to_string()
+            Some(addr)
         }
         Err(e) => {
             tracing::warn!(addr = %args.prometheus_addr, error = %e, "metrics disabled: cannot listen");
-            "off".to_owned()
+            None
         }
     };
+    let metrics_text = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
     let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, metrics = %metrics_text, "ready");
     let amqps_text = match &args.settings.tls.listener {
@@ -336,14 +354,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let peers_text = clustered
         .as_ref()
         .map_or_else(String::new, |c| format!(", peers on {}", c.peer_addr()));
-    println!(
+    // Not println!: after `join_cluster` re-executes the node, whoever read
+    // the first ready line may have closed stdout.
+    let _ = writeln!(
+        std::io::stdout(),
         "Warren node {} ready, AMQP on {amqp_addr}, HTTP on {http_text}, metrics on {metrics_text}{amqps_text}{peers_text}",
         args.node_name
     );
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    loop {
+    let exit = loop {
         tokio::select! {
             accepted = app.accept() => match accepted {
                 Ok((stream, peer)) => {
@@ -355,15 +376,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 }
             },
             (request, reply) = requests.next() => {
-                app.handle(&broker, request, reply).await;
-                if request == app::Request::Stop {
-                    break;
+                if let Some(exit) = app.handle(&broker, request, reply).await {
+                    break exit;
                 }
             }
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break app::Exit::Stop,
+            _ = tokio::signal::ctrl_c() => break app::Exit::Stop,
         }
-    }
+    };
 
     tracing::info!("shutting down");
     if let Some(c) = &clustered {
@@ -377,10 +397,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let _ = tokio::task::spawn_blocking(move || syncer.join()).await;
     lock(&broker).sync_all();
     if let Some(c) = &clustered {
-        c.leave().await;
+        match &exit {
+            app::Exit::Stop => c.leave().await,
+            app::Exit::Rejoin(seed) => {
+                c.shutdown().await;
+                let rejoin = cluster::Rejoin {
+                    seed: seed.clone(),
+                    amqp_addr: amqp_addr.to_string(),
+                    http_addr: http.map(|a| a.to_string()),
+                    prometheus_addr: metrics_addr.map(|a| a.to_string()),
+                    peer_addr: c.peer_addr(),
+                };
+                rejoin.save(&args.data_dir)?;
+            }
+        }
     }
     tracing::info!("stopped, everything on disk");
-    Ok(())
+    Ok(exit)
 }
 
 async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr, running: Arc<AtomicBool>) {

@@ -52,6 +52,8 @@ pub struct Node {
     pub metrics: String,
     /// Its data directory.
     pub data_dir: PathBuf,
+    /// The peer (cluster) address; empty for a node running alone.
+    pub peers: String,
 }
 
 fn addr_after<'a>(line: &'a str, key: &str) -> &'a str {
@@ -65,15 +67,35 @@ fn addr_after<'a>(line: &'a str, key: &str) -> &'a str {
 impl Node {
     /// Starts a node on free ports with data in `data_dir`.
     pub fn start(data_dir: &Path) -> Self {
-        let mut child = Command::new(warren_bin())
+        let mut cmd = Command::new(warren_bin());
+        cmd.args(["--node-name", "warren@testhost"])
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::null());
+        Self::spawn(cmd, data_dir)
+    }
+
+    /// Starts `name`, a one-node cluster (its peer listener on a free port)
+    /// with the cluster secret in `secret`; its log goes next to
+    /// `data_dir` (`<data_dir>.log`).
+    pub fn start_clustered(name: &str, data_dir: &Path, secret: &Path) -> Self {
+        let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
+        let mut cmd = Command::new(warren_bin());
+        cmd.args(["--node-name", name, "--peer-addr", "127.0.0.1:0"])
+            .arg("--cluster-secret-file")
+            .arg(secret)
+            .env("RUST_LOG", "info,openraft=error")
+            .stderr(log);
+        Self::spawn(cmd, data_dir)
+    }
+
+    /// Runs `cmd` on free ports with data in `data_dir`, until its ready line.
+    fn spawn(mut cmd: Command, data_dir: &Path) -> Self {
+        let mut child = cmd
             .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--prometheus-addr", "127.0.0.1:0"])
-            .args(["--node-name", "warren@testhost"])
             .arg("--data-dir")
             .arg(data_dir)
-            .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("start warren");
         let stdout = child.stdout.take().expect("stdout");
@@ -88,12 +110,18 @@ impl Node {
             .expect("AMQP port");
         let http = addr_after(&line, "HTTP on ").to_owned();
         let metrics = addr_after(&line, "metrics on ").to_owned();
+        let peers = line
+            .split("peers on ")
+            .nth(1)
+            .map_or("", str::trim)
+            .to_owned();
         Self {
             child,
             amqp_port,
             http,
             metrics,
             data_dir: data_dir.to_owned(),
+            peers,
         }
     }
 
