@@ -90,6 +90,8 @@
 //! - **Grow**: start a new node (empty data directory) with `join` set to any
 //!   running member. It is added as a learner, catches up (by snapshot if the
 //!   log was compacted), then becomes a voter. Joining again is a no-op.
+//!   (The `warren` node's `join_cluster` resets a running node that is alone
+//!   in its cluster and restarts it this way.)
 //! - **Shrink**: stop the node gracefully ([`Cluster::leave`]), then run
 //!   [`Cluster::forget_cluster_node`] on any running member; a running node
 //!   cannot be forgotten. Its queues lose it as master or mirror (see
