@@ -2,7 +2,7 @@
 //! `stop_app`, `join_cluster SEED`, `start_app` moves a node that runs its
 //! own one-node cluster into another cluster (it is reset on the way).
 //! Refusals leave the node as it was: the app still running, an
-//! unreachable seed, a seed with another cluster secret.
+//! unreachable seed, a seed with another cluster secret or the same name.
 
 mod common;
 
@@ -121,6 +121,14 @@ fn join_cluster_stop_app_join_start_app() {
     assert!(r.err.contains("secret"), "says why: {r:?}");
     assert_unchanged(&b, "stopped");
     drop(c);
+
+    // A seed with the same node name.
+    let twin = Node::start_clustered("warren@b", &root.path().join("twin"), &shared);
+    let r = b.ctl(&["join_cluster", &twin.peers]);
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.err.contains("names clash"), "{r:?}");
+    assert_unchanged(&b, "stopped");
+    drop(twin);
 
     // The join: B is reset and restarts (same process, ports and data
     // directory) as a member of A's cluster, its app stopped.

@@ -1099,7 +1099,13 @@ impl warren_management::ClusterControl for Control {
                 .map_err(|e| {
                     format!("cannot join the cluster of {seed}: {e}; node {me} is unchanged")
                 })?;
-            if seed_node == me || member(&seed_node) {
+            if seed_node == me {
+                return Err(format!(
+                    "the node at {seed} is named {me}, as this node is: it is this node, or \
+                     node names clash (they must be unique in a cluster); node {me} is unchanged"
+                ));
+            }
+            if member(&seed_node) {
                 return Ok(JoinOutcome::AlreadyMember);
             }
             let others: Vec<&str> = status
