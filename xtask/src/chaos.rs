@@ -24,9 +24,9 @@
 //! packets dropped at random both ways between it and one other node; then
 //! the rules are flushed. One node at most is faulty at a time (an isolated
 //! node stays reachable by the clients), and a fault waits until the
-//! queue's mirrors are synchronised again. Afterwards every node is up and
-//! connected, the load stops, the queue is drained through A and the
-//! history is checked. Data directories and node logs are in
+//! queue's mirrors are synchronised again (every node showing the same
+//! master). Afterwards every node is up and connected, the load stops, the
+//! queue is drained through A and the history is checked. Data directories and node logs are in
 //! `target/chaos/<seed>/`.
 
 pub(crate) mod netns;
@@ -365,21 +365,40 @@ impl Cluster<'_> {
         }
     }
 
-    /// Waits until the queue has a master and every other node as a
-    /// synchronised mirror; false if it did not happen within `SYNC_WAIT`.
+    /// Waits until every node that is up shows the queue with the same
+    /// master and every other node as a synchronised mirror (a node still
+    /// cut off from the others would show its own stale view); false if it
+    /// did not happen within `SYNC_WAIT`.
     fn wait_synchronised(&self) -> anyhow::Result<bool> {
         let want = self.specs.len() - 1;
         let deadline = Instant::now() + SYNC_WAIT;
         loop {
-            let q = Self::queue(self.any()?);
-            if q["node"].is_string() && names(&q, "synchronised_slave_nodes").len() == want {
+            let seen: Vec<(&str, Value)> = self
+                .nodes
+                .iter()
+                .flatten()
+                .map(|n| (n.spec.name.as_str(), Self::queue(n)))
+                .collect();
+            let master = seen.first().map(|(_, q)| q["node"].clone());
+            let agreed = seen.iter().all(|(_, q)| {
+                q["node"].is_string()
+                    && Some(&q["node"]) == master.as_ref()
+                    && names(q, "synchronised_slave_nodes").len() == want
+            });
+            if agreed && !seen.is_empty() {
                 return Ok(true);
             }
             if Instant::now() > deadline {
+                let views: Vec<String> = seen
+                    .iter()
+                    .map(|(n, q)| {
+                        let synced = names(q, "synchronised_slave_nodes");
+                        format!("{n}: master {}, synchronised {synced:?}", q["node"])
+                    })
+                    .collect();
                 self.say(&format!(
-                    "mirrors not synchronised after {SYNC_WAIT:?}: master {}, synchronised {:?}",
-                    q["node"],
-                    names(&q, "synchronised_slave_nodes")
+                    "mirrors not synchronised after {SYNC_WAIT:?}: {}",
+                    views.join("; ")
                 ));
                 return Ok(false);
             }
@@ -626,8 +645,13 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         faults.push(format!("{:.3}s {what}", c.start.elapsed().as_secs_f64()));
     }
     c.say("faults stopped; every node is up and connected");
-    if !c.wait_synchronised()? {
-        notes.push("after the faults: mirrors not synchronised".to_owned());
+    if c.wait_synchronised()? {
+        c.say("every node shows the same master and synchronised mirrors");
+    } else {
+        notes.push(
+            "after the faults: the nodes never agreed on a master with synchronised mirrors"
+                .to_owned(),
+        );
     }
     stop.store(true, Ordering::SeqCst);
     if let Err(e) = rt.block_on(publisher)? {

@@ -198,7 +198,11 @@ impl Cluster {
         let listener = config.transport.listen(&config.peer_addr).await?;
         let addr = listener.local_addr();
         let id = node_id(&config.node);
-        let peers = Peers::new(config.node.clone(), config.transport.clone());
+        let peers = Peers::new(
+            config.node.clone(),
+            config.transport.clone(),
+            config.failure_timeout,
+        );
         let network = Network {
             peers: peers.clone(),
             backoff: config

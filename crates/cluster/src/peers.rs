@@ -78,6 +78,9 @@ impl Link {
 struct Inner {
     me: NodeName,
     transport: Arc<dyn Transport>,
+    /// A link to a peer that nothing came from for this long is taken for
+    /// dead when the peer dials again (see [`Peers::adopt`]).
+    silent_after: Duration,
     links: Mutex<BTreeMap<NodeName, Arc<Link>>>,
     last_seen: Mutex<BTreeMap<NodeName, Instant>>,
     handler: Mutex<Option<Handler>>,
@@ -106,12 +109,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Peers {
-    pub(crate) fn new(me: NodeName, transport: Arc<dyn Transport>) -> Self {
+    /// The connections of node `me` over `transport`; a link silent for
+    /// `silent_after` gives way to a new connection from the same peer.
+    pub(crate) fn new(me: NodeName, transport: Arc<dyn Transport>, silent_after: Duration) -> Self {
         let (stopped, _) = watch::channel(false);
         Self {
             inner: Arc::new(Inner {
                 me,
                 transport,
+                silent_after,
                 links: Mutex::new(BTreeMap::new()),
                 last_seen: Mutex::new(BTreeMap::new()),
                 handler: Mutex::new(None),
@@ -183,6 +189,13 @@ impl Peers {
     }
 
     /// Registers a new connection; returns the link the pair should use.
+    ///
+    /// Of two open links the one dialed by the smaller name wins (both ends
+    /// agree after simultaneous dials), unless nothing came from the peer
+    /// for `silent_after`: a link that survived a partition can be dead at
+    /// the other end while this end cannot tell (its writes stuck behind a
+    /// full socket), and keeping it would refuse the peer's new connection
+    /// over and over.
     fn adopt(&self, conn: Connection, dialer: NodeName) -> Arc<Link> {
         let peer = conn.peer_node().clone();
         let (tx, rx) = mpsc::channel(LINK_QUEUE);
@@ -197,11 +210,14 @@ impl Peers {
             close_tx,
         });
         let (sender, receiver) = conn.split();
+        let silent = self
+            .last_seen(&peer)
+            .is_some_and(|t| t.elapsed() >= self.inner.silent_after);
         let winner = {
             let mut links = lock(&self.inner.links);
             let keep_new = match links.get(&peer) {
                 None => true,
-                Some(old) if old.is_closed() => true,
+                Some(old) if old.is_closed() || silent => true,
                 Some(old) => {
                     let preferred = std::cmp::min(&self.inner.me, &peer);
                     if old.dialer == link.dialer {
@@ -223,11 +239,13 @@ impl Peers {
                 links.get(&peer).cloned().unwrap_or_else(|| link.clone())
             }
         };
-        if !Arc::ptr_eq(&winner, &link) {
+        if Arc::ptr_eq(&winner, &link) {
+            // A connection refused in favour of a silent link is no sign of life.
+            self.touch(&peer);
+        } else {
             tracing::debug!(node = %self.inner.me, peer = %peer, "dropping duplicate connection");
             link.close();
         }
-        self.touch(&peer);
         tokio::spawn(write_loop(link.clone(), sender, rx, close_rx.clone()));
         tokio::spawn(self.clone().read_loop(link, receiver, close_rx));
         winner
