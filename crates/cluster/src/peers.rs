@@ -6,7 +6,7 @@
 //! converges on one connection. Every call is bounded by a timeout; a
 //! connection that breaks fails its calls in flight at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -83,6 +83,11 @@ struct Inner {
     silent_after: Duration,
     links: Mutex<BTreeMap<NodeName, Arc<Link>>>,
     last_seen: Mutex<BTreeMap<NodeName, Instant>>,
+    /// Peers whose address refused a connection since they were last heard.
+    refused: Mutex<BTreeSet<NodeName>>,
+    /// Notified when a link closes or a dial is refused: the failure
+    /// detector looks again at once.
+    changed: Arc<tokio::sync::Notify>,
     handler: Mutex<Option<Handler>>,
     dialing: Mutex<BTreeMap<PeerAddr, Arc<tokio::sync::Mutex<()>>>>,
     next: AtomicU64,
@@ -120,6 +125,8 @@ impl Peers {
                 silent_after,
                 links: Mutex::new(BTreeMap::new()),
                 last_seen: Mutex::new(BTreeMap::new()),
+                refused: Mutex::new(BTreeSet::new()),
+                changed: Arc::new(tokio::sync::Notify::new()),
                 handler: Mutex::new(None),
                 dialing: Mutex::new(BTreeMap::new()),
                 next: AtomicU64::new(1),
@@ -186,6 +193,19 @@ impl Peers {
 
     fn touch(&self, peer: &NodeName) {
         lock(&self.inner.last_seen).insert(peer.clone(), Instant::now());
+        lock(&self.inner.refused).remove(peer);
+    }
+
+    /// Whether `peer`'s address refused a connection since it was last
+    /// heard from: its process is gone (a SIGKILL shows here at once, long
+    /// before any heartbeat timeout).
+    pub(crate) fn refused(&self, peer: &NodeName) -> bool {
+        lock(&self.inner.refused).contains(peer)
+    }
+
+    /// Notified when a link closes or a dial is refused.
+    pub(crate) fn changed(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.changed.clone()
     }
 
     /// Registers a new connection; returns the link the pair should use.
@@ -284,6 +304,7 @@ impl Peers {
             .is_some_and(|l| l.serial == link.serial)
         {
             links.remove(&link.peer);
+            self.inner.changed.notify_one();
         }
     }
 
@@ -352,12 +373,18 @@ impl Peers {
         {
             return Ok(l.clone());
         }
-        let conn = self
-            .inner
-            .transport
-            .connect(addr)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
+        let conn = match self.inner.transport.connect(addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(p) = peer
+                    && e.is_refused()
+                    && lock(&self.inner.refused).insert(p.clone())
+                {
+                    self.inner.changed.notify_one();
+                }
+                return Err(unreachable(e.to_string()));
+            }
+        };
         if let Some(p) = peer
             && conn.peer_node() != p
         {

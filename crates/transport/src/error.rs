@@ -73,6 +73,13 @@ pub enum TransportError {
 }
 
 impl TransportError {
+    /// Whether nothing listens at the dialed address (the OS refused the
+    /// connection): on one machine or a LAN that means the process is gone.
+    #[must_use]
+    pub fn is_refused(&self) -> bool {
+        matches!(self, Self::Connect { source, .. } if source.kind() == io::ErrorKind::ConnectionRefused)
+    }
+
     /// A lost connection, from an I/O error.
     pub fn lost(peer: impl Into<String>, err: &io::Error) -> Self {
         Self::ConnectionLost {
