@@ -200,6 +200,10 @@ pub(crate) struct Report {
     pub(crate) unflagged: Vec<String>,
     /// Repeated deliveries in all (flagged or not).
     pub(crate) duplicates: usize,
+    /// First deliveries (not flagged redelivered) that came after a message
+    /// published later had already come: reported, not a failure (a
+    /// failover may legitimately reorder only what it flags redelivered).
+    pub(crate) out_of_order: Vec<String>,
     /// Delivered messages that were never confirmed (allowed).
     pub(crate) unconfirmed_delivered: usize,
     /// Delivered bodies that were never published (a broker bug).
@@ -246,6 +250,12 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
+            "  out of publish order (first deliveries, not flagged): {} {}",
+            self.out_of_order.len(),
+            few(&self.out_of_order)
+        )?;
+        writeln!(
+            f,
             "  delivered but never confirmed (allowed): {}",
             self.unconfirmed_delivered
         )?;
@@ -283,11 +293,26 @@ fn check(
 ) -> Report {
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unflagged = Vec::new();
+    let mut out_of_order = Vec::new();
+    let mut highest = None;
     for (body, redelivered) in &h.delivered {
         let c = count.entry(body.as_str()).or_default();
         *c += 1;
         if *c > 1 && !redelivered {
             unflagged.push(body.clone());
+        }
+        // Bodies end in "-m<publish number>" (one publisher).
+        let n = body
+            .rsplit_once("-m")
+            .and_then(|(_, n)| n.parse::<u64>().ok());
+        if *c == 1
+            && !redelivered
+            && let Some(n) = n
+        {
+            if highest.is_some_and(|h| n < h) {
+                out_of_order.push(body.clone());
+            }
+            highest = highest.max(Some(n));
         }
     }
     Report {
@@ -304,6 +329,7 @@ fn check(
             .collect(),
         unflagged,
         duplicates: count.values().map(|c| c - 1).sum(),
+        out_of_order,
         unconfirmed_delivered: count
             .keys()
             .filter(|b| !h.confirmed.contains_key(**b))
@@ -852,9 +878,43 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
+    use std::time::Instant;
+
     use super::netns::Netns;
-    use super::{Options, run};
+    use super::{History, Options, check, run};
     use crate::scenario::Bins;
+
+    #[test]
+    fn the_history_check_finds_loss_repeats_and_reordering() {
+        let start = Instant::now();
+        let body = |n: u32| format!("chaos-9-m{n}");
+        let mut h = History::default();
+        for n in 1..=5 {
+            h.published.insert(body(n));
+            h.confirmed.insert(body(n), start);
+        }
+        h.delivered = vec![
+            (body(1), false),
+            (body(3), false),
+            (body(2), false),              // out of order, not flagged
+            (body(3), true),               // a flagged repeat
+            (body(1), false),              // a repeat without the flag
+            ("chaos-9-m99".into(), false), // never published
+        ];
+        let opts = Options {
+            seed: 9,
+            duration: Duration::from_secs(1),
+            nodes: 3,
+        };
+        let r = check(opts, &h, start, Vec::new(), Vec::new());
+        assert_eq!(r.lost.len(), 2, "m4 and m5: {:?}", r.lost);
+        assert_eq!(r.unflagged, [body(1)]);
+        assert_eq!(r.duplicates, 2);
+        assert_eq!(r.out_of_order, [body(2)]);
+        assert_eq!(r.phantom, ["chaos-9-m99"]);
+        assert!(!r.pass());
+        assert!(r.to_string().contains("out of publish order"));
+    }
 
     #[test]
     fn chaos_seed_1_loses_no_confirmed_message() {
