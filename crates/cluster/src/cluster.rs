@@ -602,6 +602,14 @@ impl Cluster {
         let _ = metrics.wait_for(|m| m.current_leader != Some(leader)).await;
     }
 
+    /// Resolves once a leader other than `known` is known.
+    async fn new_leader_other_than(&self, known: Option<NodeId>) {
+        let mut metrics = self.inner.raft.metrics();
+        let _ = metrics
+            .wait_for(|m| m.current_leader.is_some() && m.current_leader != known)
+            .await;
+    }
+
     /// Sends an admin request to the leader (or serves it here if this node
     /// leads), retrying only while it surely has not reached a leader (or,
     /// for a read index, until the deadline: asking again is harmless).
@@ -665,10 +673,14 @@ impl Cluster {
             };
             match answer {
                 None | Some(AdminResponse::NotLeader { .. }) => {
-                    tokio::time::sleep(
-                        pause.min(deadline.saturating_duration_since(Instant::now())),
-                    )
-                    .await;
+                    // Again once another leader is known (an election after
+                    // a leader died takes tens of milliseconds), or after a pause.
+                    let known = self.leader_node().map(|(id, _)| id);
+                    let wait = pause.min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = self.new_leader_other_than(known) => {}
+                    }
                 }
                 Some(AdminResponse::NoMajority { maybe_applied }) => {
                     return Err(self.no_majority(op, maybe_applied));
@@ -1149,7 +1161,7 @@ async fn detector(weak: Weak<Inner>) {
         }
         let Some(inner) = weak.upgrade() else { return };
         seq += 1;
-        let (members, leader, voter): (Vec<(NodeId, NodeName, PeerAddr)>, _, _) = {
+        let (members, leader, voters): (Vec<(NodeId, NodeName, PeerAddr)>, _, _) = {
             let m = inner.raft.metrics();
             let m = m.borrow();
             let members = m
@@ -1162,12 +1174,8 @@ async fn detector(weak: Weak<Inner>) {
                         .map(|nn| (*id, nn, PeerAddr::new(n.addr.clone())))
                 })
                 .collect();
-            let voter = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == inner.id);
-            (members, m.current_leader, voter)
+            let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+            (members, m.current_leader, voters)
         };
         in_flight.retain(|_, h| !h.is_finished());
         for (_, name, addr) in &members {
@@ -1208,7 +1216,12 @@ async fn detector(weak: Weak<Inner>) {
                 let led = members
                     .iter()
                     .any(|(id, name, _)| name == n && Some(*id) == leader);
-                if refused && led && voter {
+                // Every surviving voter calls an election: each one's own
+                // candidacy lifts its leader lease (a lone candidate would be
+                // refused by the others' leases until they expire), and
+                // openraft orders same-term candidates by node id, so the
+                // votes do not split.
+                if refused && led && voters.contains(&inner.id) {
                     tracing::info!(node = %inner.config.node, leader = %n, "the Raft leader is gone: calling an election now");
                     let raft = inner.raft.clone();
                     tokio::spawn(async move {
