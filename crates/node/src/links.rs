@@ -233,8 +233,18 @@ impl NodeLink {
                 conn = None;
             }
             if conn.is_none() {
-                let c = match &addr {
-                    Some(a) => self.transport.connect(&PeerAddr::new(a.clone())).await.ok(),
+                // A dial is abandoned when the cluster reports the node
+                // down (a QUIC dial to a dead node waits for its handshake
+                // timeout, holding forwarded work all along).
+                let target = addr.clone().map(PeerAddr::new);
+                // Only reports from now on count (the node may have been
+                // down before and be back).
+                let mut events = self.cluster.subscribe();
+                let c = match &target {
+                    Some(a) => tokio::select! {
+                        c = self.transport.connect(a) => c.ok(),
+                        () = reported_down(&mut events, node) => None,
+                    },
                     None => None,
                 };
                 match c {
@@ -277,10 +287,30 @@ impl NodeLink {
                     Err(e) => tracing::error!(error = %e, "encoding a link message failed"),
                 }
             }
-            if !ok || tx.flush().await.is_err() {
+            let mut events = self.cluster.subscribe();
+            let flushed = ok
+                && tokio::select! {
+                    r = tx.flush() => r.is_ok(),
+                    () = reported_down(&mut events, node) => false,
+                };
+            if !flushed {
                 tracing::warn!(%node, "forwarding link broke");
                 conn = None;
                 lock(&self.broker).link_down(node, now_ms());
+            }
+        }
+    }
+}
+
+/// Resolves when the cluster next reports `node` down (never if the
+/// cluster stops).
+async fn reported_down(events: &mut tokio::sync::broadcast::Receiver<NodeEvent>, node: &str) {
+    loop {
+        match events.recv().await {
+            Ok(NodeEvent::Down(n)) if n.as_str() == node => return,
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                std::future::pending::<()>().await;
             }
         }
     }
