@@ -217,7 +217,12 @@ impl NodeLink {
     async fn run(self, mut rx: tokio::sync::mpsc::UnboundedReceiver<Option<Vec<LinkMsg>>>) {
         let node = &self.node;
         let mut conn: Option<(String, Box<dyn FrameSender>)> = None;
+        // The cluster's reports about this node: down since a Down report
+        // and until an Up one (a node never reported down is dialed).
+        let mut events = self.cluster.subscribe();
+        let mut down = false;
         while let Some(batch) = rx.recv().await {
+            down = latest_report(&mut events, node).unwrap_or(down);
             let Some(msgs) = batch else {
                 conn = None;
                 continue;
@@ -236,16 +241,19 @@ impl NodeLink {
                 // A dial is abandoned when the cluster reports the node
                 // down (a QUIC dial to a dead node waits for its handshake
                 // timeout, holding forwarded work all along).
+                // A node reported down is not dialed, and a dial is
+                // abandoned when it is (a QUIC dial to a dead node waits
+                // for its handshake timeout, holding forwarded work).
                 let target = addr.clone().map(PeerAddr::new);
-                // Only reports from now on count (the node may have been
-                // down before and be back).
-                let mut events = self.cluster.subscribe();
                 let c = match &target {
-                    Some(a) => tokio::select! {
+                    Some(a) if !down => tokio::select! {
                         c = self.transport.connect(a) => c.ok(),
-                        () = reported_down(&mut events, node) => None,
+                        () = reported_down(&mut events, node) => {
+                            down = true;
+                            None
+                        }
                     },
-                    None => None,
+                    _ => None,
                 };
                 match c {
                     Some(c) => {
@@ -287,17 +295,36 @@ impl NodeLink {
                     Err(e) => tracing::error!(error = %e, "encoding a link message failed"),
                 }
             }
-            let mut events = self.cluster.subscribe();
             let flushed = ok
                 && tokio::select! {
                     r = tx.flush() => r.is_ok(),
-                    () = reported_down(&mut events, node) => false,
+                    () = reported_down(&mut events, node) => {
+                        down = true;
+                        false
+                    }
                 };
             if !flushed {
                 tracing::warn!(%node, "forwarding link broke");
                 conn = None;
                 lock(&self.broker).link_down(node, now_ms());
             }
+        }
+    }
+}
+
+/// The last Down (`Some(true)`) or Up (`Some(false)`) report about `node`
+/// waiting in `events`, if any.
+fn latest_report(
+    events: &mut tokio::sync::broadcast::Receiver<NodeEvent>,
+    node: &str,
+) -> Option<bool> {
+    let mut last = None;
+    loop {
+        match events.try_recv() {
+            Ok(NodeEvent::Down(n)) if n.as_str() == node => last = Some(true),
+            Ok(NodeEvent::Up(n)) if n.as_str() == node => last = Some(false),
+            Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => return last,
         }
     }
 }
