@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use base64::Engine as _;
 use lapin::{Connection, ConnectionProperties};
 
 /// A port nothing listens on right now.
@@ -55,7 +56,7 @@ async fn a_node_runs_as_its_warren_conf_says() {
              default_user = admin\n\
              default_pass = s3cret\n\
              log.console.level = warning\n\
-             vm_memory_high_watermark.relative = 0.4\n\
+             vm_memory_high_watermark.absolute = 2GB\n\
              disk_free_limit.absolute = 50MB\n",
             data.display()
         ),
@@ -82,13 +83,23 @@ async fn a_node_runs_as_its_warren_conf_says() {
         "{line}"
     );
     assert!(data.join("metadata.json").exists(), "data in data_dir");
-    let log = std::fs::read_to_string(&log).unwrap();
-    for reported in [
-        "vm_memory_high_watermark is accepted but not enforced yet",
-        "disk_free_limit is accepted but not enforced yet",
-    ] {
-        assert!(log.contains(reported), "{reported} in {log}");
-    }
+    // The resource limits are the configured ones.
+    let auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("admin:s3cret")
+    );
+    let node: serde_json::Value = ureq::get(&format!(
+        "http://127.0.0.1:{http}/api/nodes/warren%40fromconf"
+    ))
+    .set("Authorization", &auth)
+    .call()
+    .expect("GET /api/nodes/warren@fromconf")
+    .into_string()
+    .map(|t| serde_json::from_str(&t).unwrap())
+    .unwrap();
+    assert_eq!(node["mem_limit"], 2_000_000_000u64, "{node}");
+    assert_eq!(node["disk_free_limit"], 50_000_000u64, "{node}");
+    assert_eq!(node["mem_alarm"], false, "{node}");
 
     tokio::time::timeout(Duration::from_secs(60), async {
         let url = format!("amqp://admin:s3cret@127.0.0.1:{amqp}/%2f");
