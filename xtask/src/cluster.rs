@@ -91,7 +91,12 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
     }
 
     println!("[2/4] starting {nodes} node(s) over {transport}…");
+    // A cluster started before restarts from its data directories: each
+    // node waits for a majority before it is ready, so all are started
+    // before any is waited for. A new cluster forms one node at a time.
+    let restart = dir.join("node1").join("raft").exists();
     let mut started: Vec<Node> = Vec::new();
+    let mut waiting = Vec::new();
     let result = (|| -> anyhow::Result<()> {
         for i in 1..=nodes {
             let ip = format!("127.0.0.{i}");
@@ -127,8 +132,16 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
                 ip: ip.clone(),
                 child,
             });
+            if restart {
+                waiting.push((stdout, name));
+            } else {
+                wait_ready(stdout, &name, Duration::from_secs(120))?;
+                println!("      {name} ready");
+            }
+        }
+        for (stdout, name) in waiting.drain(..) {
             wait_ready(stdout, &name, Duration::from_secs(120))?;
-            println!("      {name} ready");
+            println!("      {name} ready (restarted from its data directory)");
         }
         std::fs::write(
             dir.join("pids"),
@@ -216,13 +229,33 @@ fn http_put(addr: &str, path: &str, body: &str) -> anyhow::Result<()> {
 }
 
 fn down(root: &Path) -> anyhow::Result<()> {
-    let pids = cluster_dir(root).join("pids");
-    let text = std::fs::read_to_string(&pids)
-        .with_context(|| format!("no running cluster ({} missing)", pids.display()))?;
-    for pid in text.lines().filter(|l| !l.is_empty()) {
+    let pids_file = cluster_dir(root).join("pids");
+    let text = std::fs::read_to_string(&pids_file)
+        .with_context(|| format!("no running cluster ({} missing)", pids_file.display()))?;
+    let pids: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    for pid in &pids {
         println!("stopping node process {pid} (SIGTERM)");
         let _ = Command::new("kill").args(["-TERM", pid]).status();
     }
-    let _ = std::fs::remove_file(pids);
+    // A node hands its Raft vote over before it exits (up to the command
+    // timeout when the others are stopping too): wait, so that a `cluster
+    // up` right after finds the ports free.
+    let alive = |pid: &str| {
+        Command::new("kill")
+            .args(["-0", pid])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pids.iter().any(|p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left: Vec<&&str> = pids.iter().filter(|p| alive(p)).collect();
+    if !left.is_empty() {
+        bail!("node processes {left:?} still running 60 s after SIGTERM");
+    }
+    println!("every node stopped");
+    let _ = std::fs::remove_file(pids_file);
     Ok(())
 }

@@ -852,9 +852,24 @@ impl Cluster {
                 name: cfg.node.to_string(),
                 addr: self.inner.addr.to_string(),
             };
-            match self.to_leader("rejoin as a voter", req, deadline).await? {
-                AdminResponse::Done => {}
-                other => return Err(self.unexpected(other)),
+            // Nodes restarted together rejoin together: a membership
+            // change in progress is waited out (until the boot deadline).
+            loop {
+                match self
+                    .to_leader("rejoin as a voter", req.clone(), deadline)
+                    .await
+                {
+                    Ok(AdminResponse::Done) => break,
+                    Ok(other) => return Err(self.unexpected(other)),
+                    Err(ClusterError::Remote(e))
+                        if e.contains("undergoing a configuration change")
+                            && Instant::now() < deadline =>
+                    {
+                        tracing::info!(node = %cfg.node, "another membership change is in progress; rejoining after it");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(())
