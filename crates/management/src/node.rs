@@ -86,20 +86,38 @@ fn fraction(v: &serde_json::Value) -> Result<f64, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("{v} is not a non-negative number")))
 }
 
-/// Reads a body holding exactly one of `relative` (read by [`fraction`])
-/// and `absolute` (read by [`size`]).
-fn one_of<T>(
+/// How one resource limit is read from a request body and set.
+struct LimitForm<T> {
+    /// The key of the relative form (read by [`fraction`]).
+    relative: &'static str,
+    /// Makes the limit from a fraction.
+    from_fraction: fn(f64) -> T,
+    /// Makes the limit from a size (key `absolute`, read by [`size`]).
+    from_size: fn(u64) -> T,
+    /// Hands it to the broker.
+    set: fn(&mut warren_broker::Broker, T),
+    /// The error for a body with neither or both keys.
+    usage: &'static str,
+}
+
+/// Sets one resource limit on this node from `body` (exactly one of the
+/// relative key and `absolute`).
+fn set_limit<T>(
+    s: &Management,
+    name: &str,
     body: &serde_json::Value,
-    (relative, absolute): (&str, &str),
-    make_relative: fn(f64) -> T,
-    make_absolute: fn(u64) -> T,
-    usage: &str,
-) -> Result<T, ApiError> {
-    match (body.get(relative), body.get(absolute)) {
-        (Some(r), None) => Ok(make_relative(fraction(r)?)),
-        (None, Some(a)) => Ok(make_absolute(size(a)?)),
-        _ => Err(ApiError::bad_request(usage)),
+    form: &LimitForm<T>,
+) -> Result<Response, ApiError> {
+    if name != s.node {
+        return Err(ApiError::not_found());
     }
+    let limit = match (body.get(form.relative), body.get("absolute")) {
+        (Some(r), None) => (form.from_fraction)(fraction(r)?),
+        (None, Some(a)) => (form.from_size)(size(a)?),
+        _ => return Err(ApiError::bad_request(form.usage)),
+    };
+    (form.set)(&mut s.broker(), limit);
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `PUT /api/nodes/{name}/memory_high_watermark` with `{"relative": 0.4}`
@@ -109,19 +127,15 @@ pub(crate) async fn set_memory_limit(
     Path(name): Path<String>,
     axum::Json(body): axum::Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    if name != s.node {
-        return Err(ApiError::not_found());
-    }
-    use warren_broker::MemoryLimit;
-    let limit = one_of(
-        &body,
-        ("relative", "absolute"),
-        MemoryLimit::Relative,
-        MemoryLimit::Absolute,
-        "give exactly one of \"relative\" (a fraction of the machine's memory) or \"absolute\" (a size)",
-    )?;
-    s.broker().set_memory_limit(limit);
-    Ok(StatusCode::NO_CONTENT.into_response())
+    use warren_broker::{Broker, MemoryLimit};
+    let form = LimitForm {
+        relative: "relative",
+        from_fraction: MemoryLimit::Relative,
+        from_size: MemoryLimit::Absolute,
+        set: Broker::set_memory_limit,
+        usage: "give exactly one of \"relative\" (a fraction of the machine's memory) or \"absolute\" (a size)",
+    };
+    set_limit(&s, &name, &body, &form)
 }
 
 /// `PUT /api/nodes/{name}/disk_free_limit` with `{"absolute": "50MB"}` or
@@ -131,17 +145,13 @@ pub(crate) async fn set_disk_limit(
     Path(name): Path<String>,
     axum::Json(body): axum::Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    if name != s.node {
-        return Err(ApiError::not_found());
-    }
-    use warren_broker::DiskLimit;
-    let limit = one_of(
-        &body,
-        ("mem_relative", "absolute"),
-        DiskLimit::Relative,
-        DiskLimit::Absolute,
-        "give exactly one of \"absolute\" (a size) or \"mem_relative\" (a multiple of the machine's memory)",
-    )?;
-    s.broker().set_disk_limit(limit);
-    Ok(StatusCode::NO_CONTENT.into_response())
+    use warren_broker::{Broker, DiskLimit};
+    let form = LimitForm {
+        relative: "mem_relative",
+        from_fraction: DiskLimit::Relative,
+        from_size: DiskLimit::Absolute,
+        set: Broker::set_disk_limit,
+        usage: "give exactly one of \"absolute\" (a size) or \"mem_relative\" (a multiple of the machine's memory)",
+    };
+    set_limit(&s, &name, &body, &form)
 }
