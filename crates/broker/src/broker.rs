@@ -832,7 +832,13 @@ fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64) {
             if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
                 continue;
             }
-            if c.reserved >= MAX_FETCHES_IN_FLIGHT || conn.out_pending >= OUTPUT_HIGH_WATER {
+            // Fetches in flight come back through `mirror_turn`, which
+            // drives the queue again; a full socket buffer is retried once
+            // the connection's output is written (`throttled`).
+            if c.reserved >= MAX_FETCHES_IN_FLIGHT {
+                continue;
+            }
+            if conn.out_pending >= OUTPUT_HIGH_WATER {
                 conn.throttled = true;
                 continue;
             }

@@ -627,7 +627,15 @@ impl Broker {
                 Output::Dropped(d) => m.dropped.extend(d),
             }
         }
-        // The replica may have acked no-ack deliveries or requeued: send that too.
+        // Handed-out fetches left room in the consumers' windows: fetch more.
+        if handed_out {
+            super::drive_replica(q, &mut self.conns, self.now);
+        }
+        let Store::Replica(m) = &mut q.store else {
+            return;
+        };
+        // The replica may have acked no-ack deliveries or requeued, or
+        // fetched again: send that too.
         m.replica.flush();
         for o in m.replica.drain_outputs() {
             if let Output::Broadcast(b) = o {
