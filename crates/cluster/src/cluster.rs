@@ -1149,6 +1149,27 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
     }
 }
 
+/// How many elections a voter calls, a short pause apart, when it
+/// sees the Raft leader's process gone and no new leader follows.
+const ELECTION_RETRIES: usize = 5;
+
+/// The members other than this node, with their peer addresses, that the
+/// detector probes: those it has heard from before (a joining node's
+/// address is not probed before it ever answered).
+fn probe_targets(inner: &Inner) -> Vec<(NodeName, PeerAddr)> {
+    let m = inner.raft.metrics();
+    let m = m.borrow();
+    m.membership_config
+        .nodes()
+        .filter(|(id, _)| **id != inner.id)
+        .filter_map(|(_, n)| {
+            let name = NodeName::new(n.name.clone()).ok()?;
+            inner.peers.last_seen(&name)?;
+            Some((name, PeerAddr::new(n.addr.clone())))
+        })
+        .collect()
+}
+
 /// The failure detector: heartbeats every member, reports up/down changes.
 /// A member is down when it has been silent for the failure timeout, or at
 /// once when its address refuses a connection after its link closed (its
@@ -1168,10 +1189,35 @@ async fn detector(weak: Weak<Inner>) {
     };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Members silent for a fifth of the heartbeat interval are probed at that
+    // pace: over transports that can tell (QUIC), a dead process's address
+    // refuses, and the member is down at once instead of after the timeout.
+    let quiet = interval / 5;
+    let mut probe_tick = tokio::time::interval(quiet);
+    probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = changed.notified() => {}
+            _ = probe_tick.tick() => {
+                let Some(inner) = weak.upgrade() else { return };
+                let now = Instant::now();
+                // Each probe waits for its own answer; a slow one does not
+                // hold up the next.
+                for (name, addr) in probe_targets(&inner) {
+                    let heard = inner.peers.last_seen(&name);
+                    if inner.peers.refused(&name)
+                        || heard.is_some_and(|t| now.saturating_duration_since(t) < quiet)
+                    {
+                        continue;
+                    }
+                    let peers = inner.peers.clone();
+                    tokio::spawn(async move {
+                        peers.probe(&name, &addr).await;
+                    });
+                }
+                continue;
+            }
             _ = stop.wait_for(|s| *s) => return,
         }
         let Some(inner) = weak.upgrade() else { return };
@@ -1235,12 +1281,25 @@ async fn detector(weak: Weak<Inner>) {
                 // candidacy lifts its leader lease (a lone candidate would be
                 // refused by the others' leases until they expire), and
                 // openraft orders same-term candidates by node id, so the
-                // votes do not split.
+                // votes do not split. A voter that had not yet seen the
+                // leader gone refuses a vote (its lease holds), so a voter
+                // still without a leader tries again after a short pause,
+                // different on each voter (from its random node id), rather
+                // than the election timeout.
                 if refused && led && voters.contains(&inner.id) {
                     tracing::info!(node = %inner.config.node, leader = %n, "the Raft leader is gone: calling an election now");
                     let raft = inner.raft.clone();
+                    let gone = leader;
+                    let pause = Duration::from_millis(20 + inner.id % 40);
                     tokio::spawn(async move {
-                        let _ = raft.trigger().elect().await;
+                        for _ in 0..ELECTION_RETRIES {
+                            let _ = raft.trigger().elect().await;
+                            tokio::time::sleep(pause).await;
+                            let now = raft.metrics().borrow().current_leader;
+                            if now.is_some() && now != gone {
+                                break;
+                            }
+                        }
                     });
                 }
             }

@@ -443,6 +443,20 @@ impl Peers {
         }
     }
 
+    /// Asks the transport whether `peer`'s address refuses (its process is
+    /// gone) and records it like a refused dial; true if it did.
+    pub(crate) async fn probe(&self, peer: &NodeName, addr: &PeerAddr) -> bool {
+        if !self.inner.transport.refuses(addr).await {
+            return false;
+        }
+        if lock(&self.inner.refused).insert(peer.clone()) {
+            // Calls waiting on the dead connection fail now, and new ones dial.
+            self.drop_link(peer);
+            self.inner.changed.notify_one();
+        }
+        true
+    }
+
     /// Sends a heartbeat to `peer` (dialing if needed, bounded by `timeout`).
     pub(crate) async fn heartbeat(
         &self,

@@ -71,6 +71,11 @@ pub(crate) struct ClusterArgs {
     /// it gives up, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub boot_wait: u64,
+    /// A member silent for this long is down, in seconds (RabbitMQ's
+    /// `net_ticktime`, whose default is 60). A member whose process is gone
+    /// is down at once: its address refuses.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub net_ticktime: u64,
 }
 
 /// The transports between nodes.
@@ -220,6 +225,7 @@ pub(crate) async fn start(
     cfg.join = args.join.clone().map(PeerAddr::new);
     cfg.boot_wait_retries = 1;
     cfg.boot_wait_timeout = Duration::from_secs(args.boot_wait.max(1));
+    cfg.failure_timeout = Duration::from_secs(args.net_ticktime);
     let bootstrap = cfg.join.is_none();
     let cluster = Cluster::start(cfg)
         .await

@@ -41,6 +41,7 @@ pub(crate) const ENV_KEYS: &[(&str, &str)] = &[
     ("WARREN_CLUSTER_SECRET_FILE", "cluster.secret_file"),
     ("WARREN_CLUSTER_CA_DIR", "cluster.ca_dir"),
     ("WARREN_BOOT_WAIT", "cluster.boot_wait"),
+    ("WARREN_NET_TICKTIME", "net_ticktime"),
     ("WARREN_DEFAULT_USER", "default_user"),
     ("WARREN_DEFAULT_PASS", "default_pass"),
     ("WARREN_LOG_LEVEL", "log.console.level"),
@@ -112,6 +113,8 @@ pub(crate) struct Settings {
     pub ca_dir: Option<PathBuf>,
     /// `cluster.boot_wait`, seconds.
     pub boot_wait: Option<u64>,
+    /// `net_ticktime`, seconds: a silent member is down after it.
+    pub net_ticktime: Option<u64>,
     /// `vm_memory_high_watermark.relative` / `.absolute`.
     pub memory_high_watermark: Option<MemoryLimit>,
     /// `disk_free_limit.relative` / `.absolute`.
@@ -207,6 +210,12 @@ impl Settings {
                     v.parse()
                         .map_err(|_| format!("{v:?} is not a number of seconds"))?,
                 );
+            }
+            "net_ticktime" => {
+                self.net_ticktime = Some(match v.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(format!("{v:?} is not a positive number of seconds")),
+                });
             }
             "vm_memory_high_watermark.relative" => {
                 self.memory_high_watermark = Some(MemoryLimit::Relative(fraction(v)?));
@@ -387,6 +396,7 @@ impl Settings {
             transport: self.transport.or(lower.transport),
             ca_dir: self.ca_dir.or(lower.ca_dir),
             boot_wait: self.boot_wait.or(lower.boot_wait),
+            net_ticktime: self.net_ticktime.or(lower.net_ticktime),
             memory_high_watermark: self.memory_high_watermark.or(lower.memory_high_watermark),
             disk_free_limit: self.disk_free_limit.or(lower.disk_free_limit),
             default_user: self.default_user.or(lower.default_user),
@@ -491,6 +501,7 @@ pub(crate) fn merge(
         "cluster_ca_dir",
     );
     fill(&mut c.boot_wait, s.boot_wait, matches, "boot_wait");
+    fill(&mut c.net_ticktime, s.net_ticktime, matches, "net_ticktime");
     if c.join.is_some() && c.peer_addr.is_none() {
         return Err(ConfigError {
             source: file.map_or_else(|| "WARREN_JOIN".to_owned(), |f| f.display().to_string()),
@@ -566,6 +577,7 @@ mod tests {
              cluster.transport = quic\n\
              cluster.ca_dir = /etc/warren/ca\n\
              cluster.boot_wait = 30\n\
+             net_ticktime = 15\n\
              vm_memory_high_watermark.relative = 0.6\n\
              disk_free_limit.absolute = 2GB\n\
              default_user = admin\n\
@@ -597,6 +609,7 @@ mod tests {
         assert_eq!(s.transport, Some(PeerTransport::Quic));
         assert_eq!(s.ca_dir, Some(PathBuf::from("/etc/warren/ca")));
         assert_eq!(s.boot_wait, Some(30));
+        assert_eq!(s.net_ticktime, Some(15));
         assert_eq!(s.memory_high_watermark, Some(MemoryLimit::Relative(0.6)));
         assert_eq!(s.disk_free_limit, Some(DiskLimit::Absolute(2_000_000_000)));
         assert_eq!(s.default_user.as_deref(), Some("admin"));
@@ -706,6 +719,7 @@ mod tests {
             ("cluster.transport = udp", "tcp or quic"),
             ("cluster.ca_dir =", "the value is empty"),
             ("cluster.boot_wait = 5m", "is not a number of seconds"),
+            ("net_ticktime = 0", "is not a positive number of seconds"),
             (
                 "vm_memory_high_watermark.relative = lots",
                 "non-negative number",

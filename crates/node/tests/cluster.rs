@@ -167,13 +167,22 @@ fn metadata_declared_anywhere_is_seen_everywhere() {
 }
 
 #[test]
-fn forms_a_cluster_over_quic() {
+fn forms_a_cluster_over_quic_and_sees_a_sigkilled_member_down_at_once() {
     let root = tempfile::tempdir().unwrap();
     let secret = root.path().join("secret");
     std::fs::write(&secret, "quic-secret").unwrap();
     let ca = root.path().join("ca");
     let ca_arg = ca.to_str().unwrap();
-    let quic = ["--transport", "quic", "--cluster-ca-dir", ca_arg];
+    // A silent member would be down only after 120 s: a SIGKILLed one must
+    // be seen down by its refusing address.
+    let quic = [
+        "--transport",
+        "quic",
+        "--cluster-ca-dir",
+        ca_arg,
+        "--net-ticktime",
+        "120",
+    ];
     let a = Peer::start_with("warren@qa", &root.path().join("a"), &secret, None, &quic);
     let seed = a.peers.clone();
     let b = Peer::start_with(
@@ -194,6 +203,25 @@ fn forms_a_cluster_over_quic() {
     eventually("the vhost on a", || {
         has(&a.get("/api/vhosts"), |v| v["name"] == "over-quic")
     });
+
+    // A third node, SIGKILLed: its UDP port answers ICMP port unreachable,
+    // so the others see it down long before the 120 s tick time.
+    let mut c = Peer::start_with(
+        "warren@qc",
+        &root.path().join("c"),
+        &secret,
+        Some(&seed),
+        &quic,
+    );
+    eventually("three running members", || {
+        names(&a.get("/api/cluster"), "running_nodes").len() == 3
+    });
+    c.kill();
+    for n in [&a, &b] {
+        eventually("qc down within 30 s of its SIGKILL", || {
+            names(&n.get("/api/cluster"), "running_nodes") == vec!["warren@qa", "warren@qb"]
+        });
+    }
 }
 
 #[test]

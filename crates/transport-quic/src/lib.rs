@@ -12,7 +12,7 @@
 //! Internet; between nodes of one cluster larger packets and windows are what
 //! let QUIC keep up with TCP.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -32,6 +32,10 @@ use warren_transport::{
 
 /// ALPN protocol id for Warren's peer links.
 const ALPN: &[u8] = b"warren-peer/1";
+
+/// How long [`QuicTransport::refuses`] waits for the peer's host to answer
+/// its probe with ICMP port unreachable (a loopback or LAN round trip).
+const PROBE_WAIT: Duration = Duration::from_millis(200);
 
 /// QUIC tuning knobs.
 #[derive(Debug, Clone)]
@@ -192,12 +196,23 @@ impl QuicTransport {
             let (send, recv) = conn.open_bi().await.map_err(|e| quic_failed(addr, &e))?;
             Ok::<_, TransportError>((conn, send, recv))
         };
-        match tokio::time::timeout(self.config.connect_timeout, opened).await {
-            Ok(result) => result,
-            Err(_) => Err(TransportError::ConnectTimeout {
-                addr: addr.clone(),
-                after: self.config.connect_timeout,
-            }),
+        // A dead peer answers nothing: its refusing port ends the dial early.
+        let refused = async {
+            if self.refuses(addr).await {
+                connect_err(std::io::ErrorKind::ConnectionRefused.into())
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            opened = tokio::time::timeout(self.config.connect_timeout, opened) => match opened {
+                Ok(result) => result,
+                Err(_) => Err(TransportError::ConnectTimeout {
+                    addr: addr.clone(),
+                    after: self.config.connect_timeout,
+                }),
+            },
+            e = refused => Err(e),
         }
     }
 }
@@ -298,6 +313,32 @@ async fn establish(
 impl Transport for QuicTransport {
     fn kind(&self) -> &'static str {
         "quic"
+    }
+
+    /// Sends one byte from a connected UDP socket: a QUIC endpoint drops it
+    /// (too short to be a packet), but a host with no socket on that port
+    /// answers ICMP port unreachable, which the connected socket reports as
+    /// a refused connection.
+    async fn refuses(&self, addr: &PeerAddr) -> bool {
+        let probe = async {
+            let target = tokio::net::lookup_host(addr.as_str()).await?.next();
+            let Some(target) = target else {
+                return Ok(false);
+            };
+            let local = match target {
+                SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                SocketAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+            };
+            let socket = tokio::net::UdpSocket::bind(local).await?;
+            socket.connect(target).await?;
+            socket.send(&[0]).await?;
+            let mut buf = [0u8; 1];
+            socket.recv(&mut buf).await.map(|_| false)
+        };
+        match tokio::time::timeout(PROBE_WAIT, probe).await {
+            Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+            Ok(Ok(_)) | Err(_) => false,
+        }
     }
 
     async fn listen(&self, addr: &PeerAddr) -> Result<Box<dyn Listener>, TransportError> {

@@ -57,3 +57,18 @@ async fn certificate_from_another_ca_refused() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn an_address_nobody_listens_on_refuses_and_a_live_endpoint_does_not() {
+    let t = Quic(QuicOptions::default()).transport(config("prober@suite", "s", 1024));
+    let live = Quic(QuicOptions::default()).transport(config("live@suite", "s", 1024));
+    let l = live.listen(&PeerAddr::new("127.0.0.1:0")).await.unwrap();
+    assert!(!t.refuses(&l.local_addr()).await, "a listening endpoint");
+    // A UDP port that was bound and released: nothing listens there now.
+    let gone = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = PeerAddr::from(gone.local_addr().unwrap());
+    drop(gone);
+    assert!(t.refuses(&addr).await, "a closed port");
+    // The probe did not disturb the live endpoint: a connection still works.
+    t.connect(&l.local_addr()).await.map(drop).unwrap();
+}

@@ -54,6 +54,15 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Dials the peer at `addr` and runs the handshake; bounded by the
     /// configured connect and handshake timeouts.
     async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError>;
+
+    /// Whether no process listens at `addr` any more: true only on a
+    /// definite sign (the peer's host refused), false when unsure. Transports
+    /// whose connections do not close when the peer's process dies (QUIC over
+    /// UDP) answer it, so that the failure detector sees a SIGKILLed node at
+    /// once, as TCP's refused dials show it; the others keep this default.
+    async fn refuses(&self, _addr: &PeerAddr) -> bool {
+        false
+    }
 }
 
 /// Accepts authenticated connections from peers.
