@@ -79,8 +79,11 @@ const OUTPUT_HIGH_WATER: usize = 4 << 20;
 /// The confirm sequence number that marks a publish of a tx.commit (a
 /// transactional channel is never in confirm mode).
 const TX_COMMIT: u64 = u64::MAX;
-/// Fetches from a mirrored queue one consumer may wait for at once.
-const MAX_FETCHES_IN_FLIGHT: u32 = 1024;
+/// Fetches from a mirrored queue one consumer may wait for at once: the
+/// fetches share the ring with up to 4,000 publishes (the flow-control
+/// backlog, `mirrored::BACKLOG_HIGH`), so fewer
+/// starve a consumer behind a fast publisher.
+const MAX_FETCHES_IN_FLIGHT: u32 = 4096;
 /// How deep dead-lettering may chain within one operation.
 const DEAD_LETTER_DEPTH: u8 = 8;
 
