@@ -696,7 +696,14 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         names(&q, "synchronised_slave_nodes")
     ));
     let drained = rt.block_on(drain(&a.amqp_url()))?;
-    c.say(&format!("drained {} deliveries", drained.len()));
+    let q = Cluster::queue(a);
+    c.say(&format!(
+        "drained {} deliveries; the queue now shows messages {} (ready {}, unacknowledged {})",
+        drained.len(),
+        q["messages"],
+        q["messages_ready"],
+        q["messages_unacknowledged"]
+    ));
     let mut h = std::mem::take(&mut *history.lock().expect("the history"));
     h.delivered.extend(drained);
     let report = check(opts, &h, c.start, faults, notes);

@@ -1290,13 +1290,22 @@ async fn detector(weak: Weak<Inner>) {
                     tracing::info!(node = %inner.config.node, leader = %n, "the Raft leader is gone: calling an election now");
                     let raft = inner.raft.clone();
                     let gone = leader;
+                    let me = inner.id;
                     let pause = Duration::from_millis(20 + inner.id % 40);
                     tokio::spawn(async move {
                         for _ in 0..ELECTION_RETRIES {
                             let _ = raft.trigger().elect().await;
                             tokio::time::sleep(pause).await;
-                            let now = raft.metrics().borrow().current_leader;
-                            if now.is_some() && now != gone {
+                            let (now, voted_for) = {
+                                let m = raft.metrics();
+                                let m = m.borrow();
+                                (m.current_leader, m.vote.leader_id().voted_for())
+                            };
+                            // A new leader, or another candidate this voter
+                            // voted for: calling again would only depose it.
+                            if (now.is_some() && now != gone)
+                                || voted_for.is_some_and(|v| v != me && Some(v) != gone)
+                            {
                                 break;
                             }
                         }
