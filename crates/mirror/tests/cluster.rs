@@ -176,6 +176,15 @@ async fn raft_backed_failover_keeps_every_confirmed_message() {
     }))
     .await
     .unwrap();
+    // A mirror starts from its own node's copy of the record (as a node
+    // does once the declaration reached it).
+    for n in ["n2", "n3"] {
+        let c = nodes[n].cluster.clone();
+        wait_until("the queue record on n2 and n3", async || {
+            c.local().queue("/", "q").is_some()
+        })
+        .await;
+    }
 
     let m1 = replica(&nodes["n1"], "n1", true).await;
     let m2 = replica(&nodes["n2"], "n2", false).await;
