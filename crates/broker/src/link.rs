@@ -102,6 +102,9 @@ pub enum LinkMsg {
         tag: u64,
         /// Delivered before.
         redelivered: bool,
+        /// The queue's vhost: a delivery to a consumer the origin no longer
+        /// knows goes back to it.
+        vhost: String,
         /// Exchange, routing key and properties, encoded.
         meta: Bytes,
         /// The body.
@@ -238,6 +241,7 @@ impl Conn {
                     cid: consumer_tag.parse().unwrap_or(0),
                     tag: *delivery_tag,
                     redelivered: *redelivered,
+                    vhost: self.vhost.to_string(),
                     meta: meta.clone(),
                     body: body.clone(),
                 }),
@@ -805,9 +809,10 @@ impl Broker {
                 cid,
                 tag,
                 redelivered,
+                vhost,
                 meta,
                 body,
-            } => self.link_deliver(from, cid, tag, redelivered, &meta, &body),
+            } => self.link_deliver(from, cid, tag, redelivered, &vhost, &meta, &body),
             LinkMsg::Cancelled { cid } => {
                 if let Some(rc) = self.links.consumers.remove(&cid)
                     && let Some(c) = self.conns.get_mut(&rc.conn)
@@ -876,12 +881,14 @@ impl Broker {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn link_deliver(
         &mut self,
         from: &str,
         cid: u64,
         tag: u64,
         redelivered: bool,
+        vhost: &str,
         meta: &Bytes,
         body: &Bytes,
     ) {
@@ -928,11 +935,11 @@ impl Broker {
             true
         });
         if !delivered {
-            // The consumer is gone: the message goes back at the master.
-            let vhost = rc.map(|r| r.vhost).unwrap_or_default();
-            if !vhost.is_empty() {
-                self.link_settle(from, &vhost, tag, Settle::Requeue);
-            }
+            // The consumer is gone, or this node no longer knows it (its
+            // link was reset while the delivery was on the way): the message
+            // goes back at the master, which would otherwise hold it as
+            // unacknowledged for ever.
+            self.link_settle(from, vhost, tag, Settle::Requeue);
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
@@ -730,4 +730,46 @@ fn two_nodes_of_five_sigkilled_under_load_lose_no_confirmed_message() {
         peers::sigkill(pb);
     });
     check(&h);
+}
+
+#[test]
+fn a_consumer_cancelled_on_another_node_strands_no_message() {
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[0], QUEUE);
+    eventually("two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    let acked = rt.block_on(publish_confirmed(&nodes[1], 0, 1000));
+    assert_eq!(acked.len(), 1000);
+    // A consumer on a mirror's node without a prefetch limit cancels at once,
+    // while the master's deliveries to it are on their way: those come back
+    // to the queue instead of staying unacknowledged at the master.
+    rt.block_on(async {
+        let conn = connect(&nodes[2]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let _c = ch
+            .basic_consume(
+                QUEUE.into(),
+                "short".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        ch.basic_cancel("short".into(), BasicCancelOptions::default())
+            .await
+            .unwrap();
+        // What reached the client stays unacked until the close requeues it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+    eventually("every message ready again at the master", || {
+        let q = queue(&nodes[0]);
+        q["messages_unacknowledged"] == 0 && q["messages_ready"] == 1000
+    });
+    let (lost, _) = drain_missing(&rt, &nodes[1], &acked);
+    assert!(lost.is_empty(), "stranded: {lost:?}");
 }
