@@ -1153,19 +1153,18 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
 /// sees the Raft leader's process gone and no new leader follows.
 const ELECTION_RETRIES: usize = 5;
 
-/// The members other than this node, with their peer addresses, that the
-/// detector probes: those it has heard from before (a joining node's
-/// address is not probed before it ever answered).
-fn probe_targets(inner: &Inner) -> Vec<(NodeName, PeerAddr)> {
-    let m = inner.raft.metrics();
-    let m = m.borrow();
+/// The members other than this node: id, name and peer address.
+fn other_members(
+    inner: &Inner,
+    m: &openraft::RaftMetrics<NodeId, PeerNode>,
+) -> Vec<(NodeId, NodeName, PeerAddr)> {
     m.membership_config
         .nodes()
         .filter(|(id, _)| **id != inner.id)
-        .filter_map(|(_, n)| {
-            let name = NodeName::new(n.name.clone()).ok()?;
-            inner.peers.last_seen(&name)?;
-            Some((name, PeerAddr::new(n.addr.clone())))
+        .filter_map(|(id, n)| {
+            NodeName::new(n.name.clone())
+                .ok()
+                .map(|nn| (*id, nn, PeerAddr::new(n.addr.clone())))
         })
         .collect()
 }
@@ -1204,10 +1203,12 @@ async fn detector(weak: Weak<Inner>) {
                 let now = Instant::now();
                 // Each probe waits for its own answer; a slow one does not
                 // hold up the next.
-                for (name, addr) in probe_targets(&inner) {
+                let members = other_members(&inner, &inner.raft.metrics().borrow());
+                // Members never heard from (a joining node) are not probed.
+                for (_, name, addr) in members {
                     let heard = inner.peers.last_seen(&name);
                     if inner.peers.refused(&name)
-                        || heard.is_some_and(|t| now.saturating_duration_since(t) < quiet)
+                        || heard.is_none_or(|t| now.saturating_duration_since(t) < quiet)
                     {
                         continue;
                     }
@@ -1225,16 +1226,7 @@ async fn detector(weak: Weak<Inner>) {
         let (members, leader, voters): (Vec<(NodeId, NodeName, PeerAddr)>, _, _) = {
             let m = inner.raft.metrics();
             let m = m.borrow();
-            let members = m
-                .membership_config
-                .nodes()
-                .filter(|(id, _)| **id != inner.id)
-                .filter_map(|(id, n)| {
-                    NodeName::new(n.name.clone())
-                        .ok()
-                        .map(|nn| (*id, nn, PeerAddr::new(n.addr.clone())))
-                })
-                .collect();
+            let members = other_members(&inner, &m);
             let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
             (members, m.current_leader, voters)
         };

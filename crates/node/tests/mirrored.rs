@@ -6,6 +6,7 @@
 mod peers;
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -23,6 +24,19 @@ const QUEUE: &str = "ha.orders";
 fn queue(p: &Peer) -> Value {
     let (status, v) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
     if status == 200 { v } else { Value::Null }
+}
+
+/// Three nodes with the `ha-all` policy and the durable queue [`QUEUE`]
+/// declared on A, once both other nodes hold synchronised mirrors.
+fn mirrored_three(root: &Path) -> (PathBuf, Vec<Peer>, tokio::runtime::Runtime) {
+    let (secret, nodes) = three(root);
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[0], QUEUE);
+    eventually("two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    (secret, nodes, rt)
 }
 
 async fn connect(p: &Peer) -> Connection {
@@ -118,14 +132,8 @@ async fn consume_all(p: &Peer, want: &BTreeSet<String>) -> Vec<String> {
 #[test]
 fn a_mirrored_queue_survives_its_masters_sigkill() {
     let root = peers::test_root();
-    let (_secret, mut nodes) = three(root.path());
-    set_ha_all(&nodes[0]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &nodes[0], QUEUE);
-    eventually("two synchronised mirrors", || {
-        let q = queue(&nodes[0]);
-        q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
-    });
+    let (_secret, mut nodes, rt) = mirrored_three(root.path());
+    assert_eq!(queue(&nodes[0])["node"], "warren@a");
 
     let acked = rt.block_on(publish_confirmed(&nodes[0], 0, 500));
     assert_eq!(
@@ -193,13 +201,7 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
 #[test]
 fn clients_on_any_node_are_served_by_the_master() {
     let root = peers::test_root();
-    let (_secret, mut nodes) = three(root.path());
-    set_ha_all(&nodes[0]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &nodes[0], QUEUE);
-    eventually("two synchronised mirrors", || {
-        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
-    });
+    let (_secret, mut nodes, rt) = mirrored_three(root.path());
     // Published on a mirror's node, consumed on the other mirror's node.
     let acked = rt.block_on(publish_confirmed(&nodes[1], 0, 300));
     assert_eq!(
@@ -253,13 +255,7 @@ fn clients_on_any_node_are_served_by_the_master() {
 #[test]
 fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
     let root = peers::test_root();
-    let (secret, mut nodes) = three(root.path());
-    set_ha_all(&nodes[0]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &nodes[0], QUEUE);
-    eventually("two synchronised mirrors", || {
-        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
-    });
+    let (secret, mut nodes, rt) = mirrored_three(root.path());
     let acked = rt.block_on(publish_confirmed(&nodes[2], 0, 300));
     assert_eq!(acked.len(), 300);
 
@@ -301,13 +297,7 @@ fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
 #[test]
 fn consumers_that_ask_are_cancelled_on_failover() {
     let root = peers::test_root();
-    let (_secret, mut nodes) = three(root.path());
-    set_ha_all(&nodes[0]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &nodes[0], QUEUE);
-    eventually("two synchronised mirrors", || {
-        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
-    });
+    let (_secret, mut nodes, rt) = mirrored_three(root.path());
     rt.block_on(async {
         // On b: one consumer asks to be cancelled on failover, one does not.
         let conn = connect(&nodes[1]).await;
@@ -670,13 +660,7 @@ fn check(h: &History) {
 #[test]
 fn sigkill_of_the_master_or_a_mirror_under_load_loses_no_confirmed_message() {
     let root = peers::test_root();
-    let (_secret, mut nodes) = three(root.path());
-    set_ha_all(&nodes[0]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &nodes[0], QUEUE);
-    eventually("two synchronised mirrors", || {
-        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
-    });
+    let (_secret, mut nodes, rt) = mirrored_three(root.path());
     // The master (a) dies; publisher on b, consumer on c.
     let pid = nodes[0].pid();
     let h = under_load(&rt, "master-", &nodes[1], &nodes[2], || peers::sigkill(pid));
@@ -735,13 +719,7 @@ fn two_nodes_of_five_sigkilled_under_load_lose_no_confirmed_message() {
 #[test]
 fn a_consumer_cancelled_on_another_node_strands_no_message() {
     let root = peers::test_root();
-    let (_secret, nodes) = three(root.path());
-    set_ha_all(&nodes[0]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &nodes[0], QUEUE);
-    eventually("two synchronised mirrors", || {
-        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
-    });
+    let (_secret, nodes, rt) = mirrored_three(root.path());
     let acked = rt.block_on(publish_confirmed(&nodes[1], 0, 1000));
     assert_eq!(acked.len(), 1000);
     // A consumer on a mirror's node without a prefetch limit cancels at once,
