@@ -112,14 +112,23 @@ fn start_rabbitmq(dir: &Path) -> anyhow::Result<Option<Broker>> {
     Ok(Some(broker))
 }
 
-/// Runs the load generator; returns (published/s, consumed/s, p50 µs, p99 µs).
-fn load(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Result<[f64; 4]> {
+/// Runs the load generator against the broker on `port` (process `pid`);
+/// returns its rates and the CPU both sides spent per message.
+fn load(
+    root: &Path,
+    (port, pid): (u16, u32),
+    flags: &[&str],
+    duration: &str,
+) -> anyhow::Result<([f64; 4], Option<Cost>)> {
     let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let before = crate::cpu::tree_ticks(pid);
     let out = Command::new(crate::bench::target_dir(root).join("release/examples/amqp_bench"))
         .args(["--url", &url, "--duration", duration])
         .args(flags)
         .output()
         .context("running amqp_bench")?;
+    let broker_s =
+        (crate::cpu::tree_ticks(pid).saturating_sub(before)) as f64 / crate::cpu::clock_ticks();
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
@@ -128,7 +137,36 @@ fn load(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Resul
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    rates(&text)
+    let cost = generator_cost(&text).map(|(messages, generator_s)| Cost {
+        broker_us: broker_s * 1e6 / messages,
+        generator_us: generator_s * 1e6 / messages,
+    });
+    Ok((rates(&text)?, cost))
+}
+
+/// CPU microseconds per consumed message over a whole load generator run
+/// (warm-up and drain included).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cost {
+    /// The broker's process (and its children).
+    pub(crate) broker_us: f64,
+    /// The load generator's, every thread of it.
+    pub(crate) generator_us: f64,
+}
+
+/// The load generator's messages consumed over the whole run and its CPU
+/// seconds, from its output (`total_consumed=… cpu_s=…`).
+fn generator_cost(text: &str) -> Option<(f64, f64)> {
+    let value = |key: &str| -> Option<f64> {
+        let start = text.find(key)? + key.len();
+        let digits: String = text[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        digits.parse().ok()
+    };
+    let messages = value("total_consumed=")?;
+    (messages > 0.0).then_some((messages, value("cpu_s=")?))
 }
 
 /// The load generator's published/s, consumed/s, latency p50 and p99 (µs),
@@ -162,6 +200,8 @@ pub(crate) struct AmqpRow {
     pub(crate) workload: &'static str,
     /// published/s, consumed/s, latency p50 and p99 (µs).
     pub(crate) rates: [f64; 4],
+    /// CPU per message, when the load generator reported its own.
+    pub(crate) cost: Option<Cost>,
 }
 
 /// `bench amqp [--duration S]`: measures, prints and writes the table.
@@ -200,22 +240,23 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
     // Every workload against the broker on `port`, named `broker`.
-    let mut each = |broker: &'static str, port: u16| -> anyhow::Result<()> {
+    let mut each = |broker: &'static str, server: (u16, u32)| -> anyhow::Result<()> {
         for (workload, flags) in WORKLOADS {
             println!("    {workload} ({duration} s)…");
-            let rates = load(root, port, flags, duration)?;
+            let (rates, cost) = load(root, server, flags, duration)?;
             rows.push(AmqpRow {
                 broker,
                 workload,
                 rates,
+                cost,
             });
         }
         Ok(())
     };
     {
         println!("==> Warren on 127.0.0.1:{WARREN_PORT}");
-        let _warren = start_warren(root, &dir)?;
-        each("warren", WARREN_PORT)?;
+        let warren = start_warren(root, &dir)?;
+        each("warren", (WARREN_PORT, warren.child.id()))?;
     }
     let epmd_before = crate::bench_mirrored::epmd_pids();
     let rabbit = match start_rabbitmq(&dir) {
@@ -225,9 +266,9 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
             );
             Ok(())
         }
-        Ok(Some(_rabbit)) => {
+        Ok(Some(rabbit)) => {
             println!("==> RabbitMQ on 127.0.0.1:{RABBIT_PORT}");
-            each("rabbitmq", RABBIT_PORT)
+            each("rabbitmq", (RABBIT_PORT, rabbit.child.id()))
         }
         Err(e) => Err(e),
     };
@@ -241,14 +282,21 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
     let mut table = String::new();
     writeln!(
         table,
-        "| workload | broker | published/s | consumed/s | p50 µs | p99 µs |"
+        "| workload | broker | published/s | consumed/s | p50 µs | p99 µs | broker CPU µs/msg | generator CPU µs/msg |"
     )?;
-    writeln!(table, "|---|---|---:|---:|---:|---:|")?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|")?;
     for r in rows {
         let [p, c, p50, p99] = r.rates;
+        let (b, g) = match r.cost {
+            Some(c) => (
+                format!("{:.1}", c.broker_us),
+                format!("{:.1}", c.generator_us),
+            ),
+            None => ("–".to_owned(), "–".to_owned()),
+        };
         writeln!(
             table,
-            "| {} | {} | {p:.0} | {c:.0} | {p50:.0} | {p99:.0} |",
+            "| {} | {} | {p:.0} | {c:.0} | {p50:.0} | {p99:.0} | {b} | {g} |",
             r.workload, r.broker
         )?;
     }
@@ -264,8 +312,22 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
                 w / r.max(1.0)
             )?;
         }
+        if let (Some(w), Some(r)) = (cost(rows, "warren", name), cost(rows, "rabbitmq", name)) {
+            writeln!(
+                table,
+                "- {name}: RabbitMQ / Warren broker CPU per message = {:.2} (the load generator's own CPU is what limits a side-by-side run on a small machine)",
+                r.broker_us / w.broker_us.max(0.001)
+            )?;
+        }
     }
     Ok(table)
+}
+
+/// The CPU per message of `broker` on the workload named `workload`, if measured.
+fn cost(rows: &[AmqpRow], broker: &str, workload: &str) -> Option<Cost> {
+    rows.iter()
+        .find(|r| r.broker == broker && r.workload == workload)
+        .and_then(|r| r.cost)
 }
 
 /// The consumed/s of `broker` on the workload named `workload`, if it ran.

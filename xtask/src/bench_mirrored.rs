@@ -1249,42 +1249,6 @@ fn thousands(v: f64) -> String {
     out
 }
 
-/// CPU time (user + system, in clock ticks) and resident memory (KiB) of a process.
-fn usage(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks = fields
-        .get(11)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok((ticks, rss))
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
 /// Counters shared by the many-queues load generator's tasks.
 #[derive(Default)]
 struct Counters {
@@ -1436,7 +1400,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_secs(2));
     let idle: Vec<(u64, u64)> = nodes
         .iter()
-        .map(|n| usage(n.pid()))
+        .map(|n| crate::cpu::usage(n.pid()))
         .collect::<Result<_, _>>()?;
 
     let names: Vec<String> = (0..n).map(|i| format!("ha.q{i}")).collect();
@@ -1484,7 +1448,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     println!("    {sync_note}");
     let loaded: Vec<(u64, u64)> = nodes
         .iter()
-        .map(|n| usage(n.pid()))
+        .map(|n| crate::cpu::usage(n.pid()))
         .collect::<Result<_, _>>()?;
 
     let counters = Arc::new(Counters::default());
@@ -1518,7 +1482,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         let snapshot = || -> anyhow::Result<(Vec<u64>, [u64; 3])> {
             let cpu = nodes
                 .iter()
-                .map(|n| usage(n.pid()).map(|u| u.0))
+                .map(|n| crate::cpu::usage(n.pid()).map(|u| u.0))
                 .collect::<Result<_, _>>()?;
             Ok((
                 cpu,
@@ -1529,7 +1493,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
                 ],
             ))
         };
-        let own0 = usage(std::process::id())?.0;
+        let own0 = crate::cpu::usage(std::process::id())?.0;
         let before = snapshot()?;
         counters.measuring.store(true, Ordering::Relaxed);
         let t0 = Instant::now();
@@ -1545,7 +1509,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         }
         let after = snapshot()?;
         let secs = t0.elapsed().as_secs_f64();
-        let own = usage(std::process::id())?.0 - own0;
+        let own = crate::cpu::usage(std::process::id())?.0 - own0;
         counters.measuring.store(false, Ordering::Relaxed);
         counters.stop.store(true, Ordering::Relaxed);
         for t in tasks {
@@ -1559,9 +1523,9 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     })?;
     let end: Vec<(u64, u64)> = nodes
         .iter()
-        .map(|n| usage(n.pid()))
+        .map(|n| crate::cpu::usage(n.pid()))
         .collect::<Result<_, _>>()?;
-    let hz = clock_ticks();
+    let hz = crate::cpu::clock_ticks();
     let usages: Vec<NodeUsage> = nodes
         .iter()
         .enumerate()

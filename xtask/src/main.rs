@@ -15,6 +15,7 @@ mod bench_mirrored;
 mod bench_report;
 mod chaos;
 mod cluster;
+mod cpu;
 mod scenario;
 
 use std::path::{Path, PathBuf};

@@ -282,6 +282,12 @@ async fn main() -> anyhow::Result<()> {
         pct(0.50),
         pct(0.99)
     );
+    // The whole run's cost, warm-up and drain included, for CPU per message.
+    println!(
+        "total_consumed={} cpu_s={:.2}",
+        consumed.load(Ordering::Relaxed),
+        own_cpu_seconds()
+    );
     if !args.keep_queue {
         let ch = setup.create_channel().await?;
         let _ = ch
@@ -290,4 +296,21 @@ async fn main() -> anyhow::Result<()> {
     }
     let _ = setup.close(200, "done".into()).await;
     Ok(())
+}
+
+/// CPU time (user + system) this process used so far, every thread's, from
+/// `/proc/self/stat` (in USER_HZ ticks, 100 per second on Linux); 0 where
+/// there is no `/proc`.
+fn own_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // utime and stime are fields 14 and 15, 12 and 13 after the name's ')'.
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default();
+    (fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0)) as f64 / 100.0
 }
