@@ -156,7 +156,7 @@ pub(crate) struct Cost {
 
 /// The load generator's messages consumed over the whole run and its CPU
 /// seconds, from its output (`total_consumed=… cpu_s=…`).
-fn generator_cost(text: &str) -> Option<(f64, f64)> {
+pub(crate) fn generator_cost(text: &str) -> Option<(f64, f64)> {
     let value = |key: &str| -> Option<f64> {
         let start = text.find(key)? + key.len();
         let digits: String = text[start..]

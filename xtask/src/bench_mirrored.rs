@@ -574,22 +574,26 @@ async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One load generator run: published/s, consumed/s, latency p50 and p99 (µs).
-pub(crate) type Rates = [f64; 4];
+/// One load generator run: published/s, consumed/s, latency p50 and p99
+/// (µs), and the CPU all the cluster's nodes spent per consumed message (µs,
+/// NaN when the generator did not report its count).
+pub(crate) type Rates = [f64; 5];
 
 /// Seconds the load generator waits for its consumer to drain the queue.
 const DRAIN_TIMEOUT: u64 = 60;
 
-/// Runs the load generator against an existing (mirrored) queue; returns
-/// its rates and whether the consumer received everything before
-/// [`DRAIN_TIMEOUT`].
+/// Runs the load generator against an existing (mirrored) queue on the
+/// cluster whose nodes' processes are `pids`; returns its rates and whether
+/// the consumer received everything before [`DRAIN_TIMEOUT`].
 fn load(
     root: &Path,
-    url: &str,
+    (url, pids): (&str, &[u32]),
     queue: &str,
     flags: &[&str],
     duration: u64,
 ) -> anyhow::Result<(Rates, bool)> {
+    let cluster_ticks = || pids.iter().map(|p| crate::cpu::tree_ticks(*p)).sum::<u64>();
+    let before = cluster_ticks();
     let mut child = Command::new(release_dir(root).join("examples/amqp_bench"))
         .args(["--url", url, "--queue", queue, "--keep-queue"])
         .args(["--duration", &duration.to_string()])
@@ -618,8 +622,11 @@ fn load(
     if !status.success() {
         bail!("amqp_bench failed ({status}): {text}{err}");
     }
-    let rates = crate::amqp_bench::rates(&text)?;
-    Ok((rates, !text.contains("drain timed out")))
+    let cluster_s = cluster_ticks().saturating_sub(before) as f64 / crate::cpu::clock_ticks();
+    let [p, c, p50, p99] = crate::amqp_bench::rates(&text)?;
+    let cpu = crate::amqp_bench::generator_cost(&text)
+        .map_or(f64::NAN, |(messages, _)| cluster_s * 1e6 / messages);
+    Ok(([p, c, p50, p99, cpu], !text.contains("drain timed out")))
 }
 
 /// Runs one workload on a queue declared on `url`'s node and synchronised
@@ -628,7 +635,7 @@ fn load(
 fn workload(
     root: &Path,
     rt: &tokio::runtime::Runtime,
-    url: &str,
+    (url, pids): (&str, &[u32]),
     (name, queue, flags): (&str, &str, &[&str]),
     duration: u64,
     synced: impl Fn(&str) -> anyhow::Result<Duration>,
@@ -639,10 +646,10 @@ fn workload(
         "    {queue}: mirrors synchronised after {:.1} s; {name} for {duration} s…",
         took.as_secs_f64()
     );
-    let (r, drained) = load(root, url, queue, flags, duration)?;
+    let (r, drained) = load(root, (url, pids), queue, flags, duration)?;
     println!(
-        "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs",
-        r[0], r[1], r[2], r[3]
+        "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs, cluster CPU {:.1} µs/msg",
+        r[0], r[1], r[2], r[3], r[4]
     );
     let note = (!drained).then(|| {
         format!("{name}: the consumer had not received every message {DRAIN_TIMEOUT} s after publishing stopped")
@@ -822,7 +829,8 @@ fn bench_warren(
         let nodes = warren_cluster(root, &dir.join("workloads"), transport, size)?;
         for w in WORKLOADS {
             let synced = |queue: &str| warren_synced(&nodes[0], queue, mirrors);
-            let result = workload(root, &rt, &nodes[0].url(), w, duration, synced);
+            let pids: Vec<u32> = nodes.iter().map(WarrenNode::pid).collect();
+            let result = workload(root, &rt, (&nodes[0].url(), &pids), w, duration, synced);
             // Where the queue's master is now (it should not have moved).
             let master = http_json(&nodes[1].http, &format!("/api/queues/%2F/{}", w.1))
                 .ok()
@@ -934,7 +942,9 @@ fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Optio
         let mut notes = Vec::new();
         for w in WORKLOADS {
             let synced = |queue: &str| rabbit_synced(&nodes[0], queue, mirrors);
-            match workload(root, &rt, &nodes[0].url(), w, duration, synced) {
+            // rabbitmq-server's process tree holds the Erlang VM.
+            let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+            match workload(root, &rt, (&nodes[0].url(), &pids), w, duration, synced) {
                 Ok((r, note)) => {
                     rates.push(Some(r));
                     notes.extend(note);
@@ -1159,13 +1169,22 @@ fn mirrored_report(
         "consumed/s",
         "latency p50 µs",
         "latency p99 µs",
+        "CPU of all nodes per message µs",
     ];
     for (w, (name, _, _)) in WORKLOADS.iter().enumerate() {
         for (m, measure) in measures.iter().enumerate() {
             write!(t, "| {name} | {measure} |")?;
-            let value = |o: &Outcome| o.rates.get(w).copied().flatten().map(|r| r[m]);
+            let value = |o: &Outcome| {
+                o.rates
+                    .get(w)
+                    .copied()
+                    .flatten()
+                    .map(|r| r[m])
+                    .filter(|v| v.is_finite())
+            };
             for o in outcomes {
                 match value(o) {
+                    Some(v) if m == 4 => write!(t, " {v:.1} |")?,
                     Some(v) => write!(t, " {} |", thousands(v))?,
                     None => write!(t, " – |")?,
                 }
@@ -1174,6 +1193,10 @@ fn mirrored_report(
                 for o in &warrens {
                     match (value(o), value(r)) {
                         (Some(a), Some(b)) if m < 2 => write!(t, " {:.2}× |", a / b.max(1.0))?,
+                        // CPU: how many times less Warren spends.
+                        (Some(a), Some(b)) if m == 4 => {
+                            write!(t, " {:.2}× less |", b / a.max(0.001))?
+                        }
                         _ => write!(t, " |")?,
                     }
                 }
