@@ -942,6 +942,21 @@ impl NodeTask {
             .get(ring)
             .map(|r| r.keys().copied().collect())
             .unwrap_or_default();
+        // A member of this node alive in the view but not held here left
+        // before its join was committed (its removal found nothing to
+        // remove), or is from an earlier run of this node. Nobody would
+        // forward the ring's traffic past it: remove it.
+        let orphans: Vec<MemberId> = view
+            .entries
+            .iter()
+            .filter(|e| e.alive && e.node == self.cfg.node && !ids.contains(&e.id))
+            .map(|e| e.id)
+            .filter(|id| !self.removing.contains(&(ring.to_owned(), *id)))
+            .collect();
+        for orphan in orphans {
+            tracing::info!(node = %self.cfg.node, %ring, member = %orphan, view = view.version, "removing a member this node no longer holds");
+            self.remove(ring.to_owned(), orphan, None);
+        }
         for id in ids {
             if let Some(local) = self.rings.get_mut(ring).and_then(|r| r.get_mut(&id)) {
                 local.member.handle_view(view.clone());

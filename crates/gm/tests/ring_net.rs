@@ -34,6 +34,14 @@ struct Net {
 }
 
 impl Net {
+    /// The in-memory network, its faults drawn from `seed`.
+    fn mem(seed: u64) -> Self {
+        Self {
+            kind: Kind::Mem,
+            mem: MemNetwork::new(seed),
+        }
+    }
+
     fn transport(&self, node: &NodeName) -> Arc<dyn Transport> {
         let config = TransportConfig::new(node.clone(), ClusterSecret::new("gm-secret"));
         match self.kind {
@@ -319,10 +327,7 @@ async fn ring_over_quic() {
 /// Two rings share the nodes' connections; one ring has two members on one node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rings_share_connections_and_nodes() {
-    let net = Net {
-        kind: Kind::Mem,
-        mem: MemNetwork::new(3),
-    };
+    let net = Net::mem(3);
     let authority = Arc::new(InMemoryAuthority::new());
     let nodes = cluster(&net, "s", 3, &authority).await;
     let mut rings: Vec<Vec<Member>> = vec![Vec::new(), Vec::new()];
@@ -377,10 +382,7 @@ async fn rings_share_connections_and_nodes() {
 /// redialled, the neighbours resynchronise, and nothing is lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_cut_heals_without_a_view_change() {
-    let net = Net {
-        kind: Kind::Mem,
-        mem: MemNetwork::new(5),
-    };
+    let net = Net::mem(5);
     let authority = Arc::new(InMemoryAuthority::new());
     let nodes = cluster(&net, "c", 3, &authority).await;
     let mut members = Vec::new();
@@ -483,10 +485,7 @@ impl FailureDetector for Scripted {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
     use std::sync::atomic::Ordering::SeqCst;
-    let net = Net {
-        kind: Kind::Mem,
-        mem: MemNetwork::new(9),
-    };
+    let net = Net::mem(9);
     let inner = Arc::new(InMemoryAuthority::new());
     let minority = Arc::new(Minority {
         inner: inner.clone(),
@@ -540,4 +539,62 @@ async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
     let view = inner.current_now("q");
     assert_eq!(view.version, 3, "no member removed: {view:?}");
     assert!(members.iter().all(|m| !m.seen.lock().unwrap().removed));
+}
+
+/// A view authority whose joins commit late (a busy metadata store).
+#[derive(Debug)]
+struct SlowJoins(Arc<InMemoryAuthority>);
+
+#[async_trait::async_trait]
+impl ViewAuthority for SlowJoins {
+    async fn current(&self, ring: &str) -> Result<View, ViewError> {
+        self.0.current(ring).await
+    }
+
+    async fn update(
+        &self,
+        ring: &str,
+        expected: ViewVersion,
+        change: ViewChange,
+    ) -> Result<View, ViewError> {
+        if matches!(change, ViewChange::Join { .. }) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.0.update(ring, expected, change).await
+    }
+}
+
+/// A member that leaves before its join is committed must not stay in the
+/// ring: alive in the view with nobody behind it, it would hold every
+/// broadcast of the other members unconfirmed for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_leaves_before_its_join_commits_does_not_stay_in_the_ring() {
+    let net = Net::mem(11);
+    let inner = Arc::new(InMemoryAuthority::new());
+    let slow: Arc<dyn ViewAuthority> = Arc::new(SlowJoins(inner.clone()));
+    let mut nodes = Vec::new();
+    for i in 1..=2 {
+        let detector = HeartbeatDetector::new(Duration::from_millis(100), Duration::from_secs(30));
+        nodes.push(
+            start_node_with(&net, &format!("o{i}@gm"), slow.clone(), Box::new(detector)).await,
+        );
+    }
+    introduce(&nodes).await;
+    // Joins and leaves at once: the removal finds nothing to remove, then
+    // the join commits.
+    let gone = nodes[0].join("q").await.expect("join");
+    let gone_id = gone.member();
+    gone.leave().await;
+    let mut members = vec![join(&nodes[1]).await];
+    wait_until("the early leaver out of the view", || {
+        let view = inner.current_now("q");
+        view.version >= 2 && view.entry(gone_id).is_none_or(|e| !e.alive)
+    })
+    .await;
+    broadcast_round(&mut members, &[0]).await;
+    wait_until("the remaining member's broadcasts confirmed", || {
+        let s = members[0].seen.lock().unwrap();
+        s.confirmed == members[0].sent
+    })
+    .await;
 }

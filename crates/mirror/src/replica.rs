@@ -7,7 +7,7 @@ use warren_backing_queue::{
     BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, QueueConfig, QueueError, SeqId,
     Snapshot, SnapshotMessage, Stats, StoreError, SyncJob,
 };
-use warren_gm::{MemberId, Seq, View};
+use warren_gm::{MemberId, Seq, View, ViewVersion};
 use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
 
 use crate::wire::{Body, HeldPublishes, PublishId, RingMsg};
@@ -303,6 +303,9 @@ pub struct Replica {
     master_stopping: bool,
     promoting: bool,
     asked_sync: bool,
+    /// The ring view in which this mirror last said it waits for a master
+    /// (said once per view, not on every check).
+    warned_waiting: ViewVersion,
     /// The node of the master this mirror follows.
     master_node: Option<String>,
     refused: u64,
@@ -409,6 +412,7 @@ impl Replica {
             master_stopping: false,
             promoting: false,
             asked_sync: false,
+            warned_waiting: 0,
             master_node: None,
             refused: 0,
         }
@@ -1408,8 +1412,9 @@ impl Replica {
             return;
         }
         if candidate != Some(self.member) {
-            if candidate.is_none() {
-                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, "master gone and no synchronised mirror: the queue waits for its master");
+            if candidate.is_none() && self.warned_waiting != self.view.version {
+                self.warned_waiting = self.view.version;
+                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, ring = self.view.version, "master gone and no synchronised mirror: the queue waits for its master");
             }
             return;
         }
