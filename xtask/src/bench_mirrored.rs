@@ -332,8 +332,14 @@ fn wait_ready(
         }
         for _ in lines {}
     });
-    rx.recv_timeout(limit)
-        .map_err(|_| anyhow::anyhow!("{name} did not become ready within {limit:?}"))
+    rx.recv_timeout(limit).map_err(|e| match e {
+        std::sync::mpsc::RecvTimeoutError::Timeout => {
+            anyhow::anyhow!("{name} did not become ready within {limit:?}")
+        }
+        std::sync::mpsc::RecvTimeoutError::Disconnected => {
+            anyhow::anyhow!("{name} exited before it was ready")
+        }
+    })
 }
 
 /// Waits until the Warren queue `name` has `mirrors` synchronised mirrors.
