@@ -1358,6 +1358,8 @@ impl Broker {
             {
                 tracing::error!(queue = %qname, error = %e, "expiry failed");
             }
+            // A mirrored queue's expiries go round its ring now.
+            self.mirror_turn(&vname, &qname);
             self.after_queue_op(&vname, &qname);
         }
         for (vname, qname) in delete {
