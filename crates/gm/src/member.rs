@@ -267,6 +267,11 @@ impl Member {
         self.actions.pop_front()
     }
 
+    /// Whether actions wait to be drained.
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// All actions for the driver, in order.
     pub fn drain_actions(&mut self) -> impl Iterator<Item = Action> + '_ {
         self.actions.drain(..)
