@@ -685,7 +685,12 @@ impl Cluster {
                 Some(AdminResponse::NoMajority { maybe_applied }) => {
                     return Err(self.no_majority(op, maybe_applied));
                 }
-                Some(AdminResponse::Failed(e)) => return Err(ClusterError::Remote(e)),
+                Some(AdminResponse::Failed(e)) => {
+                    let e = if e.is_empty() { "no reason given" } else { &e };
+                    return Err(ClusterError::Remote(format!(
+                        "{op} failed at the leader: {e}"
+                    )));
+                }
                 Some(AdminResponse::NodeRunning(n)) => return Err(ClusterError::NodeRunning(n)),
                 Some(AdminResponse::NotAMember(n)) => return Err(ClusterError::NotAMember(n)),
                 Some(a) => return Ok(a),
