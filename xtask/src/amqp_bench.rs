@@ -157,32 +157,24 @@ pub(crate) struct Cost {
 /// The load generator's messages consumed over the whole run and its CPU
 /// seconds, from its output (`total_consumed=… cpu_s=…`).
 pub(crate) fn generator_cost(text: &str) -> Option<(f64, f64)> {
-    let value = |key: &str| -> Option<f64> {
-        let start = text.find(key)? + key.len();
-        let digits: String = text[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
-        digits.parse().ok()
-    };
-    let messages = value("total_consumed=")?;
-    (messages > 0.0).then_some((messages, value("cpu_s=")?))
+    let messages = field(text, "total_consumed=")?;
+    (messages > 0.0).then_some((messages, field(text, "cpu_s=")?))
+}
+
+/// The number after `key` in the load generator's output.
+fn field(text: &str, key: &str) -> Option<f64> {
+    let start = text.find(key)? + key.len();
+    let digits: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.parse().ok()
 }
 
 /// The load generator's published/s, consumed/s, latency p50 and p99 (µs),
 /// from its output.
 pub(crate) fn rates(text: &str) -> anyhow::Result<[f64; 4]> {
-    let value = |key: &str| -> anyhow::Result<f64> {
-        let start = text
-            .find(key)
-            .with_context(|| format!("no {key} in: {text}"))?
-            + key.len();
-        let digits: String = text[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
-        Ok(digits.parse()?)
-    };
+    let value = |key: &str| field(text, key).with_context(|| format!("no {key} in: {text}"));
     Ok([
         value("published/s=")?,
         value("consumed/s=")?,

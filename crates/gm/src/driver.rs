@@ -799,10 +799,7 @@ impl NodeTask {
                 }
             }
         }
-        for (ring, id) in busy {
-            self.drive(&ring, id);
-            self.run_loopback();
-        }
+        self.each_member(busy, |_| {});
     }
 
     /// The safety net for a missed view change: reads the views of the
