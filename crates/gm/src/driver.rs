@@ -24,7 +24,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use warren_transport::{Connection, FrameSender, PeerAddr, Transport, TransportError};
-use warren_wire::{NodeName, PeerFrame, encode_message};
+use warren_wire::{NodeName, PeerFrame, encode_message, encode_ring_frame};
 
 use crate::authority::ViewAuthority;
 use crate::detector::FailureDetector;
@@ -1005,12 +1005,7 @@ impl NodeTask {
     }
 
     fn ring_frame(&self, ring: &str, msg: &RingMsg) -> Option<Bytes> {
-        let body = encode_message(msg).ok()?;
-        let frame = PeerFrame::Ring {
-            ring: ring.to_owned(),
-            body: Bytes::from(body),
-        };
-        encode_message(&frame).ok().map(Bytes::from)
+        encode_ring_frame(ring, msg).ok().map(Bytes::from)
     }
 
     fn push_to(&mut self, node: &NodeName, bytes: Bytes) {

@@ -22,7 +22,7 @@ pub use frame::{DEFAULT_MAX_FRAME_LEN, FrameDecoder, LEN_PREFIX, encode_frame};
 pub use handshake::{
     ClusterSecret, Handshake, HandshakeError, HandshakeStep, PROTOCOL_VERSION, RefuseReason, Role,
 };
-pub use message::{PeerFrame, decode_message, encode_message};
+pub use message::{PeerFrame, decode_message, encode_message, encode_ring_frame};
 pub use node::{NodeName, NodeNameError};
 
 /// Errors from decoding or encoding peer frames.
