@@ -26,9 +26,13 @@
 //!   deposed: it nacks what it had not confirmed and stops.
 //! - **Confirms.** A publish is confirmed when the ring confirms the
 //!   broadcast carrying it (every member of the current view holds it; when
-//!   the view shrinks, what every survivor holds is confirmed), the local
-//!   fsync covers it (persistent message, durable queue), and at least
+//!   the view shrinks, what every survivor holds is confirmed), and at least
 //!   `ha-min-sync-replicas` members (the master included) are synchronised.
+//!   A persistent message of a durable queue also waits until it is on disk
+//!   at the master and at every synchronised mirror alive: after each fsync a
+//!   mirror broadcasts how far its disk covers the queue's seqs
+//!   (`Stored { up_to }`), as RabbitMQ's mirrors confirm only once their
+//!   backing queue has the message on disk.
 //! - **Deliveries.** A fetch's result is handed out only once the ring holds
 //!   the fetch, so a new master never delivers a message again without the
 //!   redelivered flag.

@@ -1,11 +1,11 @@
 //! The sans-IO replica: one queue's master or mirror role as a state machine.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use warren_backing_queue::{
-    BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, QueueConfig, QueueError, SeqId,
-    Snapshot, SnapshotMessage, Stats, StoreError, SyncJob,
+    BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, OpOutcome, QueueConfig,
+    QueueError, SeqId, Snapshot, SnapshotMessage, Stats, StoreError, SyncJob,
 };
 use warren_gm::{MemberId, Seq, View, ViewVersion};
 use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
@@ -296,6 +296,9 @@ pub struct Replica {
     sync_run: Option<SyncRun>,
     /// Mirrors sent a whole sync that have not said they hold it yet.
     sync_awaiting: BTreeSet<MemberId>,
+    /// Per mirror, the queue seq up to which it reported its persistent
+    /// messages on disk ([`Body::Stored`]).
+    stored: BTreeMap<MemberId, SeqId>,
     next_sync: u64,
     record_inflight: bool,
     // Mirror.
@@ -308,6 +311,10 @@ pub struct Replica {
     warned_waiting: ViewVersion,
     /// The node of the master this mirror follows.
     master_node: Option<String>,
+    /// The highest queue seq this mirror has applied.
+    applied_seq: SeqId,
+    /// The `up_to` of this mirror's last [`Body::Stored`].
+    reported_stored: SeqId,
     refused: u64,
 }
 
@@ -406,6 +413,7 @@ impl Replica {
             next_token: 1,
             sync_run: None,
             sync_awaiting: BTreeSet::new(),
+            stored: BTreeMap::new(),
             next_sync: 1,
             record_inflight: false,
             msync: MirrorSync::Idle,
@@ -414,6 +422,8 @@ impl Replica {
             asked_sync: false,
             warned_waiting: 0,
             master_node: None,
+            applied_seq: 0,
+            reported_stored: 0,
             refused: 0,
         }
     }
@@ -657,6 +667,7 @@ impl Replica {
             bq.sync()?;
         }
         self.release();
+        self.report_stored();
         Ok(())
     }
 
@@ -680,7 +691,28 @@ impl Replica {
             bq.drain_confirmed(&mut seqs);
         }
         self.release();
+        self.report_stored();
         Ok(())
+    }
+
+    /// A mirror holding the master's state tells the master how far its disk
+    /// covers the persistent messages it applied: the master confirms a
+    /// persistent message only once every synchronised mirror has it on disk.
+    /// Everything applied counts once nothing is left to fsync.
+    fn report_stored(&mut self) {
+        if self.role != Role::Mirror || !matches!(self.msync, MirrorSync::Holding) {
+            return;
+        }
+        let Some(bq) = self.bq.as_ref() else { return };
+        let stored = if bq.needs_sync() {
+            bq.synced_seq().min(self.applied_seq)
+        } else {
+            self.applied_seq
+        };
+        if stored > self.reported_stored {
+            self.reported_stored = stored;
+            self.push_msg(Body::Stored { up_to: stored });
+        }
     }
 
     /// Gives the backing queue back (a master whose queue stops being
@@ -763,6 +795,7 @@ impl Replica {
                 let view = &self.view;
                 self.synced_members.retain(|m| view.is_alive(*m));
                 self.sync_awaiting.retain(|m| view.is_alive(*m));
+                self.stored.retain(|m, _| view.is_alive(*m));
                 let mut cancel = false;
                 if let Some(run) = &mut self.sync_run {
                     run.targets.retain(|m| view.is_alive(*m));
@@ -876,6 +909,14 @@ impl Replica {
             self.on_sync_done(publisher, msg.epoch, sync);
             return;
         }
+        if let Body::Stored { up_to } = msg.body {
+            if self.role == Role::Master {
+                let e = self.stored.entry(publisher).or_insert(0);
+                *e = (*e).max(up_to);
+                self.release();
+            }
+            return;
+        }
         if let Body::NeedSync = msg.body {
             if self.role == Role::Master {
                 self.sync_awaiting.remove(&publisher);
@@ -959,7 +1000,14 @@ impl Replica {
             return;
         }
         let Some(bq) = self.bq.as_ref() else { return };
-        let synced_seq = bq.synced_seq();
+        // A persistent message is on disk everywhere once the local fsync and
+        // every synchronised mirror's cover it.
+        let synced_seq = self
+            .synced_members
+            .iter()
+            .filter(|m| self.view.is_alive(**m))
+            .map(|m| self.stored.get(m).copied().unwrap_or(0))
+            .fold(bq.synced_seq(), SeqId::min);
         let storage_clean = !bq.needs_sync();
         let enough = 1 + self.synced_alive() >= self.settings.min_sync_replicas as usize;
         let mut confirmed = Vec::new();
@@ -1219,7 +1267,7 @@ impl Replica {
 
     fn on_master_msg(&mut self, body: Body) {
         match body {
-            Body::Master | Body::SyncDone { .. } | Body::NeedSync => {}
+            Body::Master | Body::SyncDone { .. } | Body::NeedSync | Body::Stored { .. } => {}
             Body::Ops { ops, publishes } => match &mut self.msync {
                 MirrorSync::Holding => self.apply_ops(ops, &publishes),
                 MirrorSync::Receiving { buffered, .. } => buffered.push((ops, publishes)),
@@ -1297,6 +1345,7 @@ impl Replica {
                 tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync, "mirror holds the master's state");
                 self.push_msg(Body::SyncDone { sync });
                 self.outputs.push_back(Output::SyncComplete);
+                self.report_stored();
             }
             Body::SyncCancel { sync } => {
                 if matches!(self.msync, MirrorSync::Receiving { sync: s, .. } if s == sync) {
@@ -1313,6 +1362,8 @@ impl Replica {
         buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
     ) -> Result<(), MirrorError> {
         let mut bq = (self.factory)(queue_config(&self.settings, snap.limits))?;
+        self.applied_seq = snap.next_seq.saturating_sub(1);
+        self.reported_stored = 0;
         if !bq.install_snapshot(snap)? {
             return Err(MirrorError::Stopped);
         }
@@ -1327,8 +1378,12 @@ impl Replica {
     fn apply_ops(&mut self, ops: Vec<Op>, publishes: &[PublishId]) {
         let Some(bq) = self.bq.as_mut() else { return };
         for op in ops {
-            if let Err(e) = bq.apply(op) {
-                tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "mirror could not apply the master's op");
+            match bq.apply(op) {
+                Ok(OpOutcome::Published(p)) => self.applied_seq = self.applied_seq.max(p.seq),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "mirror could not apply the master's op");
+                }
             }
         }
         bq.take_ops();

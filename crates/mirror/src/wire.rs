@@ -93,6 +93,12 @@ pub(crate) enum Body {
         /// The sync's id.
         sync: u64,
     },
+    /// From a mirror that holds the master's state: every persistent message
+    /// with a queue seq up to `up_to` is on its disk (its fsync covered it).
+    Stored {
+        /// The highest queue seq covered.
+        up_to: u64,
+    },
 }
 
 impl RingMsg {

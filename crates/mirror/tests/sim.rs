@@ -7,10 +7,11 @@
 //! delivered twice without the redelivered flag.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::Path;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use warren_backing_queue::{BackingQueue, NewMessage, QueueConfig};
+use warren_backing_queue::{BackingQueue, NewMessage, QueueConfig, StoreConfig};
 use warren_gm::{Action, Config, Frame, InMemoryAuthority, Member, MemberId, ViewChange};
 use warren_mirror::{Output, PublishId, RecordView, Replica, Role, Settings, SyncStart};
 use warren_policy::{PromoteOn, SyncMode};
@@ -20,6 +21,16 @@ const RING: &str = "q";
 
 fn factory() -> warren_mirror::QueueFactory {
     Box::new(|cfg| Ok(BackingQueue::in_memory(cfg)))
+}
+
+/// Durable backing queues of node `node` under `root`, each made empty (as
+/// a node's factory deletes what an earlier replica left).
+fn disk_factory(root: &Path, node: &str) -> warren_mirror::QueueFactory {
+    let dir = root.join(node);
+    Box::new(move |cfg| {
+        let _ = std::fs::remove_dir_all(&dir);
+        BackingQueue::open(&dir, cfg, StoreConfig::default()).map(|(bq, _)| bq)
+    })
 }
 
 struct Node {
@@ -71,11 +82,20 @@ struct Sim {
     lazy_views: bool,
     /// The master the publisher publishes to.
     publish_target: Option<MemberId>,
+    /// Durable queues and persistent messages in this directory: confirms
+    /// then also wait for every synchronised replica's fsync, run at random
+    /// steps ([`Sim::sync_disk`]). `None`: in-memory queues.
+    disk: Option<tempfile::TempDir>,
     check: Checker,
 }
 
 impl Sim {
     fn new(seed: u64, settings: Settings) -> Self {
+        Self::with_disk(seed, settings, false)
+    }
+
+    /// A simulation whose queues are durable (`disk`) or in memory.
+    fn with_disk(seed: u64, settings: Settings, disk: bool) -> Self {
         let mut sim = Sim {
             rng: StdRng::seed_from_u64(seed),
             seed,
@@ -94,6 +114,7 @@ impl Sim {
             settings,
             lazy_views: false,
             publish_target: None,
+            disk: disk.then(|| tempfile::tempdir().expect("a temporary directory")),
             check: Checker::default(),
         };
         sim.add_node(true);
@@ -131,16 +152,18 @@ impl Sim {
             // The record names this node master at a new version: the epoch.
             self.record.version += 1;
             self.record.master = name.clone();
-            let bq = BackingQueue::in_memory(QueueConfig {
+            let mut factory = self.factory(&name);
+            let bq = factory(QueueConfig {
                 record_ops: true,
                 ..QueueConfig::default()
-            });
+            })
+            .expect("a backing queue");
             Replica::new_master(
                 RING,
                 name.clone(),
                 id,
                 self.settings,
-                factory(),
+                factory,
                 bq,
                 self.record.clone(),
             )
@@ -156,7 +179,7 @@ impl Sim {
                 name.clone(),
                 id,
                 self.settings,
-                factory(),
+                self.factory(&name),
                 self.record.clone(),
             )
         };
@@ -187,6 +210,25 @@ impl Sim {
         self.notify_record();
         self.drive(idx);
         idx
+    }
+
+    /// Backing queues for a replica on node `name`.
+    fn factory(&mut self, name: &str) -> warren_mirror::QueueFactory {
+        match &self.disk {
+            Some(root) => disk_factory(root.path(), name),
+            None => factory(),
+        }
+    }
+
+    /// Runs node `i`'s fsync, if it has anything to sync.
+    fn sync_disk(&mut self, i: usize) {
+        if self.nodes[i].alive && self.nodes[i].replica.needs_storage_sync() {
+            self.nodes[i]
+                .replica
+                .sync_storage()
+                .expect("fsync in a temporary directory");
+            self.drive(i);
+        }
     }
 
     fn add_node(&mut self, master: bool) -> usize {
@@ -464,7 +506,8 @@ impl Sim {
         let seq = self.next_msg;
         self.next_msg += 1;
         let id = PublishId { publisher: 1, seq };
-        let msg = NewMessage::new(seq, format!("m{seq}").into_bytes(), false);
+        let persistent = self.disk.is_some();
+        let msg = NewMessage::new(seq, format!("m{seq}").into_bytes(), persistent);
         let now = self.now_ms;
         if self.nodes[m].replica.publish(now, id, msg).is_ok() {
             self.check.pending.insert(seq);
@@ -524,6 +567,10 @@ impl Sim {
             80..=86 if traffic => self.fetch(),
             87..=91 if traffic => self.settle_delivery(false),
             92..=93 if traffic => self.settle_delivery(true),
+            94 if self.disk.is_some() => {
+                let i = self.rng.random_range(0..self.nodes.len());
+                self.sync_disk(i);
+            }
             94..=95 => {
                 self.now_ms += 7;
                 let now = self.now_ms;
@@ -545,6 +592,9 @@ impl Sim {
         for _ in 0..200_000 {
             self.install_all();
             self.flush_all();
+            for i in 0..self.nodes.len() {
+                self.sync_disk(i);
+            }
             let mut busy = false;
             while self.deliver_frame() {
                 busy = true;
@@ -622,7 +672,11 @@ impl Sim {
                 self.seed,
                 self.nodes[i].name
             );
-            assert_eq!(self.nodes[i].replica.stats(), master_stats);
+            // Disk use differs: a synchronised mirror's log began at its sync.
+            let counts = |s: Option<warren_backing_queue::Stats>| {
+                s.map(|s| (s.ready, s.unacked, s.ready_bytes, s.unacked_bytes))
+            };
+            assert_eq!(counts(self.nodes[i].replica.stats()), counts(master_stats));
         }
         // Drain the queue: everything confirmed must come out (or have come out).
         for h in std::mem::take(&mut self.check.unacked) {
@@ -679,7 +733,12 @@ fn settings(mode: SyncMode, batch: u64) -> Settings {
 fn run_seed(seed: u64) -> Checker {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
     let batch = [1, 3, 64][rng.random_range(0..3)];
-    let mut sim = Sim::new(seed, settings(SyncMode::Automatic, batch));
+    // Every third seed: durable queues, persistent messages, random fsyncs.
+    let mut sim = Sim::with_disk(
+        seed,
+        settings(SyncMode::Automatic, batch),
+        seed.is_multiple_of(3),
+    );
     sim.lazy_views = seed % 2 == 1;
     sim.add_node(false);
     sim.add_node(false);
@@ -821,6 +880,58 @@ fn confirms_wait_for_every_member_and_survive_a_mirror_crash() {
     assert_eq!(sim.check.confirmed.len(), 20);
     assert_eq!(sim.record.mirrors, vec!["n1".to_owned()]);
     assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+#[test]
+fn persistent_confirms_wait_for_every_synchronised_mirrors_fsync() {
+    let mut sim = Sim::with_disk(3, settings(SyncMode::Automatic, 16), true);
+    sim.add_node(false);
+    sim.add_node(false);
+    sim.quiesce();
+    assert_eq!(sim.synced_alive_mirrors().len(), 2);
+    for _ in 0..5 {
+        sim.publish();
+    }
+    // Round the ring, with no fsync anywhere.
+    let ring_round = |sim: &mut Sim| {
+        for _ in 0..100 {
+            sim.flush_all();
+            while sim.deliver_frame() {}
+        }
+    };
+    ring_round(&mut sim);
+    assert!(sim.check.confirmed.is_empty(), "nothing is on disk yet");
+    let m = sim.master().unwrap();
+    sim.sync_disk(m);
+    ring_round(&mut sim);
+    assert!(
+        sim.check.confirmed.is_empty(),
+        "on the master's disk only, not on the mirrors'"
+    );
+    let mirrors = sim.synced_alive_mirrors();
+    sim.sync_disk(mirrors[0]);
+    ring_round(&mut sim);
+    assert!(
+        sim.check.confirmed.is_empty(),
+        "one synchronised mirror has not synced its disk"
+    );
+    sim.sync_disk(mirrors[1]);
+    ring_round(&mut sim);
+    assert_eq!(sim.check.confirmed.len(), 5);
+    // A mirror that dies before its fsync no longer holds confirms back.
+    for _ in 0..5 {
+        sim.publish();
+    }
+    ring_round(&mut sim);
+    sim.sync_disk(m);
+    sim.sync_disk(mirrors[0]);
+    ring_round(&mut sim);
+    assert_eq!(sim.check.confirmed.len(), 5);
+    sim.crash(mirrors[1]);
+    ring_round(&mut sim);
+    assert_eq!(sim.check.confirmed.len(), 10);
+    sim.quiesce();
     sim.check_end();
 }
 
