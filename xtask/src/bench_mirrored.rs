@@ -543,6 +543,34 @@ fn rabbit_synced(node: &RabbitNode, name: &str, mirrors: usize) -> anyhow::Resul
 
 /// Declares durable queues on `url`, `parallel` channels at a time.
 async fn declare(url: &str, names: &[String], parallel: usize) -> anyhow::Result<()> {
+    tokio::time::timeout(ADMIN_TIMEOUT, declare_all(url, names, parallel))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "declaring {} queue(s) on {url} took over {} s",
+                names.len(),
+                ADMIN_TIMEOUT.as_secs()
+            )
+        })?
+}
+
+/// Closes a bench connection; says so if the broker never answers the
+/// `connection.close` (instead of waiting for ever).
+async fn close(conn: &Connection, url: &str) {
+    let closing = conn.close(200, "done".into());
+    if tokio::time::timeout(Duration::from_secs(10), closing)
+        .await
+        .is_err()
+    {
+        println!("    warning: {url} did not answer connection.close within 10 s");
+    }
+}
+
+/// How long declaring or deleting the bench's queues may take before the
+/// bench gives up with an error (once, a client's declare never returned).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn declare_all(url: &str, names: &[String], parallel: usize) -> anyhow::Result<()> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let mut tasks = Vec::new();
     for part in names.chunks(names.len().div_ceil(parallel.max(1)).max(1)) {
@@ -566,18 +594,28 @@ async fn declare(url: &str, names: &[String], parallel: usize) -> anyhow::Result
     for t in tasks {
         t.await??;
     }
-    let _ = conn.close(200, "done".into()).await;
+    close(&conn, url).await;
     Ok(())
 }
 
 /// Deletes a queue (what a run left in it included).
 async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
-    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.queue_delete(name.into(), QueueDeleteOptions::default())
-        .await?;
-    let _ = conn.close(200, "done".into()).await;
-    Ok(())
+    let delete = async {
+        let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+        let ch = conn.create_channel().await?;
+        ch.queue_delete(name.into(), QueueDeleteOptions::default())
+            .await?;
+        close(&conn, url).await;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(ADMIN_TIMEOUT, delete)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "deleting {name} on {url} took over {} s",
+                ADMIN_TIMEOUT.as_secs()
+            )
+        })?
 }
 
 /// One load generator run: published/s, consumed/s, latency p50 and p99
@@ -764,7 +802,7 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
         Ok(Ok(Err(e))) => (false, Some(format!("{e:#}"))),
         Ok(Err(e)) => (false, Some(e.to_string())),
     };
-    let _ = conn.close(200, "done".into()).await;
+    close(&conn, url).await;
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
     let mut times: Vec<Instant> = seen
         .iter()
@@ -1367,7 +1405,7 @@ async fn paced_publisher(
     }
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), collector).await;
-    let _ = conn.close(200, "done".into()).await;
+    close(&conn, &url).await;
     Ok(())
 }
 
@@ -1403,7 +1441,7 @@ async fn consumer(url: String, queues: Vec<String>, counters: Arc<Counters>) -> 
     for t in tasks {
         t.abort();
     }
-    let _ = conn.close(200, "done".into()).await;
+    close(&conn, &url).await;
     Ok(())
 }
 
