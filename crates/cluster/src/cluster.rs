@@ -1162,6 +1162,18 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
 /// timeout (a 1.3 s publisher stall in `bench mirrored`).
 const ELECTION_RETRY_WINDOW: Duration = Duration::from_millis(600);
 
+/// How long a dial to a peer whose link just ended may take.
+const LOST_LINK_DIAL: Duration = Duration::from_millis(200);
+
+/// When a peer's side ends its link, the waits before each probe of its
+/// address (a refusal means its process is gone).
+const LOST_LINK_PROBES: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(30),
+    Duration::from_millis(60),
+];
+
 /// The members other than this node: id, name and peer address.
 fn other_members(
     inner: &Inner,
@@ -1197,10 +1209,12 @@ async fn detector(weak: Weak<Inner>) {
     };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Members silent for a fifth of the heartbeat interval are probed at that
-    // pace: over transports that can tell (QUIC), a dead process's address
-    // refuses, and the member is down at once instead of after the timeout.
-    let quiet = interval / 5;
+    // Members silent for a tenth of the heartbeat interval (50 ms by default)
+    // are probed at that pace: over transports that can tell (QUIC, where a
+    // dead process's link does not end), a dead process's address refuses,
+    // and the member is down at once instead of after the timeout. A probe
+    // is one datagram.
+    let quiet = interval / 10;
     let mut probe_tick = tokio::time::interval(quiet);
     probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -1239,6 +1253,30 @@ async fn detector(weak: Weak<Inner>) {
             let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
             (members, m.current_leader, voters)
         };
+        // A link the peer's side ended: is its process gone? A dial racing
+        // the process's exit can be reset rather than refused, so ask again
+        // shortly after, instead of waiting for the probe pace.
+        for name in inner.peers.take_lost() {
+            let Some((_, _, addr)) = members.iter().find(|(_, n, _)| *n == name) else {
+                continue;
+            };
+            let (peers, addr) = (inner.peers.clone(), addr.clone());
+            tokio::spawn(async move {
+                for wait in LOST_LINK_PROBES {
+                    tokio::time::sleep(wait).await;
+                    if peers.refused(&name) || peers.has_link(&name) {
+                        return;
+                    }
+                    // A dial (refused over TCP), and the transport's own
+                    // probe (QUIC answers a dead port with ICMP).
+                    if peers.reach(&name, &addr, LOST_LINK_DIAL).await
+                        || peers.probe(&name, &addr).await
+                    {
+                        return;
+                    }
+                }
+            });
+        }
         in_flight.retain(|_, h| !h.is_finished());
         for (_, name, addr) in &members {
             if in_flight.contains_key(name) {

@@ -85,6 +85,9 @@ struct Inner {
     last_seen: Mutex<BTreeMap<NodeName, Instant>>,
     /// Peers whose address refused a connection since they were last heard.
     refused: Mutex<BTreeSet<NodeName>>,
+    /// Peers whose link ended from their side (end of stream or an error)
+    /// since the failure detector last asked: it probes them at once.
+    lost: Mutex<BTreeSet<NodeName>>,
     /// Notified when a link closes or a dial is refused: the failure
     /// detector looks again at once.
     changed: Arc<tokio::sync::Notify>,
@@ -126,6 +129,7 @@ impl Peers {
                 links: Mutex::new(BTreeMap::new()),
                 last_seen: Mutex::new(BTreeMap::new()),
                 refused: Mutex::new(BTreeSet::new()),
+                lost: Mutex::new(BTreeSet::new()),
                 changed: Arc::new(tokio::sync::Notify::new()),
                 handler: Mutex::new(None),
                 dialing: Mutex::new(BTreeMap::new()),
@@ -208,6 +212,18 @@ impl Peers {
         self.inner.changed.clone()
     }
 
+    /// The peers whose link ended from their side since the last call.
+    pub(crate) fn take_lost(&self) -> BTreeSet<NodeName> {
+        std::mem::take(&mut *lock(&self.inner.lost))
+    }
+
+    /// Whether an open link to `peer` exists.
+    pub(crate) fn has_link(&self, peer: &NodeName) -> bool {
+        lock(&self.inner.links)
+            .get(peer)
+            .is_some_and(|l| !l.is_closed())
+    }
+
     /// Registers a new connection; returns the link the pair should use.
     ///
     /// Of two open links the one dialed by the smaller name wins (both ends
@@ -278,6 +294,7 @@ impl Peers {
         mut close_rx: watch::Receiver<bool>,
     ) {
         let mut batch = Vec::new();
+        let mut lost = false;
         loop {
             batch.clear();
             let got = tokio::select! {
@@ -285,10 +302,14 @@ impl Peers {
                 _ = close_rx.wait_for(|c| *c) => break,
             };
             match got {
-                Ok(0) => break,
+                Ok(0) => {
+                    lost = true;
+                    break;
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(node = %self.inner.me, peer = %link.peer, error = %e, "connection lost");
+                    lost = true;
                     break;
                 }
             }
@@ -304,6 +325,9 @@ impl Peers {
             .is_some_and(|l| l.serial == link.serial)
         {
             links.remove(&link.peer);
+            if lost {
+                lock(&self.inner.lost).insert(link.peer.clone());
+            }
             self.inner.changed.notify_one();
         }
     }
@@ -455,6 +479,16 @@ impl Peers {
             self.inner.changed.notify_one();
         }
         true
+    }
+
+    /// Dials `peer` unless a link is open, waiting at most `timeout`; a
+    /// refused dial is recorded (see [`refused`](Self::refused)). Returns
+    /// whether a link is open.
+    pub(crate) async fn reach(&self, peer: &NodeName, addr: &PeerAddr, timeout: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(timeout, self.link(Some(peer), addr)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Sends a heartbeat to `peer` (dialing if needed, bounded by `timeout`).
