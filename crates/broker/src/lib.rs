@@ -30,7 +30,7 @@ pub use broker::introspect::{
     json_to_amqp, json_to_table, table_to_json,
 };
 pub use broker::link::LinkMsg;
-pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaStart};
+pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaEnd, ReplicaStart};
 pub use broker::stats::{LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, QueueCounters};
 pub use broker::{Broker, BrokerConfig, ConnId, Overview, SyncBatch, Waker};
 

@@ -119,6 +119,18 @@ pub struct ReplicaStart {
     pub waker: Waker,
 }
 
+/// What a master's queue becomes when its replica ends ([`Broker::end_replica`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaEnd {
+    /// The queue stops being mirrored: the master serves its messages alone.
+    Serve,
+    /// This node is stopping: the messages stay on its disk for a restart,
+    /// and the queue takes no more work here (publishes are nacked).
+    Keep,
+    /// Handed over to another master: the messages are dropped.
+    Drop,
+}
+
 impl std::fmt::Debug for ReplicaStart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaStart")
@@ -337,12 +349,16 @@ impl Broker {
         true
     }
 
-    /// Ends queue `name`'s replica after its ring member left: a master keeps
-    /// serving its messages alone if `keep` (the queue stops being mirrored);
-    /// otherwise (a mirror, or a master that handed over) the content is
-    /// dropped and the queue is served from its master. Pending publishes are
-    /// nacked.
-    pub fn end_replica(&mut self, vhost: &str, name: &str, factory: &mut QueueFactory, keep: bool) {
+    /// Ends queue `name`'s replica after its ring member left; what a master
+    /// does with its messages is `end`'s (a mirror's content is dropped, and
+    /// the queue is served from its master). Pending publishes are nacked.
+    pub fn end_replica(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        factory: &mut QueueFactory,
+        end: ReplicaEnd,
+    ) {
         let Some(q) = self
             .vhosts
             .get_mut(vhost)
@@ -375,9 +391,14 @@ impl Broker {
             );
         }
         let was_master = m.master;
-        let bq = m.replica.into_queue().filter(|_| was_master && keep);
-        if was_master && !keep {
-            // Handed over: served by the new master once the record names it.
+        let bq = m
+            .replica
+            .into_queue()
+            .filter(|_| was_master && end != ReplicaEnd::Drop);
+        if was_master && end != ReplicaEnd::Serve {
+            // Handed over, or this node is stopping: no more work here (a
+            // publish accepted now would be on this disk alone); served by
+            // the new master once the record names it.
             q.handed_over = true;
             q.remote = Some(Arc::from(""));
         }

@@ -22,7 +22,7 @@ use anyhow::Context as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
-use warren_broker::{MirrorInput, ReplicaStart};
+use warren_broker::{MirrorInput, ReplicaEnd, ReplicaStart};
 use warren_cluster::{Cluster, Command, Metadata};
 use warren_gm::{
     FailureDetector, GmNode, NodeConfig, RingEvent, RingHandle, ViewAuthority, ViewChange,
@@ -569,19 +569,26 @@ impl Mirroring {
             if io.stopped {
                 ring.leave().await;
                 // A master keeps its messages unless it handed over, or the
-                // record names another master (which holds them).
-                let keep = self
+                // record names another master (which holds them). A node
+                // that is stopping keeps them on disk but takes no more work.
+                let serve = self
                     .replicas
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .get(&(vhost.to_owned(), name.to_owned()))
                     .is_none_or(|r| r.keep)
-                    && records.local().is_ok_and(|r| r.master == self.node)
-                    || self.shutting_down.load(std::sync::atomic::Ordering::SeqCst);
+                    && records.local().is_ok_and(|r| r.master == self.node);
+                let end = if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+                    ReplicaEnd::Keep
+                } else if serve {
+                    ReplicaEnd::Serve
+                } else {
+                    ReplicaEnd::Drop
+                };
                 {
                     let mut b = lock(&self.broker);
                     let mut factory = fresh_queue(b.queue_dir(vhost, name));
-                    b.end_replica(vhost, name, &mut factory, keep);
+                    b.end_replica(vhost, name, &mut factory, end);
                 }
                 tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
                 return;
