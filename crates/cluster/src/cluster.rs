@@ -1156,8 +1156,8 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
 
 /// How long a voter that sees the Raft leader's process gone keeps calling
 /// elections, a short pause apart, until a new leader follows. It covers
-/// the other voters' detection (a probe every 100 ms after 100 ms of
-/// silence): with 5 calls in about 120 ms, the others, still refusing with
+/// the other voters' detection (over QUIC, a probe every 50 ms after 50 ms
+/// of silence): with 5 calls in about 120 ms, the others, still refusing with
 /// their leases, once left the cluster leaderless until the election
 /// timeout (a 1.3 s publisher stall in `bench mirrored`).
 const ELECTION_RETRY_WINDOW: Duration = Duration::from_millis(600);
