@@ -621,6 +621,15 @@ impl Sim {
         panic!("seed {}: the simulation never went quiet", self.seed);
     }
 
+    /// Adds `n` mirrors and runs until they are synchronised.
+    fn add_synchronised_mirrors(&mut self, n: usize) {
+        for _ in 0..n {
+            self.add_node(false);
+        }
+        self.quiesce();
+        assert_eq!(self.synced_alive_mirrors().len(), n);
+    }
+
     fn synced_alive_mirrors(&self) -> Vec<usize> {
         let Some(m) = self.master() else {
             return Vec::new();
@@ -859,10 +868,7 @@ fn seeded_fault_schedules_lose_no_confirmed_message() {
 #[test]
 fn confirms_wait_for_every_member_and_survive_a_mirror_crash() {
     let mut sim = Sim::new(1, settings(SyncMode::Automatic, 16));
-    sim.add_node(false);
-    sim.add_node(false);
-    sim.quiesce();
-    assert_eq!(sim.synced_alive_mirrors().len(), 2);
+    sim.add_synchronised_mirrors(2);
     for _ in 0..10 {
         sim.publish();
     }
@@ -886,10 +892,7 @@ fn confirms_wait_for_every_member_and_survive_a_mirror_crash() {
 #[test]
 fn persistent_confirms_wait_for_every_synchronised_mirrors_fsync() {
     let mut sim = Sim::with_disk(3, settings(SyncMode::Automatic, 16), true);
-    sim.add_node(false);
-    sim.add_node(false);
-    sim.quiesce();
-    assert_eq!(sim.synced_alive_mirrors().len(), 2);
+    sim.add_synchronised_mirrors(2);
     for _ in 0..5 {
         sim.publish();
     }
