@@ -1267,11 +1267,10 @@ async fn detector(weak: Weak<Inner>) {
                     if peers.refused(&name) || peers.has_link(&name) {
                         return;
                     }
-                    // The transport's own probe first (QUIC answers a dead
-                    // port with ICMP; TCP's says nothing at once), then a
-                    // dial (refused over TCP).
-                    if peers.probe(&name, &addr).await
-                        || peers.reach(&name, &addr, LOST_LINK_DIAL).await
+                    // A dial (refused over TCP), and the transport's own
+                    // probe (QUIC answers a dead port with ICMP).
+                    if peers.reach(&name, &addr, LOST_LINK_DIAL).await
+                        || peers.probe(&name, &addr).await
                     {
                         return;
                     }

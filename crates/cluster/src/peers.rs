@@ -217,11 +217,17 @@ impl Peers {
         std::mem::take(&mut *lock(&self.inner.lost))
     }
 
-    /// Whether an open link to `peer` exists.
-    pub(crate) fn has_link(&self, peer: &NodeName) -> bool {
+    /// The serial of the open link to `peer`, if any.
+    fn link_serial(&self, peer: &NodeName) -> Option<u64> {
         lock(&self.inner.links)
             .get(peer)
-            .is_some_and(|l| !l.is_closed())
+            .filter(|l| !l.is_closed())
+            .map(|l| l.serial)
+    }
+
+    /// Whether an open link to `peer` exists.
+    pub(crate) fn has_link(&self, peer: &NodeName) -> bool {
+        self.link_serial(peer).is_some()
     }
 
     /// Registers a new connection; returns the link the pair should use.
@@ -470,7 +476,13 @@ impl Peers {
     /// Asks the transport whether `peer`'s address refuses (its process is
     /// gone) and records it like a refused dial; true if it did.
     pub(crate) async fn probe(&self, peer: &NodeName, addr: &PeerAddr) -> bool {
+        let before = self.link_serial(peer);
         if !self.inner.transport.refuses(addr).await {
+            return false;
+        }
+        if self.link_serial(peer) != before {
+            // A new connection came from the peer meanwhile: it is alive
+            // (restarted, perhaps at another address than the one probed).
             return false;
         }
         if lock(&self.inner.refused).insert(peer.clone()) {
