@@ -664,6 +664,14 @@ impl Cluster {
                             )));
                         }
                         Some(Err(CallError::Unreachable { .. })) => None,
+                        // A read index asked again is harmless: a link lost
+                        // under it (dropped as a duplicate when both nodes
+                        // dialed at once, say) is no reason to fail.
+                        Some(Err(CallError::Lost { .. }))
+                            if matches!(req, AdminRequest::ReadIndex) =>
+                        {
+                            None
+                        }
                         Some(Err(CallError::Lost { .. } | CallError::Timeout { .. })) => {
                             return Err(self.no_majority(op, true));
                         }

@@ -142,3 +142,30 @@ async fn t22_nothing_committed_twice_or_lost_across_a_leader_crash() {
     );
     check_every_ack_applied_once(&mut tc, &names, &acked, "a", "leader crash").await;
 }
+
+/// A read index whose connection to the leader breaks under it is asked
+/// again, not failed: at startup, when two restarted nodes dial each other
+/// at once, one of the two links is dropped as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t23_a_read_whose_link_to_the_leader_breaks_is_asked_again() {
+    let mut tc = TestCluster::new(23);
+    let names = ["a", "b", "c"];
+    tc.form(&names).await;
+    tc.node("a").write(vhost("/")).await.unwrap();
+    let leader = tc.leader(&names).await;
+    let follower = *names.iter().find(|x| **x != leader).unwrap();
+    // Slow the pair down so that the read is still in flight when its link breaks.
+    let delay = std::time::Duration::from_millis(100);
+    tc.net
+        .delay(&n(follower), &n(&leader), delay, std::time::Duration::ZERO);
+    let node = tc.node(follower);
+    let read = tokio::spawn(async move { node.read_linearizable().await });
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    tc.net.disconnect(&n(follower));
+    let md = read
+        .await
+        .unwrap()
+        .expect("the read is asked again over a new link");
+    assert!(md.vhosts.contains("/"));
+    tc.shutdown_all().await;
+}
