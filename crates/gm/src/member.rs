@@ -622,9 +622,13 @@ impl Member {
     }
 
     /// Publishes of someone upstream: deliver what is new, keep it, pass it on.
+    /// The publisher itself, when it is the right neighbour, gets them back
+    /// without their payloads: it only counts them (its own messages came
+    /// round), and this member keeps the whole messages for any catchup.
     fn on_passing_stream(&mut self, batch: StreamBatch) {
         let p = batch.publisher;
         let join_version = self.join_version;
+        let back_to_publisher = self.right == p;
         let st = self.streams.entry(p).or_default();
         for msg in batch.pubs {
             if msg.seq <= st.last_pub {
@@ -639,7 +643,17 @@ impl Member {
             }
             st.last_pub = msg.seq;
             st.pending.push_back(msg.clone());
-            self.out.push_pub(p, msg);
+            if back_to_publisher {
+                self.out.push_pub(
+                    p,
+                    Pub {
+                        payload: Bytes::new(),
+                        ..msg
+                    },
+                );
+            } else {
+                self.out.push_pub(p, msg);
+            }
         }
         if batch.ack > st.last_ack {
             st.retire(batch.ack);
@@ -782,6 +796,75 @@ mod tests {
         assert!(
             m.drain_actions()
                 .any(|a| a == Action::NeedView { version: 9 })
+        );
+    }
+
+    #[test]
+    fn messages_return_to_their_publisher_without_payloads() {
+        let vs = views(&[1, 2, 3]);
+        let mut m = Member::new(MemberId(3), Config::default());
+        m.handle_view(vs[2].clone());
+        let frame = |kind, streams| Frame {
+            view: 3,
+            from: MemberId(2),
+            kind,
+            streams,
+        };
+        m.handle_frame(frame(FrameKind::Catchup { last: true }, vec![]));
+        assert_eq!(m.phase(), Phase::Ready);
+        let batch = |publisher, payload| StreamBatch {
+            publisher: MemberId(publisher),
+            pubs: vec![Pub {
+                seq: 1,
+                view: 3,
+                payload: Bytes::from_static(payload),
+            }],
+            ack: 0,
+        };
+        m.drain_actions().for_each(drop);
+        m.handle_frame(frame(
+            FrameKind::Activity,
+            vec![batch(1, b"from 1"), batch(2, b"from 2")],
+        ));
+        m.flush();
+        let actions: Vec<_> = m.drain_actions().collect();
+        let delivered: Vec<_> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Deliver { payload, .. } => Some(payload.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(delivered, [&b"from 1"[..], &b"from 2"[..]]);
+        let Some(Action::Send { to, frame }) = actions.last() else {
+            panic!("no frame sent: {actions:?}");
+        };
+        assert_eq!(*to, MemberId(1));
+        let payloads: Vec<_> = frame
+            .streams
+            .iter()
+            .map(|b| (b.publisher, b.pubs[0].payload.clone()))
+            .collect();
+        // Member 1 gets its own message back as a count; member 2's goes on whole.
+        assert_eq!(
+            payloads,
+            [
+                (MemberId(1), Bytes::new()),
+                (MemberId(2), Bytes::from_static(b"from 2"))
+            ]
+        );
+        // A catchup still carries the whole message.
+        m.handle_link_reset(MemberId(1));
+        let catchup = m.drain_actions().find_map(|a| match a {
+            Action::Send { frame, .. } if frame.kind != FrameKind::Activity => Some(frame),
+            _ => None,
+        });
+        let catchup = catchup.expect("a catchup to the right neighbour");
+        assert!(
+            catchup
+                .streams
+                .iter()
+                .any(|b| b.publisher == MemberId(1) && b.pubs[0].payload == b"from 1"[..])
         );
     }
 }
