@@ -41,6 +41,8 @@ pub(crate) struct Mirrored {
     waker: Waker,
     /// Broadcasts waiting for the shell.
     outbox: Vec<Bytes>,
+    /// Point-to-point messages to ring members waiting for the shell.
+    sends: Vec<(MemberId, Bytes)>,
     /// Record compare-and-sets waiting for the shell.
     proposals: Vec<(u64, RecordView)>,
     /// Who a pending fetch is for, by token.
@@ -77,6 +79,8 @@ enum FetchFor {
 pub struct MirrorIo {
     /// Payloads to broadcast on the ring, in order.
     pub broadcasts: Vec<Bytes>,
+    /// Payloads to send to one ring member each (a mirror's disk reports).
+    pub sends: Vec<(MemberId, Bytes)>,
     /// `(expected_version, placement)` compare-and-sets of the queue record.
     pub proposals: Vec<(u64, RecordView)>,
     /// Whether the replica has stopped (deposed, removed, or stop requested):
@@ -339,6 +343,7 @@ impl Broker {
             ring: start.ring,
             waker: start.waker,
             outbox: Vec::new(),
+            sends: Vec::new(),
             proposals: Vec::new(),
             fetches: HashMap::new(),
             publishes: HashMap::new(),
@@ -438,14 +443,7 @@ impl Broker {
         match input {
             MirrorInput::Ring(events) => {
                 for e in events {
-                    match e {
-                        RingEvent::Deliver {
-                            publisher, payload, ..
-                        } => r.handle_deliver(publisher, &payload),
-                        RingEvent::Confirm { up_to } => r.handle_confirm(up_to),
-                        RingEvent::View { .. } => {}
-                        RingEvent::Removed => r.handle_removed(),
-                    }
+                    r.handle_ring_event(e);
                 }
             }
             MirrorInput::View(v) => r.handle_view(v),
@@ -469,6 +467,7 @@ impl Broker {
         };
         MirrorIo {
             broadcasts: std::mem::take(&mut m.outbox),
+            sends: std::mem::take(&mut m.sends),
             proposals: std::mem::take(&mut m.proposals),
             stopped: m.replica.role() == Role::Stopped,
         }
@@ -574,6 +573,10 @@ impl Broker {
                     m.outbox.push(b);
                     wake_shell = true;
                 }
+                Output::Send { to, payload } => {
+                    m.sends.push((to, payload));
+                    wake_shell = true;
+                }
                 Output::ProposeRecord {
                     expected_version,
                     view,
@@ -659,10 +662,12 @@ impl Broker {
         // fetched again: send that too.
         m.replica.flush();
         for o in m.replica.drain_outputs() {
-            if let Output::Broadcast(b) = o {
-                m.outbox.push(b);
-                wake_shell = true;
+            match o {
+                Output::Broadcast(b) => m.outbox.push(b),
+                Output::Send { to, payload } => m.sends.push((to, payload)),
+                _ => continue,
             }
+            wake_shell = true;
         }
         if m.replica.role() == Role::Stopped {
             wake_shell = true;

@@ -113,6 +113,19 @@ pub enum RingEvent {
     },
     /// The member is out of the ring (removed, or its join failed); join again to continue.
     Removed,
+    /// A message from one member of the ring to this one alone (sent with
+    /// [`RingHandle::send`]): not ordered with broadcasts, lost if the link
+    /// between their nodes breaks.
+    Message {
+        /// The sender.
+        from: MemberId,
+        /// The payload.
+        payload: Bytes,
+    },
+    /// The connection to a node holding members of this ring was replaced:
+    /// point-to-point messages sent to them may have been lost (broadcasts
+    /// are not: the ring resends them).
+    LinkReset,
 }
 
 /// The body of a [`PeerFrame::Ring`].
@@ -122,6 +135,12 @@ enum RingMsg {
     Frame { to: MemberId, frame: Frame },
     /// The ring's view changed: fetch it.
     ViewChanged { version: ViewVersion },
+    /// A message from member `from` to member `to` alone.
+    Message {
+        to: MemberId,
+        from: MemberId,
+        payload: Bytes,
+    },
 }
 
 /// [`RingMsg`] decoded in place (the same wire format).
@@ -134,6 +153,11 @@ enum RingMsgRef<'a> {
     },
     ViewChanged {
         version: ViewVersion,
+    },
+    Message {
+        to: MemberId,
+        from: MemberId,
+        payload: &'a [u8],
     },
 }
 
@@ -229,6 +253,12 @@ enum Command {
         member: MemberId,
         payloads: Vec<Bytes>,
         reply: oneshot::Sender<Result<Seq, DriverError>>,
+    },
+    Send {
+        ring: String,
+        from: MemberId,
+        to: MemberId,
+        payload: Bytes,
     },
 }
 
@@ -395,6 +425,22 @@ impl RingHandle {
             .await
             .map_err(|_| DriverError::Stopped)?;
         rx.await.map_err(|_| DriverError::Stopped)?
+    }
+
+    /// Sends `payload` to member `to` of the ring alone (one hop, not round
+    /// the ring); it arrives as [`RingEvent::Message`], unordered with
+    /// broadcasts, and is lost if `to` is not in this member's view or the
+    /// link to its node breaks.
+    pub async fn send(&self, to: MemberId, payload: Bytes) -> Result<(), DriverError> {
+        self.cmd
+            .send(Command::Send {
+                ring: self.ring.clone(),
+                from: self.member,
+                to,
+                payload,
+            })
+            .await
+            .map_err(|_| DriverError::Stopped)
     }
 
     /// Leaves the ring: the member stops at once (as if it crashed) and its
@@ -629,6 +675,39 @@ impl NodeTask {
                 self.dirty.insert((ring.clone(), member));
                 self.drive(&ring, member);
             }
+            Command::Send {
+                ring,
+                from,
+                to,
+                payload,
+            } => {
+                let node = self
+                    .rings
+                    .get(&ring)
+                    .and_then(|r| r.get(&from))
+                    .and_then(|l| l.member.view().entry(to))
+                    .map(|e| e.node.clone());
+                match node {
+                    Some(node) if node == self.cfg.node => {
+                        self.hand_message(&ring, to, from, payload)
+                    }
+                    Some(node) => {
+                        let msg = RingMsg::Message { to, from, payload };
+                        if let Some(bytes) = self.ring_frame(&ring, &msg) {
+                            self.push_to(&node, bytes);
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+
+    /// Gives a point-to-point message to local member `to`, if it is here.
+    fn hand_message(&mut self, ring: &str, to: MemberId, from: MemberId, payload: Bytes) {
+        if let Some(local) = self.rings.get(ring).and_then(|r| r.get(&to)) {
+            local.events.extend([RingEvent::Message { from, payload }]);
+            local.events.wake();
         }
     }
 
@@ -676,6 +755,16 @@ impl NodeTask {
                 self.detector.watch(&peer, Instant::now());
                 self.spawn(write_loop(sender, outbox));
                 self.link_reset(&peer);
+                for local in self.rings.values().flat_map(BTreeMap::values) {
+                    let view = local.member.view();
+                    if view
+                        .alive()
+                        .any(|m| view.entry(m).is_some_and(|e| e.node == peer))
+                    {
+                        local.events.extend([RingEvent::LinkReset]);
+                        local.events.wake();
+                    }
+                }
             }
             Inbound::Down { peer, conn } => {
                 if let Some(p) = self.peers.get_mut(&peer)
@@ -738,6 +827,10 @@ impl NodeTask {
                 if behind {
                     self.fetch(ring);
                 }
+            }
+            Ok(RingMsgRef::Message { to, from, payload }) => {
+                let payload = bytes.slice_ref(payload);
+                self.hand_message(ring, to, from, payload);
             }
             Err(e) => tracing::debug!(%ring, error = %e, "malformed ring frame ignored"),
         }
@@ -1164,6 +1257,21 @@ mod tests {
         };
         assert_eq!(to, MemberId(2));
         assert_eq!(got.into_frame(&bytes), frame);
+        let body = encode_message(&RingMsg::Message {
+            to: MemberId(2),
+            from: MemberId(1),
+            payload: Bytes::from_static(b"hello"),
+        })
+        .unwrap();
+        let Ok(RingMsgRef::Message { to, from, payload }) =
+            decode_borrowed::<RingMsgRef<'_>>(&body)
+        else {
+            panic!("not a point-to-point message");
+        };
+        assert_eq!(
+            (to, from, payload),
+            (MemberId(2), MemberId(1), &b"hello"[..])
+        );
         let hb = encode_message(&PeerFrame::Heartbeat { seq: 5 }).unwrap();
         assert!(matches!(
             decode_borrowed::<PeerFrameRef<'_>>(&hb),

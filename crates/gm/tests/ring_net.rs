@@ -69,6 +69,10 @@ struct Seen {
     confirmed: u64,
     views: Vec<u64>,
     removed: bool,
+    /// Point-to-point messages, with their senders.
+    messages: Vec<(MemberId, Bytes)>,
+    /// Connections to nodes of the ring replaced (`RingEvent::LinkReset`).
+    link_resets: u32,
 }
 
 type Shared = Arc<Mutex<Seen>>;
@@ -93,6 +97,8 @@ fn collect(handle: Arc<RingHandle>) -> Shared {
                     RingEvent::Confirm { up_to } => s.confirmed = up_to,
                     RingEvent::View { version } => s.views.push(version),
                     RingEvent::Removed => s.removed = true,
+                    RingEvent::Message { from, payload } => s.messages.push((from, payload)),
+                    RingEvent::LinkReset => s.link_resets += 1,
                 }
             }
         }
@@ -225,6 +231,32 @@ async fn ring_test(kind: Kind) {
     for _ in 0..20 {
         broadcast_round(&mut members, &live).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Point-to-point messages: every member to every other, one hop each.
+    let ids: Vec<MemberId> = members.iter().map(|m| m.handle.member()).collect();
+    for m in &members {
+        for &to in ids.iter().filter(|&&to| to != m.handle.member()) {
+            let text = format!("{} to {}", m.handle.member().0, to.0);
+            m.handle.send(to, Bytes::from(text)).await.unwrap();
+        }
+    }
+    wait_until("every point-to-point message", || {
+        members
+            .iter()
+            .all(|m| m.seen.lock().unwrap().messages.len() == 4)
+    })
+    .await;
+    for m in &members {
+        let me = m.handle.member();
+        let mut got = m.seen.lock().unwrap().messages.clone();
+        got.sort();
+        let mut want: Vec<(MemberId, Bytes)> = ids
+            .iter()
+            .filter(|&&from| from != me)
+            .map(|&from| (from, Bytes::from(format!("{} to {}", from.0, me.0))))
+            .collect();
+        want.sort();
+        assert_eq!(got, want, "{kind:?}: messages to {}", me.0);
     }
     // Node 3 crashes mid-traffic.
     nodes[2].shutdown();
@@ -406,6 +438,10 @@ async fn short_cut_heals_without_a_view_change() {
             .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
     })
     .await;
+    let resets_before: Vec<u32> = members
+        .iter()
+        .map(|m| m.seen.lock().unwrap().link_resets)
+        .collect();
     for round in 0..30 {
         if round == 10 {
             net.mem.cut(nodes[0].node(), nodes[1].node());
@@ -428,6 +464,15 @@ async fn short_cut_heals_without_a_view_change() {
     })
     .await;
     assert_eq!(authority.current_now("q").version, 3, "no view change");
+    // The two members whose link was replaced were told (point-to-point
+    // messages between them may have been lost); the third was not.
+    let resets: Vec<u32> = members
+        .iter()
+        .zip(resets_before)
+        .map(|(m, before)| m.seen.lock().unwrap().link_resets - before)
+        .collect();
+    assert!(resets[0] >= 1 && resets[1] >= 1, "{resets:?}");
+    assert_eq!(resets[2], 0, "{resets:?}");
 }
 
 /// A view authority as a node in a minority sees it: while `cut`, every

@@ -459,6 +459,7 @@ impl MirrorHandle {
             confirms: BTreeMap::new(),
             fetches: BTreeMap::new(),
             outgoing: Vec::new(),
+            sends: Vec::new(),
             joined: false,
             rec_tx,
             stopping: None,
@@ -603,6 +604,8 @@ struct Task {
     confirms: BTreeMap<PublishId, oneshot::Sender<Confirm>>,
     fetches: BTreeMap<u64, Reply<Option<Delivery>>>,
     outgoing: Vec<Bytes>,
+    /// Point-to-point messages to send ([`Output::Send`]).
+    sends: Vec<(warren_gm::MemberId, Bytes)>,
     joined: bool,
     rec_tx: mpsc::Sender<RecordView>,
     stopping: Option<oneshot::Sender<()>>,
@@ -675,10 +678,6 @@ impl Task {
     async fn on_ring(&mut self, events: Vec<RingEvent>) {
         for e in events {
             match e {
-                RingEvent::Deliver {
-                    publisher, payload, ..
-                } => self.replica.handle_deliver(publisher, &payload),
-                RingEvent::Confirm { up_to } => self.replica.handle_confirm(up_to),
                 RingEvent::View { .. } => {
                     self.joined = true;
                     if let Ok(view) = self.authority.current(&self.cfg.ring).await {
@@ -690,22 +689,13 @@ impl Task {
                                 break;
                             }
                             for e in more.drain(..) {
-                                match e {
-                                    RingEvent::Deliver {
-                                        publisher, payload, ..
-                                    } => self.replica.handle_deliver(publisher, &payload),
-                                    RingEvent::Confirm { up_to } => {
-                                        self.replica.handle_confirm(up_to)
-                                    }
-                                    RingEvent::View { .. } => {}
-                                    RingEvent::Removed => self.replica.handle_removed(),
-                                }
+                                self.replica.handle_ring_event(e);
                             }
                         }
                         self.replica.handle_view(view);
                     }
                 }
-                RingEvent::Removed => self.replica.handle_removed(),
+                e => self.replica.handle_ring_event(e),
             }
         }
     }
@@ -763,6 +753,7 @@ impl Task {
         for o in outputs {
             match o {
                 Output::Broadcast(b) => self.outgoing.push(b),
+                Output::Send { to, payload } => self.sends.push((to, payload)),
                 Output::ProposeRecord {
                     expected_version,
                     view,
@@ -828,6 +819,10 @@ impl Task {
                 tracing::warn!(node = %self.cfg.node, queue = %self.cfg.queue, view = self.replica.epoch(), error = %e, "ring broadcast failed");
                 self.replica.handle_removed();
             }
+        }
+        for (to, payload) in std::mem::take(&mut self.sends) {
+            // Lost only with the link; a new link has the replica report again.
+            let _ = self.ring.send(to, payload).await;
         }
     }
 }

@@ -7,7 +7,7 @@ use warren_backing_queue::{
     BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, OpOutcome, QueueConfig,
     QueueError, SeqId, Snapshot, SnapshotMessage, Stats, StoreError, SyncJob,
 };
-use warren_gm::{MemberId, Seq, View, ViewVersion};
+use warren_gm::{MemberId, RingEvent, Seq, View, ViewVersion};
 use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
 
 use crate::wire::{Body, HeldPublishes, PublishId, RingMsg};
@@ -160,6 +160,15 @@ pub enum Output {
     /// Broadcast this payload on the ring. The replica numbers its own
     /// broadcasts 1, 2, … in output order: the ring's sequence numbers.
     Broadcast(Bytes),
+    /// Send this payload to ring member `to` alone (one hop; it may be lost
+    /// or overtake broadcasts): a mirror's disk reports to its master. Hand
+    /// it to the receiver's [`Replica::handle_message`].
+    Send {
+        /// The receiver.
+        to: MemberId,
+        /// The payload.
+        payload: Bytes,
+    },
     /// Compare-and-set the queue record: set this placement if the record is
     /// still at `expected_version`; feed the outcome (or the current record on
     /// a conflict) back with [`Replica::record_settled`].
@@ -709,9 +718,18 @@ impl Replica {
         } else {
             self.applied_seq
         };
-        if stored > self.reported_stored {
+        if stored > self.reported_stored
+            && let Some(master) = self.master_member
+        {
             self.reported_stored = stored;
-            self.push_msg(Body::Stored { up_to: stored });
+            let msg = RingMsg {
+                epoch: self.epoch,
+                body: Body::Stored { up_to: stored },
+            };
+            self.outputs.push_back(Output::Send {
+                to: master,
+                payload: msg.encode(),
+            });
         }
     }
 
@@ -896,6 +914,45 @@ impl Replica {
         self.handle_record(rec);
     }
 
+    /// An event of the replica's ring member. A view change
+    /// ([`RingEvent::View`]) is ignored here: the driver fetches the view
+    /// from the authority and hands it to [`handle_view`](Self::handle_view).
+    pub fn handle_ring_event(&mut self, event: RingEvent) {
+        match event {
+            RingEvent::Deliver {
+                publisher, payload, ..
+            } => self.handle_deliver(publisher, &payload),
+            RingEvent::Confirm { up_to } => self.handle_confirm(up_to),
+            RingEvent::Message { from, payload } => self.handle_message(from, &payload),
+            RingEvent::Removed => self.handle_removed(),
+            RingEvent::LinkReset => {
+                // The last disk report may have been lost with the old link.
+                self.reported_stored = 0;
+                self.report_stored();
+            }
+            RingEvent::View { .. } => {}
+        }
+    }
+
+    /// A message sent to this replica alone by member `from` ([`Output::Send`]).
+    pub fn handle_message(&mut self, from: MemberId, payload: &[u8]) {
+        let Some(msg) = RingMsg::decode(payload) else {
+            self.refused += 1;
+            return;
+        };
+        match msg.body {
+            // A report about this master's stream only: a mirror that still
+            // follows an older master speaks of another stream.
+            Body::Stored { up_to } if self.role == Role::Master && msg.epoch == self.epoch => {
+                let e = self.stored.entry(from).or_insert(0);
+                *e = (*e).max(up_to);
+                self.release();
+            }
+            Body::Stored { .. } => {}
+            _ => self.refused += 1,
+        }
+    }
+
     /// A ring delivery from `publisher` (the replica's own are ignored).
     pub fn handle_deliver(&mut self, publisher: MemberId, payload: &[u8]) {
         if publisher == self.member || self.role == Role::Stopped {
@@ -907,14 +964,6 @@ impl Replica {
         };
         if let Body::SyncDone { sync } = msg.body {
             self.on_sync_done(publisher, msg.epoch, sync);
-            return;
-        }
-        if let Body::Stored { up_to } = msg.body {
-            if self.role == Role::Master {
-                let e = self.stored.entry(publisher).or_insert(0);
-                *e = (*e).max(up_to);
-                self.release();
-            }
             return;
         }
         if let Body::NeedSync = msg.body {
@@ -1250,6 +1299,8 @@ impl Replica {
         tracing::info!(node = %self.node, queue = %self.queue, view = epoch, master = %master, "following a new master");
         self.epoch = epoch;
         self.master_member = Some(master);
+        // The new master hears of this disk from scratch.
+        self.reported_stored = 0;
         self.master_node = Some(
             self.node_of(master)
                 .unwrap_or_else(|| self.record.master.clone()),

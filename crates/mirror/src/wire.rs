@@ -93,8 +93,9 @@ pub(crate) enum Body {
         /// The sync's id.
         sync: u64,
     },
-    /// From a mirror that holds the master's state: every persistent message
-    /// with a queue seq up to `up_to` is on its disk (its fsync covered it).
+    /// From a mirror that holds the master's state, to the master alone (not
+    /// round the ring): every persistent message with a queue seq up to
+    /// `up_to` is on its disk (its fsync covered it).
     Stored {
         /// The highest queue seq covered.
         up_to: u64,

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
+use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use warren_backing_queue::{BackingQueue, NewMessage, QueueConfig, StoreConfig};
@@ -72,6 +73,9 @@ struct Sim {
     record: RecordView,
     nodes: Vec<Node>,
     links: BTreeMap<(MemberId, MemberId), VecDeque<Frame>>,
+    /// Point-to-point messages in flight `(from, to, payload)`, delivered in
+    /// a random order (they may overtake one another and ring frames).
+    messages: Vec<(MemberId, MemberId, Bytes)>,
     proposals: VecDeque<(usize, u64, RecordView)>,
     now_ms: u64,
     next_member: u64,
@@ -107,6 +111,7 @@ impl Sim {
             },
             nodes: Vec::new(),
             links: BTreeMap::new(),
+            messages: Vec::new(),
             proposals: VecDeque::new(),
             now_ms: 1_000,
             next_member: 100,
@@ -284,6 +289,7 @@ impl Sim {
         self.nodes[i].alive = false;
         let id = self.nodes[i].member.id();
         self.links.retain(|(a, b), _| *a != id && *b != id);
+        self.messages.retain(|(a, b, _)| *a != id && *b != id);
         let _ = self.auth.propose_now(RING, &ViewChange::Remove(id));
         self.install_views();
     }
@@ -371,6 +377,10 @@ impl Sim {
                     .broadcast(b)
                     .expect("replica broadcasts only once joined");
             }
+            Output::Send { to, payload } => {
+                let from = self.nodes[i].member.id();
+                self.messages.push((from, to, payload));
+            }
             Output::ProposeRecord {
                 expected_version,
                 view,
@@ -457,6 +467,7 @@ impl Sim {
         true
     }
 
+    /// Delivers one ring frame or point-to-point message, picked at random.
     fn deliver_frame(&mut self) -> bool {
         let keys: Vec<(MemberId, MemberId)> = self
             .links
@@ -464,10 +475,23 @@ impl Sim {
             .filter(|(_, q)| !q.is_empty())
             .map(|(k, _)| *k)
             .collect();
-        if keys.is_empty() {
+        if keys.is_empty() && self.messages.is_empty() {
             return false;
         }
-        let k = keys[self.rng.random_range(0..keys.len())];
+        let pick = self.rng.random_range(0..keys.len() + self.messages.len());
+        if pick >= keys.len() {
+            let (from, to, payload) = self.messages.swap_remove(pick - keys.len());
+            if let Some(i) = self
+                .nodes
+                .iter()
+                .position(|n| n.alive && n.member.id() == to)
+            {
+                self.nodes[i].replica.handle_message(from, &payload);
+                self.drive(i);
+            }
+            return true;
+        }
+        let k = keys[pick];
         let frame = self.links.get_mut(&k).and_then(VecDeque::pop_front);
         let Some(frame) = frame else { return false };
         if let Some(i) = self
@@ -612,6 +636,7 @@ impl Sim {
                     .all(|n| !n.alive || n.member.view().version >= current);
                 if views_in
                     && self.links.values().all(VecDeque::is_empty)
+                    && self.messages.is_empty()
                     && self.proposals.is_empty()
                 {
                     return;
@@ -934,6 +959,45 @@ fn persistent_confirms_wait_for_every_synchronised_mirrors_fsync() {
     sim.crash(mirrors[1]);
     ring_round(&mut sim);
     assert_eq!(sim.check.confirmed.len(), 10);
+    sim.quiesce();
+    sim.check_end();
+}
+
+/// A mirror's disk report travels to the master alone, not round the ring:
+/// one lost with a broken link is sent again when the link is replaced.
+#[test]
+fn a_disk_report_lost_with_its_link_is_sent_again_on_the_new_link() {
+    let mut sim = Sim::with_disk(4, settings(SyncMode::Automatic, 16), true);
+    sim.add_synchronised_mirrors(1);
+    for _ in 0..3 {
+        sim.publish();
+    }
+    let ring_round = |sim: &mut Sim| {
+        for _ in 0..100 {
+            sim.flush_all();
+            while sim.deliver_frame() {}
+        }
+    };
+    ring_round(&mut sim);
+    let m = sim.master().unwrap();
+    let mirror = sim.synced_alive_mirrors()[0];
+    sim.sync_disk(m);
+    sim.sync_disk(mirror);
+    assert_eq!(sim.messages.len(), 1, "the mirror's report to the master");
+    // The link breaks: the report is lost, and nothing confirms.
+    sim.messages.clear();
+    ring_round(&mut sim);
+    assert!(sim.check.confirmed.is_empty());
+    sim.sync_disk(mirror);
+    ring_round(&mut sim);
+    assert!(sim.check.confirmed.is_empty(), "no new fsync, no new report");
+    // The new link: the mirror reports again and the master confirms.
+    sim.nodes[mirror]
+        .replica
+        .handle_ring_event(warren_gm::RingEvent::LinkReset);
+    sim.drive(mirror);
+    ring_round(&mut sim);
+    assert_eq!(sim.check.confirmed.len(), 3);
     sim.quiesce();
     sim.check_end();
 }

@@ -548,6 +548,10 @@ impl Mirroring {
                     self.input(vhost, name, MirrorInput::Ring(vec![RingEvent::Removed]));
                 }
             }
+            for (to, payload) in io.sends {
+                // Lost only with the link; a new link has the replica report again.
+                let _ = ring.send(to, payload).await;
+            }
             for (expected, view) in io.proposals {
                 let records = records.clone();
                 let tx = rec_tx.clone();
