@@ -646,6 +646,15 @@ impl Sim {
         panic!("seed {}: the simulation never went quiet", self.seed);
     }
 
+    /// Flushes and delivers everything in flight, many times over, without
+    /// fsyncs, proposals or view changes.
+    fn ring_rounds(&mut self) {
+        for _ in 0..100 {
+            self.flush_all();
+            while self.deliver_frame() {}
+        }
+    }
+
     /// Adds `n` mirrors and runs until they are synchronised.
     fn add_synchronised_mirrors(&mut self, n: usize) {
         for _ in 0..n {
@@ -922,42 +931,36 @@ fn persistent_confirms_wait_for_every_synchronised_mirrors_fsync() {
         sim.publish();
     }
     // Round the ring, with no fsync anywhere.
-    let ring_round = |sim: &mut Sim| {
-        for _ in 0..100 {
-            sim.flush_all();
-            while sim.deliver_frame() {}
-        }
-    };
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert!(sim.check.confirmed.is_empty(), "nothing is on disk yet");
     let m = sim.master().unwrap();
     sim.sync_disk(m);
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert!(
         sim.check.confirmed.is_empty(),
         "on the master's disk only, not on the mirrors'"
     );
     let mirrors = sim.synced_alive_mirrors();
     sim.sync_disk(mirrors[0]);
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert!(
         sim.check.confirmed.is_empty(),
         "one synchronised mirror has not synced its disk"
     );
     sim.sync_disk(mirrors[1]);
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert_eq!(sim.check.confirmed.len(), 5);
     // A mirror that dies before its fsync no longer holds confirms back.
     for _ in 0..5 {
         sim.publish();
     }
-    ring_round(&mut sim);
+    sim.ring_rounds();
     sim.sync_disk(m);
     sim.sync_disk(mirrors[0]);
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert_eq!(sim.check.confirmed.len(), 5);
     sim.crash(mirrors[1]);
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert_eq!(sim.check.confirmed.len(), 10);
     sim.quiesce();
     sim.check_end();
@@ -972,13 +975,7 @@ fn a_disk_report_lost_with_its_link_is_sent_again_on_the_new_link() {
     for _ in 0..3 {
         sim.publish();
     }
-    let ring_round = |sim: &mut Sim| {
-        for _ in 0..100 {
-            sim.flush_all();
-            while sim.deliver_frame() {}
-        }
-    };
-    ring_round(&mut sim);
+    sim.ring_rounds();
     let m = sim.master().unwrap();
     let mirror = sim.synced_alive_mirrors()[0];
     sim.sync_disk(m);
@@ -986,17 +983,20 @@ fn a_disk_report_lost_with_its_link_is_sent_again_on_the_new_link() {
     assert_eq!(sim.messages.len(), 1, "the mirror's report to the master");
     // The link breaks: the report is lost, and nothing confirms.
     sim.messages.clear();
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert!(sim.check.confirmed.is_empty());
     sim.sync_disk(mirror);
-    ring_round(&mut sim);
-    assert!(sim.check.confirmed.is_empty(), "no new fsync, no new report");
+    sim.ring_rounds();
+    assert!(
+        sim.check.confirmed.is_empty(),
+        "no new fsync, no new report"
+    );
     // The new link: the mirror reports again and the master confirms.
     sim.nodes[mirror]
         .replica
         .handle_ring_event(warren_gm::RingEvent::LinkReset);
     sim.drive(mirror);
-    ring_round(&mut sim);
+    sim.ring_rounds();
     assert_eq!(sim.check.confirmed.len(), 3);
     sim.quiesce();
     sim.check_end();
