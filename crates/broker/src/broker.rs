@@ -252,9 +252,13 @@ struct Channel {
     /// Publishes refused (`basic.nack`) not yet sent.
     confirm_nacked: BTreeSet<u64>,
     confirm_last: u64,
+    /// Every publish up to here has been acked or nacked (`multiple`).
     confirm_acked: u64,
-    /// When each confirm-mode publish was read: (sequence number, ms).
-    confirm_started: VecDeque<(u64, u64)>,
+    /// Publishes confirmed since the last flush, in no order.
+    confirm_done: Vec<u64>,
+    /// When each confirm-mode publish not yet settled was read: sequence
+    /// number to ms.
+    confirm_started: BTreeMap<u64, u64>,
     tx: Option<Vec<TxOp>>,
     /// Group commits a tx.commit-ok waits for.
     tx_wait: u32,
@@ -349,13 +353,35 @@ impl Conn {
                     },
                 );
             }
-            while let Some(&(seq, at)) = ch.confirm_started.front() {
-                if seq > ch.confirm_acked {
+            while let Some(entry) = ch.confirm_started.first_entry() {
+                if *entry.key() > ch.confirm_acked {
                     break;
                 }
-                ch.confirm_started.pop_front();
+                let at = entry.remove();
                 self.counters.confirmed += 1;
                 self.latency.observe(now_ms.saturating_sub(at));
+            }
+            // Confirmed behind one still pending: acked one by one now, as
+            // RabbitMQ does, so that a slow queue does not hold back the
+            // confirms of publishes to the others. (A later `multiple` ack
+            // may cover them again; clients only settle what is outstanding.)
+            let mut done = std::mem::take(&mut ch.confirm_done);
+            done.sort_unstable();
+            for seq in done {
+                if seq <= ch.confirm_acked {
+                    continue;
+                }
+                self.amqp.reply(
+                    ch_id,
+                    Reply::Ack {
+                        delivery_tag: seq,
+                        multiple: false,
+                    },
+                );
+                if let Some(at) = ch.confirm_started.remove(&seq) {
+                    self.counters.confirmed += 1;
+                    self.latency.observe(now_ms.saturating_sub(at));
+                }
             }
         }
     }
@@ -2126,7 +2152,7 @@ impl Broker {
             if let Some(seq) = p.confirm_seq.filter(|s| *s != TX_COMMIT) {
                 n.received_confirm += 1;
                 if let Some(chan) = c.channels.get_mut(&ch) {
-                    chan.confirm_started.push_back((seq, now));
+                    chan.confirm_started.insert(seq, now);
                 }
             }
         }
@@ -3099,6 +3125,9 @@ fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cse
             chan.confirm_pending.remove(&cseq);
             if c.link_confirmed(cseq, true) {
                 return;
+            }
+            if let Some(chan) = c.channels.get_mut(&ch) {
+                chan.confirm_done.push(cseq);
             }
         }
     }

@@ -763,3 +763,58 @@ fn a_consumer_cancelled_on_another_node_strands_no_message() {
     let (lost, _) = drain_missing(&rt, &nodes[1], &acked);
     assert!(lost.is_empty(), "stranded: {lost:?}");
 }
+
+/// Confirms on one channel are not held back by a publish to another queue
+/// that cannot be confirmed yet (RabbitMQ acks them out of order): here the
+/// mirrored queue waits for more synchronised members than the cluster has.
+#[test]
+fn a_confirm_is_not_held_back_by_an_earlier_publish_to_a_slower_queue() {
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    set_policy(
+        &nodes[0],
+        json!({"ha-mode": "all", "ha-min-sync-replicas": 4}),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[0], QUEUE);
+    declare_durable(&rt, &nodes[0], "plain");
+    eventually("two synchronised mirrors", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let publish = |queue: &'static str| {
+            ch.basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                b"x",
+                BasicProperties::default().with_delivery_mode(2),
+            )
+        };
+        let mut held = publish(QUEUE).await.unwrap();
+        let plain = publish("plain").await.unwrap();
+        let confirm = tokio::time::timeout(Duration::from_secs(20), plain)
+            .await
+            .expect("the confirm of the later publish is not held back")
+            .unwrap();
+        assert!(confirm.is_ack());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut held)
+                .await
+                .is_err(),
+            "three members are fewer than ha-min-sync-replicas 4"
+        );
+        set_policy(&nodes[0], json!({"ha-mode": "all"}));
+        let confirm = tokio::time::timeout(Duration::from_secs(20), held)
+            .await
+            .expect("confirmed once the policy asks for fewer members")
+            .unwrap();
+        assert!(confirm.is_ack());
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+}
