@@ -755,16 +755,6 @@ impl NodeTask {
                 self.detector.watch(&peer, Instant::now());
                 self.spawn(write_loop(sender, outbox));
                 self.link_reset(&peer);
-                for local in self.rings.values().flat_map(BTreeMap::values) {
-                    let view = local.member.view();
-                    if view
-                        .alive()
-                        .any(|m| view.entry(m).is_some_and(|e| e.node == peer))
-                    {
-                        local.events.extend([RingEvent::LinkReset]);
-                        local.events.wake();
-                    }
-                }
             }
             Inbound::Down { peer, conn } => {
                 if let Some(p) = self.peers.get_mut(&peer)
@@ -837,14 +827,20 @@ impl NodeTask {
     }
 
     /// The connection to `peer` was (re)established: members next to a member
-    /// on `peer` resynchronise over it.
+    /// on `peer` resynchronise over it, and every member of a ring with a
+    /// member on `peer` hears of it ([`RingEvent::LinkReset`]).
     fn link_reset(&mut self, peer: &NodeName) {
         let mut touched = Vec::new();
         for (ring, members) in &mut self.rings {
             for (&id, local) in members.iter_mut() {
                 let view = local.member.view().clone();
+                let on_peer = |m: MemberId| view.entry(m).is_some_and(|e| &e.node == peer);
+                if view.alive().any(on_peer) {
+                    local.events.extend([RingEvent::LinkReset]);
+                    local.events.wake();
+                }
                 for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
-                    if n != id && view.entry(n).is_some_and(|e| &e.node == peer) {
+                    if n != id && on_peer(n) {
                         local.member.handle_link_reset(n);
                         touched.push((ring.clone(), id));
                     }
