@@ -19,7 +19,8 @@
 //!   CRC32C per record, group-commit with one `fdatasync` for everything
 //!   appended since the last ([`BackingQueue::sync`], or
 //!   [`prepare_sync`](BackingQueue::prepare_sync) + [`SyncJob::run`] on
-//!   another thread), and confirm a publish only once that sync covers it
+//!   another thread; [`SyncJob::run_all`] commits many queues' logs with one
+//!   `syncfs`), and confirm a publish only once that sync covers it
 //!   ([`BackingQueue::synced_seq`], [`BackingQueue::drain_confirmed`]).
 //!   Segments without live messages are deleted, and the head segment is
 //!   compacted when the files hold much more than the live messages.

@@ -144,6 +144,55 @@ impl SyncJob {
         if let Some((file, path)) = &self.file {
             file.sync_data().map_err(|e| StoreError::io(path, e))?;
         }
+        self.finish()
+    }
+
+    /// Runs many group commits (of different queues) at once, each as
+    /// [`run`](Self::run) would: the files of jobs on the same [`Storage`] are
+    /// synced in one [`Storage::sync_files`] call (one `syncfs` on
+    /// [`FsStorage::shared`](crate::FsStorage::shared)), then each job's
+    /// directory syncs and deletions run. One result per job, in order.
+    pub fn run_all(jobs: &mut [&mut SyncJob]) -> Vec<Result<(), StoreError>> {
+        let mut synced: Vec<Option<Result<(), StoreError>>> = jobs.iter().map(|_| None).collect();
+        let mut groups: Vec<(*const (), Vec<usize>)> = Vec::new();
+        for (i, job) in jobs.iter().enumerate() {
+            if job.file.is_none() {
+                synced[i] = Some(Ok(()));
+                continue;
+            }
+            let key = Arc::as_ptr(&job.storage).cast::<()>();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        for (_, members) in groups {
+            let files: Vec<&(Arc<dyn StorageFile>, PathBuf)> = members
+                .iter()
+                .filter_map(|&i| jobs[i].file.as_ref())
+                .collect();
+            let handles: Vec<&dyn StorageFile> = files.iter().map(|(f, _)| &**f).collect();
+            let results = jobs[members[0]].storage.sync_files(&handles);
+            for ((&i, res), (_, path)) in members.iter().zip(results).zip(files) {
+                synced[i] = Some(res.map_err(|e| StoreError::io(path, e)));
+            }
+        }
+        jobs.iter_mut()
+            .zip(synced)
+            .map(|(job, res)| match res {
+                Some(Ok(())) => job.finish(),
+                Some(Err(e)) => Err(e),
+                None => Err(StoreError::io(
+                    job.file.as_ref().map_or(Path::new(""), |(_, p)| p.as_path()),
+                    std::io::Error::other("the storage returned no sync result for this file"),
+                )),
+            })
+            .collect()
+    }
+
+    /// The rest of a group commit once its file is synced: the directory
+    /// sync and the deletions.
+    fn finish(&mut self) -> Result<(), StoreError> {
         if let Some(dir) = &self.dir {
             sync_dir(&*self.storage, dir)?;
         }

@@ -118,7 +118,7 @@ impl BackingQueue {
         cfg: QueueConfig,
         store: StoreConfig,
     ) -> Result<(Self, RecoveryReport), StoreError> {
-        Self::open_in(Arc::new(FsStorage), dir, cfg, store)
+        Self::open_in(FsStorage::shared(), dir, cfg, store)
     }
 
     /// [`open`](Self::open) on another [`Storage`], such as [`MemStorage`](crate::MemStorage).

@@ -3,13 +3,13 @@
 //! model (only what was synced survives [`MemStorage::crash`]), for
 //! deterministic simulation and tests without real I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 /// An open file of a [`Storage`].
 pub trait StorageFile: Send + Sync + Debug {
@@ -21,6 +21,12 @@ pub trait StorageFile: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// Truncates or extends the file.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// The file system holding the file (its device number), if the storage
+    /// has several: files on one are synced together by
+    /// [`Storage::sync_files`].
+    fn file_system(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A directory of files, as the segment log uses it.
@@ -41,36 +47,90 @@ pub trait Storage: Send + Sync + Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Makes the data of every file durable, as `sync_data` on each would;
+    /// one result per file, in order. The default syncs them one by one.
+    fn sync_files(&self, files: &[&dyn StorageFile]) -> Vec<io::Result<()>> {
+        files.iter().map(|f| f.sync_data()).collect()
+    }
 }
 
+/// Files synced together past which [`FsStorage::sync_files`] syncs their
+/// whole file system at once instead.
+const SYNCFS_MIN_FILES: usize = 2;
+
 /// The real file system (`std::fs`, positional I/O, `fdatasync`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FsStorage;
+///
+/// Many files are synced with one `syncfs(2)` of the file system that holds
+/// them, instead of one `fdatasync` each: one journal commit and one device
+/// cache flush instead of one per file, which is what a node with a thousand
+/// durable queues needs. `syncfs` reports the write-back errors seen since its
+/// descriptor was opened, so each file system gets a directory handle when a
+/// log first creates its directory there, before any file in it is written,
+/// and keeps it.
+#[derive(Debug, Default)]
+pub struct FsStorage {
+    /// A directory handle per file system (by device number), for `syncfs`.
+    file_systems: Mutex<HashMap<u64, Arc<File>>>,
+}
+
+impl FsStorage {
+    /// The process's shared real file system: logs that use it have their
+    /// group commits batched into one `syncfs` per file system (see
+    /// [`SyncJob::run_all`](crate::SyncJob::run_all)).
+    pub fn shared() -> Arc<FsStorage> {
+        static SHARED: LazyLock<Arc<FsStorage>> = LazyLock::new(Arc::default);
+        Arc::clone(&SHARED)
+    }
+
+    fn file_system(&self, dev: u64) -> Option<Arc<File>> {
+        lock(&self.file_systems).get(&dev).cloned()
+    }
+}
 
 #[derive(Debug)]
-struct FsFile(File);
+struct FsFile {
+    file: File,
+    /// The device number of the file system holding it.
+    dev: u64,
+}
+
+impl FsFile {
+    fn shared(file: File) -> io::Result<Arc<dyn StorageFile>> {
+        let dev = file.metadata()?.dev();
+        Ok(Arc::new(FsFile { file, dev }))
+    }
+}
 
 impl StorageFile for FsFile {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.0.write_all_at(buf, offset)
+        self.file.write_all_at(buf, offset)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.0.read_exact_at(buf, offset)
+        self.file.read_exact_at(buf, offset)
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        self.file.set_len(len)
+    }
+
+    fn file_system(&self) -> Option<u64> {
+        Some(self.dev)
     }
 }
 
 impl Storage for FsStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        fs::create_dir_all(dir)
+        fs::create_dir_all(dir)?;
+        let dev = fs::metadata(dir)?.dev();
+        if let std::collections::hash_map::Entry::Vacant(e) = lock(&self.file_systems).entry(dev) {
+            e.insert(Arc::new(File::open(dir)?));
+        }
+        Ok(())
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
@@ -82,17 +142,17 @@ impl Storage for FsStorage {
     }
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        let f = OpenOptions::new().read(true).write(true).open(path)?;
-        Ok(Arc::new(FsFile(f)))
+        FsFile::shared(OpenOptions::new().read(true).write(true).open(path)?)
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
-        Ok(Arc::new(FsFile(f)))
+        FsFile::shared(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)?,
+        )
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -105,6 +165,33 @@ impl Storage for FsStorage {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn sync_files(&self, files: &[&dyn StorageFile]) -> Vec<io::Result<()>> {
+        let mut results: Vec<Option<io::Result<()>>> = files.iter().map(|_| None).collect();
+        let mut by_dev: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, file) in files.iter().enumerate() {
+            if let Some(dev) = file.file_system() {
+                by_dev.entry(dev).or_default().push(i);
+            }
+        }
+        for (dev, idx) in by_dev {
+            if idx.len() < SYNCFS_MIN_FILES {
+                continue;
+            }
+            let Some(handle) = self.file_system(dev) else {
+                continue;
+            };
+            let res = rustix::fs::syncfs(&*handle);
+            for i in idx {
+                results[i] = Some(res.map_err(io::Error::from));
+            }
+        }
+        results
+            .into_iter()
+            .zip(files)
+            .map(|(r, f)| r.unwrap_or_else(|| f.sync_data()))
+            .collect()
     }
 }
 

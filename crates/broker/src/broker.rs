@@ -428,10 +428,13 @@ impl SyncBatch {
         self.jobs.is_empty()
     }
 
-    /// Runs the fsyncs (blocking).
+    /// Runs the fsyncs (blocking), all queues' together
+    /// ([`SyncJob::run_all`]: one `syncfs` for many logs).
     pub fn run(&mut self) {
-        for (vhost, name, _, job, ok) in &mut self.jobs {
-            match job.run() {
+        let mut jobs: Vec<&mut SyncJob> = self.jobs.iter_mut().map(|j| &mut j.3).collect();
+        let results = SyncJob::run_all(&mut jobs);
+        for ((vhost, name, _, _, ok), res) in self.jobs.iter_mut().zip(results) {
+            match res {
                 Ok(()) => *ok = true,
                 Err(e) => tracing::error!(%vhost, queue = %name, error = %e, "group commit failed"),
             }

@@ -2,6 +2,7 @@
 
 mod corruption;
 mod crash;
+mod group_commit;
 mod model;
 mod oplog;
 mod semantics;

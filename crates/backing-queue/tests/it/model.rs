@@ -137,7 +137,7 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
     let mem_storage = mem.then(MemStorage::new);
     let storage: Arc<dyn Storage> = match &mem_storage {
         Some(m) => Arc::new(m.clone()),
-        None => Arc::new(FsStorage),
+        None => FsStorage::shared(),
     };
     let cfg = QueueConfig {
         limits,
