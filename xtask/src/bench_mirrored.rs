@@ -13,15 +13,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use futures::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -1316,133 +1314,38 @@ fn thousands(v: f64) -> String {
     out
 }
 
-/// Counters shared by the many-queues load generator's tasks.
-#[derive(Default)]
-struct Counters {
-    confirmed: AtomicU64,
-    nacked: AtomicU64,
-    consumed: AtomicU64,
-    /// Confirm latencies (µs) while measuring.
-    latencies: Mutex<Vec<u64>>,
-    measuring: AtomicBool,
-    stop: AtomicBool,
-}
-
-/// Publishers and consumers (connections each) of the many-queues load.
+/// Publisher and consumer connections of the many-queues load.
 const LOAD_CONNECTIONS: usize = 4;
-/// Unconfirmed publishes per publisher past which it stops publishing.
-const MAX_UNCONFIRMED: u64 = 20_000;
 
-/// Publishes persistent 64 B messages with confirms to `queues` at `rate`
-/// msg/s each, paced every 10 ms.
-async fn paced_publisher(
-    url: String,
-    queues: Vec<String>,
-    rate: f64,
-    counters: Arc<Counters>,
-) -> anyhow::Result<()> {
-    let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.confirm_select(ConfirmSelectOptions::default()).await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, lapin::PublisherConfirm)>();
-    let sent = Arc::new(AtomicU64::new(0));
-    let settled = Arc::new(AtomicU64::new(0));
-    let collector = {
-        let (counters, settled) = (counters.clone(), settled.clone());
-        tokio::spawn(async move {
-            while let Some((at, confirm)) = rx.recv().await {
-                let ack = confirm.await.is_ok_and(|c| c.is_ack());
-                settled.fetch_add(1, Ordering::Relaxed);
-                if ack {
-                    counters.confirmed.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    counters.nacked.fetch_add(1, Ordering::Relaxed);
-                }
-                if counters.measuring.load(Ordering::Relaxed)
-                    && let Ok(mut l) = counters.latencies.lock()
-                {
-                    l.push(at.elapsed().as_micros() as u64);
-                }
-            }
-        })
-    };
-    let body = [0u8; 64];
-    let props = BasicProperties::default().with_delivery_mode(2);
-    let total_rate = rate * queues.len() as f64;
-    let start = Instant::now();
-    let mut next = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    while !counters.stop.load(Ordering::Relaxed) {
-        tick.tick().await;
-        let due = (start.elapsed().as_secs_f64() * total_rate) as u64;
-        // What is due goes out together (lapin sends in call order): one
-        // publish awaited at a time capped a connection at a few thousand
-        // a second.
-        let (done, unsettled) = (
-            sent.load(Ordering::Relaxed),
-            sent.load(Ordering::Relaxed) - settled.load(Ordering::Relaxed),
-        );
-        let n = due
-            .saturating_sub(done)
-            .min(MAX_UNCONFIRMED.saturating_sub(unsettled));
-        let at = Instant::now();
-        let publishes = (0..n).map(|k| {
-            let queue = &queues[(next + k as usize) % queues.len()];
-            ch.basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                &body,
-                props.clone(),
-            )
-        });
-        let confirms = futures::future::try_join_all(publishes).await?;
-        next += confirms.len();
-        sent.fetch_add(confirms.len() as u64, Ordering::Relaxed);
-        for confirm in confirms {
-            let _ = tx.send((at, confirm));
-        }
-    }
-    drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(5), collector).await;
-    close(&conn, &url).await;
-    Ok(())
+/// What the many-queues load generator reported for its measured window.
+struct LoadResult {
+    secs: f64,
+    confirmed: f64,
+    consumed: f64,
+    nacked: u64,
+    p50_ms: f64,
+    p99_ms: f64,
 }
 
-/// Consumes (acking each message) from every queue of `queues` on one
-/// connection and channel.
-async fn consumer(url: String, queues: Vec<String>, counters: Arc<Counters>) -> anyhow::Result<()> {
-    let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.basic_qos(50, BasicQosOptions::default()).await?;
-    let mut tasks = Vec::new();
-    for queue in queues {
-        let mut stream = ch
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let counters = counters.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Some(Ok(d)) = stream.next().await {
-                counters.consumed.fetch_add(1, Ordering::Relaxed);
-                if d.ack(BasicAckOptions::default()).await.is_err() {
-                    break;
-                }
-            }
-        }));
+impl LoadResult {
+    /// Parses `result secs=… confirmed=… consumed=… nacked=… p50_ms=… p99_ms=…`.
+    fn parse(line: &str) -> anyhow::Result<Self> {
+        let field = |k: &str| -> anyhow::Result<f64> {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .with_context(|| format!("no {k} in the load generator's result `{line}`"))?
+                .parse()
+                .with_context(|| format!("{k} in `{line}`"))
+        };
+        Ok(Self {
+            secs: field("secs")?,
+            confirmed: field("confirmed")?,
+            consumed: field("consumed")?,
+            nacked: field("nacked")? as u64,
+            p50_ms: field("p50_ms")?,
+            p99_ms: field("p99_ms")?,
+        })
     }
-    while !counters.stop.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for t in tasks {
-        t.abort();
-    }
-    close(&conn, &url).await;
-    Ok(())
 }
 
 /// What one node used during the many-queues run.
@@ -1527,105 +1430,81 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         .map(|n| crate::cpu::usage(n.pid()))
         .collect::<Result<_, _>>()?;
 
-    let counters = Arc::new(Counters::default());
     println!(
         "    load: {n} queues × {rate} msg/s = {} msg/s, persistent 64 B with confirms, consumed with acks; 3 s warm-up, then {duration} s…",
         thousands(rate * n as f64)
     );
     let url = nodes[0].url();
-    let (before, after, secs, own_cpu) = rt.block_on(async {
-        let mut tasks = Vec::new();
-        for k in 0..LOAD_CONNECTIONS {
-            let share: Vec<String> = names
-                .iter()
-                .skip(k)
-                .step_by(LOAD_CONNECTIONS)
-                .cloned()
-                .collect();
-            tasks.push(tokio::spawn(consumer(
-                url.clone(),
-                share.clone(),
-                counters.clone(),
-            )));
-            tasks.push(tokio::spawn(paced_publisher(
-                url.clone(),
-                share,
-                rate,
-                counters.clone(),
-            )));
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let snapshot = || -> anyhow::Result<(Vec<u64>, [u64; 3])> {
-            let cpu = nodes
-                .iter()
-                .map(|n| crate::cpu::usage(n.pid()).map(|u| u.0))
-                .collect::<Result<_, _>>()?;
-            Ok((
-                cpu,
-                [
-                    counters.confirmed.load(Ordering::Relaxed),
-                    counters.consumed.load(Ordering::Relaxed),
-                    counters.nacked.load(Ordering::Relaxed),
-                ],
-            ))
-        };
-        let own0 = crate::cpu::usage(std::process::id())?.0;
-        let before = snapshot()?;
-        counters.measuring.store(true, Ordering::Relaxed);
-        let t0 = Instant::now();
-        for s in 1..=duration {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if s % 5 == 0 || s == duration {
-                println!(
-                    "      {s} s: confirmed {}, consumed {}",
-                    counters.confirmed.load(Ordering::Relaxed) - before.1[0],
-                    counters.consumed.load(Ordering::Relaxed) - before.1[1]
-                );
+    let mut child = Command::new(release_dir(root).join("examples/many_queues_load"))
+        .args([
+            "--url",
+            &url,
+            "--queues",
+            &n.to_string(),
+            "--prefix",
+            "ha.q",
+        ])
+        .args(["--rate", &rate.to_string(), "--warmup", "3"])
+        .args(["--duration", &duration.to_string()])
+        .args(["--connections", &LOAD_CONNECTIONS.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running many_queues_load")?;
+    let stdout = child.stdout.take().context("many_queues_load stdout")?;
+    let cpu_now = || -> anyhow::Result<Vec<u64>> {
+        nodes
+            .iter()
+            .map(|n| crate::cpu::usage(n.pid()).map(|u| u.0))
+            .collect()
+    };
+    let (mut before, mut after, mut result) = (None, None, None);
+    let mut own = [0u64; 2];
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        match line.as_str() {
+            "measuring" => {
+                before = Some(cpu_now()?);
+                own[0] = crate::cpu::usage(child.id())?.0;
             }
-        }
-        let after = snapshot()?;
-        let secs = t0.elapsed().as_secs_f64();
-        let own = crate::cpu::usage(std::process::id())?.0 - own0;
-        counters.measuring.store(false, Ordering::Relaxed);
-        counters.stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            match tokio::time::timeout(Duration::from_secs(10), t).await {
-                Ok(Ok(Err(e))) => println!("      a load task failed: {e:#}"),
-                Ok(Err(e)) => println!("      a load task panicked: {e}"),
-                _ => {}
+            "done" => {
+                after = Some(cpu_now()?);
+                own[1] = crate::cpu::usage(child.id())?.0;
             }
+            l if l.starts_with("result ") => result = Some(LoadResult::parse(l)?),
+            l => println!("      {l}"),
         }
-        anyhow::Ok((before, after, secs, own))
-    })?;
+    }
+    let status = child.wait()?;
+    let (Some(before), Some(after), Some(r)) = (before, after, result) else {
+        bail!("the load generator ended ({status}) without a measured result");
+    };
     let end: Vec<(u64, u64)> = nodes
         .iter()
         .map(|n| crate::cpu::usage(n.pid()))
         .collect::<Result<_, _>>()?;
     let hz = crate::cpu::clock_ticks();
+    let secs = r.secs;
     let usages: Vec<NodeUsage> = nodes
         .iter()
         .enumerate()
         .map(|(i, node)| NodeUsage {
             name: node.name.clone(),
-            cpu: (after.0[i] - before.0[i]) as f64 / hz / secs,
+            cpu: (after[i] - before[i]) as f64 / hz / secs,
             rss: [idle[i].1, loaded[i].1, end[i].1],
         })
         .collect();
-    let mut lat = counters
-        .latencies
-        .lock()
-        .map(|l| l.clone())
-        .unwrap_or_default();
-    lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .copied()
-            .map_or("–".to_owned(), |us| format!("{:.1}", us as f64 / 1e3))
+    let own_cpu = own[1].saturating_sub(own[0]);
+    let pct = |ms: f64| {
+        if ms.is_nan() {
+            "–".to_owned()
+        } else {
+            format!("{ms:.1}")
+        }
     };
     let target = rate * n as f64;
-    let published = (after.1[0] - before.1[0]) as f64 / secs;
-    let consumed = (after.1[1] - before.1[1]) as f64 / secs;
-    let nacked = after.1[2] - before.1[2];
+    let published = r.confirmed / secs;
+    let consumed = r.consumed / secs;
+    let nacked = r.nacked;
     let held = published >= 0.95 * target && consumed >= 0.95 * target;
 
     let mut t = String::new();
@@ -1649,8 +1528,8 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         thousands(consumed),
         100.0 * consumed / target,
         if held { "yes" } else { "no" },
-        pct(0.50),
-        pct(0.99)
+        pct(r.p50_ms),
+        pct(r.p99_ms)
     )?;
     writeln!(
         t,
@@ -1672,7 +1551,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     }
     writeln!(
         t,
-        "\nThe load generator (this xtask, a debug build, on the same machine) used {:.0} % of one core.",
+        "\nThe load generator (`crates/node/examples/many_queues_load.rs`, a release build, on the same machine) used {:.0} % of one core.",
         own_cpu as f64 / hz / secs * 100.0
     )?;
     drop(nodes);
