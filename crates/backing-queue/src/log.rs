@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 
@@ -115,6 +115,33 @@ pub(crate) struct SegmentLog {
     /// A sync job failed or was lost: durability can no longer be promised
     /// (after a failed fsync the page cache cannot be trusted). Reopen.
     poisoned: bool,
+    /// The write buffer last handed to a sync job, until written.
+    deferred: DeferredSlot,
+}
+
+/// A log's write buffer handed to a [`SyncJob`] by `prepare_sync`: written
+/// by the job, off the queue's lock, or by the log itself if it touches the
+/// file before the job ran. Whoever takes it writes it while holding the
+/// slot, so it always reaches the file before any later write or read.
+#[derive(Debug)]
+struct DeferredWrite {
+    file: Arc<dyn StorageFile>,
+    path: PathBuf,
+    offset: u64,
+    data: Vec<u8>,
+}
+
+type DeferredSlot = Arc<Mutex<Option<DeferredWrite>>>;
+
+/// Writes the slot's buffer if nobody has yet.
+fn write_deferred(slot: &Mutex<Option<DeferredWrite>>) -> Result<(), StoreError> {
+    let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(w) = slot.take() {
+        w.file
+            .write_at(&w.data, w.offset)
+            .map_err(|e| StoreError::io(&w.path, e))?;
+    }
+    Ok(())
 }
 
 /// One group commit: syncs everything appended before it was prepared, then
@@ -125,6 +152,8 @@ pub(crate) struct SegmentLog {
 pub struct SyncJob {
     generation: u64,
     storage: Arc<dyn Storage>,
+    /// The appends to write before the sync, unless the log already did.
+    deferred: Option<DeferredSlot>,
     file: Option<(Arc<dyn StorageFile>, PathBuf)>,
     dir: Option<PathBuf>,
     up_to: u64,
@@ -141,6 +170,7 @@ fn sync_dir(storage: &dyn Storage, dir: &Path) -> Result<(), StoreError> {
 impl SyncJob {
     /// Performs the fsyncs and deletions. Blocking.
     pub fn run(&mut self) -> Result<(), StoreError> {
+        self.write()?;
         if let Some((file, path)) = &self.file {
             file.sync_data().map_err(|e| StoreError::io(path, e))?;
         }
@@ -155,7 +185,11 @@ impl SyncJob {
     pub fn run_all(jobs: &mut [&mut SyncJob]) -> Vec<Result<(), StoreError>> {
         let mut synced: Vec<Option<Result<(), StoreError>>> = jobs.iter().map(|_| None).collect();
         let mut groups: Vec<(*const (), Vec<usize>)> = Vec::new();
-        for (i, job) in jobs.iter().enumerate() {
+        for (i, job) in jobs.iter_mut().enumerate() {
+            if let Err(e) = job.write() {
+                synced[i] = Some(Err(e));
+                continue;
+            }
             if job.file.is_none() {
                 synced[i] = Some(Ok(()));
                 continue;
@@ -183,11 +217,21 @@ impl SyncJob {
                 Some(Ok(())) => job.finish(),
                 Some(Err(e)) => Err(e),
                 None => Err(StoreError::io(
-                    job.file.as_ref().map_or(Path::new(""), |(_, p)| p.as_path()),
+                    job.file
+                        .as_ref()
+                        .map_or(Path::new(""), |(_, p)| p.as_path()),
                     std::io::Error::other("the storage returned no sync result for this file"),
                 )),
             })
             .collect()
+    }
+
+    /// Writes the appends the log handed over, unless it already did.
+    fn write(&mut self) -> Result<(), StoreError> {
+        match &self.deferred {
+            Some(slot) => write_deferred(slot),
+            None => Ok(()),
+        }
     }
 
     /// The rest of a group commit once its file is synced: the directory
@@ -388,6 +432,7 @@ impl SegmentLog {
             gen_prepared: 0,
             gen_completed: 0,
             poisoned: false,
+            deferred: DeferredSlot::default(),
         };
         let next_seq = max_seq + 1;
         match log.segments.back() {
@@ -462,8 +507,14 @@ impl SegmentLog {
         &mut self.segments[last]
     }
 
+    /// Writes the buffer handed to a sync job that has not run yet, if any.
+    fn settle_deferred(&mut self) -> Result<(), StoreError> {
+        write_deferred(&self.deferred).inspect_err(|_| self.poisoned = true)
+    }
+
     /// Writes the buffer to the active segment file.
     fn write_out(&mut self) -> Result<(), StoreError> {
+        self.settle_deferred()?;
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -642,6 +693,7 @@ impl SegmentLog {
 
     /// Reads a publish record back: props ++ body, and the props length.
     pub(crate) fn read(&mut self, at: StoreRef) -> Result<Bytes, StoreError> {
+        self.settle_deferred()?;
         let Ok(i) = self.segments.binary_search_by_key(&at.segment, |s| s.id) else {
             return Err(StoreError::Corrupt {
                 file: segment_path(&self.dir, at.segment),
@@ -687,7 +739,24 @@ impl SegmentLog {
             return Err(StoreError::Poisoned);
         }
         self.flush_marks();
-        self.write_out()?;
+        // The buffer is written by the job, off the caller's lock.
+        self.settle_deferred()?;
+        let deferred = if self.buf.is_empty() {
+            None
+        } else {
+            self.buf.extend_from_slice(&END_MARK);
+            let data = std::mem::take(&mut self.buf);
+            let seg = self.active();
+            let write = DeferredWrite {
+                file: Arc::clone(&seg.file),
+                path: seg.path.clone(),
+                offset: seg.written,
+                data,
+            };
+            seg.written += (write.data.len() - END_MARK.len()) as u64;
+            *self.deferred.lock().unwrap_or_else(PoisonError::into_inner) = Some(write);
+            Some(Arc::clone(&self.deferred))
+        };
         let seg = self.active();
         let file = Some((Arc::clone(&seg.file), seg.path.clone()));
         let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone());
@@ -702,6 +771,7 @@ impl SegmentLog {
         Ok(SyncJob {
             generation: self.gen_prepared,
             storage: Arc::clone(&self.storage),
+            deferred,
             file,
             dir,
             up_to: self.appended_seq,
