@@ -35,6 +35,7 @@ pub(crate) mod link;
 pub(crate) mod mirrored;
 #[path = "stats.rs"]
 pub(crate) mod stats;
+use link::Elsewhere;
 
 use mirrored::{FetchForArgs, Store, nack_one};
 
@@ -182,9 +183,8 @@ struct Queue {
     opts: QueueOpts,
     owner: Option<ConnId>,
     store: Store,
-    /// The node serving this queue when it is not this one (forwarded); the
-    /// empty name while no node is known to serve it (publishes are nacked).
-    remote: Option<Arc<str>>,
+    /// Where this queue is served when not on this node (forwarded).
+    remote: Option<Elsewhere>,
     /// This node's master replica handed the queue over: it is not served
     /// here until this node is made its master again.
     handed_over: bool,
@@ -228,8 +228,8 @@ struct Unacked {
     bq_tag: u64,
     consumer: Option<Arc<str>>,
     msg_id: u64,
-    /// The master's node, for a delivery from a forwarded queue.
-    remote: Option<Arc<str>>,
+    /// Where to settle a delivery from a forwarded queue.
+    remote: Option<Elsewhere>,
 }
 
 #[derive(Debug)]
@@ -2805,7 +2805,7 @@ impl Broker {
         };
         let count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
         let cur = self.current;
-        let forwarded: Vec<(Arc<str>, u64)> = match &q.remote {
+        let forwarded: Vec<(Elsewhere, u64)> = match &q.remote {
             Some(node) => q
                 .consumers
                 .iter()

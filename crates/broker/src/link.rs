@@ -173,9 +173,17 @@ pub(crate) struct RemoteConsumer {
     no_ack: bool,
 }
 
-/// A forwarded `basic.get` waiting for its answer: (master's node,
-/// connection, channel, no-ack, queue).
-type RemoteGet = (Arc<str>, ConnId, ChannelId, bool, Arc<str>);
+/// A forwarded `basic.get` waiting for its answer.
+#[derive(Debug)]
+struct RemoteGet {
+    /// The master's node.
+    node: Arc<str>,
+    conn: ConnId,
+    channel: ChannelId,
+    no_ack: bool,
+    vhost: String,
+    queue: Arc<str>,
+}
 
 /// The origin's side of forwarding.
 #[derive(Default)]
@@ -194,15 +202,39 @@ pub(crate) struct Links {
     waker: Option<Waker>,
 }
 
+/// Where a queue that this node does not serve is served, and where a
+/// delivery from such a queue is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Elsewhere {
+    /// The node of the queue's master: work is forwarded there.
+    Node(Arc<str>),
+    /// No node, right now: the master handed the queue over or its node went
+    /// down, and no new master is known yet. Publishes are nacked (the
+    /// publisher resends), gets come back empty, consumers wait for a master,
+    /// and settlements are dropped (the next master delivers again).
+    Nowhere,
+}
+
+impl Elsewhere {
+    /// Whether this is node `node`.
+    fn is(&self, node: &str) -> bool {
+        matches!(self, Elsewhere::Node(n) if &**n == node)
+    }
+}
+
 impl Links {
     fn send(&mut self, node: &str, msg: LinkMsg) {
-        if node.is_empty() {
-            // No node serves the queue right now: consumers wait for one.
-            return;
-        }
         self.out.entry(node.to_owned()).or_default().push(msg);
         if let Some(w) = &self.waker {
             w();
+        }
+    }
+
+    /// Sends to where a queue is served; nothing while it is served nowhere
+    /// (its consumers wait for a master).
+    fn send_to(&mut self, to: &Elsewhere, msg: LinkMsg) {
+        if let Elsewhere::Node(node) = to {
+            self.send(node, msg);
         }
     }
 
@@ -327,12 +359,17 @@ impl Broker {
         else {
             return;
         };
-        if q.remote.as_deref() == master || (master.is_none() && q.handed_over) {
+        let same = match (&q.remote, master) {
+            (None, None) => true,
+            (Some(at), Some(m)) => at.is(m),
+            _ => false,
+        };
+        if same || (master.is_none() && q.handed_over) {
             return;
         }
         q.handed_over = false;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
-        q.remote = master.map(Arc::from);
+        q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
         let qname = q.name.clone();
         // Consumers that asked for it are told of the failover (RabbitMQ's
         // x-cancel-on-ha-failover) instead of following the new master.
@@ -411,19 +448,19 @@ impl Broker {
     /// Forwards a publish to `node`; returns whether a confirm is owed.
     pub(super) fn link_publish(
         &mut self,
-        node: &Arc<str>,
+        to: &Elsewhere,
         vhost: &str,
         queue: &str,
         msg: &Msg,
         confirm: Option<(ConnId, ChannelId, u64)>,
     ) -> bool {
-        if node.is_empty() {
+        let Elsewhere::Node(node) = to else {
             // No node serves the queue right now: refuse, the publisher resends.
             if let Some(c) = confirm {
                 self.deferred_nacks.push(c);
             }
             return confirm.is_some();
-        }
+        };
         let id = self.links.next();
         if let Some((conn, ch, cseq)) = confirm {
             self.links
@@ -446,7 +483,7 @@ impl Broker {
 
     /// A new consumer of a forwarded queue: asks the master for deliveries.
     pub(super) fn link_consume(&mut self, vhost: &str, queue: &Arc<str>, c: &mut Consumer) {
-        let Some(node) = self
+        let Some(to) = self
             .vhosts
             .get(vhost)
             .and_then(|v| v.queues.get(queue))
@@ -473,25 +510,25 @@ impl Broker {
             prefetch: c.prefetch,
             no_ack: c.no_ack,
         };
-        self.links.send(&node, msg);
+        self.links.send_to(&to, msg);
     }
 
     /// A consumer of a forwarded queue is gone.
-    pub(super) fn link_cancel(&mut self, node: &str, vhost: &str, cid: u64) {
+    pub(super) fn link_cancel(&mut self, to: &Elsewhere, vhost: &str, cid: u64) {
         if self.links.consumers.remove(&cid).is_some() {
             let msg = LinkMsg::Cancel {
                 vhost: vhost.to_owned(),
                 cid,
             };
-            self.links.send(node, msg);
+            self.links.send_to(to, msg);
         }
     }
 
     /// Settles a forwarded delivery at its master.
-    pub(super) fn link_settle(&mut self, node: &str, vhost: &str, tag: u64, how: Settle) {
-        if node.is_empty() {
+    pub(super) fn link_settle(&mut self, to: &Elsewhere, vhost: &str, tag: u64, how: Settle) {
+        let Elsewhere::Node(node) = to else {
             return;
-        }
+        };
         let how = match how {
             Settle::Ack => 0,
             Settle::Requeue => 1,
@@ -510,22 +547,30 @@ impl Broker {
     /// Forwards a `basic.get`.
     pub(super) fn link_get(
         &mut self,
-        node: &Arc<str>,
+        to: &Elsewhere,
         (conn, ch): (ConnId, ChannelId),
         vhost: &str,
         queue: &Arc<str>,
         no_ack: bool,
     ) {
-        if node.is_empty() {
+        let Elsewhere::Node(node) = to else {
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.send_get_empty(ch);
             }
             return;
-        }
+        };
         let req = self.links.next();
-        self.links
-            .gets
-            .insert(req, (node.clone(), conn, ch, no_ack, queue.clone()));
+        self.links.gets.insert(
+            req,
+            RemoteGet {
+                node: node.clone(),
+                conn,
+                channel: ch,
+                no_ack,
+                vhost: vhost.to_owned(),
+                queue: queue.clone(),
+            },
+        );
         let msg = LinkMsg::Get {
             vhost: vhost.to_owned(),
             queue: queue.to_string(),
@@ -831,16 +876,32 @@ impl Broker {
                 }
             }
             LinkMsg::GetReply { req, msg } => {
-                let Some((node, conn, ch, no_ack, queue)) = self.links.gets.remove(&req) else {
+                let Some(get) = self.links.gets.remove(&req) else {
                     return;
                 };
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    if let Some((tag, ..)) = msg {
-                        self.link_settle(&node, "", tag, Settle::Requeue);
+                let RemoteGet {
+                    node,
+                    conn,
+                    channel: ch,
+                    no_ack,
+                    vhost,
+                    queue,
+                } = get;
+                let open = self
+                    .conns
+                    .get(&conn)
+                    .is_some_and(|c| c.channels.contains_key(&ch));
+                let (Some(c), true) = (self.conns.get_mut(&conn), open) else {
+                    // The channel closed before the answer came: the message
+                    // goes back at the master, which would otherwise hold it
+                    // as unacknowledged for as long as the link lasts.
+                    if let Some((tag, ..)) = msg
+                        && !no_ack
+                    {
+                        self.link_settle(&Elsewhere::Node(node), &vhost, tag, Settle::Requeue);
                     }
                     return;
                 };
-                let vhost = c.vhost.clone();
                 let Some(chan) = c.channels.get_mut(&ch) else {
                     return;
                 };
@@ -858,7 +919,7 @@ impl Broker {
                             bq_tag: tag,
                             consumer: None,
                             msg_id: 0,
-                            remote: Some(node.clone()),
+                            remote: Some(Elsewhere::Node(node.clone())),
                         },
                     );
                 }
@@ -914,7 +975,7 @@ impl Broker {
                         bq_tag: tag,
                         consumer: Some(rc.tag.clone()),
                         msg_id: 0,
-                        remote: Some(node),
+                        remote: Some(Elsewhere::Node(node)),
                     },
                 );
             }
@@ -939,7 +1000,12 @@ impl Broker {
             // link was reset while the delivery was on the way): the message
             // goes back at the master, which would otherwise hold it as
             // unacknowledged for ever.
-            self.link_settle(from, vhost, tag, Settle::Requeue);
+            self.link_settle(
+                &Elsewhere::Node(Arc::from(from)),
+                vhost,
+                tag,
+                Settle::Requeue,
+            );
         }
     }
 
@@ -968,25 +1034,24 @@ impl Broker {
             .links
             .gets
             .iter()
-            .filter(|(_, g)| &*g.0 == node)
+            .filter(|(_, g)| &*g.node == node)
             .map(|(id, _)| *id)
             .collect();
         for req in gets {
-            if let Some((_, conn, ch, ..)) = self.links.gets.remove(&req)
-                && let Some(c) = self.conns.get_mut(&conn)
+            if let Some(g) = self.links.gets.remove(&req)
+                && let Some(c) = self.conns.get_mut(&g.conn)
             {
-                c.amqp.reply(ch, Reply::BasicGetEmpty);
+                c.amqp.reply(g.channel, Reply::BasicGetEmpty);
             }
         }
         // Its deliveries stay known to their channels (a client acking one
         // must not get "unknown delivery tag"), but settle nowhere: the
         // queue's next master delivers them again, redelivered.
-        let nowhere: Arc<str> = Arc::from("");
         for c in self.conns.values_mut() {
             for chan in c.channels.values_mut() {
                 for u in chan.unacked.values_mut() {
-                    if u.remote.as_deref() == Some(node) {
-                        u.remote = Some(nowhere.clone());
+                    if u.remote.as_ref().is_some_and(|at| at.is(node)) {
+                        u.remote = Some(Elsewhere::Nowhere);
                     }
                 }
             }

@@ -19,6 +19,7 @@ use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, Stats, 
 use warren_gm::{MemberId, RingEvent, View};
 use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
 
+use super::link::Elsewhere;
 use super::{Broker, ConnId, Unacked, Waker, confirm_one};
 use crate::routing::decode_meta;
 
@@ -405,7 +406,7 @@ impl Broker {
             // publish accepted now would be on this disk alone); served by
             // the new master once the record names it.
             q.handed_over = true;
-            q.remote = Some(Arc::from(""));
+            q.remote = Some(Elsewhere::Nowhere);
         }
         let limits = super::queue_args(&q.opts.arguments, &q.name, vhost)
             .map(|a| a.limits)

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -250,6 +250,65 @@ fn clients_on_any_node_are_served_by_the_master() {
     let want: BTreeSet<String> = acked.union(&more).cloned().collect();
     let (lost, _) = drain_missing(&rt, &nodes[2], &want);
     assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+}
+
+/// `basic.get` through a mirror's node: forwarded to the master, acked,
+/// rejected and requeued there; a get whose channel closes before the answer
+/// leaves its message at the master, not held for the gone channel.
+#[test]
+fn gets_on_a_mirror_node_are_served_and_settled_by_the_master() {
+    let root = peers::test_root();
+    let (_secret, nodes, rt) = mirrored_three(root.path());
+    let acked = rt.block_on(publish_confirmed(&nodes[0], 0, 3));
+    assert_eq!(acked.len(), 3);
+    rt.block_on(async {
+        let conn = connect(&nodes[1]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let get = |no_ack| ch.basic_get(QUEUE.into(), BasicGetOptions { no_ack });
+        let m0 = get(false).await.unwrap().expect("m0");
+        assert_eq!(m0.delivery.data, b"m0");
+        assert!(!m0.delivery.redelivered);
+        m0.delivery.ack(BasicAckOptions::default()).await.unwrap();
+        let m1 = get(false).await.unwrap().expect("m1");
+        assert_eq!(m1.delivery.data, b"m1");
+        m1.delivery
+            .reject(BasicRejectOptions { requeue: true })
+            .await
+            .unwrap();
+        let again = get(true).await.unwrap().expect("m1 again");
+        assert_eq!(again.delivery.data, b"m1");
+        assert!(
+            again.delivery.redelivered,
+            "a requeued message is redelivered"
+        );
+
+        // A get and the channel's close go out together: the answer finds
+        // the channel gone (or the close finds the delivery unacked); either
+        // way m2 goes back to the master's queue.
+        let ch2 = conn.create_channel().await.unwrap();
+        let (_got, closed) = futures::join!(
+            ch2.basic_get(QUEUE.into(), BasicGetOptions { no_ack: false }),
+            ch2.close(200, "bye".into())
+        );
+        closed.unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+    });
+    eventually("m2 is ready again at the master", || {
+        let q = queue(&nodes[0]);
+        q["messages_ready"] == 1 && q["messages_unacknowledged"] == 0
+    });
+    let left = rt.block_on(async {
+        let conn = connect(&nodes[2]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let m = ch
+            .basic_get(QUEUE.into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("m2");
+        let _ = conn.close(200, "bye".into()).await;
+        m.delivery.data
+    });
+    assert_eq!(left, b"m2");
 }
 
 #[test]
