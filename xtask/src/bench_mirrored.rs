@@ -25,6 +25,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::Value;
 
+use crate::node::{NodeArgs, wait_ready};
+
 /// Warren node *i* (1-based) listens on these ports plus *i*.
 const WARREN_AMQP: u16 = 5910;
 const WARREN_HTTP: u16 = 15910;
@@ -257,26 +259,22 @@ fn warren_cluster(
     let mut nodes = WarrenCluster(Vec::new());
     for i in 1..=size {
         let name = format!("warren@n{i}");
+        let data = dir.join(format!("node{i}"));
+        let ca = dir.join("ca");
         let mut cmd = Command::new(&bin);
-        cmd.args(["--node-name", &name])
-            .args(["--amqp-addr", &format!("127.0.0.1:{}", WARREN_AMQP + i)])
-            .args(["--http-addr", &format!("127.0.0.1:{}", WARREN_HTTP + i)])
-            .args([
-                "--prometheus-addr",
-                &format!("127.0.0.1:{}", WARREN_METRICS + i),
-            ])
-            .args(["--peer-addr", &format!("127.0.0.1:{}", WARREN_PEER + i)])
-            .args(["--transport", transport])
-            .arg("--cluster-secret-file")
-            .arg(&secret)
-            .arg("--data-dir")
-            .arg(dir.join(format!("node{i}")));
-        if transport == "quic" {
-            cmd.arg("--cluster-ca-dir").arg(dir.join("ca"));
+        NodeArgs {
+            name: &name,
+            amqp: format!("127.0.0.1:{}", WARREN_AMQP + i),
+            http: format!("127.0.0.1:{}", WARREN_HTTP + i),
+            metrics: format!("127.0.0.1:{}", WARREN_METRICS + i),
+            peer: format!("127.0.0.1:{}", WARREN_PEER + i),
+            transport: Some(transport),
+            secret: &secret,
+            data: &data,
+            ca_dir: (transport == "quic").then_some(ca.as_path()),
+            join: (i > 1).then(|| format!("127.0.0.1:{}", WARREN_PEER + 1)),
         }
-        if i > 1 {
-            cmd.args(["--join", &format!("127.0.0.1:{}", WARREN_PEER + 1)]);
-        }
+        .apply(&mut cmd);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn,openraft=error");
         }
@@ -310,34 +308,6 @@ fn warren_cluster(
         bail!("setting the ha-all policy answered {status}: {text}");
     }
     Ok(nodes)
-}
-
-/// Waits for the node's "ready" line on its stdout, then keeps draining it.
-fn wait_ready(
-    stdout: impl Read + Send + 'static,
-    name: &str,
-    limit: Duration,
-) -> anyhow::Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if line.contains("ready") {
-                let _ = tx.send(());
-                break;
-            }
-        }
-        for _ in lines {}
-    });
-    rx.recv_timeout(limit).map_err(|e| match e {
-        std::sync::mpsc::RecvTimeoutError::Timeout => {
-            anyhow::anyhow!("{name} did not become ready within {limit:?}")
-        }
-        std::sync::mpsc::RecvTimeoutError::Disconnected => {
-            anyhow::anyhow!("{name} exited before it was ready")
-        }
-    })
 }
 
 /// Waits until the Warren queue `name` has `mirrors` synchronised mirrors.

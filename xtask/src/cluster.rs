@@ -7,13 +7,15 @@
 //! nodes. `up` keeps running until Ctrl-C (which stops every node) or
 //! `cargo xtask cluster down` (run from another terminal).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+use crate::node::{NodeArgs, wait_ready};
 
 /// The example mirroring policy `up` sets: queues named `ha.*` on every node.
 const EXAMPLE_POLICY: &str = r#"{"pattern":"^ha\\.","definition":{"ha-mode":"all","ha-sync-mode":"automatic"},"apply-to":"queues"}"#;
@@ -102,24 +104,22 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
             let ip = format!("127.0.0.{i}");
             let name = format!("warren@{ip}");
             let data = dir.join(format!("node{i}"));
+            let ca = dir.join("ca");
             let mut cmd = Command::new(&bin);
-            cmd.args(["--node-name", &name])
-                .args(["--amqp-addr", &format!("{ip}:5672")])
-                .args(["--http-addr", &format!("{ip}:15672")])
-                .args(["--prometheus-addr", &format!("{ip}:15692")])
-                .args(["--peer-addr", &format!("{ip}:25672")])
-                .args(["--transport", transport])
-                .arg("--cluster-secret-file")
-                .arg(&secret)
-                .arg("--data-dir")
-                .arg(&data);
-            if transport == "quic" {
+            NodeArgs {
+                name: &name,
+                amqp: format!("{ip}:5672"),
+                http: format!("{ip}:15672"),
+                metrics: format!("{ip}:15692"),
+                peer: format!("{ip}:25672"),
+                transport: Some(transport),
+                secret: &secret,
+                data: &data,
                 // The first node creates the cluster CA here; the others use it.
-                cmd.arg("--cluster-ca-dir").arg(dir.join("ca"));
+                ca_dir: (transport == "quic").then_some(ca.as_path()),
+                join: (i > 1).then(|| "127.0.0.1:25672".to_owned()),
             }
-            if i > 1 {
-                cmd.args(["--join", "127.0.0.1:25672"]);
-            }
+            .apply(&mut cmd);
             let log = std::fs::File::create(dir.join(format!("node{i}.log")))?;
             cmd.stdout(Stdio::piped()).stderr(log);
             let mut child = cmd
@@ -186,28 +186,6 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(dir.join("pids"));
     Ok(())
-}
-
-/// Waits for the node's "ready" line on its stdout, then keeps draining it.
-fn wait_ready(
-    stdout: impl Read + Send + 'static,
-    name: &str,
-    limit: Duration,
-) -> anyhow::Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if line.contains("ready") {
-                let _ = tx.send(());
-                break;
-            }
-        }
-        for _ in lines {}
-    });
-    rx.recv_timeout(limit)
-        .map_err(|_| anyhow::anyhow!("{name} did not become ready within {limit:?}"))
 }
 
 /// PUT `body` to a node's management API as guest.

@@ -16,6 +16,7 @@ mod bench_report;
 mod chaos;
 mod cluster;
 mod cpu;
+mod node;
 mod scenario;
 
 use std::path::{Path, PathBuf};

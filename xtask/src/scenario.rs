@@ -12,7 +12,7 @@
 //! `target/scenarios/N/`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -29,6 +29,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
 use crate::chaos::netns::exec_in;
+use crate::node::{NodeArgs, ready_signal};
 
 /// The mirrored queue every scenario uses.
 const QUEUE: &str = "ha.seed";
@@ -445,46 +446,32 @@ pub(crate) fn spawn(
         .open(&spec.log)?;
     writeln!(log, "==== xtask {}: starting {}", label, spec.name)?;
     let mut cmd = exec_in(spec.netns.as_deref(), &bins.warren);
-    cmd.args(["--node-name", &spec.name])
-        .args(["--amqp-addr", &format!("{}:{}", spec.ip, spec.amqp)])
-        .args(["--http-addr", &spec.http_addr()])
-        .args([
-            "--prometheus-addr",
-            &format!("{}:{}", spec.ip, spec.metrics),
-        ])
-        .args(["--peer-addr", &spec.peer_addr()])
-        .args(["--boot-wait", &BOOT_WAIT_SECS.to_string()])
-        .arg("--cluster-secret-file")
-        .arg(secret)
-        .arg("--data-dir")
-        .arg(&spec.dir)
+    NodeArgs {
+        name: &spec.name,
+        amqp: format!("{}:{}", spec.ip, spec.amqp),
+        http: spec.http_addr(),
+        metrics: format!("{}:{}", spec.ip, spec.metrics),
+        peer: spec.peer_addr(),
+        transport: None,
+        secret,
+        data: &spec.dir,
+        ca_dir: None,
+        join: join.map(Spec::peer_addr),
+    }
+    .apply(&mut cmd);
+    cmd.args(["--boot-wait", &BOOT_WAIT_SECS.to_string()])
         .env("RUST_LOG", "info,openraft=warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);
-    if let Some(j) = join {
-        cmd.args(["--join", &j.peer_addr()]);
-    }
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", bins.warren.display()))?;
     let stdout = child.stdout.take().context("the node's stdout")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if line.contains("ready") {
-                let _ = tx.send(());
-                break;
-            }
-        }
-        for _ in lines {}
-    });
     Ok(Pending {
         spec: spec.clone(),
         child: Some(child),
-        ready: rx,
+        ready: ready_signal(stdout),
     })
 }
 
