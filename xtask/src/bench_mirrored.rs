@@ -1318,11 +1318,17 @@ impl LoadResult {
     }
 }
 
+/// Seconds the many-queues bench measures the nodes with their queues and no
+/// traffic.
+const IDLE_SECS: u64 = 5;
+
 /// What one node used during the many-queues run.
 struct NodeUsage {
     name: String,
     /// CPU seconds per second while measuring.
     cpu: f64,
+    /// CPU seconds per second with the queues declared and no traffic.
+    idle_cpu: f64,
     /// RSS (KiB): idle before the queues, with the queues before the load, at the end.
     rss: [u64; 3],
 }
@@ -1395,10 +1401,21 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         ),
     };
     println!("    {sync_note}");
+    // What the queues cost with no traffic: rings, detectors and ticks
+    // should not grow with the number of queues.
+    println!("    {IDLE_SECS} s with the queues and no traffic (after {IDLE_SECS} s to settle)…");
+    std::thread::sleep(Duration::from_secs(IDLE_SECS));
+    let quiet: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|n| crate::cpu::usage(n.pid()))
+        .collect::<Result<_, _>>()?;
+    let t_quiet = Instant::now();
+    std::thread::sleep(Duration::from_secs(IDLE_SECS));
     let loaded: Vec<(u64, u64)> = nodes
         .iter()
         .map(|n| crate::cpu::usage(n.pid()))
         .collect::<Result<_, _>>()?;
+    let quiet_secs = t_quiet.elapsed().as_secs_f64();
 
     println!(
         "    load: {n} queues × {rate} msg/s = {} msg/s, persistent 64 B with confirms, consumed with acks; 3 s warm-up, then {duration} s…",
@@ -1460,6 +1477,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         .map(|(i, node)| NodeUsage {
             name: node.name.clone(),
             cpu: (after[i] - before[i]) as f64 / hz / secs,
+            idle_cpu: (loaded[i].0 - quiet[i].0) as f64 / hz / quiet_secs,
             rss: [idle[i].1, loaded[i].1, end[i].1],
         })
         .collect();
@@ -1503,16 +1521,17 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     )?;
     writeln!(
         t,
-        "| node | CPU (% of one core) | CPU per queue (µs/s) | RSS idle MiB | RSS with queues MiB | RSS at end MiB | RSS per queue KiB |"
+        "| node | CPU (% of one core) | CPU per queue (µs/s) | CPU with the queues, no traffic (% of one core) | RSS idle MiB | RSS with queues MiB | RSS at end MiB | RSS per queue KiB |"
     )?;
-    writeln!(t, "|---|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
     for u in &usages {
         writeln!(
             t,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
+            "| {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} |",
             u.name,
             u.cpu * 100.0,
             u.cpu * 1e6 / n as f64,
+            u.idle_cpu * 100.0,
             u.rss[0] as f64 / 1024.0,
             u.rss[1] as f64 / 1024.0,
             u.rss[2] as f64 / 1024.0,

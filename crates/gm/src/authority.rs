@@ -23,6 +23,12 @@ use crate::view::{View, ViewChange, ViewError, ViewVersion};
 pub trait ViewAuthority: Send + Sync {
     /// The ring's current view.
     async fn current(&self, ring: &str) -> Result<View, ViewError>;
+    /// The ring's view as this node last learned it, without asking anyone:
+    /// for the driver's periodic safety-net poll, where a stale answer only
+    /// waits for the next poll. The default asks [`current`](Self::current).
+    async fn current_local(&self, ring: &str) -> Result<View, ViewError> {
+        self.current(ring).await
+    }
     /// Applies `change` if the ring is at version `expected`; returns the new view.
     async fn update(
         &self,

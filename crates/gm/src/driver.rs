@@ -281,6 +281,9 @@ enum Inbound {
         ring: String,
         view: View,
         announce: bool,
+        /// Read by the safety-net poll (this node's own copy), not by a
+        /// fetch: it does not end a fetch in flight.
+        polled: bool,
     },
     Proposed {
         ring: String,
@@ -781,8 +784,11 @@ impl NodeTask {
                 ring,
                 view,
                 announce,
+                polled,
             } => {
-                self.fetching.remove(&ring);
+                if !polled {
+                    self.fetching.remove(&ring);
+                }
                 if announce {
                     self.announce(&ring, &view);
                 }
@@ -917,7 +923,7 @@ impl NodeTask {
             .take(due.min(self.rings.len()))
             .collect();
         for ring in next {
-            self.fetch(&ring);
+            self.fetch_view(&ring, false);
             self.poll_cursor = ring;
         }
     }
@@ -1009,6 +1015,7 @@ impl NodeTask {
                                 ring,
                                 view,
                                 announce: true,
+                                polled: false,
                             })
                             .await;
                         return;
@@ -1023,20 +1030,41 @@ impl NodeTask {
         });
     }
 
+    /// Reads the ring's view from the authority (fresh) and installs it if
+    /// newer.
     fn fetch(&mut self, ring: &str) {
-        if !self.fetching.insert(ring.to_owned()) {
+        self.fetch_view(ring, true);
+    }
+
+    /// Reads the ring's view, `fresh` ([`ViewAuthority::current`]) or as
+    /// this node last learned it ([`ViewAuthority::current_local`], for the
+    /// safety-net poll), and installs it if newer.
+    fn fetch_view(&mut self, ring: &str, fresh: bool) {
+        // A poll is not worth it while a fetch, which reads newer, is out.
+        let busy = if fresh {
+            !self.fetching.insert(ring.to_owned())
+        } else {
+            self.fetching.contains(ring)
+        };
+        if busy {
             return;
         }
         let authority = self.authority.clone();
         let in_tx = self.in_tx.clone();
         let ring = ring.to_owned();
         self.spawn(async move {
-            if let Ok(view) = authority.current(&ring).await {
+            let view = if fresh {
+                authority.current(&ring).await
+            } else {
+                authority.current_local(&ring).await
+            };
+            if let Ok(view) = view {
                 let _ = in_tx
                     .send(Inbound::View {
                         ring,
                         view,
                         announce: false,
+                        polled: !fresh,
                     })
                     .await;
             }

@@ -478,17 +478,27 @@ async fn short_cut_heals_without_a_view_change() {
 /// A view authority as a node in a minority sees it: while `cut`, every
 /// update is refused as a conflict after a while (the Raft write timed out
 /// and may still be applied), so the driver keeps retrying its proposals.
-#[derive(Debug)]
+/// It counts its reads of either kind.
+#[derive(Debug, Default)]
 struct Minority {
     inner: Arc<InMemoryAuthority>,
     cut: std::sync::atomic::AtomicBool,
+    /// Fresh reads (`current`).
     reads: std::sync::atomic::AtomicU64,
+    /// Reads of this node's own copy (`current_local`).
+    local_reads: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait::async_trait]
 impl ViewAuthority for Minority {
     async fn current(&self, ring: &str) -> Result<View, ViewError> {
         self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.current(ring).await
+    }
+
+    async fn current_local(&self, ring: &str) -> Result<View, ViewError> {
+        self.local_reads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.current(ring).await
     }
 
@@ -534,8 +544,7 @@ async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
     let inner = Arc::new(InMemoryAuthority::new());
     let minority = Arc::new(Minority {
         inner: inner.clone(),
-        cut: false.into(),
-        reads: 0.into(),
+        ..Minority::default()
     });
     let suspect = Arc::new(Mutex::new(Vec::new()));
     let mut nodes = Vec::new();
@@ -569,11 +578,9 @@ async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
     })
     .await;
     minority.cut.store(false, SeqCst);
-    let healed = minority.reads.load(SeqCst);
-    wait_until("the node reading views again", || {
-        minority.reads.load(SeqCst) >= healed + 3
-    })
-    .await;
+    let all_reads = || minority.reads.load(SeqCst) + minority.local_reads.load(SeqCst);
+    let healed = all_reads();
+    wait_until("the node reading views again", || all_reads() >= healed + 3).await;
     broadcast_round(&mut members, &[0, 1, 2]).await;
     wait_until("every broadcast confirmed", || {
         members
@@ -642,4 +649,49 @@ async fn a_member_that_leaves_before_its_join_commits_does_not_stay_in_the_ring(
         s.confirmed == members[0].sent
     })
     .await;
+}
+
+/// The driver's safety-net poll reads each ring's view as the node knows
+/// it (`current_local`): on a quiet ring it asks the authority for nothing
+/// fresh (with a Raft-backed authority, a fresh read is a round trip to the
+/// leader, and a node with 1,000 rings polls 1,000 a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_safety_net_poll_reads_views_locally() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let net = Net::mem(10);
+    // Never cut: only its read counts are used.
+    let authority = Arc::new(Minority::default());
+    let mut nodes = Vec::new();
+    for i in 1..=2 {
+        let detector =
+            HeartbeatDetector::new(Duration::from_millis(20), Duration::from_millis(400));
+        let name = format!("p{i}@gm");
+        nodes.push(start_node_with(&net, &name, authority.clone(), Box::new(detector)).await);
+    }
+    introduce(&nodes).await;
+    let mut members = Vec::new();
+    for node in &nodes {
+        members.push(join(node).await);
+    }
+    wait_until("full views", || {
+        members
+            .iter()
+            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 2))
+    })
+    .await;
+    // Let the joins' own reads finish, then watch a quiet ring (polled
+    // every 200 ms by default) for a second.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (fresh, local) = (
+        authority.reads.load(SeqCst),
+        authority.local_reads.load(SeqCst),
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let polled = authority.local_reads.load(SeqCst) - local;
+    assert!(polled >= 4, "the poll read {polled} views in a second");
+    assert_eq!(
+        authority.reads.load(SeqCst),
+        fresh,
+        "fresh reads on a quiet ring"
+    );
 }

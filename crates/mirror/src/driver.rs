@@ -175,6 +175,13 @@ impl ViewAuthority for ClusterViewAuthority {
         Ok(self.local_view(ring))
     }
 
+    async fn current_local(&self, ring: &str) -> Result<View, ViewError> {
+        // What this node applied: no round trip to the leader (the GM
+        // driver's poll reads 1,000 rings a second on a node with 1,000
+        // queues; linearizable, that was a fifth of an idle node's CPU).
+        Ok(self.local_view(ring))
+    }
+
     async fn update(
         &self,
         ring: &str,
