@@ -745,7 +745,9 @@ impl SegmentLog {
             None
         } else {
             self.buf.extend_from_slice(&END_MARK);
-            let data = std::mem::take(&mut self.buf);
+            // The next round's buffer starts at this one's size: no regrowth.
+            let next = Vec::with_capacity(self.buf.len());
+            let data = std::mem::replace(&mut self.buf, next);
             let seg = self.active();
             let write = DeferredWrite {
                 file: Arc::clone(&seg.file),

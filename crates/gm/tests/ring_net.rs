@@ -184,6 +184,33 @@ async fn join(node: &GmNode) -> Member {
     }
 }
 
+/// Waits until every member's last view is at least `version`.
+async fn wait_full_views(members: &[Member], version: u64) {
+    wait_until("full views", || {
+        members.iter().all(|m| {
+            m.seen
+                .lock()
+                .unwrap()
+                .views
+                .last()
+                .is_some_and(|&v| v >= version)
+        })
+    })
+    .await;
+}
+
+/// Introduces `nodes` to each other, joins ring `q` on each and waits until
+/// every member has the view with all of them.
+async fn join_all(nodes: &[GmNode]) -> Vec<Member> {
+    introduce(nodes).await;
+    let mut members = Vec::new();
+    for node in nodes {
+        members.push(join(node).await);
+    }
+    wait_full_views(&members, nodes.len() as u64).await;
+    members
+}
+
 async fn broadcast_round(members: &mut [Member], live: &[usize]) {
     for &i in live {
         let m = &mut members[i];
@@ -384,12 +411,7 @@ async fn rings_share_connections_and_nodes() {
         }
     }
     for members in &rings {
-        wait_until("full views", || {
-            members
-                .iter()
-                .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
-        })
-        .await;
+        wait_full_views(members, 3).await;
     }
     for _ in 0..10 {
         for members in &mut rings {
@@ -432,12 +454,7 @@ async fn short_cut_heals_without_a_view_change() {
         .await;
         members.push(m);
     }
-    wait_until("full views", || {
-        members
-            .iter()
-            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
-    })
-    .await;
+    wait_full_views(&members, 3).await;
     let resets_before: Vec<u32> = members
         .iter()
         .map(|m| m.seen.lock().unwrap().link_resets)
@@ -557,17 +574,7 @@ async fn a_suspicion_healed_before_its_removal_commits_removes_nobody() {
         let name = format!("s{i}@gm");
         nodes.push(start_node_with(&net, &name, authority, Box::new(detector)).await);
     }
-    introduce(&nodes).await;
-    let mut members = Vec::new();
-    for node in &nodes {
-        members.push(join(node).await);
-    }
-    wait_until("full views", || {
-        members
-            .iter()
-            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 3))
-    })
-    .await;
+    let mut members = join_all(&nodes).await;
 
     minority.cut.store(true, SeqCst);
     let before = minority.reads.load(SeqCst);
@@ -668,17 +675,7 @@ async fn the_safety_net_poll_reads_views_locally() {
         let name = format!("p{i}@gm");
         nodes.push(start_node_with(&net, &name, authority.clone(), Box::new(detector)).await);
     }
-    introduce(&nodes).await;
-    let mut members = Vec::new();
-    for node in &nodes {
-        members.push(join(node).await);
-    }
-    wait_until("full views", || {
-        members
-            .iter()
-            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 2))
-    })
-    .await;
+    let _members = join_all(&nodes).await;
     // Let the joins' own reads finish, then watch a quiet ring (polled
     // every 200 ms by default) for a second.
     tokio::time::sleep(Duration::from_millis(300)).await;
