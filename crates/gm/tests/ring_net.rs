@@ -232,28 +232,12 @@ async fn ring_test(kind: Kind) {
     let mut members = Vec::new();
     for node in &nodes[..5] {
         members.push(join(node).await);
-        let n = members.len() as u64;
-        wait_until("the joiner's view", || {
-            members
-                .last()
-                .unwrap()
-                .seen
-                .lock()
-                .unwrap()
-                .views
-                .last()
-                .is_some_and(|&v| v >= n)
-        })
-        .await;
+        let n = members.len();
+        wait_full_views(&members[n - 1..], n as u64).await;
     }
     // Messages broadcast in a view without a member are not for it: start
     // once every member has installed the full view.
-    wait_until("the five-member view everywhere", || {
-        members
-            .iter()
-            .all(|m| m.seen.lock().unwrap().views.last().is_some_and(|&v| v >= 5))
-    })
-    .await;
+    wait_full_views(&members, 5).await;
     let mut live: Vec<usize> = (0..5).collect();
     for _ in 0..20 {
         broadcast_round(&mut members, &live).await;
@@ -441,18 +425,9 @@ async fn short_cut_heals_without_a_view_change() {
     let nodes = cluster(&net, "c", 3, &authority).await;
     let mut members = Vec::new();
     for node in &nodes {
-        let m = join(node).await;
-        let want = members.len() as u64 + 1;
-        wait_until("the joiner's view", || {
-            m.seen
-                .lock()
-                .unwrap()
-                .views
-                .last()
-                .is_some_and(|&v| v >= want)
-        })
-        .await;
-        members.push(m);
+        members.push(join(node).await);
+        let n = members.len();
+        wait_full_views(&members[n - 1..], n as u64).await;
     }
     wait_full_views(&members, 3).await;
     let resets_before: Vec<u32> = members
