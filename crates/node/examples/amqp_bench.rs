@@ -1,11 +1,19 @@
-//! AMQP load generator on lapin: producers, consumers, message size,
-//! confirms, persistence, duration; prints published/s, consumed/s and the
-//! p50/p99 publish-to-delivery latency.
+//! AMQP load generator: producers, consumers, message size, confirms,
+//! persistence, duration; prints published/s, consumed/s and the p50/p99
+//! publish-to-delivery latency.
 //!
 //! ```text
 //! cargo run --release -p warren-node --example amqp_bench -- \
 //!     --url amqp://guest:guest@127.0.0.1:5672/%2f --size 16 --duration 10
 //! ```
+//!
+//! It shares the machine with the brokers it measures, so it is built to
+//! cost little: each connection is one task on one thread that speaks
+//! AMQP 0-9-1 through `amq-protocol`'s codec, writes every frame that is
+//! ready in one syscall and parses every frame of one read. A producer keeps
+//! exactly `--confirms` publishes unconfirmed (as RabbitMQ's PerfTest
+//! `--confirm` does); a consumer acks each delivery on its own (`basic.ack`,
+//! `multiple` false), the acks of one read sent together.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -14,15 +22,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use clap::Parser;
-use futures::StreamExt as _;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
+use amq_protocol::protocol::{
+    AMQPClass, BasicProperties, basic, channel, confirm, connection, queue,
 };
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
+use amq_protocol::types::{AMQPValue, FieldTable};
+use amq_protocol::uri::AMQPUri;
+use anyhow::{Context as _, bail};
+use bytes::BytesMut;
+use clap::Parser;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 
 /// Load generator settings.
 #[derive(Debug, Parser, Clone)]
@@ -71,152 +81,56 @@ struct Args {
     drain_timeout: u64,
 }
 
+/// The one channel each connection opens.
+const CHANNEL: u16 = 1;
+/// The largest frame this client asks for.
+const FRAME_MAX: u32 = 128 * 1024;
+/// Publishes written together when there are no confirms to wait for.
+const UNCONFIRMED_BATCH: usize = 64;
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let size = args.size.max(8);
-    let setup = Connection::connect(&args.url, ConnectionProperties::default())
-        .await
-        .context("connecting")?;
+    let uri: AMQPUri = args
+        .url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("bad --url {}: {e}", args.url))?;
+    let mut setup = Client::connect(&uri).await.context("connecting")?;
     if !args.keep_queue {
-        let ch = setup.create_channel().await?;
-        let _ = ch
-            .queue_delete(args.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
+        setup
+            .call(AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+                queue: args.queue.as_str().into(),
+                ..Default::default()
+            })))
+            .await?;
     }
-    let ch = setup.create_channel().await?;
-    ch.queue_declare(
-        args.queue.as_str().into(),
-        QueueDeclareOptions {
+    setup
+        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+            queue: args.queue.as_str().into(),
             durable: args.persistent || args.durable,
             ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await?;
+        })))
+        .await?;
 
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let published = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
-    let latencies: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
 
     let mut consumers = Vec::new();
     for _ in 0..args.consumers {
-        let (args, stop, consumed, latencies) = (
-            args.clone(),
-            stop.clone(),
-            consumed.clone(),
-            latencies.clone(),
-        );
-        let conn = Connection::connect(&args.url, ConnectionProperties::default()).await?;
-        consumers.push(tokio::spawn(async move {
-            let ch = conn.create_channel().await?;
-            if args.manual_ack {
-                ch.basic_qos(args.prefetch, BasicQosOptions::default())
-                    .await?;
-            }
-            let c = ch
-                .basic_consume(
-                    args.queue.as_str().into(),
-                    "".into(),
-                    BasicConsumeOptions {
-                        no_ack: !args.manual_ack,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
-            // An empty body (sent once the producers stopped) ends the run.
-            // Deliveries are taken in the chunks that are ready, and each
-            // chunk's acks (one basic.ack per message) are sent together
-            // rather than each awaited before the next delivery is read.
-            let mut c = c.ready_chunks(256);
-            let mut done = false;
-            while !done && let Some(chunk) = c.next().await {
-                let mut acks = Vec::with_capacity(chunk.len());
-                for d in chunk {
-                    let d = d?;
-                    if d.data.is_empty() {
-                        done = true;
-                        break;
-                    }
-                    if d.data.len() >= 8 && !stop.load(Ordering::Relaxed) {
-                        let sent = u64::from_be_bytes(d.data[..8].try_into().unwrap_or([0; 8]));
-                        let now = start.elapsed().as_micros() as u64;
-                        if let Ok(mut l) = latencies.lock() {
-                            l.push(now.saturating_sub(sent));
-                        }
-                    }
-                    consumed.fetch_add(1, Ordering::Relaxed);
-                    if args.manual_ack {
-                        acks.push(d.acker);
-                    }
-                }
-                futures::future::try_join_all(
-                    acks.iter().map(|a| a.ack(BasicAckOptions::default())),
-                )
-                .await?;
-            }
-            let _ = conn.close(200, "done".into()).await;
-            anyhow::Ok(())
-        }));
+        let client = Client::connect(&uri).await?;
+        let (args, stop, consumed) = (args.clone(), stop.clone(), consumed.clone());
+        consumers.push(tokio::spawn(consume(client, args, start, stop, consumed)));
     }
-
     let mut producers = Vec::new();
     for _ in 0..args.producers {
+        let client = Client::connect(&uri).await?;
         let (args, stop, published) = (args.clone(), stop.clone(), published.clone());
-        let conn = Connection::connect(&args.url, ConnectionProperties::default()).await?;
-        producers.push(tokio::spawn(async move {
-            let ch = conn.create_channel().await?;
-            if args.confirms > 0 {
-                ch.confirm_select(ConfirmSelectOptions::default()).await?;
-            }
-            let props = if args.persistent {
-                BasicProperties::default().with_delivery_mode(2)
-            } else {
-                BasicProperties::default()
-            };
-            let mut inflight = VecDeque::new();
-            // Publishes are pipelined in batches (lapin sends them in call order).
-            let batch = if args.confirms > 0 {
-                args.confirms.clamp(1, 64)
-            } else {
-                64
-            };
-            while !stop.load(Ordering::Relaxed) {
-                let now = start.elapsed().as_micros() as u64;
-                let mut body = vec![0u8; size];
-                body[..8].copy_from_slice(&now.to_be_bytes());
-                let sends = (0..batch).map(|_| {
-                    ch.basic_publish(
-                        "".into(),
-                        args.queue.as_str().into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        props.clone(),
-                    )
-                });
-                let confirms = futures::future::try_join_all(sends).await?;
-                if args.confirms > 0 {
-                    inflight.extend(confirms);
-                    while inflight.len() > args.confirms {
-                        if let Some(c) = inflight.pop_front() {
-                            c.await?;
-                            published.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                } else {
-                    published.fetch_add(batch as u64, Ordering::Relaxed);
-                }
-            }
-            for c in inflight {
-                c.await?;
-                published.fetch_add(1, Ordering::Relaxed);
-            }
-            let _ = conn.close(200, "done".into()).await;
-            anyhow::Ok(())
-        }));
+        producers.push(tokio::spawn(produce(
+            client, args, size, start, stop, published,
+        )));
     }
 
     // Warm up for a second, then measure.
@@ -233,23 +147,20 @@ async fn main() -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64(),
     );
     stop.store(true, Ordering::Relaxed);
+    let mut nacked = 0;
     for p in producers {
-        p.await??;
+        nacked += p.await??;
     }
-    let ch = setup.create_channel().await?;
+    // An empty body ends each consumer's run.
+    let (end, _) = publish_template(setup.frame_max, &args.queue, &BasicProperties::default(), 0)?;
     for _ in 0..args.consumers {
-        ch.basic_publish(
-            "".into(),
-            args.queue.as_str().into(),
-            BasicPublishOptions::default(),
-            b"",
-            BasicProperties::default(),
-        )
-        .await?;
+        setup.out.extend_from_slice(&end);
     }
+    setup.flush().await?;
+    let mut lat = Vec::new();
     let drain = async {
         for c in consumers {
-            c.await??;
+            lat.extend(c.await??);
         }
         anyhow::Ok(())
     };
@@ -264,7 +175,6 @@ async fn main() -> anyhow::Result<()> {
             args.drain_timeout
         );
     }
-    let mut lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
@@ -282,6 +192,9 @@ async fn main() -> anyhow::Result<()> {
         pct(0.50),
         pct(0.99)
     );
+    if nacked > 0 {
+        println!("nacked={nacked} (publishes the broker refused; not counted as published)");
+    }
     // The whole run's cost, warm-up and drain included, for CPU per message.
     println!(
         "total_consumed={} cpu_s={:.2}",
@@ -289,13 +202,481 @@ async fn main() -> anyhow::Result<()> {
         own_cpu_seconds()
     );
     if !args.keep_queue {
-        let ch = setup.create_channel().await?;
-        let _ = ch
-            .queue_delete(args.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
+        setup
+            .call(AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+                queue: args.queue.as_str().into(),
+                ..Default::default()
+            })))
+            .await?;
     }
-    let _ = setup.close(200, "done".into()).await;
-    Ok(())
+    setup.close().await
+}
+
+/// One producer connection: publishes until `stop`, keeping `--confirms`
+/// unconfirmed (or writing batches without confirms); returns how many
+/// publishes were nacked.
+async fn produce(
+    mut client: Client,
+    args: Args,
+    size: usize,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    published: Arc<AtomicU64>,
+) -> anyhow::Result<u64> {
+    let props = if args.persistent {
+        BasicProperties::default().with_delivery_mode(2)
+    } else {
+        BasicProperties::default()
+    };
+    let (template, stamp_at) = publish_template(client.frame_max, &args.queue, &props, size)?;
+    let publish = |out: &mut Vec<u8>| {
+        let at = out.len() + stamp_at;
+        out.extend_from_slice(&template);
+        let now = start.elapsed().as_micros() as u64;
+        out[at..at + 8].copy_from_slice(&now.to_be_bytes());
+    };
+    if args.confirms == 0 {
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..UNCONFIRMED_BATCH {
+                publish(&mut client.out);
+            }
+            client.flush().await?;
+            published.fetch_add(UNCONFIRMED_BATCH as u64, Ordering::Relaxed);
+            // Nothing is expected back; a close would be.
+            client.read_ready()?;
+            while let Some((_, frame)) = client.next_frame()? {
+                refuse_close(&frame)?;
+            }
+        }
+        client.close().await?;
+        return Ok(0);
+    }
+    client
+        .call(AMQPClass::Confirm(confirm::AMQPMethod::Select(
+            confirm::Select::default(),
+        )))
+        .await?;
+    let mut window = Unconfirmed::default();
+    let mut nacked = 0;
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        if stopping && window.is_empty() {
+            break;
+        }
+        if !stopping {
+            while window.len() < args.confirms {
+                publish(&mut client.out);
+                window.push();
+            }
+            client.flush().await?;
+        }
+        client.read_more().await?;
+        while let Some((_, frame)) = client.next_frame()? {
+            refuse_close(&frame)?;
+            match frame {
+                AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Ack(a))) => {
+                    let n = window.settle(a.delivery_tag, a.multiple);
+                    published.fetch_add(n, Ordering::Relaxed);
+                }
+                AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Nack(n))) => {
+                    nacked += window.settle(n.delivery_tag, n.multiple);
+                }
+                _ => {}
+            }
+        }
+    }
+    client.close().await?;
+    Ok(nacked)
+}
+
+/// One consumer connection: consumes until an empty body arrives; returns
+/// the publish-to-delivery latencies (µs) seen before `stop`.
+async fn consume(
+    mut client: Client,
+    args: Args,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    consumed: Arc<AtomicU64>,
+) -> anyhow::Result<Vec<u64>> {
+    if args.manual_ack {
+        client
+            .call(AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: args.prefetch,
+                global: false,
+            })))
+            .await?;
+    }
+    client
+        .call(AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+            queue: args.queue.as_str().into(),
+            no_ack: !args.manual_ack,
+            ..Default::default()
+        })))
+        .await?;
+    let mut latencies = Vec::new();
+    // The delivery being assembled: its tag, body size, bytes so far, stamp.
+    let mut current: Option<(u64, u64, u64, u64)> = None;
+    let mut done = false;
+    while !done {
+        client.read_more().await?;
+        while let Some((_, frame)) = client.next_frame()? {
+            refuse_close(&frame)?;
+            match frame {
+                AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                    current = Some((d.delivery_tag, 0, 0, 0));
+                }
+                AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => {
+                    bail!("the broker cancelled the consumer");
+                }
+                AMQPFrame::Header(_, header) => {
+                    if header.body_size == 0 {
+                        done = true;
+                    } else if let Some(c) = current.as_mut() {
+                        c.1 = header.body_size;
+                    }
+                }
+                AMQPFrame::Body(_, body) => {
+                    let Some(c) = current.as_mut() else { continue };
+                    if c.2 == 0 && body.len() >= 8 {
+                        c.3 = u64::from_be_bytes(body[..8].try_into().unwrap_or([0; 8]));
+                    }
+                    c.2 += body.len() as u64;
+                    if c.2 < c.1 {
+                        continue;
+                    }
+                    let (tag, _, _, sent) = *c;
+                    current = None;
+                    if !stop.load(Ordering::Relaxed) {
+                        let now = start.elapsed().as_micros() as u64;
+                        latencies.push(now.saturating_sub(sent));
+                    }
+                    consumed.fetch_add(1, Ordering::Relaxed);
+                    if args.manual_ack {
+                        client.method(AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                            delivery_tag: tag,
+                            multiple: false,
+                        })))?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        client.flush().await?;
+    }
+    client.close().await?;
+    Ok(latencies)
+}
+
+/// A publish on [`CHANNEL`] to the default exchange (method, header and body
+/// frames of a `size`-byte body), and where in it the body's first 8 bytes
+/// (the timestamp) are.
+fn publish_template(
+    frame_max: u32,
+    queue: &str,
+    props: &BasicProperties,
+    size: usize,
+) -> anyhow::Result<(Vec<u8>, usize)> {
+    let mut out = Vec::new();
+    encode(
+        &mut out,
+        &AMQPFrame::Method(
+            CHANNEL,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: queue.into(),
+                ..Default::default()
+            })),
+        ),
+    )?;
+    encode(
+        &mut out,
+        &AMQPFrame::Header(
+            CHANNEL,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: size as u64,
+                properties: props.clone(),
+            },
+        ),
+    )?;
+    let stamp_at = out.len() + 7;
+    let body = vec![0u8; size];
+    for piece in body.chunks((frame_max as usize - 8).max(8)) {
+        encode(&mut out, &AMQPFrame::Body(CHANNEL, piece.to_vec()))?;
+    }
+    Ok((out, stamp_at))
+}
+
+/// Appends `frame`, encoded by `amq-protocol`, to `out`.
+fn encode(out: &mut Vec<u8>, frame: &AMQPFrame) -> anyhow::Result<()> {
+    let at = out.len();
+    match gen_frame(frame)(WriteContext::from(std::mem::take(out))) {
+        Ok(ctx) => {
+            *out = ctx.into_inner().0;
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(at);
+            bail!("amq-protocol cannot encode {frame:?}: {e}")
+        }
+    }
+}
+
+/// Fails on a `connection.close` or `channel.close` from the broker, naming
+/// its reply code and text.
+fn refuse_close(frame: &AMQPFrame) -> anyhow::Result<()> {
+    match frame {
+        AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => bail!(
+            "the broker closed the connection: {} {}",
+            c.reply_code,
+            c.reply_text
+        ),
+        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => bail!(
+            "the broker closed the channel: {} {}",
+            c.reply_code,
+            c.reply_text
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// A producer's unconfirmed publishes, by delivery tag (1, 2, … in publish
+/// order): the oldest's tag and, from it on, whether each is settled.
+#[derive(Default)]
+struct Unconfirmed {
+    oldest: u64,
+    settled: VecDeque<bool>,
+}
+
+impl Unconfirmed {
+    fn len(&self) -> usize {
+        self.settled.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.settled.is_empty()
+    }
+
+    fn push(&mut self) {
+        if self.oldest == 0 {
+            self.oldest = 1;
+        }
+        self.settled.push_back(false);
+    }
+
+    /// Settles `tag` (and, if `multiple`, every tag before it); returns how
+    /// many publishes that settled.
+    fn settle(&mut self, tag: u64, multiple: bool) -> u64 {
+        let Some(last) = tag.checked_sub(self.oldest) else {
+            return 0;
+        };
+        let first = if multiple { 0 } else { last };
+        let mut n = 0;
+        for i in first..=last {
+            if let Some(s) = self.settled.get_mut(i as usize)
+                && !*s
+            {
+                *s = true;
+                n += 1;
+            }
+        }
+        while self.settled.front() == Some(&true) {
+            self.settled.pop_front();
+            self.oldest += 1;
+        }
+        n
+    }
+}
+
+/// One AMQP connection with channel [`CHANNEL`] open.
+struct Client {
+    stream: TcpStream,
+    input: BytesMut,
+    out: Vec<u8>,
+    frame_max: u32,
+}
+
+impl Client {
+    /// Connects, logs in with PLAIN, and opens the vhost and the channel.
+    async fn connect(uri: &AMQPUri) -> anyhow::Result<Self> {
+        let auth = &uri.authority;
+        let stream = TcpStream::connect((auth.host.as_str(), auth.port))
+            .await
+            .with_context(|| format!("connecting to {}:{}", auth.host, auth.port))?;
+        stream.set_nodelay(true)?;
+        let mut c = Self {
+            stream,
+            input: BytesMut::with_capacity(128 * 1024),
+            out: Vec::with_capacity(128 * 1024),
+            frame_max: FRAME_MAX,
+        };
+        c.out.extend_from_slice(b"AMQP\x00\x00\x09\x01");
+        c.flush().await?;
+        let AMQPClass::Connection(connection::AMQPMethod::Start(start)) = c.recv_method().await?
+        else {
+            bail!("the broker did not start the connection");
+        };
+        if !String::from_utf8_lossy(start.mechanisms.as_bytes()).contains("PLAIN") {
+            bail!("the broker does not offer PLAIN login");
+        }
+        let mut capabilities = FieldTable::default();
+        for cap in ["publisher_confirms", "basic.nack", "consumer_cancel_notify"] {
+            capabilities.insert(cap.into(), AMQPValue::Boolean(true));
+        }
+        let mut properties = FieldTable::default();
+        properties.insert("product".into(), AMQPValue::LongString("amqp_bench".into()));
+        properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+        let user = &auth.userinfo;
+        let response = format!("\0{}\0{}", user.username, user.password);
+        c.method0(AMQPClass::Connection(connection::AMQPMethod::StartOk(
+            connection::StartOk {
+                client_properties: properties,
+                mechanism: "PLAIN".into(),
+                response: response.into(),
+                locale: "en_US".into(),
+            },
+        )))?;
+        c.flush().await?;
+        let AMQPClass::Connection(connection::AMQPMethod::Tune(tune)) = c.recv_method().await?
+        else {
+            bail!("the broker did not tune the connection (login refused?)");
+        };
+        if tune.frame_max != 0 {
+            c.frame_max = tune.frame_max.min(FRAME_MAX);
+        }
+        c.method0(AMQPClass::Connection(connection::AMQPMethod::TuneOk(
+            connection::TuneOk {
+                channel_max: tune.channel_max,
+                frame_max: c.frame_max,
+                heartbeat: 0,
+            },
+        )))?;
+        c.method0(AMQPClass::Connection(connection::AMQPMethod::Open(
+            connection::Open {
+                virtual_host: uri.vhost.as_str().into(),
+            },
+        )))?;
+        c.flush().await?;
+        c.recv_method().await?;
+        c.call(AMQPClass::Channel(channel::AMQPMethod::Open(
+            channel::Open {},
+        )))
+        .await?;
+        Ok(c)
+    }
+
+    /// Queues a method frame on [`CHANNEL`].
+    fn method(&mut self, class: AMQPClass) -> anyhow::Result<()> {
+        encode(&mut self.out, &AMQPFrame::Method(CHANNEL, class))
+    }
+
+    /// Queues a method frame on channel 0 (the connection's).
+    fn method0(&mut self, class: AMQPClass) -> anyhow::Result<()> {
+        encode(&mut self.out, &AMQPFrame::Method(0, class))
+    }
+
+    /// Writes everything queued, in one syscall where the socket takes it.
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        if !self.out.is_empty() {
+            self.stream
+                .write_all(&self.out)
+                .await
+                .context("writing to the broker")?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Waits for bytes from the broker and reads what is there.
+    async fn read_more(&mut self) -> anyhow::Result<()> {
+        self.input.reserve(64 * 1024);
+        let n = self
+            .stream
+            .read_buf(&mut self.input)
+            .await
+            .context("reading from the broker")?;
+        if n == 0 {
+            bail!("the broker closed the connection");
+        }
+        Ok(())
+    }
+
+    /// Reads what the broker has sent, without waiting.
+    fn read_ready(&mut self) -> anyhow::Result<()> {
+        self.input.reserve(64 * 1024);
+        match self.stream.try_read_buf(&mut self.input) {
+            Ok(0) => bail!("the broker closed the connection"),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e).context("reading from the broker"),
+        }
+    }
+
+    /// The next whole frame read, if there is one.
+    fn next_frame(&mut self) -> anyhow::Result<Option<(u16, AMQPFrame)>> {
+        if self.input.len() < 7 {
+            return Ok(None);
+        }
+        let size = u32::from_be_bytes([self.input[3], self.input[4], self.input[5], self.input[6]]);
+        let total = 8 + size as usize;
+        if self.input.len() < total {
+            return Ok(None);
+        }
+        let raw = self.input.split_to(total);
+        let frame = match parse_frame(&raw[..]) {
+            Ok((_, frame)) => frame,
+            Err(e) => bail!("the broker sent a frame amq-protocol cannot parse: {e}"),
+        };
+        let channel = u16::from_be_bytes([raw[1], raw[2]]);
+        Ok(Some((channel, frame)))
+    }
+
+    /// Waits for the next method frame (other frames are dropped); fails on
+    /// a close.
+    async fn recv_method(&mut self) -> anyhow::Result<AMQPClass> {
+        loop {
+            while let Some((_, frame)) = self.next_frame()? {
+                refuse_close(&frame)?;
+                if let AMQPFrame::Method(_, class) = frame {
+                    return Ok(class);
+                }
+            }
+            self.read_more().await?;
+        }
+    }
+
+    /// Sends a synchronous method on [`CHANNEL`] and waits for its answer.
+    async fn call(&mut self, class: AMQPClass) -> anyhow::Result<AMQPClass> {
+        self.method(class)?;
+        self.flush().await?;
+        self.recv_method().await
+    }
+
+    /// Closes the connection (`connection.close`, then waits a moment for
+    /// `close-ok`).
+    async fn close(mut self) -> anyhow::Result<()> {
+        self.method0(AMQPClass::Connection(connection::AMQPMethod::Close(
+            connection::Close {
+                reply_code: 200,
+                reply_text: "done".into(),
+                class_id: 0,
+                method_id: 0,
+            },
+        )))?;
+        self.flush().await?;
+        let close_ok = async {
+            loop {
+                while let Some((_, frame)) = self.next_frame()? {
+                    if let AMQPFrame::Method(_, AMQPClass::Connection(_)) = frame {
+                        return anyhow::Ok(());
+                    }
+                }
+                self.read_more().await?;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), close_ok).await;
+        Ok(())
+    }
 }
 
 /// CPU time (user + system) this process used so far, every thread's, from
