@@ -1,6 +1,6 @@
 //! `cargo xtask bench amqp`: one Warren node and — when Debian's
 //! `rabbitmq-server` is installed — one RabbitMQ node, driven side by side by
-//! the same lapin load generator (`crates/node/examples/amqp_bench.rs`).
+//! the same load generator (`crates/node/examples/amqp_bench.rs`).
 //!
 //! Both brokers run on loopback on their own ports and data directories under
 //! `target/bench-amqp/`; only processes this command started are stopped.
@@ -307,7 +307,7 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
         if let (Some(w), Some(r)) = (cost(rows, "warren", name), cost(rows, "rabbitmq", name)) {
             writeln!(
                 table,
-                "- {name}: RabbitMQ / Warren broker CPU per message = {:.2} (the load generator's own CPU is what limits a side-by-side run on a small machine)",
+                "- {name}: RabbitMQ / Warren broker CPU per message = {:.2}",
                 r.broker_us / w.broker_us.max(0.001)
             )?;
         }

@@ -2,7 +2,7 @@
 //! queues on a 3-node Warren cluster (separate processes on 127.0.0.1, over
 //! TCP and over QUIC) and — when Debian's `rabbitmq-server` is installed — on
 //! a 3-node RabbitMQ cluster with the same `ha-mode: all` policy, driven by
-//! the same lapin load generator (`crates/node/examples/amqp_bench.rs`).
+//! the same load generator (`crates/node/examples/amqp_bench.rs`).
 //!
 //! Every node runs on loopback on its own ports with its data and logs under
 //! `target/bench-mirrored/`; only processes this command started are stopped

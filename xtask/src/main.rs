@@ -43,9 +43,7 @@ fn main() -> anyhow::Result<()> {
             );
             eprintln!("  bench transports [--quick]  transport bench, one table with ratios");
             eprintln!("  bench gm | backing-queue  the GM ring and backing-queue benches");
-            eprintln!(
-                "  bench amqp [--duration S]  Warren vs RabbitMQ (if installed), same lapin load"
-            );
+            eprintln!("  bench amqp [--duration S]  Warren vs RabbitMQ (if installed), same load");
             eprintln!(
                 "  bench mirrored | many-queues  3-node mirrored queues (vs RabbitMQ); 1,000 queues"
             );

@@ -106,11 +106,13 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
     setup
-        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
-            queue: args.queue.as_str().into(),
-            durable: args.persistent || args.durable,
-            ..Default::default()
-        })))
+        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
+            queue::Declare {
+                queue: args.queue.as_str().into(),
+                durable: args.persistent || args.durable,
+                ..Default::default()
+            },
+        )))
         .await?;
 
     let start = Instant::now();
@@ -307,11 +309,13 @@ async fn consume(
             .await?;
     }
     client
-        .call(AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
-            queue: args.queue.as_str().into(),
-            no_ack: !args.manual_ack,
-            ..Default::default()
-        })))
+        .call(AMQPClass::Basic(basic::AMQPMethod::Consume(
+            basic::Consume {
+                queue: args.queue.as_str().into(),
+                no_ack: !args.manual_ack,
+                ..Default::default()
+            },
+        )))
         .await?;
     let mut latencies = Vec::new();
     // The delivery being assembled: its tag, body size, bytes so far, stamp.
