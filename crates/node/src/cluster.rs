@@ -188,7 +188,7 @@ pub(crate) async fn start(
     args: &ClusterArgs,
     node_name: &str,
     data_dir: &Path,
-) -> anyhow::Result<(Cluster, Arc<dyn Transport>, IpAddr)> {
+) -> anyhow::Result<(Cluster, Transports, IpAddr)> {
     let peer_addr = args
         .peer_addr
         .clone()
@@ -203,24 +203,11 @@ pub(crate) async fn start(
         .with_context(|| format!("--peer-addr {peer_addr} resolves to nothing"))?;
     let mut tc = TransportConfig::new(node.clone(), secret);
     tc.bind_ip = Some(sock.ip()).filter(|ip: &IpAddr| !ip.is_unspecified());
-    let transport: Arc<dyn Transport> = match args.transport {
-        PeerTransport::Tcp => Arc::new(warren_transport_tcp::TcpTransport::new(tc)),
-        PeerTransport::Quic => {
-            let dir = args.cluster_ca_dir.as_deref().context(
-                "--transport quic needs --cluster-ca-dir DIR (holding, or to hold, ca.crt and ca.key)",
-            )?;
-            let id = node_identity(dir, node_name)?;
-            let options = if sock.ip().is_loopback() {
-                warren_transport_quic::QuicOptions::loopback()
-            } else {
-                warren_transport_quic::QuicOptions::default()
-            };
-            Arc::new(
-                warren_transport_quic::QuicTransport::new(tc, &id, &options)
-                    .context("starting the QUIC transport")?,
-            )
-        }
-    };
+    let transport = peer_transport(args, &tc, node_name, sock.ip())?;
+    // The broker's GM rings and forwarding links dial with a transport of
+    // their own: a QUIC endpoint's socket is driven on the runtime that made
+    // it, and Raft's runtime is not the broker's.
+    let broker_transport = peer_transport(args, &tc, node_name, sock.ip())?;
     let mut cfg = ClusterConfig::new(node, PeerAddr::new(peer_addr), data_dir, transport.clone());
     cfg.join = args.join.clone().map(PeerAddr::new);
     cfg.boot_wait_retries = 1;
@@ -239,7 +226,49 @@ pub(crate) async fn start(
     if bootstrap && metadata.vhosts.is_empty() && file.exists() {
         import_file_store(&cluster, &file).await?;
     }
-    Ok((cluster, transport, sock.ip()))
+    Ok((
+        cluster,
+        Transports {
+            cluster: transport,
+            broker: broker_transport,
+        },
+        sock.ip(),
+    ))
+}
+
+/// The transports between nodes: one for the Raft metadata store (on the
+/// cluster's runtime) and one for the broker's GM rings and forwarding links
+/// (on the broker's).
+pub(crate) struct Transports {
+    cluster: Arc<dyn Transport>,
+    broker: Arc<dyn Transport>,
+}
+
+/// A transport between nodes as `--transport` asks for.
+fn peer_transport(
+    args: &ClusterArgs,
+    tc: &TransportConfig,
+    node_name: &str,
+    ip: IpAddr,
+) -> anyhow::Result<Arc<dyn Transport>> {
+    Ok(match args.transport {
+        PeerTransport::Tcp => Arc::new(warren_transport_tcp::TcpTransport::new(tc.clone())),
+        PeerTransport::Quic => {
+            let dir = args.cluster_ca_dir.as_deref().context(
+                "--transport quic needs --cluster-ca-dir DIR (holding, or to hold, ca.crt and ca.key)",
+            )?;
+            let id = node_identity(dir, node_name)?;
+            let options = if ip.is_loopback() {
+                warren_transport_quic::QuicOptions::loopback()
+            } else {
+                warren_transport_quic::QuicOptions::default()
+            };
+            Arc::new(
+                warren_transport_quic::QuicTransport::new(tc.clone(), &id, &options)
+                    .context("starting the QUIC transport")?,
+            )
+        }
+    })
 }
 
 /// A node that ran alone and now starts a new cluster brings its durable
@@ -790,7 +819,7 @@ pub(crate) struct Clustered {
     cluster: Cluster,
     rt: tokio::runtime::Handle,
     replaying: Arc<AtomicBool>,
-    transport: Arc<dyn Transport>,
+    transports: Transports,
     bind_ip: IpAddr,
     mirroring: Arc<std::sync::OnceLock<Arc<Mirroring>>>,
 }
@@ -814,7 +843,7 @@ impl Clustered {
         // The runtime lives as long as the process.
         let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
         let (args, name, dir) = (args.clone(), node_name.to_owned(), data_dir.to_owned());
-        let (cluster, transport, bind_ip) = rt
+        let (cluster, transports, bind_ip) = rt
             .spawn(async move { start(&args, &name, &dir).await })
             .await
             .context("the cluster start task failed")??;
@@ -822,7 +851,7 @@ impl Clustered {
             cluster,
             rt: rt.handle().clone(),
             replaying: Arc::new(AtomicBool::new(false)),
-            transport,
+            transports,
             bind_ip,
             mirroring: Arc::new(std::sync::OnceLock::new()),
         }))
@@ -856,7 +885,11 @@ impl Clustered {
     /// the cluster's: they take the broker's lock, which a metadata commit
     /// holds while it waits for the cluster's runtime.
     pub(crate) async fn start_mirroring(&self, broker: Arc<Mutex<Broker>>) -> anyhow::Result<()> {
-        let (c, t, ip) = (self.cluster.clone(), self.transport.clone(), self.bind_ip);
+        let (c, t, ip) = (
+            self.cluster.clone(),
+            self.transports.broker.clone(),
+            self.bind_ip,
+        );
         let ip = if ip.is_unspecified() {
             IpAddr::from([127, 0, 0, 1])
         } else {
@@ -885,7 +918,7 @@ impl Clustered {
         Arc::new(Control {
             cluster: self.cluster.clone(),
             rt: self.rt.clone(),
-            transport: self.transport.clone(),
+            transport: self.transports.cluster.clone(),
             app,
         })
     }
