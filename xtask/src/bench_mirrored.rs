@@ -694,7 +694,7 @@ const STALLS: [(&str, usize, usize, usize); 2] = [
 ];
 
 /// What a confirmed publisher saw around the SIGKILL of a mirror's node.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Stall {
     /// The longest time without a positive confirm (ack) from the SIGKILL on
     /// (to the end of the run if acks never resumed); nacks do not count.
@@ -804,7 +804,7 @@ async fn stall(url: &str, queue: &str, pid: u32) -> anyhow::Result<Stall> {
 }
 
 /// The results of one broker: rates per workload and the failover stalls.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Outcome {
     /// "Warren TCP", "Warren QUIC" or "RabbitMQ 3.x mirrored".
     pub(crate) broker: String,
@@ -1016,10 +1016,13 @@ pub(crate) struct Options {
     pub(crate) nodes: u16,
     /// Whether to measure the publisher stalls when a node is SIGKILLed.
     pub(crate) stalls: bool,
+    /// How many times every broker runs the workloads, in turn; the report
+    /// gives each figure's median and each round's ratios.
+    pub(crate) rounds: u64,
 }
 
 impl Options {
-    /// `[--duration S] [--transports tcp,quic] [--nodes N] [--no-rabbitmq] [--no-stalls]`.
+    /// `[--duration S] [--transports tcp,quic] [--nodes N] [--rounds N] [--no-rabbitmq] [--no-stalls]`.
     pub(crate) fn parse(rest: &[&str]) -> anyhow::Result<Self> {
         let transports: Vec<String> = flag(rest, "--transports")
             .unwrap_or("tcp,quic")
@@ -1036,12 +1039,17 @@ impl Options {
         if !(3..=9).contains(&nodes) {
             bail!("--nodes takes 3 to 9, not {nodes}");
         }
+        let rounds = number(rest, "--rounds", 1)?;
+        if rounds == 0 {
+            bail!("--rounds takes 1 or more");
+        }
         Ok(Self {
             duration: number(rest, "--duration", 10)?,
             transports,
             rabbitmq: !rest.contains(&"--no-rabbitmq"),
             nodes: nodes as u16,
             stalls: !rest.contains(&"--no-stalls"),
+            rounds,
         })
     }
 
@@ -1087,7 +1095,8 @@ impl Mirrored {
 }
 
 /// `bench mirrored [--duration S] [--transports tcp,quic] [--nodes N]
-/// [--no-rabbitmq] [--no-stalls]`: measures, prints and writes the report.
+/// [--rounds N] [--no-rabbitmq] [--no-stalls]`: measures, prints and writes
+/// the report.
 pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     let opts = Options::parse(rest)?;
     let m = measure(root, &opts)?;
@@ -1099,11 +1108,37 @@ pub(crate) fn mirrored(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the workloads (and stalls) on each Warren transport, then on RabbitMQ.
+/// Runs the workloads (and stalls) on each Warren transport, then on
+/// RabbitMQ, `--rounds` times; the stalls only in the first round.
 pub(crate) fn measure(root: &Path, opts: &Options) -> anyhow::Result<Mirrored> {
     build()?;
     let out_dir = crate::bench::target_dir(root).join("bench-mirrored");
     std::fs::create_dir_all(&out_dir)?;
+    let mut rounds = Vec::new();
+    let mut rabbit_note = String::new();
+    for round in 0..opts.rounds {
+        if opts.rounds > 1 {
+            println!("==> round {} of {}", round + 1, opts.rounds);
+        }
+        let round_opts = Options {
+            stalls: opts.stalls && round == 0,
+            ..opts.clone()
+        };
+        let (outcomes, note) = measure_round(root, &out_dir, &round_opts);
+        rounds.push(outcomes);
+        rabbit_note = note;
+    }
+    let outcomes = medians(&rounds);
+    let mut report = mirrored_report(&outcomes, opts, &rabbit_note)?;
+    if rounds.len() > 1 {
+        report.push_str(&round_ratios(&rounds)?);
+    }
+    Ok(Mirrored { outcomes, report })
+}
+
+/// One round: every Warren transport, then RabbitMQ; returns the outcomes
+/// and why RabbitMQ did not run, if it did not.
+fn measure_round(root: &Path, out_dir: &Path, opts: &Options) -> (Vec<Outcome>, String) {
     let mut outcomes = Vec::new();
     for t in &opts.transports {
         match bench_warren(root, &out_dir.join(format!("warren-{t}")), t, opts) {
@@ -1136,8 +1171,78 @@ pub(crate) fn measure(root: &Path, opts: &Options) -> anyhow::Result<Mirrored> {
     if !rabbit_note.is_empty() {
         println!("    {rabbit_note}");
     }
-    let report = mirrored_report(&outcomes, opts, &rabbit_note)?;
-    Ok(Mirrored { outcomes, report })
+    (outcomes, rabbit_note)
+}
+
+/// The first round's outcomes with each rate replaced by its median over
+/// the rounds in which that broker ran that workload.
+fn medians(rounds: &[Vec<Outcome>]) -> Vec<Outcome> {
+    let Some((first, _)) = rounds.split_first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|o| {
+            let same = |r: &Vec<Outcome>| r.iter().find(|x| x.broker == o.broker).cloned();
+            let runs: Vec<Outcome> = rounds.iter().filter_map(same).collect();
+            let rates = (0..WORKLOADS.len())
+                .map(|w| {
+                    let got: Vec<Rates> = runs
+                        .iter()
+                        .filter_map(|x| x.rates.get(w).copied().flatten())
+                        .collect();
+                    (!got.is_empty()).then(|| {
+                        std::array::from_fn(|m| median(got.iter().map(|r| r[m]).collect()))
+                    })
+                })
+                .collect();
+            Outcome { rates, ..o.clone() }
+        })
+        .collect()
+}
+
+/// The median of the finite values (NaN when there are none).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Each round's consumed/s ratio of every Warren transport to the RabbitMQ
+/// run of the same round, per workload.
+fn round_ratios(rounds: &[Vec<Outcome>]) -> anyhow::Result<String> {
+    let mut t = format!(
+        "\nThe figures above are medians of {} rounds (each broker once per round, in turn; the stalls from the first round). Consumed/s against the RabbitMQ run of the same round:\n\n",
+        rounds.len()
+    );
+    let consumed = |o: &Outcome, w: usize| o.rates.get(w).copied().flatten().map(|r| r[1]);
+    let Some(first) = rounds.first() else {
+        return Ok(t);
+    };
+    for (w, (name, _, _)) in WORKLOADS.iter().enumerate() {
+        for o in first.iter().filter(|o| o.broker.starts_with("Warren")) {
+            let ratios: Vec<String> = rounds
+                .iter()
+                .map(|r| {
+                    let warren = r.iter().find(|x| x.broker == o.broker);
+                    let rabbit = r.iter().find(|x| x.broker.starts_with("RabbitMQ"));
+                    match (
+                        warren.and_then(|x| consumed(x, w)),
+                        rabbit.and_then(|x| consumed(x, w)),
+                    ) {
+                        (Some(a), Some(b)) => format!("{:.2}×", a / b.max(1.0)),
+                        _ => "–".to_owned(),
+                    }
+                })
+                .collect();
+            writeln!(t, "- {name}, {}: {}", o.broker, ratios.join(", "))?;
+        }
+    }
+    Ok(t)
 }
 
 fn mirrored_report(
@@ -1548,4 +1653,50 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     std::fs::write(&out, &t)?;
     println!("\n{t}\n(written to {})", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(broker: &str, consumed: &[Option<f64>]) -> Outcome {
+        Outcome {
+            broker: broker.to_owned(),
+            rates: consumed
+                .iter()
+                .map(|c| c.map(|c| [c, c, 1.0, 2.0, f64::NAN]))
+                .collect(),
+            stalls: Vec::new(),
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn rounds_report_medians_and_each_rounds_ratio() {
+        let rounds = vec![
+            vec![
+                outcome("Warren TCP", &[Some(300.0), Some(900.0)]),
+                outcome("RabbitMQ 3.10.8 mirrored", &[Some(100.0), Some(100.0)]),
+            ],
+            vec![
+                outcome("Warren TCP", &[Some(500.0), None]),
+                outcome("RabbitMQ 3.10.8 mirrored", &[Some(100.0), Some(300.0)]),
+            ],
+            vec![
+                outcome("Warren TCP", &[Some(400.0), Some(1000.0)]),
+                outcome("RabbitMQ 3.10.8 mirrored", &[Some(50.0), Some(200.0)]),
+            ],
+        ];
+        let m = medians(&rounds);
+        assert_eq!(m.len(), 2);
+        let consumed = |o: &Outcome, w: usize| o.rates[w].map(|r| r[1]);
+        assert_eq!(consumed(&m[0], 0), Some(400.0));
+        // A failed run is left out of the median, not counted as zero.
+        assert_eq!(consumed(&m[0], 1), Some(950.0));
+        assert_eq!(consumed(&m[1], 0), Some(100.0));
+        assert!(m[0].rates[0].is_some_and(|r| r[4].is_nan()));
+        let ratios = round_ratios(&rounds).expect("ratios");
+        assert!(ratios.contains(": 3.00×, 5.00×, 8.00×"), "{ratios}");
+        assert!(ratios.contains(": 9.00×, –, 5.00×"), "{ratios}");
+    }
 }

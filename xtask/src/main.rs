@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  bench gm | backing-queue  the GM ring and backing-queue benches");
             eprintln!("  bench amqp [--duration S]  Warren vs RabbitMQ (if installed), same load");
             eprintln!(
-                "  bench mirrored | many-queues  3-node mirrored queues (vs RabbitMQ); 1,000 queues"
+                "  bench mirrored | many-queues  3-node mirrored queues (vs RabbitMQ; --rounds N for medians); 1,000 queues"
             );
             eprintln!("  bench all [--quick]       every bench: docs/bench/report.md and a chart");
             eprintln!(
