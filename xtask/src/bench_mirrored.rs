@@ -1183,8 +1183,10 @@ fn medians(rounds: &[Vec<Outcome>]) -> Vec<Outcome> {
     first
         .iter()
         .map(|o| {
-            let same = |r: &Vec<Outcome>| r.iter().find(|x| x.broker == o.broker).cloned();
-            let runs: Vec<Outcome> = rounds.iter().filter_map(same).collect();
+            let runs: Vec<&Outcome> = rounds
+                .iter()
+                .filter_map(|r| r.iter().find(|x| x.broker == o.broker))
+                .collect();
             let rates = (0..WORKLOADS.len())
                 .map(|w| {
                     let got: Vec<Rates> = runs

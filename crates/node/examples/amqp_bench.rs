@@ -98,12 +98,7 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("bad --url {}: {e}", args.url))?;
     let mut setup = Client::connect(&uri).await.context("connecting")?;
     if !args.keep_queue {
-        setup
-            .call(AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
-                queue: args.queue.as_str().into(),
-                ..Default::default()
-            })))
-            .await?;
+        setup.call(delete_queue(&args.queue)).await?;
     }
     setup
         .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
@@ -119,12 +114,17 @@ async fn main() -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let published = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
+    let latencies: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
 
     let mut consumers = Vec::new();
     for _ in 0..args.consumers {
         let client = Client::connect(&uri).await?;
-        let (args, stop, consumed) = (args.clone(), stop.clone(), consumed.clone());
-        consumers.push(tokio::spawn(consume(client, args, start, stop, consumed)));
+        let counters = Counters {
+            stop: stop.clone(),
+            consumed: consumed.clone(),
+            latencies: latencies.clone(),
+        };
+        consumers.push(tokio::spawn(consume(client, args.clone(), start, counters)));
     }
     let mut producers = Vec::new();
     for _ in 0..args.producers {
@@ -159,10 +159,9 @@ async fn main() -> anyhow::Result<()> {
         setup.out.extend_from_slice(&end);
     }
     setup.flush().await?;
-    let mut lat = Vec::new();
     let drain = async {
         for c in consumers {
-            lat.extend(c.await??);
+            c.await??;
         }
         anyhow::Ok(())
     };
@@ -177,6 +176,8 @@ async fn main() -> anyhow::Result<()> {
             args.drain_timeout
         );
     }
+    // What the consumers measured, also those the drain timeout left behind.
+    let mut lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
@@ -204,14 +205,17 @@ async fn main() -> anyhow::Result<()> {
         own_cpu_seconds()
     );
     if !args.keep_queue {
-        setup
-            .call(AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
-                queue: args.queue.as_str().into(),
-                ..Default::default()
-            })))
-            .await?;
+        setup.call(delete_queue(&args.queue)).await?;
     }
     setup.close().await
+}
+
+/// `queue.delete` of `queue` (deleting a missing queue is not an error).
+fn delete_queue(queue: &str) -> AMQPClass {
+    AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+        queue: queue.into(),
+        ..Default::default()
+    }))
 }
 
 /// One producer connection: publishes until `stop`, keeping `--confirms`
@@ -258,7 +262,7 @@ async fn produce(
             confirm::Select::default(),
         )))
         .await?;
-    let mut window = Unconfirmed::default();
+    let mut window = Unconfirmed::new();
     let mut nacked = 0;
     loop {
         let stopping = stop.load(Ordering::Relaxed);
@@ -291,15 +295,30 @@ async fn produce(
     Ok(nacked)
 }
 
-/// One consumer connection: consumes until an empty body arrives; returns
-/// the publish-to-delivery latencies (µs) seen before `stop`.
+/// What a consumer shares with `main`.
+struct Counters {
+    stop: Arc<AtomicBool>,
+    consumed: Arc<AtomicU64>,
+    /// Publish-to-delivery latencies (µs) seen before `stop`, added once a read.
+    latencies: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+/// A delivery whose body is still arriving.
+struct Delivery {
+    tag: u64,
+    size: u64,
+    received: u64,
+    /// The publisher's timestamp, from the body's first 8 bytes.
+    sent_us: u64,
+}
+
+/// One consumer connection: consumes until an empty body arrives.
 async fn consume(
     mut client: Client,
     args: Args,
     start: Instant,
-    stop: Arc<AtomicBool>,
-    consumed: Arc<AtomicU64>,
-) -> anyhow::Result<Vec<u64>> {
+    counters: Counters,
+) -> anyhow::Result<()> {
     if args.manual_ack {
         client
             .call(AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
@@ -318,8 +337,7 @@ async fn consume(
         )))
         .await?;
     let mut latencies = Vec::new();
-    // The delivery being assembled: its tag, body size, bytes so far, stamp.
-    let mut current: Option<(u64, u64, u64, u64)> = None;
+    let mut current: Option<Delivery> = None;
     let mut done = false;
     while !done {
         client.read_more().await?;
@@ -327,7 +345,12 @@ async fn consume(
             refuse_close(&frame)?;
             match frame {
                 AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
-                    current = Some((d.delivery_tag, 0, 0, 0));
+                    current = Some(Delivery {
+                        tag: d.delivery_tag,
+                        size: 0,
+                        received: 0,
+                        sent_us: 0,
+                    });
                 }
                 AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Cancel(_))) => {
                     bail!("the broker cancelled the consumer");
@@ -335,26 +358,26 @@ async fn consume(
                 AMQPFrame::Header(_, header) => {
                     if header.body_size == 0 {
                         done = true;
-                    } else if let Some(c) = current.as_mut() {
-                        c.1 = header.body_size;
+                    } else if let Some(d) = current.as_mut() {
+                        d.size = header.body_size;
                     }
                 }
                 AMQPFrame::Body(_, body) => {
-                    let Some(c) = current.as_mut() else { continue };
-                    if c.2 == 0 && body.len() >= 8 {
-                        c.3 = u64::from_be_bytes(body[..8].try_into().unwrap_or([0; 8]));
+                    let Some(d) = current.as_mut() else { continue };
+                    if d.received == 0 && body.len() >= 8 {
+                        d.sent_us = u64::from_be_bytes(body[..8].try_into().unwrap_or([0; 8]));
                     }
-                    c.2 += body.len() as u64;
-                    if c.2 < c.1 {
+                    d.received += body.len() as u64;
+                    if d.received < d.size {
                         continue;
                     }
-                    let (tag, _, _, sent) = *c;
+                    let (tag, sent_us) = (d.tag, d.sent_us);
                     current = None;
-                    if !stop.load(Ordering::Relaxed) {
+                    if !counters.stop.load(Ordering::Relaxed) {
                         let now = start.elapsed().as_micros() as u64;
-                        latencies.push(now.saturating_sub(sent));
+                        latencies.push(now.saturating_sub(sent_us));
                     }
-                    consumed.fetch_add(1, Ordering::Relaxed);
+                    counters.consumed.fetch_add(1, Ordering::Relaxed);
                     if args.manual_ack {
                         client.method(AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
                             delivery_tag: tag,
@@ -366,9 +389,13 @@ async fn consume(
             }
         }
         client.flush().await?;
+        if !latencies.is_empty()
+            && let Ok(mut all) = counters.latencies.lock()
+        {
+            all.append(&mut latencies);
+        }
     }
-    client.close().await?;
-    Ok(latencies)
+    client.close().await
 }
 
 /// A publish on [`CHANNEL`] to the default exchange (method, header and body
@@ -446,13 +473,20 @@ fn refuse_close(frame: &AMQPFrame) -> anyhow::Result<()> {
 
 /// A producer's unconfirmed publishes, by delivery tag (1, 2, … in publish
 /// order): the oldest's tag and, from it on, whether each is settled.
-#[derive(Default)]
 struct Unconfirmed {
     oldest: u64,
     settled: VecDeque<bool>,
 }
 
 impl Unconfirmed {
+    /// None yet; the first publish after `confirm.select` is tag 1.
+    fn new() -> Self {
+        Self {
+            oldest: 1,
+            settled: VecDeque::new(),
+        }
+    }
+
     fn len(&self) -> usize {
         self.settled.len()
     }
@@ -462,9 +496,6 @@ impl Unconfirmed {
     }
 
     fn push(&mut self) {
-        if self.oldest == 0 {
-            self.oldest = 1;
-        }
         self.settled.push_back(false);
     }
 

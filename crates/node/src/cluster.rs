@@ -203,12 +203,13 @@ pub(crate) async fn start(
         .with_context(|| format!("--peer-addr {peer_addr} resolves to nothing"))?;
     let mut tc = TransportConfig::new(node.clone(), secret);
     tc.bind_ip = Some(sock.ip()).filter(|ip: &IpAddr| !ip.is_unspecified());
-    let transport = peer_transport(args, &tc, node_name, sock.ip())?;
-    // The broker's GM rings and forwarding links dial with a transport of
-    // their own: a QUIC endpoint's socket is driven on the runtime that made
-    // it, and Raft's runtime is not the broker's.
-    let broker_transport = peer_transport(args, &tc, node_name, sock.ip())?;
-    let mut cfg = ClusterConfig::new(node, PeerAddr::new(peer_addr), data_dir, transport.clone());
+    let transports = peer_transports(args, &tc, node_name, sock.ip())?;
+    let mut cfg = ClusterConfig::new(
+        node,
+        PeerAddr::new(peer_addr),
+        data_dir,
+        transports.cluster.clone(),
+    );
     cfg.join = args.join.clone().map(PeerAddr::new);
     cfg.boot_wait_retries = 1;
     cfg.boot_wait_timeout = Duration::from_secs(args.boot_wait.max(1));
@@ -226,14 +227,7 @@ pub(crate) async fn start(
     if bootstrap && metadata.vhosts.is_empty() && file.exists() {
         import_file_store(&cluster, &file).await?;
     }
-    Ok((
-        cluster,
-        Transports {
-            cluster: transport,
-            broker: broker_transport,
-        },
-        sock.ip(),
-    ))
+    Ok((cluster, transports, sock.ip()))
 }
 
 /// The transports between nodes: one for the Raft metadata store (on the
@@ -244,15 +238,21 @@ pub(crate) struct Transports {
     broker: Arc<dyn Transport>,
 }
 
-/// A transport between nodes as `--transport` asks for.
-fn peer_transport(
+/// The transports between nodes as `--transport` asks for, both with this
+/// node's identity. The broker's GM rings and forwarding links dial with a
+/// transport of their own: a QUIC endpoint's socket is driven on the runtime
+/// that made it, and Raft's runtime is not the broker's.
+fn peer_transports(
     args: &ClusterArgs,
     tc: &TransportConfig,
     node_name: &str,
     ip: IpAddr,
-) -> anyhow::Result<Arc<dyn Transport>> {
-    Ok(match args.transport {
-        PeerTransport::Tcp => Arc::new(warren_transport_tcp::TcpTransport::new(tc.clone())),
+) -> anyhow::Result<Transports> {
+    let (cluster, broker): (Arc<dyn Transport>, Arc<dyn Transport>) = match args.transport {
+        PeerTransport::Tcp => (
+            Arc::new(warren_transport_tcp::TcpTransport::new(tc.clone())),
+            Arc::new(warren_transport_tcp::TcpTransport::new(tc.clone())),
+        ),
         PeerTransport::Quic => {
             let dir = args.cluster_ca_dir.as_deref().context(
                 "--transport quic needs --cluster-ca-dir DIR (holding, or to hold, ca.crt and ca.key)",
@@ -263,12 +263,14 @@ fn peer_transport(
             } else {
                 warren_transport_quic::QuicOptions::default()
             };
-            Arc::new(
+            let quic = || {
                 warren_transport_quic::QuicTransport::new(tc.clone(), &id, &options)
-                    .context("starting the QUIC transport")?,
-            )
+                    .context("starting the QUIC transport")
+            };
+            (Arc::new(quic()?), Arc::new(quic()?))
         }
-    })
+    };
+    Ok(Transports { cluster, broker })
 }
 
 /// A node that ran alone and now starts a new cluster brings its durable
