@@ -11,6 +11,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString, parsing::parse_fiel
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::command::{Command, Publish, Reply, short};
+use crate::depth::{check_content_header, check_method, check_table};
 use crate::error::{AmqpError, ReplyCode};
 use crate::frame::{
     CLASS_BASIC, ContentMethod, Encoder, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT,
@@ -355,6 +356,14 @@ impl Connection {
         self.channel_state(channel) == ChannelState::Open
     }
 
+    /// Whether tune-ok has fixed frame_max and channel_max.
+    fn tuned(&self) -> bool {
+        !matches!(
+            self.state,
+            State::Header | State::StartOk | State::Authenticating | State::TuneOk
+        )
+    }
+
     /// The negotiated frame_max (0 = no limit; the server's proposal before tune-ok).
     #[must_use]
     pub fn frame_max(&self) -> u32 {
@@ -451,19 +460,31 @@ impl Connection {
                 _ => {}
             }
             let Some(h) = peek_header(buf) else { return };
-            let limit = if self.frame_max == 0 {
+            // Until tune-ok has agreed a frame_max, RabbitMQ's floor holds:
+            // a client cannot make the server buffer a large frame before
+            // it has logged in.
+            let frame_max = if self.tuned() {
+                self.frame_max
+            } else {
+                FRAME_MIN_SIZE
+            };
+            let limit = if frame_max == 0 {
                 u32::MAX as usize
             } else {
-                self.frame_max as usize
+                frame_max as usize
             }
             .saturating_sub(FRAME_OVERHEAD);
             if h.size as usize > limit {
                 self.fault(Fault::Fatal(err(
                     ReplyCode::FrameError,
                     format!(
-                        "frame size {} exceeds negotiated frame_max {}",
+                        "frame size {} exceeds {} frame_max {frame_max}",
                         h.size as usize + FRAME_OVERHEAD,
-                        self.frame_max
+                        if self.tuned() {
+                            "negotiated"
+                        } else {
+                            "the pre-tune"
+                        },
                     ),
                 )));
                 continue;
@@ -502,23 +523,24 @@ impl Connection {
                     }
                 }
                 FRAME_HEADER => {
-                    let parsed = match parse_content_header(&buf[7..total - 1]) {
-                        Ok(([], header)) => Some(header),
-                        _ => None,
+                    let payload = &buf[7..total - 1];
+                    let parsed = match check_content_header(payload) {
+                        Err(e) => Err(format!("content header: {e}")),
+                        Ok(()) => match parse_content_header(payload) {
+                            Ok(([], header)) => Ok(header),
+                            _ => Err("cannot decode content header".to_owned()),
+                        },
                     };
                     buf.advance(total);
                     match parsed {
-                        Some(header) => self.on_header(
+                        Ok(header) => self.on_header(
                             h.channel,
                             header.class_id,
                             header.body_size,
                             header.properties,
                         ),
                         _ if self.state == State::CloseSent => Ok(()),
-                        _ => Err(Fault::Connection(err(
-                            ReplyCode::SyntaxError,
-                            "cannot decode content header",
-                        ))),
+                        Err(text) => Err(Fault::Connection(err(ReplyCode::SyntaxError, text))),
                     }
                 }
                 FRAME_BODY => {
@@ -1527,6 +1549,13 @@ fn parse_method(payload: &[u8]) -> Result<(AMQPClass, u32), AmqpError> {
     }
     let class_id = u16::from_be_bytes([payload[0], payload[1]]);
     let method_id = u16::from_be_bytes([payload[2], payload[3]]);
+    if let Err(e) = check_method(payload) {
+        return Err(err(
+            ReplyCode::SyntaxError,
+            format!("method {class_id}.{method_id}: {e}"),
+        )
+        .with_method(class_id, method_id));
+    }
     match parse_class(payload) {
         Ok(([], class)) => {
             let prefetch_size = if (class_id, method_id) == (60, 10) && payload.len() >= 8 {
@@ -1592,6 +1621,7 @@ fn parse_amqplain(response: &[u8]) -> Option<(String, String)> {
     let mut table = Vec::with_capacity(response.len() + 4);
     table.extend_from_slice(&len.to_be_bytes());
     table.extend_from_slice(response);
+    check_table(&table).ok()?;
     let (rest, table) = parse_field_table(table.as_slice()).ok()?;
     if !rest.is_empty() {
         return None;

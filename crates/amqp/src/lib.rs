@@ -48,13 +48,16 @@
 
 mod command;
 mod connection;
+mod depth;
 mod error;
 mod frame;
+pub mod fuzz;
 
 pub use command::{Command, Publish, Reply};
 pub use connection::{
     ChannelId, CloseReason, Config, Connection, Credentials, Event, FRAME_MIN_SIZE, Mechanism,
 };
+pub use depth::{MAX_FIELD_DEPTH, TooDeep, decode_properties};
 pub use error::{AmqpError, ReplyCode};
 pub use frame::ContentMethod;
 

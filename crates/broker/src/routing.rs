@@ -4,7 +4,7 @@
 use bytes::{BufMut as _, Bytes, BytesMut};
 use warren_amqp::BasicProperties;
 use warren_amqp::amq_protocol::frame::WriteContext;
-use warren_amqp::amq_protocol::protocol::basic::{gen_properties, parse_properties};
+use warren_amqp::amq_protocol::protocol::basic::gen_properties;
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 
 /// The four exchange types.
@@ -180,7 +180,7 @@ pub(crate) fn decode_meta(b: &[u8]) -> Meta<'_> {
         let properties = if rest == [0, 0] {
             BasicProperties::default()
         } else {
-            parse_properties(rest).ok()?.1
+            warren_amqp::decode_properties(rest)?
         };
         Some(Meta {
             exchange,

@@ -29,9 +29,47 @@ pub enum ArgValue {
     /// Raw bytes.
     Bytes(Vec<u8>),
     /// A list.
+    #[serde(deserialize_with = "nested")]
     List(Vec<ArgValue>),
     /// A nested table.
+    #[serde(deserialize_with = "nested")]
     Table(BTreeMap<String, ArgValue>),
+}
+
+/// The deepest nesting of lists and tables inside [`Arguments`] that a
+/// decoder accepts (AMQP clients are held to 32 levels, one fewer than this
+/// counts): a peer's bytes can never make decoding recurse without bound.
+pub const MAX_ARG_DEPTH: usize = 32;
+
+std::thread_local! {
+    /// How many lists and tables the decoder on this thread is inside.
+    static ARG_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Decodes a list or table inside an argument value, one level deeper;
+/// refuses to go deeper than [`MAX_ARG_DEPTH`].
+fn nested<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            ARG_DEPTH.with(|c| c.set(c.get().saturating_sub(1)));
+        }
+    }
+    let depth = ARG_DEPTH.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    });
+    let _leave = Leave;
+    if depth > MAX_ARG_DEPTH {
+        return Err(serde::de::Error::custom(format!(
+            "arguments nested deeper than {MAX_ARG_DEPTH} levels"
+        )));
+    }
+    T::deserialize(d)
 }
 
 /// AMQP arguments: a sorted field table.
@@ -982,6 +1020,23 @@ mod tests {
         assert!(m.bindings.is_empty());
         m.apply(&Command::DeleteVhost { name: "/".into() });
         assert!(m.exchanges.is_empty());
+    }
+
+    #[test]
+    fn argument_decoding_stops_at_the_depth_bound() {
+        // Postcard: a Table (variant 6) of one entry "k" per level, Void inside.
+        let encoded = |levels: usize| {
+            let mut b = [6u8, 1, 1, b'k'].repeat(levels);
+            b.push(0);
+            b
+        };
+        let ok: ArgValue = postcard::from_bytes(&encoded(MAX_ARG_DEPTH)).unwrap();
+        assert_eq!(postcard::to_stdvec(&ok).unwrap(), encoded(MAX_ARG_DEPTH));
+        assert!(postcard::from_bytes::<ArgValue>(&encoded(MAX_ARG_DEPTH + 1)).is_err());
+        // A peer's 200,000 levels: an error, not a stack overflow.
+        assert!(postcard::from_bytes::<ArgValue>(&encoded(200_000)).is_err());
+        // The counter is left at zero for the next decode.
+        assert!(postcard::from_bytes::<ArgValue>(&encoded(MAX_ARG_DEPTH)).is_ok());
     }
 
     #[test]

@@ -125,7 +125,29 @@ pub(crate) fn parse_body(body: &Bytes) -> ApiResult<Value> {
     if !v.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
+    // Arguments become AMQP field tables; they nest no deeper than an AMQP
+    // client may send (`{"queues": [{"arguments": …}]}` puts a definition
+    // file's arguments three levels down).
+    let limit = warren_amqp::MAX_FIELD_DEPTH + 3;
+    if json_depth(&v, limit + 1) > limit {
+        return Err(ApiError::bad_request(format!(
+            "JSON nested deeper than {limit} levels"
+        )));
+    }
     Ok(v)
+}
+
+/// How deeply `v` nests (a scalar is 0), counting no further than `cap`.
+fn json_depth(v: &Value, cap: usize) -> usize {
+    if cap == 0 {
+        return 0;
+    }
+    let children: Box<dyn Iterator<Item = &Value>> = match v {
+        Value::Array(a) => Box::new(a.iter()),
+        Value::Object(m) => Box::new(m.values()),
+        _ => return 0,
+    };
+    1 + children.map(|c| json_depth(c, cap - 1)).max().unwrap_or(0)
 }
 
 /// The logged-in user, put in the request's extensions by [`auth`].

@@ -7,6 +7,7 @@ mod errors;
 mod fuzz;
 mod handshake;
 mod heartbeat;
+mod nesting;
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
 use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, connection};
