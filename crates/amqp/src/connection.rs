@@ -44,6 +44,9 @@ pub struct Config {
     pub heartbeat_secs: u16,
     /// Largest message body accepted; larger ones are refused with 406.
     pub message_size_max: u64,
+    /// Most body bytes of unfinished messages one connection may hold over
+    /// all its channels; beyond it the connection is closed with 506.
+    pub partial_content_max: u64,
     /// Time from the first tick to connection.open-ok before the socket is dropped.
     pub handshake_timeout_ms: u64,
     /// Time to wait for connection.close-ok after sending connection.close.
@@ -61,6 +64,7 @@ impl Default for Config {
             frame_max: 131_072,
             heartbeat_secs: 60,
             message_size_max: 128 * 1024 * 1024,
+            partial_content_max: 256 * 1024 * 1024,
             handshake_timeout_ms: 10_000,
             close_timeout_ms: 30_000,
         }
@@ -290,6 +294,10 @@ pub struct Connection {
     username: String,
     vhost: String,
     blocked: bool,
+    published: bool,
+    /// At least the body bytes buffered in unfinished messages (exact after
+    /// [`Connection::partial_content`] recounts it).
+    partial_bytes: u64,
     close_error: Option<AmqpError>,
     prefetch_size: u32,
     started_ms: Option<u64>,
@@ -325,6 +333,8 @@ impl Connection {
             username: String::new(),
             vhost: String::new(),
             blocked: false,
+            published: false,
+            partial_bytes: 0,
             close_error: None,
             prefetch_size: 0,
             started_ms: None,
@@ -342,6 +352,13 @@ impl Connection {
     #[must_use]
     pub fn is_open(&self) -> bool {
         self.state == State::Running
+    }
+
+    /// Whether connection.close was sent and the connection is ending: its
+    /// input is read only to find close-ok, and content is discarded.
+    #[must_use]
+    pub fn is_closing(&self) -> bool {
+        matches!(self.state, State::CloseSent | State::Closed)
     }
 
     /// Whether the connection is over ([`Event::Closed`] was emitted).
@@ -398,6 +415,14 @@ impl Connection {
     #[must_use]
     pub fn vhost(&self) -> &str {
         &self.vhost
+    }
+
+    /// Whether the client has begun to publish: a basic.publish method has
+    /// arrived, whether or not its content is complete yet. A resource alarm
+    /// holds such a connection's input from that moment on.
+    #[must_use]
+    pub fn has_published(&self) -> bool {
+        self.published
     }
 
     /// Whether connection.blocked was sent and not yet lifted.
@@ -925,6 +950,7 @@ impl Connection {
                     return conn_err(ReplyCode::NotImplemented, "immediate=true".into());
                 }
                 self.channels[usize::from(ch)].content = Content::Header(publish);
+                self.published = true;
                 return Ok(());
             }
             C::Basic(B::Qos(qos)) => {
@@ -1097,9 +1123,31 @@ impl Connection {
         Ok(())
     }
 
+    /// The body bytes buffered in unfinished messages, over every channel.
+    fn partial_content(&self) -> u64 {
+        self.channels
+            .iter()
+            .map(|c| match &c.content {
+                Content::Body { buf, .. } => buf.len() as u64,
+                _ => 0,
+            })
+            .sum()
+    }
+
     fn on_body(&mut self, ch: ChannelId, body: Bytes) -> Outcome {
         if !self.content_frame_check(ch)? {
             return Ok(());
+        }
+        let limit = self.config.partial_content_max;
+        if self.partial_bytes.saturating_add(body.len() as u64) > limit {
+            // The counter only grows between recounts: recount, then judge.
+            self.partial_bytes = self.partial_content();
+            if self.partial_bytes.saturating_add(body.len() as u64) > limit {
+                return Err(Fault::Connection(err(
+                    ReplyCode::ResourceError,
+                    format!("unfinished messages on this connection exceed {limit} bytes"),
+                )));
+            }
         }
         let chan = &mut self.channels[usize::from(ch)];
         let Content::Body { remaining, buf, .. } = &mut chan.content else {
@@ -1125,6 +1173,7 @@ impl Connection {
             if buf.is_empty() {
                 Some(body)
             } else {
+                self.partial_bytes = self.partial_bytes.saturating_sub(buf.len() as u64);
                 buf.extend_from_slice(&body);
                 Some(std::mem::take(buf).freeze())
             }
@@ -1135,6 +1184,7 @@ impl Connection {
                 buf.reserve(want);
             }
             buf.extend_from_slice(&body);
+            self.partial_bytes += len;
             None
         };
         if let Some(body) = complete

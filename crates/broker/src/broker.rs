@@ -280,12 +280,24 @@ struct Conn {
     closed: bool,
     /// Set for the internal connection of a forwarding link (master side).
     link: Option<link::Link>,
-    /// It has published: flow control may hold its input back.
+    /// It has begun to publish (a basic.publish method arrived): flow
+    /// control and resource alarms may hold its input back.
     publisher: bool,
     /// Its client traffic so far.
     counters: stats::MessageCounters,
     /// Its confirm latencies so far.
     latency: stats::LatencyHistogram,
+}
+
+/// A client connection that has left the broker, with everything it owned.
+/// Dropping it may free much memory (unfinished messages): drop it after the
+/// broker's lock is released.
+pub struct Departed(Box<Conn>);
+
+impl fmt::Debug for Departed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Departed").field(&self.0).finish()
+    }
 }
 
 impl fmt::Debug for Conn {
@@ -1161,6 +1173,16 @@ impl Broker {
             return;
         };
         c.amqp.handle_bytes(buf);
+        if !c.publisher && c.amqp.has_published() && c.link.is_none() {
+            // A publish has begun (its content may not be here yet): from
+            // now on a resource alarm blocks this connection, so partial
+            // messages cannot slip past the memory watermark.
+            c.publisher = true;
+            if self.alarmed() {
+                let reason = self.alarms.cluster().to_string();
+                self.conn(id).amqp.block(&reason);
+            }
+        }
         self.process_events(id, Some(buf));
     }
 
@@ -1211,27 +1233,54 @@ impl Broker {
     pub fn handle_conn_tick(&mut self, id: ConnId, now_ms: u64) {
         self.now = now_ms;
         self.current = id;
-        let paused = self.input_paused(id);
         if let Some(c) = self.conns.get_mut(&id) {
-            if paused {
-                // Its input is not being read: the client's silence is ours.
-                c.amqp.input_held();
-            }
             c.amqp.handle_tick(now_ms);
         }
         self.process_events(id, None);
     }
 
+    /// The shell holds connection `id`'s input unread (it is paused and the
+    /// shell's buffer for it is full), or bytes arrived that wait unread:
+    /// either way the client is not silent, so its missed-heartbeat clock
+    /// starts again.
+    pub fn hold_input(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.amqp.input_held();
+        }
+    }
+
     /// Connection `id`'s socket is gone: its channels close (unacked
-    /// messages are requeued), its exclusive queues are deleted.
-    pub fn disconnect(&mut self, id: ConnId, now_ms: u64) {
+    /// messages are requeued), its exclusive queues are deleted. What it
+    /// owned (unfinished messages can be large) is returned, to be dropped
+    /// after the broker's lock is released.
+    #[must_use = "drop it outside the broker's lock"]
+    pub fn disconnect(&mut self, id: ConnId, now_ms: u64) -> Option<Departed> {
         self.now = now_ms;
         self.current = id;
         self.cleanup_conn(id);
-        if let Some(c) = self.conns.remove(&id) {
-            self.retired_counters.add(&c.counters);
-            self.retired_latency.add(&c.latency);
+        let c = self.conns.remove(&id)?;
+        self.retired_counters.add(&c.counters);
+        self.retired_latency.add(&c.latency);
+        Some(Departed(Box::new(c)))
+    }
+
+    /// Closes connection `id` as an operator asked (`close_connection`,
+    /// `DELETE /api/connections/NAME`): the client gets connection.close
+    /// 320 CONNECTION_FORCED with `reason`, as RabbitMQ sends. Returns false
+    /// if there is no such client connection.
+    pub fn close_connection(&mut self, id: ConnId, reason: &str) -> bool {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        if c.link.is_some() {
+            return false;
         }
+        tracing::info!(peer = %c.peer, user = %c.user, %reason, "closing connection on request");
+        c.amqp
+            .connection_error(err(ReplyCode::ConnectionForced, reason.to_owned()));
+        c.woken = true;
+        (c.waker)();
+        true
     }
 
     /// Closes every connection with 320 CONNECTION_FORCED (their tasks

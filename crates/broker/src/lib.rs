@@ -32,7 +32,7 @@ pub use broker::introspect::{
 pub use broker::link::LinkMsg;
 pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaEnd, ReplicaStart};
 pub use broker::stats::{LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, QueueCounters};
-pub use broker::{Broker, BrokerConfig, ConnId, Overview, SyncBatch, Waker};
+pub use broker::{Broker, BrokerConfig, ConnId, Departed, Overview, SyncBatch, Waker};
 
 /// An error opening or configuring a broker.
 #[derive(Debug, thiserror::Error)]

@@ -270,14 +270,15 @@ const BACKLOG_LOW: usize = 2_000;
 
 impl Broker {
     /// Whether connection `id` must wait before more of its input is read:
-    /// it publishes, and a mirrored queue's ring, or the links to other
-    /// nodes, are behind (flow control; a stopped reader is what RabbitMQ's
-    /// credit flow does too), or a resource alarm is in force.
+    /// it publishes, is not closing, and a mirrored queue's ring, or the
+    /// links to other nodes, are behind (flow control; a stopped reader is
+    /// what RabbitMQ's credit flow does too), or a resource alarm is in
+    /// force.
     #[must_use]
     pub fn input_paused(&self, id: ConnId) -> bool {
         self.conns
             .get(&id)
-            .is_some_and(|c| c.publisher && c.link.is_none())
+            .is_some_and(|c| c.publisher && c.link.is_none() && !c.amqp.is_closing())
             && (self.replicas_behind() || self.alarmed())
     }
 

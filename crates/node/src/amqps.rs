@@ -12,8 +12,12 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::Shared;
+use crate::client::serve_stream;
 use crate::config::Tls;
-use crate::{Shared, serve_stream};
+
+/// How long a client may take over the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Binds `addr`, loads the certificate and key, and serves AMQPS clients
 /// until the process ends; returns the bound address.
@@ -57,11 +61,17 @@ pub(crate) async fn start(
                 continue;
             };
             let _ = stream.set_nodelay(true);
+            let probe = rustix::io::dup(&stream).ok();
             let (acceptor, broker, running) = (acceptor.clone(), broker.clone(), running.clone());
             tokio::spawn(async move {
-                match acceptor.accept(stream).await {
-                    Ok(tls) => serve_stream(broker, tls, peer, running).await,
-                    Err(e) => tracing::info!(%peer, error = %e, "AMQPS handshake failed"),
+                // As long as an AMQP handshake may take: a silent or slow
+                // client does not hold a task and a socket for ever.
+                let handshake =
+                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                match handshake.await {
+                    Ok(Ok(tls)) => serve_stream(broker, tls, peer, running, probe).await,
+                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "AMQPS handshake failed"),
+                    Err(_) => tracing::info!(%peer, "AMQPS handshake timed out"),
                 }
             });
         }

@@ -11,6 +11,7 @@
 
 mod amqps;
 mod app;
+mod client;
 mod cluster;
 mod config;
 mod links;
@@ -18,18 +19,13 @@ mod mirroring;
 mod resources;
 
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use bytes::BytesMut;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
+use tokio::net::TcpListener;
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::FileStore;
 use warren_broker::{Broker, BrokerConfig};
@@ -368,7 +364,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         tokio::select! {
             accepted = app.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(serve(broker.clone(), stream, peer, app.running()));
+                    tokio::spawn(client::serve(broker.clone(), stream, peer, app.running()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -414,78 +410,4 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     }
     tracing::info!("stopped, everything on disk");
     Ok(exit)
-}
-
-async fn serve(broker: Shared, stream: TcpStream, peer: SocketAddr, running: Arc<AtomicBool>) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "set_nodelay failed");
-    }
-    serve_stream(broker, stream, peer, running).await;
-}
-
-/// Runs one client connection over any byte stream (TCP, or TLS for AMQPS).
-pub(crate) async fn serve_stream<S>(
-    broker: Shared,
-    stream: S,
-    peer: SocketAddr,
-    running: Arc<AtomicBool>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
-{
-    let notify = Arc::new(Notify::new());
-    let id = {
-        let n = notify.clone();
-        let mut b = lock(&broker);
-        // Checked under the broker lock: `stop_app` clears it before its
-        // `close_all`, so a client accepted just before is closed either way.
-        if !running.load(Ordering::SeqCst) {
-            return;
-        }
-        b.connect(peer, Arc::new(move || n.notify_one()))
-    };
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let mut input = BytesMut::with_capacity(64 * 1024);
-    let mut output = BytesMut::with_capacity(64 * 1024);
-    loop {
-        let (deadline, paused) = {
-            let b = lock(&broker);
-            (b.poll_conn_timeout(id), b.input_paused(id))
-        };
-        let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
-        if input.capacity() - input.len() < 16 * 1024 {
-            input.reserve(64 * 1024);
-        }
-        let open = tokio::select! {
-            // Flow control: a publisher waits while mirrored queues catch up.
-            () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
-                lock(&broker).take_output(id, &mut output)
-            }
-            r = rd.read_buf(&mut input), if !paused => match r {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let mut b = lock(&broker);
-                    b.handle_input(id, &mut input, now_ms());
-                    b.take_output(id, &mut output)
-                }
-            },
-            () = notify.notified() => lock(&broker).take_output(id, &mut output),
-            () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
-                let mut b = lock(&broker);
-                b.handle_conn_tick(id, now_ms());
-                b.take_output(id, &mut output)
-            }
-        };
-        if !output.is_empty() {
-            if wr.write_all(&output).await.is_err() {
-                break;
-            }
-            // Drop our handle so that the encoder can reuse the allocation.
-            output = BytesMut::new();
-        }
-        if !open {
-            break;
-        }
-    }
-    let _ = wr.shutdown().await;
-    lock(&broker).disconnect(id, now_ms());
 }

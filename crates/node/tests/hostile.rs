@@ -5,6 +5,7 @@
 #![allow(clippy::print_stderr)]
 
 mod common;
+mod peers;
 
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use peers::{Peer, eventually, test_root};
+use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use warren_amqp::fuzz::LOGIN;
@@ -112,7 +115,12 @@ fn find_close(bytes: &[u8]) -> Option<u16> {
 /// Publishes `n` persistent messages with confirms and consumes them all
 /// with manual acks, through a standard client.
 async fn honest_round_trip(node: &Node, queue: &str, n: usize) {
-    let conn = Connection::connect(&node.url(), ConnectionProperties::default())
+    honest_round_trip_at(&node.url(), queue, n).await;
+}
+
+/// [`honest_round_trip`] against the node at `url`.
+async fn honest_round_trip_at(url: &str, queue: &str, n: usize) {
+    let conn = Connection::connect(url, ConnectionProperties::default())
         .await
         .expect("an honest client still connects");
     let ch = conn.create_channel().await.unwrap();
@@ -267,4 +275,111 @@ async fn a_node_under_a_mutation_fuzz_keeps_serving_confirmed_traffic() {
         honest_round_trip(&node, "after-fuzz", 200).await;
     })
     .await;
+}
+
+/// LOGIN with the heartbeat of its tune-ok set to `secs`.
+fn login_with_heartbeat(secs: u16) -> Vec<u8> {
+    let mut login = LOGIN.to_vec();
+    let at = login
+        .windows(4)
+        .position(|w| w == [0, 10, 0, 31])
+        .expect("LOGIN has a tune-ok");
+    login[at + 10..at + 12].copy_from_slice(&secs.to_be_bytes());
+    login
+}
+
+/// basic.publish to "q" and a content header announcing `size` body bytes.
+fn publish_announcing(size: u64) -> Vec<u8> {
+    let mut out = method(1, 60, 40, &[0, 0, 0, 1, b'q', 0]);
+    let mut h = vec![0, 60, 0, 0];
+    h.extend_from_slice(&size.to_be_bytes());
+    h.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&frame(2, 1, &h));
+    out
+}
+
+/// How many client connections node `p` lists.
+fn connection_count(p: &Peer) -> usize {
+    p.get("/api/connections").as_array().map_or(0, Vec::len)
+}
+
+/// Sets node `p`'s memory high watermark.
+fn watermark(p: &Peer, limit: serde_json::Value) {
+    let path = format!(
+        "/api/nodes/{}/memory_high_watermark",
+        p.name.replace('@', "%40")
+    );
+    let (status, v) = p.http("PUT", &path, Some(&limit));
+    assert_eq!(status, 204, "{v}");
+}
+
+/// Writes body frames of a message that never ends until the node stops
+/// reading (no write completes within 3 s) or `most` bytes went; returns
+/// how many bytes went.
+async fn push_partial_body(s: &mut TcpStream, most: usize) -> usize {
+    let chunk = frame(3, 1, &vec![0x55; 60_000]);
+    let mut sent = 0;
+    while sent < most {
+        match tokio::time::timeout(Duration::from_secs(3), s.write_all(&chunk)).await {
+            Ok(Ok(())) => sent += chunk.len(),
+            Ok(Err(e)) => panic!("the node dropped the connection: {e}"),
+            Err(_) => break,
+        }
+    }
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alarm_holds_partial_messages_and_a_held_client_that_leaves_is_gone() {
+    let root = test_root();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "hostile-secret\n").unwrap();
+    let a = Peer::start("warren@a", &root.path().join("a"), &secret, None);
+    // A 1-byte watermark: the memory alarm is on from the next sample.
+    watermark(&a, json!({"absolute": 1}));
+    let port = a.amqp;
+    within(async {
+        // A publisher that sends only a method, a header announcing 100 MiB
+        // and body frames is held from its first method: the node stops
+        // reading it after its read-ahead and the sockets' buffers.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(LOGIN).await.unwrap();
+        s.write_all(&publish_announcing(100 << 20)).await.unwrap();
+        let sent = push_partial_body(&mut s, 96 << 20).await;
+        assert!(
+            sent < 40 << 20,
+            "{sent} bytes of an unfinished message taken during a memory alarm"
+        );
+        assert_eq!(connection_count(&a), 1);
+        // It goes away with everything unread: the node sees it go at once.
+        drop(s);
+        eventually("the held connection to be gone", || {
+            connection_count(&a) == 0
+        });
+
+        // A held publisher that falls silent without closing is ended by its
+        // heartbeat (1 s), while it is held.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(&login_with_heartbeat(1)).await.unwrap();
+        s.write_all(&publish_announcing(1 << 20)).await.unwrap();
+        s.write_all(&frame(3, 1, &[1; 1000])).await.unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        let ended = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "a silent held client was never timed out");
+        eventually("the silent connection to be gone", || {
+            connection_count(&a) == 0
+        });
+    })
+    .await;
+    // The alarm clears; honest clients publish again.
+    watermark(&a, json!({"relative": 0.9}));
+    within(honest_round_trip_at(&a.amqp_url(), "after-alarm", 50)).await;
 }

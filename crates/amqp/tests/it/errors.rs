@@ -240,6 +240,40 @@ fn oversized_message_is_406_channel_close_then_ignored() {
 }
 
 #[test]
+fn unfinished_messages_over_the_connection_limit_are_506() {
+    let config = Config {
+        partial_content_max: 100,
+        ..Config::default()
+    };
+    let mut h = Harness::open_with(config, 131_072, 0);
+    for ch in [1, 2, 3] {
+        h.send(&channel_open(ch));
+    }
+    h.events();
+    h.output();
+    assert!(!h.conn.has_published());
+    // A finished message frees its share: 3 x 60 bytes pass one at a time.
+    for _ in 0..3 {
+        h.send(&publish(1, "", "q"));
+        assert!(h.conn.has_published(), "a publish counts from its method");
+        h.send(&header(1, 61, Default::default()));
+        h.send(&body(1, &[7; 60]));
+        h.send(&body(1, &[7; 1]));
+    }
+    assert!(h.output().is_empty());
+    // Two unfinished ones of 60 bytes each exceed 100 together.
+    for ch in [2, 3] {
+        h.send(&publish(ch, "", "q"));
+        h.send(&header(ch, 1000, Default::default()));
+        h.send(&body(ch, &[7; 60]));
+    }
+    h.expect_connection_close(
+        506,
+        "RESOURCE_ERROR - unfinished messages on this connection exceed 100 bytes",
+    );
+}
+
+#[test]
 fn broker_channel_errors_close_the_channel_with_rabbitmq_text() {
     let mut h = Harness::with_channel(1);
     h.conn.channel_error(

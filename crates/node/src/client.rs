@@ -1,0 +1,157 @@
+//! The shell around one AMQP client connection: read, feed the broker under
+//! its lock, write everything the turn produced in one write.
+//!
+//! While the broker pauses a connection's input (flow control, a resource
+//! alarm), the shell still reads ahead into a bounded buffer without feeding
+//! it, so that the client's heartbeats keep it alive and its EOF ends it;
+//! with that buffer full, it probes the socket for a peer that has hung up
+//! (a FIN behind unread data). A blocked client that goes away is gone at
+//! once, with everything it held.
+
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use crate::{Shared, lock, now_ms};
+
+/// Bytes a paused connection may read ahead without feeding them: room for
+/// its heartbeats and its EOF, little enough that a held publisher cannot
+/// grow the node's memory.
+const HELD_INPUT_MAX: usize = 256 * 1024;
+
+/// How often a paused connection whose read-ahead is full is probed for a
+/// peer that has hung up.
+const GONE_PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// Serves one plain TCP client connection.
+pub(crate) async fn serve(
+    broker: Shared,
+    stream: TcpStream,
+    peer: SocketAddr,
+    running: Arc<AtomicBool>,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "set_nodelay failed");
+    }
+    let probe = rustix::io::dup(&stream).ok();
+    serve_stream(broker, stream, peer, running, probe).await;
+}
+
+/// Whether the peer of the socket `fd` has hung up (closed or shut down its
+/// sending side), even with data of its still unread.
+fn peer_gone(fd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::RDHUP)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+}
+
+/// Runs one client connection over any byte stream (TCP, or TLS for AMQPS).
+/// `probe`, a duplicate of the socket's descriptor, lets a paused
+/// connection see its peer hang up.
+pub(crate) async fn serve_stream<S>(
+    broker: Shared,
+    stream: S,
+    peer: SocketAddr,
+    running: Arc<AtomicBool>,
+    probe: Option<OwnedFd>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
+    let notify = Arc::new(Notify::new());
+    let id = {
+        let n = notify.clone();
+        let mut b = lock(&broker);
+        // Checked under the broker lock: `stop_app` clears it before its
+        // `close_all`, so a client accepted just before is closed either way.
+        if !running.load(Ordering::SeqCst) {
+            return;
+        }
+        b.connect(peer, Arc::new(move || n.notify_one()))
+    };
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut input = BytesMut::with_capacity(64 * 1024);
+    let mut output = BytesMut::with_capacity(64 * 1024);
+    // Bytes were read while paused and wait to be fed.
+    let mut held = false;
+    let mut probed = Instant::now();
+    loop {
+        let (deadline, paused) = {
+            let mut b = lock(&broker);
+            let paused = b.input_paused(id);
+            if held && !paused {
+                held = false;
+                b.handle_input(id, &mut input, now_ms());
+            }
+            (b.poll_conn_timeout(id), paused)
+        };
+        let full = paused && input.len() >= HELD_INPUT_MAX;
+        if full && probed.elapsed() >= GONE_PROBE_EVERY {
+            probed = Instant::now();
+            if probe.as_ref().is_some_and(peer_gone) {
+                break;
+            }
+        }
+        let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
+        if input.capacity() - input.len() < 16 * 1024 {
+            input.reserve(64 * 1024);
+        }
+        let open = tokio::select! {
+            // Flow control: a publisher waits while mirrored queues catch up.
+            () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
+                let mut b = lock(&broker);
+                if full {
+                    // We are the ones not reading: its silence is ours.
+                    b.hold_input(id);
+                }
+                b.take_output(id, &mut output)
+            }
+            r = rd.read_buf(&mut input), if !full => match r {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let mut b = lock(&broker);
+                    if b.input_paused(id) {
+                        held = true;
+                        b.hold_input(id);
+                    } else {
+                        b.handle_input(id, &mut input, now_ms());
+                    }
+                    b.take_output(id, &mut output)
+                }
+            },
+            () = notify.notified() => lock(&broker).take_output(id, &mut output),
+            () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
+                let mut b = lock(&broker);
+                b.handle_conn_tick(id, now_ms());
+                b.take_output(id, &mut output)
+            }
+        };
+        if !output.is_empty() {
+            if wr.write_all(&output).await.is_err() {
+                break;
+            }
+            // Drop our handle so that the encoder can reuse the allocation.
+            output = BytesMut::new();
+        }
+        if !open {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+    let departed = lock(&broker).disconnect(id, now_ms());
+    // Unfinished messages can be large: freed here, off the broker's lock.
+    drop(departed);
+}
