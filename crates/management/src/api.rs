@@ -1,22 +1,21 @@
 //! The `/api` handlers.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use base64::Engine as _;
+use axum::{Extension, Router};
 use serde_json::{Map, Value, json};
-use warren_broker::auth::{PermissionDef, UserDef, check_password, hash_password};
+use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::PolicyDef;
-use warren_broker::{ConnectionInfo, ConsumerInfo, QueueInfo, json_to_table};
+use warren_broker::{Broker, ConnectionInfo, ConsumerInfo, QueueInfo, json_to_table};
 use warren_policy::{Policy, PolicyKind, PolicySet, PolicySpec};
 
+use crate::access::{self, AuthUser};
 use crate::{Management, QueueMirrors, defs};
 
 /// An API error: status plus RabbitMQ's `{"error":…,"reason":…}` body.
@@ -48,7 +47,7 @@ impl ApiError {
         }
     }
 
-    fn unauthorized(reason: impl Into<String>) -> Self {
+    pub(crate) fn unauthorized(reason: impl Into<String>) -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
             error: "not_authorized",
@@ -148,68 +147,6 @@ fn json_depth(v: &Value, cap: usize) -> usize {
         _ => return 0,
     };
     1 + children.map(|c| json_depth(c, cap - 1)).max().unwrap_or(0)
-}
-
-/// The logged-in user, put in the request's extensions by [`auth`].
-#[derive(Debug, Clone)]
-pub(crate) struct AuthUser {
-    pub(crate) name: String,
-    pub(crate) tags: Vec<String>,
-}
-
-const VIEW_TAGS: [&str; 4] = ["administrator", "monitoring", "policymaker", "management"];
-
-fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let encoded = value
-        .strip_prefix("Basic ")
-        .or_else(|| value.strip_prefix("basic "))?;
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()?;
-    let text = String::from_utf8(raw).ok()?;
-    let (u, p) = text.split_once(':')?;
-    Some((u.to_owned(), p.to_owned()))
-}
-
-/// HTTP basic auth and tag checks for everything under `/api` except the
-/// OpenAPI document.
-async fn auth(State(s): State<Management>, mut req: Request, next: Next) -> Response {
-    let path = req.uri().path().to_owned();
-    if path == "/api/openapi.json" {
-        return next.run(req).await;
-    }
-    let Some((user, pass)) = basic_credentials(req.headers()) else {
-        return ApiError::unauthorized("Not_Authorized").into_response();
-    };
-    let peer_is_loopback = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .is_none_or(|c| c.0.ip().is_loopback());
-    let found = s.broker().user(&user).cloned();
-    let Some(u) = found.filter(|u| check_password(&u.password_hash, &pass)) else {
-        return ApiError::unauthorized("Not_Authorized").into_response();
-    };
-    if u.loopback_only && !peer_is_loopback {
-        return ApiError::unauthorized("User can only log in via localhost").into_response();
-    }
-    let has = |t: &str| u.tags.iter().any(|x| x == t);
-    if !VIEW_TAGS.iter().any(|t| has(t)) {
-        return ApiError::unauthorized("Not management user").into_response();
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        let policy_path =
-            path.starts_with("/api/policies") || path.starts_with("/api/operator-policies");
-        let allowed = has("administrator") || (policy_path && has("policymaker"));
-        if !allowed {
-            return ApiError::unauthorized("Not administrator user").into_response();
-        }
-    }
-    req.extensions_mut().insert(AuthUser {
-        name: u.name,
-        tags: u.tags,
-    });
-    next.run(req).await
 }
 
 /// The `/api` routes with auth.
@@ -312,7 +249,7 @@ pub(crate) fn routes(state: Management) -> Router {
         )
         .route("/api/openapi.json", get(openapi))
         .route("/api/{*rest}", get(api_not_found).put(api_not_found))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .route_layer(middleware::from_fn_with_state(state.clone(), access::auth))
         .with_state(state)
 }
 
@@ -326,8 +263,39 @@ async fn openapi() -> Response {
 
 // ---------------------------------------------------------------- overview
 
-async fn overview(State(s): State<Management>) -> Response {
+async fn overview(State(s): State<Management>, Extension(u): Extension<AuthUser>) -> Response {
     let b = s.broker();
+    let mut v = json!({
+        "management_version": env!("CARGO_PKG_VERSION"),
+        "rates_mode": "none",
+        "rabbitmq_version": "3.13.7",
+        "product_name": "Warren",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "cluster_name": s.node,
+        "erlang_version": "none (Rust)",
+    });
+    let totals = if u.is_monitor() {
+        node_totals(&s, &b)
+    } else {
+        user_totals(&b, &u)
+    };
+    if let (Value::Object(o), Value::Object(t)) = (&mut v, totals) {
+        o.extend(t);
+    }
+    ok(v)
+}
+
+fn queue_totals(ready: u64, unacked: u64) -> Value {
+    json!({
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+    })
+}
+
+/// The overview's node-wide part, for monitors: this node, its listeners,
+/// and the totals of every vhost and connection.
+fn node_totals(s: &Management, b: &Broker) -> Value {
     let o = b.overview();
     let (n, _) = b.message_stats();
     let mut listeners = Vec::new();
@@ -342,14 +310,7 @@ async fn overview(State(s): State<Management>) -> Response {
         .map(|a| json!({"node": s.node, "description": "Warren Management", "path": "/", "port": a.port().to_string()}))
         .into_iter()
         .collect();
-    ok(json!({
-        "management_version": env!("CARGO_PKG_VERSION"),
-        "rates_mode": "none",
-        "rabbitmq_version": "3.13.7",
-        "product_name": "Warren",
-        "product_version": env!("CARGO_PKG_VERSION"),
-        "cluster_name": s.node,
-        "erlang_version": "none (Rust)",
+    json!({
         "node": s.node,
         "listeners": listeners,
         "contexts": contexts,
@@ -360,11 +321,7 @@ async fn overview(State(s): State<Management>) -> Response {
             "queues": o.queues,
             "consumers": o.consumers,
         },
-        "queue_totals": {
-            "messages": o.messages_ready + o.messages_unacknowledged,
-            "messages_ready": o.messages_ready,
-            "messages_unacknowledged": o.messages_unacknowledged,
-        },
+        "queue_totals": queue_totals(o.messages_ready, o.messages_unacknowledged),
         "message_stats": {
             "publish": n.received,
             "confirm": n.confirmed,
@@ -375,10 +332,45 @@ async fn overview(State(s): State<Management>) -> Response {
             "return_unroutable": n.unroutable_returned,
             "drop_unroutable": n.unroutable_dropped,
         },
-    }))
+    })
 }
 
-async fn whoami(axum::Extension(u): axum::Extension<AuthUser>) -> Response {
+/// The overview's part for a user who is not a monitor, as RabbitMQ
+/// scopes it: queues, exchanges and message counts of the vhosts the user
+/// has permissions in (message stats summed over their queues), the
+/// user's own connections and channels, and no consumer count.
+fn user_totals(b: &Broker, u: &AuthUser) -> Value {
+    let vhosts: Vec<String> = b
+        .vhost_names()
+        .into_iter()
+        .filter(|v| u.lists_vhost(v))
+        .collect();
+    let queues: Vec<QueueInfo> = vhosts.iter().flat_map(|v| b.queues(Some(v))).collect();
+    let exchanges: usize = vhosts.iter().map(|v| b.exchanges(Some(v)).len()).sum();
+    let conns: Vec<ConnectionInfo> = b
+        .connections()
+        .into_iter()
+        .filter(|c| u.sees_owner(&c.user))
+        .collect();
+    let sum = |f: fn(&QueueInfo) -> u64| queues.iter().map(f).sum::<u64>();
+    json!({
+        "object_totals": {
+            "connections": conns.len(),
+            "channels": conns.iter().map(|c| c.channels).sum::<u64>(),
+            "exchanges": exchanges,
+            "queues": queues.len(),
+        },
+        "queue_totals": queue_totals(sum(|q| q.messages_ready), sum(|q| q.messages_unacknowledged)),
+        "message_stats": {
+            "publish": sum(|q| q.counters.published),
+            "deliver_get": sum(|q| q.counters.delivered),
+            "redeliver": sum(|q| q.counters.redelivered),
+            "ack": sum(|q| q.counters.acked),
+        },
+    })
+}
+
+async fn whoami(Extension(u): Extension<AuthUser>) -> Response {
     ok(json!({"name": u.name, "tags": u.tags}))
 }
 
@@ -478,10 +470,14 @@ fn vhost_json(s: &Management, name: &str) -> Value {
     })
 }
 
-async fn vhosts(State(s): State<Management>) -> Response {
+async fn vhosts(State(s): State<Management>, Extension(u): Extension<AuthUser>) -> Response {
     let names = s.broker().vhost_names();
     ok(Value::Array(
-        names.iter().map(|n| vhost_json(&s, n)).collect(),
+        names
+            .iter()
+            .filter(|n| u.lists_vhost(n))
+            .map(|n| vhost_json(&s, n))
+            .collect(),
     ))
 }
 
@@ -684,7 +680,12 @@ pub(crate) fn policy_json(p: &PolicyDef) -> Value {
     })
 }
 
-fn list_policies(s: &Management, vhost: Option<&str>, operator: bool) -> ApiResult<Response> {
+fn list_policies(
+    s: &Management,
+    u: &AuthUser,
+    vhost: Option<&str>,
+    operator: bool,
+) -> ApiResult<Response> {
     let b = s.broker();
     if let Some(v) = vhost
         && !b.has_vhost(v)
@@ -697,7 +698,9 @@ fn list_policies(s: &Management, vhost: Option<&str>, operator: bool) -> ApiResu
         .filter(|p| p.operator == operator && vhost.is_none_or(|v| v == p.vhost))
         .collect();
     ps.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
-    Ok(ok(Value::Array(ps.iter().map(policy_json).collect())))
+    Ok(ok(Value::Array(
+        u.only_visible(ps.iter().map(policy_json).collect()),
+    )))
 }
 
 fn get_policy(s: &Management, vhost: &str, name: &str, operator: bool) -> ApiResult<Response> {
@@ -797,14 +800,18 @@ fn delete_policy(s: &Management, vhost: &str, name: &str, operator: bool) -> Api
     }
 }
 
-async fn policies_all(State(s): State<Management>) -> ApiResult<Response> {
-    list_policies(&s, None, false)
+async fn policies_all(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+) -> ApiResult<Response> {
+    list_policies(&s, &u, None, false)
 }
 async fn policies_vhost(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
 ) -> ApiResult<Response> {
-    list_policies(&s, Some(&vhost), false)
+    list_policies(&s, &u, Some(&vhost), false)
 }
 async fn policy_get(
     State(s): State<Management>,
@@ -825,14 +832,18 @@ async fn policy_delete(
 ) -> ApiResult<Response> {
     delete_policy(&s, &vhost, &name, false)
 }
-async fn op_policies_all(State(s): State<Management>) -> ApiResult<Response> {
-    list_policies(&s, None, true)
+async fn op_policies_all(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+) -> ApiResult<Response> {
+    list_policies(&s, &u, None, true)
 }
 async fn op_policies_vhost(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
 ) -> ApiResult<Response> {
-    list_policies(&s, Some(&vhost), true)
+    list_policies(&s, &u, Some(&vhost), true)
 }
 async fn op_policy_get(
     State(s): State<Management>,
@@ -1011,17 +1022,22 @@ fn regex_lite(pattern: &str) -> Option<regex::Regex> {
 
 async fn queues_all(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    Ok(ok(paged(all_queues_json(&s, None)?, &q)))
+    Ok(ok(paged(u.only_visible(all_queues_json(&s, None)?), &q)))
 }
 
 async fn queues_vhost(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    Ok(ok(paged(all_queues_json(&s, Some(&vhost))?, &q)))
+    Ok(ok(paged(
+        u.only_visible(all_queues_json(&s, Some(&vhost))?),
+        &q,
+    )))
 }
 
 fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
@@ -1181,17 +1197,22 @@ fn exchanges_of(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
 
 async fn exchanges_all(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    Ok(ok(paged(exchanges_of(&s, None)?, &q)))
+    Ok(ok(paged(u.only_visible(exchanges_of(&s, None)?), &q)))
 }
 
 async fn exchanges_vhost(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    Ok(ok(paged(exchanges_of(&s, Some(&vhost))?, &q)))
+    Ok(ok(paged(
+        u.only_visible(exchanges_of(&s, Some(&vhost))?),
+        &q,
+    )))
 }
 
 async fn exchange_get(
@@ -1329,27 +1350,31 @@ pub(crate) fn binding_json(b: &warren_broker::BindingInfo) -> Value {
     })
 }
 
-fn bindings_of(s: &Management, vhost: Option<&str>) -> ApiResult<Response> {
+fn bindings_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<Response> {
     let b = s.broker();
     if let Some(v) = vhost
         && !b.has_vhost(v)
     {
         return Err(ApiError::not_found());
     }
-    Ok(ok(Value::Array(
+    Ok(ok(Value::Array(u.only_visible(
         b.bindings(vhost).iter().map(binding_json).collect(),
-    )))
+    ))))
 }
 
-async fn bindings_all(State(s): State<Management>) -> ApiResult<Response> {
-    bindings_of(&s, None)
+async fn bindings_all(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+) -> ApiResult<Response> {
+    bindings_of(&s, &u, None)
 }
 
 async fn bindings_vhost(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
 ) -> ApiResult<Response> {
-    bindings_of(&s, Some(&vhost))
+    bindings_of(&s, &u, Some(&vhost))
 }
 
 // ------------------------------------------------ connections and consumers
@@ -1377,11 +1402,15 @@ fn connection_json(node: &str, c: &ConnectionInfo) -> Value {
 
 async fn connections(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let cs = s.broker().connections();
     ok(paged(
-        cs.iter().map(|c| connection_json(&s.node, c)).collect(),
+        cs.iter()
+            .filter(|c| u.sees_owner(&c.user))
+            .map(|c| connection_json(&s.node, c))
+            .collect(),
         &q,
     ))
 }
@@ -1410,7 +1439,9 @@ fn consumer_json(node: &str, c: &ConsumerInfo, conns: &[ConnectionInfo]) -> Valu
     })
 }
 
-fn consumers_of(s: &Management, vhost: Option<&str>) -> ApiResult<Response> {
+/// The consumers (of `vhost`, or of all) that `u` sees: monitors every
+/// one, other users those on their own connections.
+fn consumers_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<Response> {
     let b = s.broker();
     if let Some(v) = vhost
         && !b.has_vhost(v)
@@ -1418,23 +1449,34 @@ fn consumers_of(s: &Management, vhost: Option<&str>) -> ApiResult<Response> {
         return Err(ApiError::not_found());
     }
     let conns = b.connections();
+    let owner = |c: &ConsumerInfo| {
+        conns
+            .iter()
+            .find(|x| x.id == c.conn)
+            .map_or("", |x| x.user.as_str())
+    };
     Ok(ok(Value::Array(
         b.consumers(vhost)
             .iter()
+            .filter(|c| u.sees_owner(owner(c)))
             .map(|c| consumer_json(&s.node, c, &conns))
             .collect(),
     )))
 }
 
-async fn consumers_all(State(s): State<Management>) -> ApiResult<Response> {
-    consumers_of(&s, None)
+async fn consumers_all(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+) -> ApiResult<Response> {
+    consumers_of(&s, &u, None)
 }
 
 async fn consumers_vhost(
     State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
 ) -> ApiResult<Response> {
-    consumers_of(&s, Some(&vhost))
+    consumers_of(&s, &u, Some(&vhost))
 }
 
 // ------------------------------------------------------------------ health

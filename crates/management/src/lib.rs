@@ -13,14 +13,16 @@
 //!
 //! Conventions are RabbitMQ's: HTTP basic auth against the broker's users,
 //! who need the `management`, `policymaker`, `monitoring` or
-//! `administrator` tag (changes need `administrator`, or `policymaker` for
-//! policies); the default vhost written `%2F`; `201`/`204` on PUT and `204`
-//! on DELETE; errors as `{"error":…,"reason":…}` with 400, 401 or 404.
+//! `administrator` tag, each seeing and changing what RabbitMQ's
+//! management plugin lets it (the `access` module); the default vhost
+//! written `%2F`; `201`/`204` on PUT and `204` on DELETE; errors as
+//! `{"error":…,"reason":…}` with 400, 401 or 404.
 //!
 //! Mirror columns (`node`, `slave_nodes`, `synchronised_slave_nodes`,
 //! `state`) come from a [`MirrorSource`]; until mirroring is wired,
 //! [`SingleNode`] reports every queue on this node without mirrors.
 
+mod access;
 mod api;
 mod cluster;
 mod defs;

@@ -2,11 +2,11 @@
 //! showing that mirror data from the mirroring layer drops into the queue
 //! fields, the metrics and the sync actions.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
 use warren_broker::meta::MemoryStore;
 use warren_broker::{Broker, BrokerConfig};
 use warren_management::{Management, MirrorSource, NodeControl, QueueMirrors};
@@ -45,37 +45,15 @@ impl MirrorSource for FakeMirrors {
 }
 
 async fn request(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_owned();
-    (status, body)
+    common::request_as(addr, ("guest", "guest"), method, path, body).await
 }
 
 #[tokio::test]
 async fn mirror_source_feeds_queue_fields_metrics_and_actions() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = BrokerConfig::new(dir.path());
-    cfg.node_name = "warren@a".into();
-    let broker = Arc::new(Mutex::new(
-        Broker::open(cfg, Box::new(MemoryStore::default())).unwrap(),
-    ));
     let fake = Arc::new(FakeMirrors::default());
-    let state = Management::new(broker).mirrors(fake.clone());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(warren_management::serve(listener, state.clone()));
+    let state = Management::new(common::broker(dir.path())).mirrors(fake.clone());
+    let addr = common::serve(state.clone()).await;
 
     let (status, _) = request(
         &addr,
@@ -204,19 +182,9 @@ impl NodeControl for FakeNode {
 #[tokio::test]
 async fn node_control_serves_stop_stop_app_and_start_app() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = BrokerConfig::new(dir.path());
-    cfg.node_name = "warren@a".into();
-    let broker = Arc::new(Mutex::new(
-        Broker::open(cfg, Box::new(MemoryStore::default())).unwrap(),
-    ));
+    let broker = common::broker(dir.path());
     let fake = Arc::new(FakeNode::default());
-    let serve = |state: Management| async move {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(warren_management::serve(listener, state));
-        addr
-    };
-    let without = serve(Management::new(broker.clone())).await;
+    let without = common::serve(Management::new(broker.clone())).await;
     let (status, body) = request(&without, "POST", "/api/nodes/warren@a/stop_app", None).await;
     assert_eq!(status, 400, "{body}");
     let (_, body) = request(&without, "GET", "/api/nodes/warren@a", None).await;
@@ -225,7 +193,7 @@ async fn node_control_serves_stop_stop_app_and_start_app() {
         true
     );
 
-    let addr = serve(Management::new(broker).node_control(fake.clone())).await;
+    let addr = common::serve(Management::new(broker).node_control(fake.clone())).await;
     let (status, _) = request(&addr, "POST", "/api/nodes/warren%40a/stop_app", None).await;
     assert_eq!(status, 204);
     let (_, body) = request(&addr, "GET", "/api/nodes/warren@a", None).await;
