@@ -23,6 +23,7 @@ use warren_backing_queue::{
 use crate::BrokerError;
 use crate::auth::{self, Access, Permission, PermissionDef, UserDef};
 use crate::meta::{BindingDef, Change, ExchangeDef, MetadataStore, QueueDef};
+use crate::names::{BadName, MAX_NAME_BYTES, check_name, shown};
 use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta};
 
 #[path = "alarm.rs"]
@@ -621,10 +622,16 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
                 out.expires_ms = Some(n);
             }
             "x-dead-letter-exchange" => {
-                out.dlx = Some(as_str(v).ok_or_else(|| bad(key, "must be a string"))?);
+                let dlx = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                check_name(&dlx).map_err(|e| bad(key, &e.to_string()))?;
+                out.dlx = Some(dlx);
             }
             "x-dead-letter-routing-key" => {
-                out.dlrk = Some(as_str(v).ok_or_else(|| bad(key, "must be a string"))?);
+                let dlrk = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                if dlrk.len() > MAX_NAME_BYTES {
+                    return Err(bad(key, &BadName::TooLong(dlrk.len()).to_string()));
+                }
+                out.dlrk = Some(dlrk);
             }
             "x-overflow" if as_str(v).as_deref() != Some("drop-head") => {
                 return Err(bad(key, "only drop-head is supported"));
@@ -677,6 +684,15 @@ fn tables_equivalent(a: &FieldTable, b: &FieldTable) -> Option<String> {
     None
 }
 
+/// Refuses a name AMQP could not carry (see [`names`](crate::names)).
+pub(crate) fn valid_name(kind: &str, name: &str) -> Result<(), BrokerError> {
+    check_name(name)
+        .map_err(|e| BrokerError::Invalid(format!("{kind} name '{}' is invalid: {e}", shown(name))))
+}
+
+/// Where durable queue `name` of `vhost` keeps its log: a hash of the vhost,
+/// a NUL, and the name. No vhost holds a NUL (see [`valid_name`]), so the
+/// first NUL splits the pair one way only and no two pairs share a directory.
 fn queue_dir(data_dir: &std::path::Path, vhost: &str, name: &str) -> PathBuf {
     let mut h = Sha256::new();
     h.update(vhost.as_bytes());
@@ -1073,6 +1089,7 @@ impl Broker {
     /// Adds a vhost (durably), with its built-in exchanges.
     pub fn add_vhost(&mut self, name: &str) -> Result<(), BrokerError> {
         if !self.vhosts.contains_key(name) {
+            valid_name("vhost", name)?;
             self.meta.apply(Change::PutVhost(name.to_owned()))?;
             self.vhosts.insert(name.to_owned(), new_vhost());
         }
@@ -1081,6 +1098,7 @@ impl Broker {
 
     /// Adds or replaces a user (durably).
     pub fn put_user(&mut self, user: UserDef) -> Result<(), BrokerError> {
+        valid_name("user", &user.name)?;
         self.meta.apply(Change::PutUser(user.clone()))?;
         self.users.insert(user.name.clone(), user);
         Ok(())
@@ -2405,6 +2423,18 @@ impl Broker {
                 return Err(AmqpError::exchange_not_found(name, &vhost));
             }
         } else {
+            if !v.exchanges.contains_key(name)
+                && let Err(e) = check_name(name)
+            {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "exchange name '{}' in vhost '{}' is invalid: {e}",
+                        shown(name),
+                        shown(&vhost)
+                    ),
+                ));
+            }
             let kind = Kind::parse(d.kind.as_str()).ok_or_else(|| {
                 err(
                     ReplyCode::CommandInvalid,
@@ -2697,6 +2727,16 @@ impl Broker {
                 }
             }
         } else {
+            if let Err(e) = check_name(&name) {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "queue name '{}' in vhost '{}' is invalid: {e}",
+                        shown(&name),
+                        shown(&vhost)
+                    ),
+                ));
+            }
             if name.starts_with("amq.") && !d.queue.as_str().is_empty() {
                 return Err(err(
                     ReplyCode::AccessRefused,

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
 use super::stats::QueueCounters;
-use super::{Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, err, new_vhost};
+use super::{Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, err, new_vhost, valid_name};
 use crate::BrokerError;
 use crate::auth::{PermissionDef, UserDef};
 use crate::meta::{BindingDef, Change, ExchangeDef, PolicyDef, QueueDef};
@@ -531,6 +531,8 @@ impl Broker {
                 "queue name '{name}' is reserved or empty"
             )));
         }
+        valid_name("queue", name)?;
+        valid_name("vhost", vhost)?;
         let opts = QueueOpts {
             durable,
             exclusive: false,
@@ -566,6 +568,7 @@ impl Broker {
         if v.exchanges.contains_key(&def.name) || def.name.is_empty() {
             return Ok(());
         }
+        valid_name("exchange", &def.name)?;
         let Some(kind) = Kind::parse(&def.kind) else {
             return Err(BrokerError::Invalid(format!(
                 "unknown exchange type '{}'",
@@ -704,6 +707,7 @@ impl Broker {
         if !self.vhosts.contains_key(&p.vhost) {
             return Err(BrokerError::Invalid(format!("no vhost '{}'", p.vhost)));
         }
+        valid_name("policy", &p.name)?;
         self.meta.apply(Change::PutPolicy(p))?;
         Ok(())
     }
@@ -737,6 +741,7 @@ impl Broker {
         if self.vhosts.contains_key(name) {
             return Ok(false);
         }
+        valid_name("vhost", name)?;
         self.meta.apply(Change::PutVhost(name.to_owned()))?;
         self.vhosts.insert(name.to_owned(), new_vhost());
         Ok(true)

@@ -20,6 +20,7 @@
 pub mod auth;
 mod broker;
 pub mod meta;
+pub mod names;
 mod routing;
 
 pub use broker::alarm::{

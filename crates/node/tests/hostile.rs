@@ -383,3 +383,86 @@ async fn an_alarm_holds_partial_messages_and_a_held_client_that_leaves_is_gone()
     watermark(&a, json!({"relative": 0.9}));
     within(honest_round_trip_at(&a.amqp_url(), "after-alarm", 50)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_amqp_cannot_carry_are_refused_on_every_path() {
+    let root = test_root();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "hostile-secret\n").unwrap();
+    let a = Peer::start("warren@a", &root.path().join("a"), &secret, None);
+    let long = "x".repeat(300);
+    // Over HTTP: a NUL (once two pairs shared a data directory), a newline
+    // (log lines), more than 255 bytes.
+    for path in [
+        "/api/vhosts/a%00b".to_owned(),
+        "/api/vhosts/line%0AINFO%20forged".to_owned(),
+        format!("/api/vhosts/{long}"),
+        "/api/queues/%2F/q%00x".to_owned(),
+        format!("/api/queues/%2F/{long}"),
+        format!("/api/exchanges/%2F/{long}"),
+        "/api/users/eve%0A".to_owned(),
+        "/api/policies/%2F/p%00".to_owned(),
+    ] {
+        let body = if path.starts_with("/api/exchanges") {
+            json!({"type": "direct"})
+        } else if path.starts_with("/api/users") {
+            json!({"password": "pw", "tags": ""})
+        } else if path.starts_with("/api/policies") {
+            json!({"pattern": ".*", "definition": {"max-length": 1}})
+        } else {
+            json!({})
+        };
+        let (status, v) = a.http("PUT", &path, Some(&body));
+        assert_eq!(status, 400, "PUT {path}: {v}");
+    }
+    let vhosts = a.get("/api/vhosts");
+    assert_eq!(vhosts.as_array().map(Vec::len), Some(1), "{vhosts}");
+    // A 300-byte dead-letter exchange is refused, not cut when used.
+    let (status, v) = a.http(
+        "PUT",
+        "/api/queues/%2F/dl",
+        Some(&json!({"arguments": {"x-dead-letter-exchange": long}})),
+    );
+    assert_eq!(status, 400, "{v}");
+    // Over AMQP: a queue or exchange name with a control character is 406,
+    // and the channel closes as RabbitMQ's does for a bad declare.
+    within(async {
+        let conn = Connection::connect(&a.amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .queue_declare(
+                "q\nINFO forged".into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect_err("a newline in a queue name");
+        assert_eq!(common::code(&e), Some(406), "{e}");
+        let ch = conn.create_channel().await.unwrap();
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            lapin::types::AMQPValue::LongString(long.as_str().into()),
+        );
+        let e = ch
+            .queue_declare("dl".into(), QueueDeclareOptions::default(), args)
+            .await
+            .expect_err("a 300-byte dead-letter exchange");
+        assert_eq!(common::code(&e), Some(406), "{e}");
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .exchange_declare(
+                "x\0y".into(),
+                lapin::ExchangeKind::Direct,
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect_err("a NUL in an exchange name");
+        assert_eq!(common::code(&e), Some(406), "{e}");
+    })
+    .await;
+    within(honest_round_trip_at(&a.amqp_url(), "names-ok", 10)).await;
+}
