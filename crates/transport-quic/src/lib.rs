@@ -7,6 +7,13 @@
 //! QUIC handshake. The cluster-secret handshake then runs on the stream, as on
 //! every transport.
 //!
+//! Before a connection is authenticated a listener holds little for it: it
+//! takes one of [`TransportConfig::max_pending_handshakes`] slots (an
+//! incoming connection beyond is refused before quinn keeps any state for
+//! it), twice the handshake timeout bounds the QUIC handshake, the stream and
+//! the cluster handshake together, and handshake frames are small
+//! ([`stream::establish`]).
+//!
 //! Loopback and LAN tuning lives in [`QuicOptions`]: quinn's default maximum
 //! UDP payload (1452 bytes) and initial congestion window are sized for the
 //! Internet; between nodes of one cluster larger packets and windows are what
@@ -24,10 +31,9 @@ use quinn::{Endpoint, MtuDiscoveryConfig, VarInt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OnceCell, mpsc};
 use warren_tls::{CLUSTER_SERVER_NAME, NodeIdentity};
-use warren_transport::stream::{StreamReceiver, StreamSender};
 use warren_transport::{
-    ChannelListener, Connection, Listener, PeerAddr, Role, Transport, TransportConfig,
-    TransportError, run_handshake,
+    ChannelListener, Connection, HandshakeSlots, Listener, PeerAddr, Role, Transport,
+    TransportConfig, TransportError, stream,
 };
 
 /// ALPN protocol id for Warren's peer links.
@@ -320,12 +326,7 @@ async fn establish(
         stream: recv,
         _conn: conn,
     };
-    let mut sender = StreamSender::new(write, config.max_frame_len, addr.to_string());
-    let mut receiver = StreamReceiver::new(read, config.max_frame_len, addr.to_string());
-    let peer = run_handshake(&mut sender, &mut receiver, config, role, addr).await?;
-    sender.set_peer(peer.to_string());
-    receiver.set_peer(peer.to_string());
-    Ok(Connection::new(peer, Box::new(sender), Box::new(receiver)))
+    stream::establish(read, write, config, role, addr).await
 }
 
 #[async_trait]
@@ -376,19 +377,27 @@ impl Transport for QuicTransport {
         let (tx, rx) = mpsc::channel(64);
         let config = self.config.clone();
         let accept_endpoint = endpoint.clone();
+        let mut slots = HandshakeSlots::new(local.clone(), config.max_pending_handshakes);
         let task = tokio::spawn(async move {
             while let Some(incoming) = accept_endpoint.accept().await {
+                let addr = PeerAddr::from(incoming.remote_address());
+                let Some(slot) = slots.admit(&addr) else {
+                    incoming.refuse();
+                    continue;
+                };
                 let config = config.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let addr = PeerAddr::from(incoming.remote_address());
                     let accepted = async {
                         let conn = incoming.await.map_err(|e| quic_failed(&addr, &e))?;
                         let (send, recv) =
                             conn.accept_bi().await.map_err(|e| quic_failed(&addr, &e))?;
                         establish(conn, send, recv, &config, Role::Acceptor, &addr).await
                     };
-                    match tokio::time::timeout(config.handshake_timeout * 2, accepted).await {
+                    let accepted =
+                        tokio::time::timeout(config.handshake_timeout * 2, accepted).await;
+                    drop(slot);
+                    match accepted {
                         Ok(Ok(conn)) => {
                             let _ = tx.send(conn).await;
                         }

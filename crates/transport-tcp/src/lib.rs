@@ -1,28 +1,36 @@
 //! Warren's TCP transport.
 //!
-//! - `TCP_NODELAY` on every connection; [`FrameSender::flush`] writes all
+//! - `TCP_NODELAY` on every connection;
+//!   [`FrameSender::flush`](warren_transport::FrameSender::flush) writes all
 //!   frames fed since the last flush in one `write` where the kernel allows,
 //!   so many small frames share one syscall.
 //! - Outgoing connections first bind the node's own address
 //!   ([`TransportConfig::bind_ip`]), so firewall rules between nodes on
 //!   127.0.0.2, .3, … match them.
-//! - Optional mutual TLS ([`TcpTransport::with_tls`]): both ends present a
-//!   certificate from the cluster CA, for clusters whose network is not trusted.
-//! - Every connection then runs the cluster-secret handshake.
+//! - Mutual TLS ([`TcpTransport::with_tls`], what the node runs unless told
+//!   otherwise): both ends present a certificate from the cluster CA, and
+//!   everything after is encrypted and integrity-protected. [`TcpTransport::new`]
+//!   is plain TCP, for a trusted network only: anyone on the path can read
+//!   and inject frames once the handshake is done.
+//! - Every connection then runs the cluster-secret handshake. Until it has,
+//!   the peer gets frames of at most
+//!   [`HANDSHAKE_MAX_FRAME_LEN`](warren_transport::HANDSHAKE_MAX_FRAME_LEN)
+//!   bytes, one handshake timeout for TLS and the handshake together, and one
+//!   of [`TransportConfig::max_pending_handshakes`] slots; a connection over
+//!   the limit is closed at once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
-use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 use warren_tls::NodeIdentity;
-use warren_transport::stream::{StreamReceiver, StreamSender};
+use warren_transport::stream::establish;
 use warren_transport::{
-    ChannelListener, Connection, Listener, PeerAddr, Role, Transport, TransportConfig,
-    TransportError, run_handshake,
+    ChannelListener, Connection, HandshakeSlots, Listener, PeerAddr, Role, Transport,
+    TransportConfig, TransportError,
 };
 
 /// ALPN protocol id for Warren's peer links.
@@ -51,7 +59,7 @@ impl std::fmt::Debug for TcpTransport {
 }
 
 impl TcpTransport {
-    /// Plain TCP.
+    /// Plain TCP: frames travel in the clear after the handshake.
     pub fn new(config: TransportConfig) -> Self {
         Self { config, tls: None }
     }
@@ -105,41 +113,43 @@ impl TcpTransport {
         stream.set_nodelay(true).map_err(connect_err)?;
         Ok(stream)
     }
-}
 
-/// Runs the handshake over a byte stream and wraps it as a [`Connection`].
-async fn establish<S>(
-    stream: S,
-    config: &TransportConfig,
-    role: Role,
-    addr: &PeerAddr,
-) -> Result<Connection, TransportError>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    let (read, write) = tokio::io::split(stream);
-    let mut sender = StreamSender::new(write, config.max_frame_len, addr.to_string());
-    let mut receiver = StreamReceiver::new(read, config.max_frame_len, addr.to_string());
-    let peer = run_handshake(&mut sender, &mut receiver, config, role, addr).await?;
-    sender.set_peer(peer.to_string());
-    receiver.set_peer(peer.to_string());
-    Ok(Connection::new(peer, Box::new(sender), Box::new(receiver)))
-}
-
-/// Runs the handshake over a plain TCP stream (split without a lock).
-async fn establish_plain(
-    stream: TcpStream,
-    config: &TransportConfig,
-    role: Role,
-    addr: &PeerAddr,
-) -> Result<Connection, TransportError> {
-    let (read, write) = stream.into_split();
-    let mut sender = StreamSender::new(write, config.max_frame_len, addr.to_string());
-    let mut receiver = StreamReceiver::new(read, config.max_frame_len, addr.to_string());
-    let peer = run_handshake(&mut sender, &mut receiver, config, role, addr).await?;
-    sender.set_peer(peer.to_string());
-    receiver.set_peer(peer.to_string());
-    Ok(Connection::new(peer, Box::new(sender), Box::new(receiver)))
+    /// Authenticates a fresh stream as `role`: TLS (when on), then the
+    /// cluster handshake, both within one handshake timeout, however the peer
+    /// spends it (silent, trickling bytes, stalling TLS).
+    async fn authenticate(
+        &self,
+        stream: TcpStream,
+        role: Role,
+        addr: &PeerAddr,
+    ) -> Result<Connection, TransportError> {
+        let handshakes = async {
+            let Some(tls) = &self.tls else {
+                let (read, write) = stream.into_split();
+                return establish(read, write, &self.config, role, addr).await;
+            };
+            let stream: TlsStream<TcpStream> = match role {
+                Role::Acceptor => tls.acceptor.accept(stream).await.map(Into::into),
+                Role::Dialer => {
+                    let name = NodeIdentity::server_name();
+                    tls.connector.connect(name, stream).await.map(Into::into)
+                }
+            }
+            .map_err(|e| tls_failed(addr, &e))?;
+            let (read, write) = tokio::io::split(stream);
+            establish(read, write, &self.config, role, addr).await
+        };
+        let after = self.config.handshake_timeout;
+        tokio::time::timeout(after, handshakes)
+            .await
+            .unwrap_or_else(|_| {
+                tracing::warn!(peer_addr = %addr, ?role, ?after, "peer handshake timed out; connection refused");
+                Err(TransportError::HandshakeTimeout {
+                    addr: addr.clone(),
+                    after,
+                })
+            })
+    }
 }
 
 fn tls_failed(addr: &PeerAddr, e: &std::io::Error) -> TransportError {
@@ -167,6 +177,7 @@ impl Transport for TcpTransport {
         })?);
         let (tx, rx) = mpsc::channel(64);
         let transport = self.clone();
+        let mut slots = HandshakeSlots::new(local.clone(), self.config.max_pending_handshakes);
         let task = tokio::spawn(async move {
             loop {
                 let (stream, remote) = match listener.accept().await {
@@ -176,32 +187,16 @@ impl Transport for TcpTransport {
                         continue;
                     }
                 };
+                let addr = PeerAddr::from(remote);
+                let Some(slot) = slots.admit(&addr) else {
+                    continue;
+                };
                 let transport = transport.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let addr = PeerAddr::from(remote);
                     let _ = stream.set_nodelay(true);
-                    let conn = match &transport.tls {
-                        None => {
-                            establish_plain(stream, &transport.config, Role::Acceptor, &addr).await
-                        }
-                        Some(tls) => {
-                            let accept = tls.acceptor.accept(stream);
-                            match tokio::time::timeout(transport.config.handshake_timeout, accept)
-                                .await
-                            {
-                                Ok(Ok(tls_stream)) => {
-                                    establish(tls_stream, &transport.config, Role::Acceptor, &addr)
-                                        .await
-                                }
-                                Ok(Err(e)) => Err(tls_failed(&addr, &e)),
-                                Err(_) => Err(TransportError::HandshakeTimeout {
-                                    addr: addr.clone(),
-                                    after: transport.config.handshake_timeout,
-                                }),
-                            }
-                        }
-                    };
+                    let conn = transport.authenticate(stream, Role::Acceptor, &addr).await;
+                    drop(slot);
                     if let Ok(conn) = conn {
                         let _ = tx.send(conn).await;
                     }
@@ -213,23 +208,6 @@ impl Transport for TcpTransport {
 
     async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError> {
         let stream = self.dial(addr).await?;
-        match &self.tls {
-            None => establish_plain(stream, &self.config, Role::Dialer, addr).await,
-            Some(tls) => {
-                let connect = tls.connector.connect(NodeIdentity::server_name(), stream);
-                let tls_stream =
-                    match tokio::time::timeout(self.config.handshake_timeout, connect).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => return Err(tls_failed(addr, &e)),
-                        Err(_) => {
-                            return Err(TransportError::HandshakeTimeout {
-                                addr: addr.clone(),
-                                after: self.config.handshake_timeout,
-                            });
-                        }
-                    };
-                establish(tls_stream, &self.config, Role::Dialer, addr).await
-            }
-        }
+        self.authenticate(stream, Role::Dialer, addr).await
     }
 }

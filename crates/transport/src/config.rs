@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use warren_wire::{ClusterSecret, DEFAULT_MAX_FRAME_LEN, NodeName};
 
+/// How many connections a listener authenticates at once by default.
+const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 64;
+
 /// Where a peer listens: `host:port` for TCP and QUIC, a name for the in-memory transport.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PeerAddr(String);
@@ -57,8 +60,12 @@ pub struct TransportConfig {
     pub max_frame_len: usize,
     /// How long dialing may take before it fails.
     pub connect_timeout: Duration,
-    /// How long the handshake may take before it fails.
+    /// How long the handshake may take before it fails (for TCP with TLS,
+    /// the TLS handshake and the cluster handshake together).
     pub handshake_timeout: Duration,
+    /// How many accepted connections a listener authenticates at once;
+    /// connections beyond are closed unauthenticated (see [`crate::HandshakeSlots`]).
+    pub max_pending_handshakes: usize,
     /// The local address to bind before dialing (so firewall rules between
     /// nodes on 127.0.0.2, .3, … see the node's own address). `None` lets the
     /// OS choose.
@@ -66,7 +73,8 @@ pub struct TransportConfig {
 }
 
 impl TransportConfig {
-    /// Defaults: 16 MiB frames, 5 s connect and handshake timeouts, OS-chosen source address.
+    /// Defaults: 16 MiB frames, 5 s connect and handshake timeouts, 64
+    /// handshakes at once per listener, OS-chosen source address.
     pub fn new(node: NodeName, secret: ClusterSecret) -> Self {
         Self {
             node,
@@ -74,6 +82,7 @@ impl TransportConfig {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             connect_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
+            max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
             bind_ip: None,
         }
     }

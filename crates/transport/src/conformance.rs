@@ -44,11 +44,34 @@ const SECRET: &str = "conformance-secret";
 /// The maximum frame size the suite configures (1 MiB).
 pub const MAX: usize = 1 << 20;
 
-async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+/// Awaits `fut`, panicking (naming `what`) if it takes longer than [`STEP_LIMIT`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(STEP_LIMIT, fut).await {
         Ok(v) => v,
         Err(_) => panic!("{what} hung for more than {STEP_LIMIT:?}"),
     }
+}
+
+/// Dials `listener` with `dialer` until a connection is made at both ends,
+/// within [`STEP_LIMIT`] (for listeners that refuse for a while, such as
+/// one whose handshake slots are still being freed). Returns the dialer's end.
+pub async fn connects_eventually(
+    dialer: &dyn Transport,
+    listener: &mut dyn Listener,
+) -> Connection {
+    let addr = listener.local_addr();
+    within("a connection", async {
+        loop {
+            let (dialed, accepted) = tokio::join!(dialer.connect(&addr), async {
+                tokio::time::timeout(Duration::from_secs(1), listener.accept()).await
+            });
+            if let (Ok(conn), Ok(Ok(_))) = (dialed, accepted) {
+                return conn;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
 }
 
 async fn listen(h: &dyn Harness, node: &str, max: usize) -> Box<dyn Listener> {

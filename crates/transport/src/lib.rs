@@ -12,6 +12,11 @@
 //! - Any error, or `Ok(None)` from `recv`, means the connection is down; frames
 //!   in flight at that moment may be lost. Callers reconnect.
 //! - No wait is unbounded: connecting and the handshake time out.
+//! - Before the handshake, a peer can make a listener hold little: byte-stream
+//!   transports refuse frames over [`HANDSHAKE_MAX_FRAME_LEN`]
+//!   until the peer has proven the secret ([`stream::establish`]), and a
+//!   listener authenticates at most [`TransportConfig::max_pending_handshakes`]
+//!   connections at once, closing the others ([`HandshakeSlots`]).
 //! - Frames over the configured maximum are refused: locally when feeding
 //!   ([`TransportError::FrameTooLarge`]) and by a receiver whose maximum is
 //!   smaller (the connection is then closed).
@@ -29,6 +34,7 @@ mod error;
 mod handshake;
 mod listener;
 pub mod mem;
+mod slots;
 pub mod stream;
 
 use std::fmt;
@@ -40,7 +46,8 @@ pub use config::{PeerAddr, TransportConfig};
 pub use error::TransportError;
 pub use handshake::run_handshake;
 pub use listener::ChannelListener;
-pub use warren_wire::{ClusterSecret, NodeName, Role};
+pub use slots::{HandshakeSlot, HandshakeSlots};
+pub use warren_wire::{ClusterSecret, HANDSHAKE_MAX_FRAME_LEN, NodeName, Role};
 
 /// A way to reach other nodes: listen for them and dial them.
 #[async_trait]

@@ -2,16 +2,21 @@
 //!
 //! The sender copies fed frames into one buffer and writes it with as few
 //! syscalls as possible; the receiver reads up to [`READ_CHUNK`] bytes per
-//! syscall and splits out every whole frame.
+//! syscall and splits out every whole frame. [`establish`] runs the cluster
+//! handshake over a stream's halves with the receiver held to
+//! [`HANDSHAKE_MAX_FRAME_LEN`] until the peer has proven the secret.
 
 use std::fmt;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use warren_wire::{FrameDecoder, encode_frame};
+use warren_wire::{FrameDecoder, HANDSHAKE_MAX_FRAME_LEN, encode_frame};
 
-use crate::{FrameReceiver, FrameSender, TransportError};
+use crate::{
+    Connection, FrameReceiver, FrameSender, PeerAddr, Role, TransportConfig, TransportError,
+    run_handshake,
+};
 
 /// How many bytes the receiver asks the OS for at once.
 pub const READ_CHUNK: usize = 64 * 1024;
@@ -123,6 +128,11 @@ impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
         self.peer = peer.into();
     }
 
+    /// Refuses frames over `max_frame_len` from now on.
+    pub fn set_max_frame_len(&mut self, max_frame_len: usize) {
+        self.decoder = FrameDecoder::new(max_frame_len);
+    }
+
     fn decode(&mut self) -> Result<Option<Bytes>, TransportError> {
         self.decoder.decode(&mut self.buf).map_err(|e| {
             tracing::warn!(peer = %self.peer, error = %e, "refusing frame from peer; closing connection");
@@ -196,4 +206,32 @@ impl<R: AsyncRead + Unpin + Send> FrameReceiver for StreamReceiver<R> {
             }
         }
     }
+}
+
+/// Runs the cluster handshake as `role` over the halves of a fresh byte
+/// stream from `addr` and wraps them as a [`Connection`] to the proven peer.
+///
+/// Until the peer has proven the cluster secret its frames may be at most
+/// [`HANDSHAKE_MAX_FRAME_LEN`] bytes (a longer announcement closes the
+/// connection before anything of it is buffered); the configured maximum
+/// applies after.
+pub async fn establish<R, W>(
+    read: R,
+    write: W,
+    config: &TransportConfig,
+    role: Role,
+    addr: &PeerAddr,
+) -> Result<Connection, TransportError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut sender = StreamSender::new(write, config.max_frame_len, addr.to_string());
+    let pre_auth = HANDSHAKE_MAX_FRAME_LEN.min(config.max_frame_len);
+    let mut receiver = StreamReceiver::new(read, pre_auth, addr.to_string());
+    let peer = run_handshake(&mut sender, &mut receiver, config, role, addr).await?;
+    receiver.set_max_frame_len(config.max_frame_len);
+    sender.set_peer(peer.to_string());
+    receiver.set_peer(peer.to_string());
+    Ok(Connection::new(peer, Box::new(sender), Box::new(receiver)))
 }

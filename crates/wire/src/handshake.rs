@@ -28,6 +28,12 @@ use crate::{NodeName, WireError};
 /// The peer protocol version this build speaks. Peers must speak the same one.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The largest frame a side accepts before the peer has proven the cluster
+/// secret. Every handshake message fits in a few hundred bytes (a `Hello`
+/// with a 255-byte node name is under 300), so a peer that announces more is
+/// not a Warren node and is refused before its frame is buffered.
+pub const HANDSHAKE_MAX_FRAME_LEN: usize = 4096;
+
 /// First bytes of every `Hello`, so a stray client is recognised at once.
 const MAGIC: [u8; 4] = *b"WRRN";
 const MAC_LABEL: &[u8] = b"warren-handshake-v1";
@@ -40,6 +46,16 @@ impl ClusterSecret {
     /// Wraps the secret's bytes (for example a file's contents, trimmed).
     pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
         Self(bytes.into())
+    }
+
+    /// A 32-byte key derived from the secret for one purpose, named by
+    /// `label` (HMAC-SHA256 keyed by the secret): nodes sharing the secret
+    /// derive the same key, and the key does not reveal the secret.
+    pub fn derive_key(&self, label: &[u8]) -> [u8; 32] {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(label);
+        mac.finalize().into_bytes().into()
     }
 }
 
@@ -508,6 +524,38 @@ mod tests {
             Err(HandshakeError::Malformed(_))
         ));
         assert_eq!(out.len(), 1, "a refusal is sent");
+    }
+
+    #[test]
+    fn every_handshake_message_fits_the_pre_authentication_limit() {
+        let longest = name(&"n".repeat(NodeName::MAX_LEN));
+        let h = Handshake::new(Role::Dialer, longest, ClusterSecret::new("s"), [7; 32]);
+        let refusals = [
+            RefuseReason::VersionMismatch {
+                supported: u32::MAX,
+            },
+            RefuseReason::WrongSecret,
+            RefuseReason::Malformed,
+        ];
+        let sizes = refusals
+            .into_iter()
+            .map(|reason| HandshakeMsg::Refuse { reason }.encode().len())
+            .chain([
+                h.hello().len(),
+                HandshakeMsg::Proof { mac: [0xff; 32] }.encode().len(),
+            ]);
+        for size in sizes {
+            assert!(size <= 300, "{size} bytes");
+        }
+        const { assert!(300 < HANDSHAKE_MAX_FRAME_LEN) };
+    }
+
+    #[test]
+    fn derived_keys_depend_on_the_secret_and_the_label() {
+        let (a, b) = (ClusterSecret::new("one"), ClusterSecret::new("two"));
+        assert_eq!(a.derive_key(b"ca"), a.clone().derive_key(b"ca"));
+        assert_ne!(a.derive_key(b"ca"), b.derive_key(b"ca"));
+        assert_ne!(a.derive_key(b"ca"), a.derive_key(b"other"));
     }
 
     #[test]

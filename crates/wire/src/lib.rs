@@ -20,7 +20,8 @@ mod node;
 
 pub use frame::{DEFAULT_MAX_FRAME_LEN, FrameDecoder, LEN_PREFIX, encode_frame};
 pub use handshake::{
-    ClusterSecret, Handshake, HandshakeError, HandshakeStep, PROTOCOL_VERSION, RefuseReason, Role,
+    ClusterSecret, HANDSHAKE_MAX_FRAME_LEN, Handshake, HandshakeError, HandshakeStep,
+    PROTOCOL_VERSION, RefuseReason, Role,
 };
 pub use message::{PeerFrame, decode_message, encode_message, encode_ring_frame};
 pub use node::{NodeName, NodeNameError};
