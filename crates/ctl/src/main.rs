@@ -232,6 +232,14 @@ enum Cmd {
         /// Columns (default: user peer_host peer_port state).
         items: Vec<String>,
     },
+    /// Close a client connection (its name as `list_connections name`
+    /// shows it); the client gets 320 CONNECTION_FORCED with the explanation.
+    CloseConnection {
+        /// The connection's name.
+        connection: String,
+        /// Why, as the client will read it.
+        explanation: String,
+    },
     /// List consumers.
     ListConsumers {
         /// Columns (default: queue_name channel_pid consumer_tag ack_required prefetch_count active arguments).
@@ -361,12 +369,27 @@ impl Client {
 
     /// Sends a request; the status and the parsed body (Null when empty).
     fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Res<(u16, Value)> {
+        self.send_with(method, path, body, None)
+    }
+
+    /// [`send`](Self::send) with an `X-Reason` header (why an operator
+    /// closes a connection, as RabbitMQ's management API takes it).
+    fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        reason: Option<&str>,
+    ) -> Res<(u16, Value)> {
         let url = format!("{}{path}", self.base);
-        let req = self
+        let mut req = self
             .agent
             .request(method, &url)
             .set("Authorization", &self.auth)
             .set("Accept", "application/json");
+        if let Some(r) = reason {
+            req = req.set("X-Reason", r);
+        }
         let result = match body {
             Some(b) => req
                 .set("Content-Type", "application/json")
@@ -400,7 +423,18 @@ impl Client {
 
     /// Sends and turns a non-2xx status into a failure.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Res<Value> {
-        let (status, v) = self.send(method, path, body)?;
+        self.call_with(method, path, body, None)
+    }
+
+    /// [`call`](Self::call) with an `X-Reason` header.
+    fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        reason: Option<&str>,
+    ) -> Res<Value> {
+        let (status, v) = self.send_with(method, path, body, reason)?;
         if (200..300).contains(&status) {
             return Ok(v);
         }
@@ -1414,6 +1448,21 @@ fn run(cli: &Cli) -> Res<()> {
                 field,
             )?;
             out.table(&cols, &rows);
+            Ok(())
+        }
+        Cmd::CloseConnection {
+            connection,
+            explanation,
+        } => {
+            out.info(&format!(
+                "Closing connection {connection}, reason: {explanation}..."
+            ));
+            c.call_with(
+                "DELETE",
+                &format!("/api/connections/{}", enc(connection)),
+                None,
+                Some(explanation),
+            )?;
             Ok(())
         }
         Cmd::ListConsumers { items } => {

@@ -1285,3 +1285,75 @@ fn exchanges_and_bindings_over_http() {
             .any(|b| b["source"] == "events")
     );
 }
+
+#[test]
+fn close_connection_over_ctl_and_http() {
+    let (_d, n) = node();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The connection and the error lapin reports when the server closes it.
+    let connect = || {
+        let conn = rt
+            .block_on(Connection::connect(
+                &n.amqp_url(),
+                ConnectionProperties::default(),
+            ))
+            .expect("connect");
+        let error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let slot = error.clone();
+        let mut events = Box::pin(conn.events_listener());
+        rt.spawn(async move {
+            while let Some(e) = events.next().await {
+                if let lapin::Event::Error(e) = e {
+                    *slot.lock().unwrap() = Some(e.to_string());
+                }
+            }
+        });
+        (conn, error)
+    };
+    let name_of_only = || {
+        let rows = n.ctl(&["-q", "list_connections", "name"]).rows();
+        assert_eq!(rows.len(), 2, "one connection: {rows:?}");
+        rows[1][0].clone()
+    };
+    // warrenctl close_connection NAME EXPLANATION: the client reads 320
+    // CONNECTION_FORCED with the explanation.
+    let conn = connect();
+    let name = name_of_only();
+    n.ctl(&["close_connection", &name, "go away"]).ok();
+    let closed =
+        |(_conn, error): &(Connection, std::sync::Arc<std::sync::Mutex<Option<String>>>)| {
+            rt.block_on(async {
+                for _ in 0..300 {
+                    if let Some(e) = error.lock().unwrap().clone() {
+                        return e;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                panic!("the connection was not closed");
+            })
+        };
+    let text = closed(&conn);
+    assert!(
+        text.contains("320") || text.contains("CONNECTION_FORCED"),
+        "{text}"
+    );
+    assert!(text.contains("go away"), "{text}");
+    // DELETE /api/connections/NAME with X-Reason, as RabbitMQ's API.
+    let conn = connect();
+    let name = name_of_only();
+    let path = format!(
+        "/api/connections/{}",
+        name.replace(' ', "%20").replace('>', "%3E")
+    );
+    let (status, v) = n.http("GET", &path, None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["name"], name.as_str());
+    let (status, _) = n.http("DELETE", &path, None);
+    assert_eq!(status, 204);
+    let text = closed(&conn);
+    assert!(text.contains("Closed via management plugin"), "{text}");
+    let (status, _) = n.http("DELETE", &path, None);
+    assert_eq!(status, 404, "already gone");
+    let r = n.ctl(&["close_connection", "127.0.0.1:1 -> nowhere", "x"]);
+    assert_ne!(r.code, 0, "an unknown connection is an error: {r:?}");
+}

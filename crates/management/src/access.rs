@@ -68,6 +68,12 @@ impl AuthUser {
         self.is_admin() || self.vhosts.iter().any(|v| v == vhost)
     }
 
+    /// Whether the user may close a connection of `owner`: administrators
+    /// any, everyone else their own (`is_authorized_user`).
+    pub(crate) fn may_close(&self, owner: &str) -> bool {
+        self.is_admin() || self.name == owner
+    }
+
     /// Whether `/api/vhosts` and the overview's totals include `vhost`:
     /// monitors know every vhost, the others theirs.
     pub(crate) fn lists_vhost(&self, vhost: &str) -> bool {
@@ -112,6 +118,10 @@ enum Rule {
 fn rule(template: &str, method: &Method) -> Rule {
     if template == "/api/policies/{vhost}/{name}" {
         return Rule::Policies;
+    }
+    if template == "/api/connections/{name}" {
+        // Whose connection it is decides, in the handler.
+        return Rule::Anyone;
     }
     if method != Method::GET && method != Method::HEAD {
         return Rule::Admin;

@@ -222,6 +222,10 @@ pub(crate) fn routes(state: Management) -> Router {
             get(bindings_between).post(binding_post),
         )
         .route("/api/connections", get(connections))
+        .route(
+            "/api/connections/{name}",
+            get(connection_get).delete(connection_close),
+        )
         .route("/api/consumers", get(consumers_all))
         .route("/api/consumers/{vhost}", get(consumers_vhost))
         .route(
@@ -1413,6 +1417,57 @@ async fn connections(
             .collect(),
         &q,
     ))
+}
+
+/// The connection of this node named `name`, if the user may see it.
+fn find_connection(s: &Management, u: &AuthUser, name: &str) -> ApiResult<ConnectionInfo> {
+    let c = s
+        .broker()
+        .connections()
+        .into_iter()
+        .find(|c| connection_name(c, &s.node) == name)
+        .ok_or_else(ApiError::not_found)?;
+    if !u.sees_owner(&c.user) {
+        return Err(ApiError::unauthorized(
+            "User not authorised to access object",
+        ));
+    }
+    Ok(c)
+}
+
+/// `GET /api/connections/{name}`.
+async fn connection_get(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    let c = find_connection(&s, &u, &name)?;
+    Ok(ok(connection_json(&s.node, &c)))
+}
+
+/// `DELETE /api/connections/{name}`: the client gets connection.close 320
+/// CONNECTION_FORCED with the `X-Reason` header's text (RabbitMQ's default
+/// when there is none).
+async fn connection_close(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+    Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> ApiResult<Response> {
+    let c = find_connection(&s, &u, &name)?;
+    if !u.may_close(&c.user) {
+        return Err(ApiError::unauthorized(
+            "User not authorised to access object",
+        ));
+    }
+    let reason = headers
+        .get("x-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("Closed via management plugin");
+    if !s.broker().close_connection(c.id, reason) {
+        return Err(ApiError::not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 fn consumer_json(node: &str, c: &ConsumerInfo, conns: &[ConnectionInfo]) -> Value {
