@@ -733,9 +733,21 @@ impl Connection {
                 });
                 Ok(())
             }
-            (State::Running, M::UpdateSecret(_)) => Err(Fault::Connection(
-                err(ReplyCode::NotImplemented, "connection.update-secret").with_method(c, m),
-            )),
+            (State::Running, M::UpdateSecret(u)) => {
+                // Warren's users are internal ones whose login never expires:
+                // as RabbitMQ's internal backend, the new secret is taken as
+                // it is and nothing else changes.
+                tracing::info!(
+                    user = %self.username,
+                    reason = %u.reason.as_str().escape_debug(),
+                    "user updated secret"
+                );
+                self.enc.method(
+                    0,
+                    AMQPClass::Connection(M::UpdateSecretOk(connection::UpdateSecretOk {})),
+                );
+                Ok(())
+            }
             (state, _) => Err(Fault::Connection(
                 err(
                     ReplyCode::ChannelError,

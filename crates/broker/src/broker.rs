@@ -2435,10 +2435,12 @@ impl Broker {
                     ),
                 ));
             }
+            // 406 on the channel, as RabbitMQ answers since 3.11 (3.10 closed
+            // the connection with 503).
             let kind = Kind::parse(d.kind.as_str()).ok_or_else(|| {
                 err(
-                    ReplyCode::CommandInvalid,
-                    format!("unknown exchange type '{}'", d.kind.as_str()),
+                    ReplyCode::PreconditionFailed,
+                    format!("unknown exchange type '{}'", shown(d.kind.as_str())),
                 )
             })?;
             if let Some(x) = v.exchanges.get(name) {

@@ -1066,3 +1066,61 @@ async fn unacked_persistent_messages_survive_sigkill_as_redelivered() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_client_updates_its_secret_and_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        conn.update_secret("guest".into(), "token refresh".into())
+            .await
+            .expect("update-secret-ok");
+        let ch = conn
+            .create_channel()
+            .await
+            .expect("the connection is still open");
+        ch.queue_declare(
+            "after-update-secret".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unknown_exchange_type_is_406_on_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .exchange_declare(
+                "x".into(),
+                ExchangeKind::Custom("x-no-such-type".into()),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect_err("an unknown type");
+        assert_eq!(code(&e), Some(406), "{e}");
+        // Only the channel closed.
+        let ch = conn
+            .create_channel()
+            .await
+            .expect("the connection stays open");
+        ch.exchange_declare(
+            "x".into(),
+            ExchangeKind::Direct,
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    })
+    .await;
+}

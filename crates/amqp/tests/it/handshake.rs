@@ -396,3 +396,22 @@ fn many_frames_in_one_read_give_one_output() {
         AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))
     )));
 }
+
+#[test]
+fn update_secret_is_answered_with_update_secret_ok() {
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(
+            connection::UpdateSecret {
+                new_secret: "new".into(),
+                reason: "token refresh".into(),
+            },
+        )),
+    ));
+    match h.one_method() {
+        (0, AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(_))) => {}
+        other => panic!("expected update-secret-ok, got {other:?}"),
+    }
+    assert!(h.conn.is_open());
+}
