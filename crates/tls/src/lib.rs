@@ -1,8 +1,10 @@
 //! The cluster CA: how Warren nodes prove to each other that they belong.
 //!
 //! One [`ClusterCa`] per cluster signs a certificate per node
-//! ([`NodeIdentity`]). Links between nodes (QUIC always, TCP when TLS is on)
-//! use mutual TLS: each side presents its node certificate and accepts only
+//! ([`NodeIdentity`]). The CA is generated once and shared as files, or
+//! derived by every node from a seed they share ([`ClusterCa::derive`]).
+//! Links between nodes (QUIC always, TCP unless TLS is turned off) use
+//! mutual TLS: each side presents its node certificate and accepts only
 //! certificates signed by the cluster CA. A node without one is refused during
 //! the TLS handshake. Every node certificate carries the DNS name
 //! [`CLUSTER_SERVER_NAME`], which dialers use as the server name; the node's
@@ -13,11 +15,14 @@
 
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    PKCS_ED25519,
+};
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 
 /// The DNS name every node certificate carries and every dialer expects.
 pub const CLUSTER_SERVER_NAME: &str = "warren.cluster";
@@ -54,17 +59,38 @@ impl std::fmt::Debug for ClusterCa {
     }
 }
 
+/// An Ed25519 private key in PKCS#8 v1 (RFC 8410) is this prefix and the 32-byte seed.
+const ED25519_PKCS8_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
 impl ClusterCa {
     /// A new self-signed CA for one cluster.
     pub fn generate(cluster_name: &str) -> Result<Self, TlsError> {
+        Self::self_signed(
+            &format!("Warren cluster CA {cluster_name}"),
+            KeyPair::generate()?,
+        )
+    }
+
+    /// The CA whose Ed25519 key is `seed`: the same seed always gives the
+    /// same CA name and key, so nodes that share a secret and derive the
+    /// seed from it trust each other's certificates without sharing files.
+    /// Anyone who knows the seed can issue certificates: it must be secret,
+    /// and hard to guess.
+    pub fn derive(seed: &[u8; 32]) -> Result<Self, TlsError> {
+        let mut pkcs8 = ED25519_PKCS8_PREFIX.to_vec();
+        pkcs8.extend_from_slice(seed);
+        let key =
+            KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(pkcs8), &PKCS_ED25519)?;
+        Self::self_signed("Warren cluster CA (derived)", key)
+    }
+
+    fn self_signed(name: &str, key: KeyPair) -> Result<Self, TlsError> {
         let mut params = CertificateParams::default();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        params.distinguished_name.push(
-            DnType::CommonName,
-            format!("Warren cluster CA {cluster_name}"),
-        );
-        let key = KeyPair::generate()?;
+        params.distinguished_name.push(DnType::CommonName, name);
         let cert = params.self_signed(&key)?;
         Ok(Self {
             cert_pem: cert.pem(),
@@ -188,6 +214,16 @@ mod tests {
         let id = ca.issue("warren@127.0.0.1").unwrap();
         id.server_config(&[b"warren"]).unwrap();
         id.client_config(&[b"warren"]).unwrap();
+    }
+
+    #[test]
+    fn a_derived_ca_depends_on_its_seed_alone() {
+        let key = |ca: &ClusterCa| ca.issuer.key().public_key_raw().to_vec();
+        let (a, b) = (ClusterCa::derive(&[7; 32]), ClusterCa::derive(&[7; 32]));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(key(&a), key(&b));
+        assert_ne!(key(&a), key(&ClusterCa::derive(&[8; 32]).unwrap()));
+        a.issue("warren@a").unwrap().server_config(&[b"w"]).unwrap();
     }
 
     #[test]

@@ -152,9 +152,29 @@ impl TcpTransport {
     }
 }
 
+/// A failed TLS handshake, logged and named with what it most likely means
+/// between nodes.
 fn tls_failed(addr: &PeerAddr, e: &std::io::Error) -> TransportError {
-    tracing::warn!(peer_addr = %addr, error = %e, "TLS handshake with peer failed; connection refused");
-    TransportError::Tls(format!("TLS handshake with {addr} failed: {e}"))
+    use tokio_rustls::rustls::{AlertDescription as Alert, Error};
+    const OTHER_CLUSTER: &str = "the two nodes have different cluster secrets or CAs";
+    let meaning = match e.get_ref().and_then(|e| e.downcast_ref::<Error>()) {
+        Some(Error::InvalidCertificate(_) | Error::NoCertificatesPresented) => {
+            format!(" (its certificate is not from this node's cluster CA: {OTHER_CLUSTER})")
+        }
+        Some(Error::AlertReceived(
+            Alert::BadCertificate
+            | Alert::UnknownCA
+            | Alert::CertificateUnknown
+            | Alert::CertificateRequired
+            | Alert::DecryptError,
+        )) => format!(" (it refused this node's certificate: {OTHER_CLUSTER})"),
+        Some(Error::InvalidMessage(_) | Error::InappropriateMessage { .. }) => {
+            " (it does not speak TLS: is TLS off there?)".to_owned()
+        }
+        _ => String::new(),
+    };
+    tracing::warn!(peer_addr = %addr, error = %e, "TLS handshake with peer failed{meaning}; connection refused");
+    TransportError::Tls(format!("TLS handshake with {addr} failed: {e}{meaning}"))
 }
 
 #[async_trait]

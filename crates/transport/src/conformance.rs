@@ -40,7 +40,8 @@ pub fn config(node: &str, secret: &str, max_frame_len: usize) -> TransportConfig
     c
 }
 
-const SECRET: &str = "conformance-secret";
+/// The cluster secret of the suite's nodes.
+pub const SECRET: &str = "conformance-secret";
 /// The maximum frame size the suite configures (1 MiB).
 pub const MAX: usize = 1 << 20;
 
@@ -289,6 +290,24 @@ pub async fn wrong_secret_refused(h: &dyn Harness) {
     // The listener still serves peers that know the secret.
     let (client, _server) = dial(h, l.as_mut(), config("client@suite", SECRET, MAX)).await;
     assert_eq!(client.peer_node().as_str(), "server@suite");
+}
+
+/// For transports with TLS: `intruder` (a transport whose certificate comes
+/// from another CA, with the right cluster secret) is refused by TLS,
+/// before the cluster handshake. Returns the intruder's error.
+pub async fn intruder_refused_by_tls(h: &dyn Harness, intruder: &dyn Transport) -> TransportError {
+    let l = listen(h, "server@suite", MAX).await;
+    let err = within("an intruder's dial", intruder.connect(&l.local_addr()))
+        .await
+        .expect_err("a certificate from another CA is refused");
+    assert!(
+        matches!(
+            err,
+            TransportError::Tls(_) | TransportError::ConnectionLost { .. }
+        ),
+        "{err:?}"
+    );
+    err
 }
 
 /// A frame over the maximum is refused by its sender, and by a receiver
