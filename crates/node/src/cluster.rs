@@ -1,8 +1,9 @@
 //! Clustering for the `warren` node: the command line (`--peer-addr`,
-//! `--join`, `--transport`, `--cluster-secret-file`, `--cluster-ca-dir`,
-//! `--boot-wait`), starting [`warren_cluster::Cluster`] on its own runtime,
-//! and the broker's metadata kept in the cluster ([`ClusterStore`]) with
-//! every change made elsewhere replayed on the local broker ([`replay`]).
+//! `--join`, `--transport`, `--peer-tls`, `--cluster-secret-file`,
+//! `--cluster-ca-dir`, `--boot-wait`), starting [`warren_cluster::Cluster`]
+//! on its own runtime, and the broker's metadata kept in the cluster
+//! ([`ClusterStore`]) with every change made elsewhere replayed on the local
+//! broker ([`replay`]).
 //!
 //! Without `--peer-addr` none of this runs: the node is a single node with
 //! its metadata in a JSON file, as before. A node that ran alone and is then
@@ -58,13 +59,21 @@ pub(crate) struct ClusterArgs {
     /// The transport between nodes.
     #[arg(long, value_enum, default_value_t = PeerTransport::Tcp)]
     pub transport: PeerTransport,
+    /// TLS on TCP links between nodes: `on` encrypts them and has both ends
+    /// prove a certificate from the cluster CA; `off` sends all peer traffic
+    /// (messages, Raft) in the clear, for a trusted network only. QUIC is
+    /// always TLS. Every node of a cluster needs the same setting.
+    #[arg(long, value_enum, value_name = "on|off", default_value_t = PeerTls::On)]
+    pub peer_tls: PeerTls,
     /// A file holding the cluster secret (shared by every node; required
-    /// with `--peer-addr`).
+    /// with `--peer-addr`). Without `--cluster-ca-dir` the cluster CA is
+    /// derived from it too: make it long and random.
     #[arg(long, value_name = "FILE")]
     pub cluster_secret_file: Option<PathBuf>,
-    /// The cluster CA for `--transport quic`: `ca.crt` and `ca.key` in this
+    /// The cluster CA for TLS between nodes: `ca.crt` and `ca.key` in this
     /// directory. The first node to start with an empty directory creates
-    /// them; copy both files to every other host's directory.
+    /// them; copy both files to every other host's directory. Without it,
+    /// every node derives the same CA from the cluster secret.
     #[arg(long, value_name = "DIR")]
     pub cluster_ca_dir: Option<PathBuf>,
     /// How long a restarted node waits for a majority of its cluster before
@@ -81,10 +90,19 @@ pub(crate) struct ClusterArgs {
 /// The transports between nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum PeerTransport {
-    /// Plain TCP (the handshake proves the cluster secret).
+    /// TCP, with mutual TLS from the cluster CA unless `--peer-tls off`.
     Tcp,
-    /// QUIC with mutual TLS from the cluster CA (`--cluster-ca-dir`).
+    /// QUIC, always with mutual TLS from the cluster CA.
     Quic,
+}
+
+/// Whether TCP links between nodes run TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PeerTls {
+    /// Mutual TLS from the cluster CA.
+    On,
+    /// Plain TCP: only the handshake is authenticated (a trusted network only).
+    Off,
 }
 
 /// Reads the cluster secret; refuses a missing, unreadable or empty file.
@@ -121,10 +139,29 @@ fn ca_params() -> rcgen::CertificateParams {
     p
 }
 
+/// What the cluster secret is keyed with to derive the cluster CA's key.
+const DERIVED_CA_LABEL: &[u8] = b"warren-cluster-ca-v1";
+
+/// This node's certificate from the cluster CA: the one in `dir`
+/// (`--cluster-ca-dir`), or else the one every node derives from the cluster
+/// secret.
+fn node_identity(
+    dir: Option<&Path>,
+    secret: &ClusterSecret,
+    node: &str,
+) -> anyhow::Result<warren_tls::NodeIdentity> {
+    match dir {
+        Some(dir) => ca_dir_identity(dir, node),
+        None => warren_tls::ClusterCa::derive(&secret.derive_key(DERIVED_CA_LABEL))
+            .and_then(|ca| ca.issue(node))
+            .context("issuing the node certificate from the CA derived from the cluster secret"),
+    }
+}
+
 /// Loads the cluster CA from `dir` (`ca.crt`, `ca.key`), creating it if
 /// the directory has none (one node creates it; others starting at the same
 /// time wait for it), and issues this node's identity from it.
-pub(crate) fn node_identity(dir: &Path, node: &str) -> anyhow::Result<warren_tls::NodeIdentity> {
+fn ca_dir_identity(dir: &Path, node: &str) -> anyhow::Result<warren_tls::NodeIdentity> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating the cluster CA directory {}", dir.display()))?;
     let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
@@ -238,38 +275,57 @@ pub(crate) struct Transports {
     broker: Arc<dyn Transport>,
 }
 
-/// The transports between nodes as `--transport` asks for, both with this
-/// node's identity. The broker's GM rings and forwarding links dial with a
-/// transport of their own: a QUIC endpoint's socket is driven on the runtime
-/// that made it, and Raft's runtime is not the broker's.
+/// The transports between nodes as `--transport` and `--peer-tls` ask for,
+/// both with this node's identity. The broker's GM rings and forwarding
+/// links dial with a transport of their own: a QUIC endpoint's socket is
+/// driven on the runtime that made it, and Raft's runtime is not the broker's.
 fn peer_transports(
     args: &ClusterArgs,
     tc: &TransportConfig,
     node_name: &str,
     ip: IpAddr,
 ) -> anyhow::Result<Transports> {
-    let (cluster, broker): (Arc<dyn Transport>, Arc<dyn Transport>) = match args.transport {
-        PeerTransport::Tcp => (
-            Arc::new(warren_transport_tcp::TcpTransport::new(tc.clone())),
-            Arc::new(warren_transport_tcp::TcpTransport::new(tc.clone())),
-        ),
-        PeerTransport::Quic => {
-            let dir = args.cluster_ca_dir.as_deref().context(
-                "--transport quic needs --cluster-ca-dir DIR (holding, or to hold, ca.crt and ca.key)",
-            )?;
-            let id = node_identity(dir, node_name)?;
-            let options = if ip.is_loopback() {
-                warren_transport_quic::QuicOptions::loopback()
-            } else {
-                warren_transport_quic::QuicOptions::default()
-            };
-            let quic = || {
-                warren_transport_quic::QuicTransport::new(tc.clone(), &id, &options)
-                    .context("starting the QUIC transport")
-            };
-            (Arc::new(quic()?), Arc::new(quic()?))
-        }
-    };
+    use warren_transport_quic::{QuicOptions, QuicTransport};
+    use warren_transport_tcp::TcpTransport;
+    let identity = || node_identity(args.cluster_ca_dir.as_deref(), &tc.secret, node_name);
+    let (cluster, broker): (Arc<dyn Transport>, Arc<dyn Transport>) =
+        match (args.transport, args.peer_tls) {
+            (PeerTransport::Tcp, PeerTls::Off) => {
+                tracing::warn!(
+                    "--peer-tls off: traffic between nodes (messages, Raft) is neither encrypted \
+                     nor authenticated after the handshake; use it on a trusted network only"
+                );
+                (
+                    Arc::new(TcpTransport::new(tc.clone())),
+                    Arc::new(TcpTransport::new(tc.clone())),
+                )
+            }
+            (PeerTransport::Tcp, PeerTls::On) => {
+                let id = identity()?;
+                let tcp = || {
+                    TcpTransport::with_tls(tc.clone(), &id).context("setting up TLS between nodes")
+                };
+                (Arc::new(tcp()?), Arc::new(tcp()?))
+            }
+            (PeerTransport::Quic, PeerTls::Off) => {
+                anyhow::bail!(
+                    "--peer-tls off is for --transport tcp: QUIC between nodes is always TLS"
+                )
+            }
+            (PeerTransport::Quic, PeerTls::On) => {
+                let id = identity()?;
+                let options = if ip.is_loopback() {
+                    QuicOptions::loopback()
+                } else {
+                    QuicOptions::default()
+                };
+                let quic = || {
+                    QuicTransport::new(tc.clone(), &id, &options)
+                        .context("starting the QUIC transport")
+                };
+                (Arc::new(quic()?), Arc::new(quic()?))
+            }
+        };
     Ok(Transports { cluster, broker })
 }
 

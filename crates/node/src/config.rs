@@ -16,7 +16,7 @@ use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::{Broker, DiskLimit, MemoryLimit, parse_size};
 
 use crate::Args;
-use crate::cluster::PeerTransport;
+use crate::cluster::{PeerTls, PeerTransport};
 
 /// The environment variable naming the configuration file (`--config` wins).
 pub(crate) const CONFIG_FILE_VAR: &str = "WARREN_CONFIG_FILE";
@@ -38,6 +38,7 @@ pub(crate) const ENV_KEYS: &[(&str, &str)] = &[
     ("WARREN_PEER_ADDR", "cluster.peer_addr"),
     ("WARREN_JOIN", "cluster_formation.classic_config.nodes.1"),
     ("WARREN_TRANSPORT", "cluster.transport"),
+    ("WARREN_PEER_TLS", "cluster.peer_tls"),
     ("WARREN_CLUSTER_SECRET_FILE", "cluster.secret_file"),
     ("WARREN_CLUSTER_CA_DIR", "cluster.ca_dir"),
     ("WARREN_BOOT_WAIT", "cluster.boot_wait"),
@@ -109,6 +110,8 @@ pub(crate) struct Settings {
     pub secret_file: Option<PathBuf>,
     /// `cluster.transport`.
     pub transport: Option<PeerTransport>,
+    /// `cluster.peer_tls`.
+    pub peer_tls: Option<PeerTls>,
     /// `cluster.ca_dir`.
     pub ca_dir: Option<PathBuf>,
     /// `cluster.boot_wait`, seconds.
@@ -202,6 +205,13 @@ impl Settings {
                     "tcp" => PeerTransport::Tcp,
                     "quic" => PeerTransport::Quic,
                     _ => return Err(format!("{v:?} is not a transport (tcp or quic)")),
+                });
+            }
+            "cluster.peer_tls" => {
+                self.peer_tls = Some(match v {
+                    "on" => PeerTls::On,
+                    "off" => PeerTls::Off,
+                    _ => return Err(format!("{v:?} is neither on nor off")),
                 });
             }
             "cluster.ca_dir" => self.ca_dir = Some(PathBuf::from(non_empty(v)?)),
@@ -394,6 +404,7 @@ impl Settings {
             peer_addr: self.peer_addr.or(lower.peer_addr),
             secret_file: self.secret_file.or(lower.secret_file),
             transport: self.transport.or(lower.transport),
+            peer_tls: self.peer_tls.or(lower.peer_tls),
             ca_dir: self.ca_dir.or(lower.ca_dir),
             boot_wait: self.boot_wait.or(lower.boot_wait),
             net_ticktime: self.net_ticktime.or(lower.net_ticktime),
@@ -488,6 +499,7 @@ pub(crate) fn merge(
     let seed = s.seeds.first().map(|(_, a)| Some(a.clone()));
     fill(&mut c.join, seed, matches, "join");
     fill(&mut c.transport, s.transport, matches, "transport");
+    fill(&mut c.peer_tls, s.peer_tls, matches, "peer_tls");
     fill(
         &mut c.cluster_secret_file,
         s.secret_file.clone().map(Some),
@@ -575,6 +587,7 @@ mod tests {
              cluster.peer_addr = 10.0.0.1:25672\n\
              cluster.secret_file = {secret}\n\
              cluster.transport = quic\n\
+             cluster.peer_tls = off\n\
              cluster.ca_dir = /etc/warren/ca\n\
              cluster.boot_wait = 30\n\
              net_ticktime = 15\n\
@@ -607,6 +620,7 @@ mod tests {
         assert_eq!(s.peer_addr.as_deref(), Some("10.0.0.1:25672"));
         assert_eq!(s.secret_file, Some(PathBuf::from(&secret)));
         assert_eq!(s.transport, Some(PeerTransport::Quic));
+        assert_eq!(s.peer_tls, Some(PeerTls::Off));
         assert_eq!(s.ca_dir, Some(PathBuf::from("/etc/warren/ca")));
         assert_eq!(s.boot_wait, Some(30));
         assert_eq!(s.net_ticktime, Some(15));
@@ -717,6 +731,7 @@ mod tests {
                 "is not a readable file",
             ),
             ("cluster.transport = udp", "tcp or quic"),
+            ("cluster.peer_tls = yes", "neither on nor off"),
             ("cluster.ca_dir =", "the value is empty"),
             ("cluster.boot_wait = 5m", "is not a number of seconds"),
             ("net_ticktime = 0", "is not a positive number of seconds"),
@@ -853,6 +868,7 @@ mod tests {
                 ("WARREN_PEER_ADDR", "127.0.0.1:25800"),
                 ("WARREN_JOIN", "127.0.0.1:25801"),
                 ("WARREN_TRANSPORT", "quic"),
+                ("WARREN_PEER_TLS", "off"),
                 ("WARREN_CLUSTER_SECRET_FILE", s),
                 ("WARREN_CLUSTER_CA_DIR", "/ca"),
                 ("WARREN_DEFAULT_USER", "admin"),
@@ -867,6 +883,7 @@ mod tests {
         assert_eq!(a.cluster.peer_addr.as_deref(), Some("127.0.0.1:25800"));
         assert_eq!(a.cluster.join.as_deref(), Some("127.0.0.1:25801"));
         assert_eq!(a.cluster.transport, PeerTransport::Quic);
+        assert_eq!(a.cluster.peer_tls, PeerTls::Off);
         assert_eq!(a.cluster.cluster_secret_file, Some(secret.clone()));
         assert_eq!(a.cluster.cluster_ca_dir, Some(PathBuf::from("/ca")));
         assert_eq!(a.settings.default_user.as_deref(), Some("admin"));

@@ -302,27 +302,31 @@ fn a_single_node_becomes_the_first_cluster_member_with_its_queues() {
     );
 }
 
+/// Runs a clustered node with data in `root` and `extra` flags, for a
+/// command line it refuses (so it exits).
+fn run_refused(root: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--prometheus-addr",
+            "127.0.0.1:0",
+            "--peer-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(root.join("d"))
+        .args(extra)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run warren")
+}
+
 #[test]
 fn refuses_a_missing_or_empty_secret() {
     let root = tempfile::tempdir().unwrap();
     let empty = root.path().join("empty");
     std::fs::write(&empty, "  \n").unwrap();
-    let run = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_warren"))
-            .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args([
-                "--prometheus-addr",
-                "127.0.0.1:0",
-                "--peer-addr",
-                "127.0.0.1:0",
-            ])
-            .arg("--data-dir")
-            .arg(root.path().join("d"))
-            .args(extra)
-            .env("RUST_LOG", "error")
-            .output()
-            .expect("run warren")
-    };
+    let run = |extra: &[&str]| run_refused(root.path(), extra);
     let out = run(&["--cluster-secret-file", empty.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -336,4 +340,27 @@ fn refuses_a_missing_or_empty_secret() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--cluster-secret-file"), "{err}");
+}
+
+/// `--peer-tls off` is for TCP: a QUIC node refuses to start with it.
+#[test]
+fn refuses_peer_tls_off_with_quic() {
+    let root = tempfile::tempdir().unwrap();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "s").unwrap();
+    let secret = secret.to_str().unwrap();
+    let out = run_refused(
+        root.path(),
+        &[
+            "--transport",
+            "quic",
+            "--peer-tls",
+            "off",
+            "--cluster-secret-file",
+            secret,
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("QUIC between nodes is always TLS"), "{err}");
 }
