@@ -214,9 +214,8 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
 /// Runs every workload for `duration` seconds against one Warren node, then
 /// against one RabbitMQ node when it is installed.
 pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow>> {
-    crate::step(
+    crate::cargo_step(
         "build warren and the load generator (release)",
-        "cargo",
         &[
             "build",
             "--release",

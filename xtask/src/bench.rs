@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::{Context, bail};
 
@@ -85,7 +85,7 @@ pub(crate) fn transports(root: &Path, quick: bool) -> anyhow::Result<Transports>
     if quick {
         args.push("--quick");
     }
-    crate::step("transport bench", "cargo", &args)?;
+    crate::cargo_step("transport bench", &args)?;
 
     let mut table = String::new();
     writeln!(
@@ -128,10 +128,9 @@ pub(crate) fn transports(root: &Path, quick: bool) -> anyhow::Result<Transports>
 /// Runs `cargo args…` (with `envs`), echoing its stdout while collecting it.
 fn cargo_captured(name: &str, args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<String> {
     println!("==> {name}: cargo {}", args.join(" "));
-    let mut child = Command::new("cargo")
+    let mut child = crate::cargo()
         .args(args)
         .envs(envs.iter().copied())
-        .current_dir(crate::workspace_root())
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("could not start cargo for `{name}`"))?;

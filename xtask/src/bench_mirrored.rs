@@ -79,9 +79,8 @@ fn release_dir(root: &Path) -> PathBuf {
 }
 
 fn build() -> anyhow::Result<()> {
-    crate::step(
+    crate::cargo_step(
         "build warren and the load generator (release)",
-        "cargo",
         &[
             "build",
             "--release",

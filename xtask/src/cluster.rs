@@ -65,9 +65,8 @@ fn up(root: &Path, flags: &[&str]) -> anyhow::Result<()> {
         );
     }
     println!("[1/4] building warren and warrenctl (release)…");
-    crate::step(
+    crate::cargo_step(
         "build",
-        "cargo",
         &[
             "build",
             "--release",

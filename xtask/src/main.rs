@@ -67,14 +67,54 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs one step, printing it first, failing with its name if it fails.
-fn step(name: &str, program: &str, args: &[&str]) -> anyhow::Result<()> {
-    println!("==> {name}: {program} {}", args.join(" "));
-    let status = Command::new(program)
+/// Variables `cargo run` (the `cargo xtask` alias) sets for the program it
+/// runs: they describe the xtask package and its build, not the user's.
+/// A cargo started with them sees a changed environment — build scripts
+/// such as ring's rerun when `CARGO_PKG_NAME` or `CARGO_MANIFEST_DIR`
+/// change — and rebuilds what a plain `cargo build` had built.
+const PACKAGE_VARS: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_MANIFEST_LINKS",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
+/// Prefixes of further such variables (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`…,
+/// `CARGO_BIN_EXE_<name>` in tests).
+const PACKAGE_VAR_PREFIXES: &[&str] = &["CARGO_PKG_", "CARGO_BIN_EXE_"];
+
+/// Whether `name` is one of the variables `cargo run` set for the xtask.
+fn is_package_var(name: &str) -> bool {
+    PACKAGE_VARS.contains(&name) || PACKAGE_VAR_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// A `cargo` command in the workspace root with the xtask's package
+/// variables removed, so that it shares its build with a plain `cargo
+/// build` run from a shell. Every cargo the xtask starts is made here.
+fn cargo() -> Command {
+    let mut cmd = Command::new("cargo");
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_package_var) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs `cargo args…` as one step, printing it first, failing with its name
+/// if it fails.
+fn cargo_step(name: &str, args: &[&str]) -> anyhow::Result<()> {
+    println!("==> {name}: cargo {}", args.join(" "));
+    let status = cargo()
         .args(args)
-        .current_dir(workspace_root())
         .status()
-        .with_context(|| format!("could not start `{program}` for step `{name}`"))?;
+        .with_context(|| format!("could not start cargo for step `{name}`"))?;
     if !status.success() {
         bail!("step `{name}` failed ({status})");
     }
@@ -83,10 +123,9 @@ fn step(name: &str, program: &str, args: &[&str]) -> anyhow::Result<()> {
 
 /// The test command: everything CI checks, in the order that fails fastest.
 fn test(rest: &[&str]) -> anyhow::Result<()> {
-    step("format", "cargo", &["fmt", "--all", "--check"])?;
-    step(
+    cargo_step("format", &["fmt", "--all", "--check"])?;
+    cargo_step(
         "clippy",
-        "cargo",
         &[
             "clippy",
             "--workspace",
@@ -97,18 +136,46 @@ fn test(rest: &[&str]) -> anyhow::Result<()> {
         ],
     )?;
     if !rest.contains(&"--no-deny") {
-        step(
-            "deny",
-            "cargo",
-            &["deny", "check", "bans", "licenses", "sources"],
-        )?;
+        cargo_step("deny", &["deny", "check", "bans", "licenses", "sources"])?;
     }
-    step(
+    cargo_step(
         "tests",
-        "cargo",
         &["nextest", "run", "--workspace", "--no-fail-fast"],
     )?;
-    step("doc tests", "cargo", &["test", "--workspace", "--doc"])?;
+    cargo_step("doc tests", &["test", "--workspace", "--doc"])?;
     println!("==> all checks passed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_package_var;
+
+    #[test]
+    fn package_variables_are_recognised_and_settings_kept() {
+        for v in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_BIN_EXE_warren",
+            "OUT_DIR",
+        ] {
+            assert!(is_package_var(v), "{v}");
+        }
+        // The user's own settings reach the inner cargo unchanged.
+        for v in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "CARGO_INCREMENTAL",
+            "RUSTFLAGS",
+            "PATH",
+        ] {
+            assert!(!is_package_var(v), "{v}");
+        }
+    }
 }

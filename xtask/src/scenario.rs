@@ -54,7 +54,7 @@ impl Bins {
     /// Builds both (debug profile) into the target directory `target` and
     /// returns their paths there.
     pub(crate) fn build(root: &Path, target: &Path) -> anyhow::Result<Self> {
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let status = crate::cargo()
             .args(["build", "-p", "warren-node", "-p", "warren-ctl", "--bins"])
             .env("CARGO_TARGET_DIR", target)
             .current_dir(root)
