@@ -18,7 +18,7 @@ mod links;
 mod mirroring;
 mod resources;
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -95,6 +95,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: a log file reads plain.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
