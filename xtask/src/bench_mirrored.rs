@@ -9,7 +9,7 @@
 //! (by their pid), `epmd` included when RabbitMQ started it.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,7 +25,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::Value;
 
-use crate::node::{NodeArgs, wait_ready};
+use crate::node::{NodeArgs, http, http_json, wait_ready};
 
 /// Warren node *i* (1-based) listens on these ports plus *i*.
 const WARREN_AMQP: u16 = 5910;
@@ -140,53 +140,6 @@ fn eventually(
     }
 }
 
-/// One HTTP/1.1 request as guest; returns the status and the (de-chunked) body.
-fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut response = Vec::new();
-    s.read_to_end(&mut response)?;
-    let response = String::from_utf8_lossy(&response);
-    let (head, rest) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("{method} {path} on {addr}: no status in {head:?}"))?;
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let mut text = String::new();
-    if chunked {
-        let mut rest = rest;
-        while let Some((size, after)) = rest.split_once("\r\n") {
-            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if size == 0 || after.len() < size {
-                break;
-            }
-            text.push_str(&after[..size]);
-            rest = after[size..].trim_start_matches("\r\n");
-        }
-    } else {
-        text.push_str(rest);
-    }
-    Ok((status, text))
-}
-
-fn http_json(addr: &str, path: &str) -> anyhow::Result<Option<Value>> {
-    let (status, text) = http(addr, "GET", path, None)?;
-    if status != 200 {
-        return Ok(None);
-    }
-    Ok(Some(serde_json::from_str(&text)?))
-}
-
 fn list_len(v: &Value, key: &str) -> usize {
     v.get(key).and_then(Value::as_array).map_or(0, Vec::len)
 }
@@ -290,7 +243,7 @@ fn warren_cluster(
             http: format!("127.0.0.1:{}", WARREN_HTTP + i),
             child,
         });
-        wait_ready(stdout, &name, Duration::from_secs(120))
+        wait_ready(stdout, &name, Duration::from_secs(120), None)
             .with_context(|| format!("see {}", dir.join(format!("node{i}.log")).display()))?;
     }
     let first = nodes[0].http.clone();

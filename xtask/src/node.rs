@@ -1,11 +1,16 @@
 //! Starting `warren` processes: the flags every xtask that runs a cluster
-//! gives a node, and the wait for the node's "ready" line on its stdout.
+//! gives a node, the wait for the node's "ready" line on its stdout, and
+//! calls to its management API.
 
-use std::io::{BufRead as _, BufReader, Read};
+use std::io::{BufRead as _, BufReader, Read, Write as _};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
 
 /// Where one node listens, keeps its data and finds its cluster.
 pub(crate) struct NodeArgs<'a> {
@@ -72,20 +77,83 @@ pub(crate) fn ready_signal(stdout: impl Read + Send + 'static) -> mpsc::Receiver
     rx
 }
 
-/// Waits for a node's "ready" line (see [`ready_signal`]).
+/// Waits for a node's "ready" line (see [`ready_signal`]), at most `limit`;
+/// gives up early when `stop` receives.
 pub(crate) fn wait_ready(
     stdout: impl Read + Send + 'static,
     name: &str,
     limit: Duration,
+    stop: Option<&mpsc::Receiver<()>>,
 ) -> anyhow::Result<()> {
-    ready_signal(stdout)
-        .recv_timeout(limit)
-        .map_err(|e| match e {
-            mpsc::RecvTimeoutError::Timeout => {
-                anyhow::anyhow!("{name} did not become ready within {limit:?}")
+    let ready = ready_signal(stdout);
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ready.recv_timeout(left.min(Duration::from_millis(200))) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("{name} exited before it was ready")
             }
-            mpsc::RecvTimeoutError::Disconnected => {
-                anyhow::anyhow!("{name} exited before it was ready")
+            Err(mpsc::RecvTimeoutError::Timeout) if left.is_zero() => {
+                bail!("{name} did not become ready within {limit:?}")
             }
-        })
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if stop.is_some_and(|s| s.try_recv().is_ok()) {
+            bail!("stopped while waiting for {name} to be ready");
+        }
+    }
+}
+
+/// One HTTP/1.1 request as guest; returns the status and the (de-chunked) body.
+pub(crate) fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = Vec::new();
+    s.read_to_end(&mut response)?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, rest) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("{method} {path} on {addr}: no status in {head:?}"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let mut text = String::new();
+    if chunked {
+        let mut rest = rest;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if size == 0 || after.len() < size {
+                break;
+            }
+            text.push_str(&after[..size]);
+            rest = after[size..].trim_start_matches("\r\n");
+        }
+    } else {
+        text.push_str(rest);
+    }
+    Ok((status, text))
+}
+
+/// `GET path` as guest: the JSON body if the answer is 200 OK.
+pub(crate) fn http_json(addr: &str, path: &str) -> anyhow::Result<Option<Value>> {
+    let (status, text) = http(addr, "GET", path, None)?;
+    if status != 200 {
+        return Ok(None);
+    }
+    Ok(Some(serde_json::from_str(&text)?))
 }
