@@ -406,6 +406,31 @@ impl Broker {
             .map(|c| (c.remote_cid, c.clone()))
             .collect();
         if let Some(m) = master {
+            // Other nodes' consumers came here over their links because this
+            // node was the master; their nodes now forward them to the new
+            // master themselves. Passed on from here, the new master's
+            // deliveries would come back through this node to a consumer
+            // its own node no longer knows, and sit unacknowledged for ever.
+            let (theirs, ours): (Vec<Consumer>, Vec<Consumer>) = std::mem::take(&mut q.consumers)
+                .into_iter()
+                .partition(|c| self.conns.get(&c.conn).is_some_and(|x| x.link.is_some()));
+            q.consumers = ours;
+            for c in theirs {
+                if let Some(ch) = self
+                    .conns
+                    .get_mut(&c.conn)
+                    .and_then(|x| x.channels.get_mut(&c.channel))
+                {
+                    ch.consumers.remove(&c.tag);
+                }
+            }
+            let Some(q) = self
+                .vhosts
+                .get_mut(vhost)
+                .and_then(|v| v.queues.get_mut(name))
+            else {
+                return;
+            };
             for c in q.consumers.iter_mut() {
                 if c.remote_cid == 0 {
                     c.remote_cid = self.links.next();

@@ -51,6 +51,8 @@ pub(crate) type Handler =
 
 struct Link {
     serial: u64,
+    /// When it was adopted.
+    born: Instant,
     peer: NodeName,
     dialer: NodeName,
     tx: mpsc::Sender<Bytes>,
@@ -244,6 +246,7 @@ impl Peers {
         let (close_tx, close_rx) = watch::channel(false);
         let link = Arc::new(Link {
             serial: self.inner.next.fetch_add(1, Ordering::Relaxed),
+            born: Instant::now(),
             peer: peer.clone(),
             dialer,
             tx,
@@ -385,11 +388,23 @@ impl Peers {
         if self.is_stopped() {
             return Err(unreachable("this node is stopping".into()));
         }
-        if let Some(p) = peer
-            && let Some(l) = lock(&self.inner.links).get(p)
-            && !l.is_closed()
-        {
-            return Ok(l.clone());
+        if let Some(p) = peer {
+            let open = lock(&self.inner.links)
+                .get(p)
+                .filter(|l| !l.is_closed())
+                .cloned();
+            if let Some(l) = open {
+                if !self.stale(&l) {
+                    return Ok(l);
+                }
+                // Nothing came over it for `silent_after`: after a cut, a TCP
+                // connection can stay open but carry nothing for tens of
+                // seconds of retransmission back-off, while a new one gets
+                // through as soon as the network does. Dial afresh (the dial
+                // fails fast while the cut lasts).
+                tracing::debug!(node = %self.inner.me, peer = %p, "replacing a silent connection");
+                self.drop_link_if(p, l.serial);
+            }
         }
         // One dial at a time per address (a dead peer never holds up the others).
         let dial_lock = lock(&self.inner.dialing)
@@ -535,6 +550,26 @@ impl Peers {
                     after: timeout,
                 })
             })
+    }
+
+    /// Whether `link` has carried nothing from its peer for `silent_after`
+    /// (and is at least that old).
+    fn stale(&self, link: &Link) -> bool {
+        let after = self.inner.silent_after;
+        link.born.elapsed() >= after
+            && self
+                .last_seen(&link.peer)
+                .is_none_or(|t| t.elapsed() >= after)
+    }
+
+    /// Closes the connection to `peer` if it is still the one numbered `serial`.
+    fn drop_link_if(&self, peer: &NodeName, serial: u64) {
+        let mut links = lock(&self.inner.links);
+        if links.get(peer).is_some_and(|l| l.serial == serial)
+            && let Some(l) = links.remove(peer)
+        {
+            l.close();
+        }
     }
 
     /// Closes the connection to `peer`, if any.

@@ -342,3 +342,110 @@ fn isolating_the_master_loses_no_confirmed_message() {
         "repeated without the redelivered flag: {unflagged:?}"
     );
 }
+
+/// Confirms through `tag` (the node's publisher) after `from`.
+fn confirmed_after(h: &Mutex<History>, tag: &str, from: Instant) -> usize {
+    h.lock()
+        .unwrap()
+        .confirmed
+        .iter()
+        .filter(|(body, (_, at))| body.starts_with(tag) && *at > from)
+        .count()
+}
+
+#[test]
+fn a_cut_between_the_master_and_one_mirror_heals() {
+    let Some(ns) = Netns::enter_new(&format!("warren-cut2-{}", std::process::id())) else {
+        return;
+    };
+    let root = peers::test_root();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "partition-test-secret\n").unwrap();
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let dir = |n: &str| root.path().join(n);
+    let a = Peer::start_on(ips[0], "warren@a", &dir("a"), &secret, None, &[]);
+    let join = Some(a.peers.as_str());
+    let b = Peer::start_on(ips[1], "warren@b", &dir("b"), &secret, join, &[]);
+    let c = Peer::start_on(ips[2], "warren@c", &dir("c"), &secret, join, &[]);
+    for n in [&a, &b, &c] {
+        eventually("three running members", || {
+            names(&n.get("/api/cluster"), "running_nodes").len() == 3
+        });
+    }
+    set_ha_all(&a);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &a, QUEUE);
+    eventually("a master on a and two synchronised mirrors", || {
+        let q = queue(&a);
+        q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
+    });
+    // Publishers on b (cut from the master) and c (not cut), forwarded to
+    // the master on a; the consumer on c.
+    let h = Arc::new(Mutex::new(History::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let pub_b = rt.spawn(publish(b.amqp_url(), "b-", stop.clone(), h.clone()));
+    let pub_c = rt.spawn(publish(c.amqp_url(), "c-", stop.clone(), h.clone()));
+    let consumer = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
+    std::thread::sleep(Duration::from_secs(2));
+    // a and b cannot reach each other; both still reach c (a keeps its
+    // majority through c). Twice, 20 s each (WARREN_CUTS, WARREN_CUT_SECS).
+    let cut_secs: u64 = std::env::var("WARREN_CUT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let cuts: u32 = std::env::var("WARREN_CUTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    for i in 0..cuts {
+        if i > 0 {
+            std::thread::sleep(Duration::from_secs(10));
+        }
+        for (s, d) in [(ips[0], ips[1]), (ips[1], ips[0])] {
+            ns.iptables(&["-A", "INPUT", "-s", s, "-d", d, "-j", "DROP"])
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_secs(cut_secs));
+        ns.iptables(&["-F", "INPUT"]).unwrap();
+    }
+    let healed_at = Instant::now();
+    // Liveness: both publishers are confirmed again, and the consumer
+    // receives what they publish.
+    wait_for("confirms through b after the heal", || {
+        confirmed_after(&h, "b-", healed_at + Duration::from_secs(1)) > 100
+    });
+    wait_for("confirms through c after the heal", || {
+        confirmed_after(&h, "c-", healed_at + Duration::from_secs(1)) > 100
+    });
+    let delivered_at_heal = h.lock().unwrap().delivered.len();
+    wait_for("deliveries after the heal", || {
+        h.lock().unwrap().delivered.len() > delivered_at_heal + 200
+    });
+    stop.store(true, Ordering::SeqCst);
+    rt.block_on(pub_b).unwrap();
+    rt.block_on(pub_c).unwrap();
+    // The consumer drains the backlog (liveness), then ends after 5 s
+    // without deliveries.
+    let mut last = Value::Null;
+    let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the queue to be drained", || {
+            last = queue(&c);
+            last["messages"] == 0
+        });
+    }));
+    assert!(drained.is_ok(), "not drained: {last}");
+    rt.block_on(consumer).unwrap();
+    let h = h.lock().unwrap();
+    let delivered: std::collections::BTreeSet<&str> =
+        h.delivered.iter().map(|(b, _)| b.as_str()).collect();
+    let lost: Vec<&String> = h
+        .confirmed
+        .keys()
+        .filter(|b| !delivered.contains(b.as_str()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} confirmed messages lost: {lost:?}",
+        lost.len()
+    );
+}
