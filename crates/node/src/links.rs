@@ -221,6 +221,9 @@ impl NodeLink {
         // and until an Up one (a node never reported down is dialed).
         let mut events = self.cluster.subscribe();
         let mut down = false;
+        // Whether the last attempt failed: an outage is logged once, at
+        // its start and at its end, not once per batch.
+        let mut failing = false;
         while let Some(batch) = rx.recv().await {
             down = latest_report(&mut events, node).unwrap_or(down);
             let Some(msgs) = batch else {
@@ -270,9 +273,17 @@ impl NodeLink {
                             let _ = tx.feed(Bytes::from(v));
                         }
                         conn = Some((addr.clone().unwrap_or_default(), tx));
+                        if std::mem::take(&mut failing) {
+                            tracing::info!(%node, "forwarding link to node restored");
+                        }
                     }
                     None => {
-                        tracing::warn!(%node, "cannot reach node for forwarded queue work");
+                        if failing {
+                            tracing::debug!(%node, "cannot reach node for forwarded queue work");
+                        } else {
+                            tracing::warn!(%node, "cannot reach node for forwarded queue work; failing it until the link is back");
+                            failing = true;
+                        }
                         // What queued meanwhile is lost with this attempt.
                         while rx.try_recv().is_ok() {}
                         lock(&self.broker).link_down(node, now_ms());
