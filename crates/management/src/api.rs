@@ -16,7 +16,7 @@ use warren_broker::{Broker, ConnectionInfo, ConsumerInfo, QueueInfo, json_to_tab
 use warren_policy::{Policy, PolicyKind, PolicySet, PolicySpec};
 
 use crate::access::{self, AuthUser};
-use crate::{Management, QueueMirrors, defs};
+use crate::{Management, QueueMirrors, defs, process};
 
 /// An API error: status plus RabbitMQ's `{"error":…,"reason":…}` body.
 #[derive(Debug)]
@@ -309,6 +309,15 @@ fn node_totals(s: &Management, b: &Broker) -> Value {
     if let Some(a) = s.http_addr {
         listeners.push(json!({"node": s.node, "protocol": "http", "ip_address": a.ip().to_string(), "port": a.port()}));
     }
+    // Every member's peer listener, as the cluster's membership records it.
+    if let Some(c) = &s.cluster {
+        for m in c.status().members {
+            let (host, port) = host_and_port(&m.addr);
+            listeners.push(
+                json!({"node": m.name, "protocol": "clustering", "ip_address": host, "port": port}),
+            );
+        }
+    }
     let contexts: Vec<Value> = s
         .http_addr
         .map(|a| json!({"node": s.node, "description": "Warren Management", "path": "/", "port": a.port().to_string()}))
@@ -382,15 +391,10 @@ async fn cluster_name(State(s): State<Management>) -> Response {
     ok(json!({"name": s.node}))
 }
 
-pub(crate) fn fd_used() -> u64 {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
-}
-
 fn node_json(s: &Management) -> Value {
     let b = s.broker();
-    let o = b.overview();
     let r = b.resources();
-    json!({
+    let mut node = json!({
         "name": s.node,
         "type": "disc",
         "running": true,
@@ -402,20 +406,65 @@ fn node_json(s: &Management) -> Value {
         "disk_free": r.sample.disk_free,
         "disk_free_limit": r.disk_free_limit,
         "disk_free_alarm": r.disk_alarm,
-        "fd_used": fd_used(),
-        "fd_total": 1_048_576,
-        "sockets_used": o.connections,
-        "proc_used": 0,
         "processors": std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         "uptime": u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "partitions": [],
-        "cluster_links": [],
+        "cluster_links": cluster_links(s),
         "rates_mode": "none",
         "being_drained": false,
-    })
+    });
+    // What cannot be read is left out, not shown as 0.
+    if let Value::Object(n) = &mut node {
+        if let Some((fds, sockets)) = process::fds_and_sockets() {
+            n.insert("fd_used".into(), fds.into());
+            n.insert("sockets_used".into(), sockets.into());
+        }
+        if let Some(limit) = process::fd_limit() {
+            n.insert("fd_total".into(), limit.into());
+        }
+        if let Some(tasks) = process::tasks_alive() {
+            n.insert("proc_used".into(), tasks.into());
+        }
+    }
+    node
 }
 
-/// This node in full, then the other cluster members as the cluster sees them.
+/// A peer address `host:port` as its two parts (the port `null` if there
+/// is none).
+fn host_and_port(addr: &str) -> (&str, Option<u16>) {
+    match addr.rsplit_once(':') {
+        Some((host, port)) => match port.parse() {
+            Ok(port) => (
+                host.trim_start_matches('[').trim_end_matches(']'),
+                Some(port),
+            ),
+            Err(_) => (addr, None),
+        },
+        None => (addr, None),
+    }
+}
+
+/// RabbitMQ's `cluster_links`: the other members this node hears from (the
+/// failure detector's running members), each with its peer address. Byte
+/// counts are not kept, so they are not shown.
+fn cluster_links(s: &Management) -> Vec<Value> {
+    let Some(c) = &s.cluster else {
+        return Vec::new();
+    };
+    c.status()
+        .members
+        .iter()
+        .filter(|m| m.running && m.name != s.node)
+        .map(|m| {
+            let (host, port) = host_and_port(&m.addr);
+            json!({"name": m.name, "peer_addr": host, "peer_port": port})
+        })
+        .collect()
+}
+
+/// This node in full, then the other cluster members as the cluster sees
+/// them (what only a node knows of itself — its links, partitions, process
+/// — is not shown for the others).
 fn all_nodes(s: &Management) -> Vec<Value> {
     let mut out = vec![node_json(s)];
     if let Some(c) = &s.cluster {
@@ -434,8 +483,6 @@ fn all_nodes(s: &Management) -> Vec<Value> {
                 "disk_free_alarm": a.disk,
                 "peer_addr": m.addr,
                 "voter": m.voter,
-                "partitions": [],
-                "cluster_links": [],
             }));
         }
     }

@@ -29,6 +29,7 @@ mod defs;
 mod metrics;
 mod node;
 mod openapi;
+mod process;
 mod web;
 
 use std::fmt;

@@ -289,13 +289,15 @@ pub fn render(s: &Management) -> String {
         family(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
     }
-    family(
-        &mut out,
-        "rabbitmq_process_open_fds",
-        "gauge",
-        "Open file descriptors",
-    );
-    let _ = writeln!(out, "rabbitmq_process_open_fds {}", crate::api::fd_used());
+    if let Some((fds, _)) = crate::process::fds_and_sockets() {
+        family(
+            &mut out,
+            "rabbitmq_process_open_fds",
+            "gauge",
+            "Open file descriptors",
+        );
+        let _ = writeln!(out, "rabbitmq_process_open_fds {fds}");
+    }
     out
 }
 

@@ -1,0 +1,91 @@
+//! What the node's process uses, as `/api/nodes` and `/metrics` show it:
+//! file descriptors and sockets (Linux's `/proc/self`), the open-files
+//! limit, and the tokio tasks alive. Each is `None` where it cannot be read:
+//! the API then leaves the field out rather than show a made-up number.
+
+/// Open file descriptors and, among them, sockets (`/proc/self/fd`, whose
+/// links read `socket:[inode]` for a socket): RabbitMQ's `fd_used` and
+/// `sockets_used`. Every socket counts: client connections, listeners,
+/// peer, ring and forwarding links, HTTP requests in progress.
+pub(crate) fn fds_and_sockets() -> Option<(u64, u64)> {
+    let mut fds = 0;
+    let mut sockets = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").ok()? {
+        let Ok(entry) = entry else { continue };
+        fds += 1;
+        if std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        {
+            sockets += 1;
+        }
+    }
+    Some((fds, sockets))
+}
+
+/// The process's open-files limit (the soft `RLIMIT_NOFILE`, from
+/// `/proc/self/limits`): RabbitMQ's `fd_total`. `None` when unlimited.
+pub(crate) fn fd_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    parse_fd_limit(&limits)
+}
+
+/// The soft limit on the "Max open files" line of a `/proc/PID/limits` text.
+fn parse_fd_limit(limits: &str) -> Option<u64> {
+    let rest = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Tasks alive on the tokio runtime that runs the caller — for the API's
+/// handlers, the node's main runtime: client connections, queue replicas,
+/// rings, links, HTTP requests (the metadata store runs on a runtime of
+/// its own, not counted). Warren's `proc_used`: RabbitMQ counts Erlang
+/// processes, the nearest thing.
+pub(crate) fn tasks_alive() -> Option<u64> {
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    u64::try_from(handle.metrics().num_alive_tasks()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_files_limit_is_read() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max processes             127473               127473               processes \n\
+                    Max open files            20000                524288               files     \n";
+        assert_eq!(parse_fd_limit(text), Some(20_000));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_fd_limit(unlimited), None);
+        assert_eq!(parse_fd_limit(""), None);
+    }
+
+    #[test]
+    fn this_process_has_descriptors_a_socket_and_a_limit() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (fds, sockets) = fds_and_sockets().unwrap();
+        assert!(sockets >= 1, "the listener is a socket");
+        assert!(
+            fds >= sockets + 3,
+            "stdin, stdout and stderr besides: {fds}"
+        );
+        assert!(fd_limit().unwrap() >= fds);
+        drop(listener);
+    }
+
+    #[tokio::test]
+    async fn tasks_alive_counts_spawned_tasks() {
+        assert_eq!(tasks_alive(), Some(0));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _ = rx.await;
+        });
+        assert_eq!(tasks_alive(), Some(1));
+        drop(tx);
+        task.await.unwrap();
+        assert_eq!(std::thread::spawn(tasks_alive).join().unwrap(), None);
+    }
+}
