@@ -1070,8 +1070,9 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
         .map(|l| {
             let proto = l.get("protocol").and_then(Value::as_str).unwrap_or("");
             let purpose = match proto {
-                "amqp" => "AMQP 0-9-1 and AMQP 1.0",
+                "amqp" => "AMQP 0-9-1",
                 "http" => "HTTP API",
+                "clustering" => "inter-node communication",
                 _ => "",
             };
             format!(
@@ -1150,11 +1151,24 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
             cell(&field(&n, "disk_free_limit")),
             cell(&field(&n, "disk_free"))
         ));
-        s.push_str(&format!(
-            "\nFile Descriptors\n\nTotal: {}, limit: {}\n",
-            cell(&field(&n, "fd_used")),
-            cell(&field(&n, "fd_total"))
-        ));
+        // What the node could not read is not in its answer: not shown.
+        let known = |k: &str| n.get(k).map(cell);
+        s.push_str("\nFile Descriptors\n\n");
+        if let Some(used) = known("fd_used") {
+            s.push_str(&format!("Total: {used}"));
+            if let Some(limit) = known("fd_total") {
+                s.push_str(&format!(", limit: {limit}"));
+            }
+            s.push('\n');
+        }
+        if let Some(sockets) = known("sockets_used") {
+            s.push_str(&format!("Sockets: {sockets}\n"));
+        }
+        if let Some(tasks) = known("proc_used") {
+            s.push_str(&format!(
+                "\nTasks\n\nTotal: {tasks} (tokio tasks of the node's main runtime)\n"
+            ));
+        }
         push_alarms(&mut s, &alarm_lines(&nodes[..nodes.len().min(1)]));
         s.push_str("\nTotals\n\n");
         for k in [

@@ -11,7 +11,7 @@
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::Value;
@@ -78,6 +78,16 @@ impl Node {
     /// with the cluster secret in `secret`; its log goes next to
     /// `data_dir` (`<data_dir>.log`).
     pub fn start_clustered(name: &str, data_dir: &Path, secret: &Path) -> Self {
+        Self::clustered(name, data_dir, secret, None)
+    }
+
+    /// Starts `name` as [`Node::start_clustered`] does, joining the cluster
+    /// of the member whose peer address is `seed`.
+    pub fn start_joining(name: &str, data_dir: &Path, secret: &Path, seed: &str) -> Self {
+        Self::clustered(name, data_dir, secret, Some(seed))
+    }
+
+    fn clustered(name: &str, data_dir: &Path, secret: &Path, join: Option<&str>) -> Self {
         let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
         let mut cmd = Command::new(warren_bin());
         cmd.args(["--node-name", name, "--peer-addr", "127.0.0.1:0"])
@@ -85,6 +95,9 @@ impl Node {
             .arg(secret)
             .env("RUST_LOG", "info,openraft=error")
             .stderr(log);
+        if let Some(seed) = join {
+            cmd.args(["--join", seed]);
+        }
         Self::spawn(cmd, data_dir)
     }
 
@@ -195,8 +208,8 @@ impl Node {
 
     /// Waits up to `timeout` for the process to exit by itself.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < deadline {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return Some(status);
             }
@@ -265,5 +278,14 @@ pub fn ctl(args: &[&str]) -> Ctl {
         code: status.code().unwrap_or(-1),
         out: String::from_utf8_lossy(&stdout).into_owned(),
         err: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+/// Polls `check` until it holds (at most 60 s).
+pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
