@@ -1217,16 +1217,7 @@ impl Broker {
         c.out_pending = 0;
         if c.throttled {
             c.throttled = false;
-            let vhost = c.vhost.clone();
-            let queues: Vec<Arc<str>> = c
-                .channels
-                .values()
-                .flat_map(|ch| ch.consumers.values().cloned())
-                .collect();
-            self.current = id;
-            for q in queues {
-                self.after_queue_op(&vhost, &q);
-            }
+            self.resume_deliveries(id);
             if let Some(c) = self.conns.get_mut(&id) {
                 c.amqp.take_output(dst);
                 c.out_pending = 0;
@@ -1238,6 +1229,24 @@ impl Broker {
             }
         }
         self.conns.get(&id).is_some_and(|c| !c.closed)
+    }
+
+    /// Hands out again to connection `id`'s consumers, which deliveries
+    /// skipped while its output was over [`OUTPUT_HIGH_WATER`].
+    pub(crate) fn resume_deliveries(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let vhost = c.vhost.clone();
+        let queues: Vec<Arc<str>> = c
+            .channels
+            .values()
+            .flat_map(|ch| ch.consumers.values().cloned())
+            .collect();
+        self.current = id;
+        for q in queues {
+            self.after_queue_op(&vhost, &q);
+        }
     }
 
     /// When connection `id`'s timers (heartbeats, handshake, close) need

@@ -627,7 +627,8 @@ impl Broker {
     /// Link messages waiting for each node (the shell sends each batch in order).
     pub fn take_link_out(&mut self) -> Vec<(String, Vec<LinkMsg>)> {
         let mut out: Vec<(String, Vec<LinkMsg>)> = self.links.out.drain().collect();
-        for c in self.conns.values_mut() {
+        let mut resume = Vec::new();
+        for (id, c) in &mut self.conns {
             if let Some(l) = &mut c.link
                 && !l.out.is_empty()
             {
@@ -636,7 +637,20 @@ impl Broker {
                     Some((_, v)) => v.extend(msgs),
                     None => out.push((l.node.clone(), msgs)),
                 }
+                // Its deliveries are on their way: they no longer count
+                // against its output limit (as a client's once written).
+                c.out_pending = 0;
+                if std::mem::take(&mut c.throttled) {
+                    resume.push(*id);
+                }
             }
+        }
+        if !resume.is_empty() {
+            for id in resume {
+                self.resume_deliveries(id);
+            }
+            // What they hand out goes with the next batch.
+            self.wake_clients();
         }
         out
     }

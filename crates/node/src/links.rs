@@ -106,6 +106,16 @@ async fn announce_alarms(cluster: Cluster, broker: Shared) {
 /// The last (incarnation, session) seen from each node.
 type Sessions = Arc<Mutex<HashMap<String, (u64, u64)>>>;
 
+/// Forwarded publishes (and gets) held back at most, per link, while this
+/// node's mirrored queues catch up; beyond it the link is not read.
+const HELD_MAX: usize = 4096;
+
+/// Whether `m` must wait behind held publishes: publishes wait for flow
+/// control, and a get must see the publishes sent before it.
+fn held_back(m: &LinkMsg) -> bool {
+    matches!(m, LinkMsg::Publish { .. } | LinkMsg::Get { .. })
+}
+
 async fn receive(
     peer: String,
     mut rx: Box<dyn warren_transport::FrameReceiver>,
@@ -114,14 +124,29 @@ async fn receive(
 ) {
     let mut frames = Vec::new();
     let mut greeted = false;
+    // Flow control: forwarded publishes wait while this node's mirrored
+    // queues catch up (the sender's own publishers then wait too, once this
+    // link stops being read). Acks, consumes and cancels are not held back:
+    // consumers on the other node keep moving while publishers wait.
+    let mut held: std::collections::VecDeque<LinkMsg> = std::collections::VecDeque::new();
     loop {
-        // Flow control: forwarded publishes wait while this node's mirrored
-        // queues catch up (the sender's own publishers then wait too).
-        while lock(&broker).replicas_behind() {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        if !held.is_empty() {
+            let mut b = lock(&broker);
+            if !b.replicas_behind() {
+                let msgs: Vec<LinkMsg> = held.drain(..).collect();
+                b.link_input(&peer, msgs, now_ms());
+            }
         }
         frames.clear();
-        match rx.recv_batch(&mut frames, 1024).await {
+        // Frame receivers are cancel-safe: a frame is either whole in
+        // `frames` or still in the receiver's buffer.
+        let got = tokio::select! {
+            r = rx.recv_batch(&mut frames, 1024), if held.len() < HELD_MAX => r,
+            () = tokio::time::sleep(std::time::Duration::from_millis(2)), if !held.is_empty() => {
+                continue;
+            }
+        };
+        match got {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
@@ -153,7 +178,22 @@ async fn receive(
                 }
             }
         }
-        lock(&broker).link_input(&peer, msgs, now_ms());
+        let mut b = lock(&broker);
+        let behind = b.replicas_behind();
+        let now: Vec<LinkMsg> = msgs
+            .into_iter()
+            .filter_map(|m| {
+                if held_back(&m) && (behind || !held.is_empty()) {
+                    held.push_back(m);
+                    None
+                } else {
+                    Some(m)
+                }
+            })
+            .collect();
+        if !now.is_empty() {
+            b.link_input(&peer, now, now_ms());
+        }
     }
 }
 

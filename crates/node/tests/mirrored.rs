@@ -877,3 +877,66 @@ fn a_confirm_is_not_held_back_by_an_earlier_publish_to_a_slower_queue() {
         conn.close(200, "bye".into()).await.unwrap();
     });
 }
+
+#[test]
+fn a_consumer_on_another_node_receives_more_than_the_output_limit() {
+    // Deliveries to another node's consumers once stopped for good after
+    // 4 MiB (the link's output was counted and never written off).
+    let root = peers::test_root();
+    let (_secret, nodes, rt) = mirrored_three(root.path());
+    const N: usize = 6_000;
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut body = vec![b'x'; 1024];
+        let mut pending = Vec::new();
+        for i in 0..N {
+            body[..8].copy_from_slice(&(i as u64).to_be_bytes());
+            pending.push(
+                ch.basic_publish(
+                    "".into(),
+                    QUEUE.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap(),
+            );
+        }
+        for c in pending {
+            assert!(c.await.unwrap().is_ack());
+        }
+        let _ = conn.close(200, "bye".into()).await;
+        // 6 MiB through node b's consumer, with manual acks.
+        let conn = connect(&nodes[1]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.basic_qos(200, BasicQosOptions::default()).await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                QUEUE.into(),
+                "far".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut seen = vec![false; N];
+        let mut got = 0;
+        while got < N {
+            let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await;
+            let Ok(Some(Ok(d))) = next else {
+                panic!("deliveries stopped after {got} of {N}");
+            };
+            let i = u64::from_be_bytes(d.data[..8].try_into().unwrap()) as usize;
+            if !std::mem::replace(&mut seen[i], true) {
+                got += 1;
+            }
+            d.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        let _ = conn.close(200, "bye".into()).await;
+    });
+}

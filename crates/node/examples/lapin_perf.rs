@@ -1,0 +1,267 @@
+//! A PerfTest-like load on lapin, a standard client library: each publish and
+//! each `basic.ack` is its own call (lapin writes frames as they are made),
+//! as applications do. The same load runs against any AMQP 0-9-1 broker.
+//!
+//! ```text
+//! cargo run --release -p warren-node --example lapin_perf -- \
+//!     --url amqp://guest:guest@127.0.0.1:5672/%2f --size 1024 --persistent \
+//!     --confirms 100 --prefetch 200 --duration 15
+//! ```
+//!
+//! It declares the queue (durable unless `--transient-queue`), runs producers
+//! and consumers for `--duration` seconds, and prints one line:
+//! `result secs=… published=… confirmed=… consumed=… e2e_p50_ms=… e2e_p99_ms=…
+//! confirm_p50_ms=… confirm_p99_ms=…` (counts per second; latencies over the
+//! run).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+/// Load settings.
+#[derive(Debug, Parser, Clone)]
+struct Args {
+    /// Broker URL.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    url: String,
+    /// Consumers' broker URL (default: `--url`), e.g. another cluster node.
+    #[arg(long)]
+    consume_url: Option<String>,
+    /// The queue.
+    #[arg(long, default_value = "perf")]
+    queue: String,
+    /// Declare the queue non-durable.
+    #[arg(long)]
+    transient_queue: bool,
+    /// Producers, one connection each.
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Consumers, one connection each.
+    #[arg(long, default_value_t = 1)]
+    consumers: usize,
+    /// Body size in bytes (at least 8: the send time).
+    #[arg(long, default_value_t = 16)]
+    size: usize,
+    /// delivery-mode 2.
+    #[arg(long)]
+    persistent: bool,
+    /// Publishes in flight per producer awaiting a confirm (0: no confirms).
+    #[arg(long, default_value_t = 0)]
+    confirms: usize,
+    /// Consumers ack automatically (no basic.ack).
+    #[arg(long)]
+    auto_ack: bool,
+    /// basic.qos prefetch count per consumer (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    prefetch: u16,
+    /// Messages per second per producer (0: as fast as possible).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 15)]
+    duration: u64,
+}
+
+/// Counters and latency samples shared by every task.
+#[derive(Default)]
+struct Stats {
+    published: AtomicU64,
+    confirmed: AtomicU64,
+    consumed: AtomicU64,
+    e2e_us: Mutex<Vec<u64>>,
+    confirm_us: Mutex<Vec<u64>>,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn percentile(v: &mut [u64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_unstable();
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i] as f64 / 1000.0
+}
+
+async fn producer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let conn = Connection::connect(&args.url, ConnectionProperties::default())
+        .await
+        .context("producer connect")?;
+    let ch = conn.create_channel().await?;
+    if args.confirms > 0 {
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    }
+    let props = if args.persistent {
+        BasicProperties::default().with_delivery_mode(2)
+    } else {
+        BasicProperties::default()
+    };
+    let mut body = vec![0u8; args.size.max(8)];
+    let mut inflight: VecDeque<(u64, lapin::PublisherConfirm)> = VecDeque::new();
+    let started = Instant::now();
+    let mut sent: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        if args.rate > 0.0 {
+            let due = started + Duration::from_secs_f64(sent as f64 / args.rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let t = now_us();
+        body[..8].copy_from_slice(&t.to_be_bytes());
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                args.queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &body,
+                props.clone(),
+            )
+            .await?;
+        sent += 1;
+        stats.published.fetch_add(1, Ordering::Relaxed);
+        if args.confirms > 0 {
+            inflight.push_back((t, confirm));
+            while inflight.len() >= args.confirms {
+                let (t0, c) = inflight.pop_front().expect("not empty");
+                c.await?;
+                stats.confirmed.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .confirm_us
+                    .lock()
+                    .expect("stats")
+                    .push(now_us().saturating_sub(t0));
+            }
+        }
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+async fn consumer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let url = args.consume_url.clone().unwrap_or_else(|| args.url.clone());
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .context("consumer connect")?;
+    let ch = conn.create_channel().await?;
+    if args.prefetch > 0 {
+        ch.basic_qos(args.prefetch, BasicQosOptions::default())
+            .await?;
+    }
+    let mut deliveries = ch
+        .basic_consume(
+            args.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: args.auto_ack,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    while !stop.load(Ordering::Relaxed) {
+        let next = tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await;
+        let Ok(Some(d)) = next else { continue };
+        let d = d?;
+        if d.data.len() >= 8 {
+            let t = u64::from_be_bytes(d.data[..8].try_into().expect("8 bytes"));
+            stats
+                .e2e_us
+                .lock()
+                .expect("stats")
+                .push(now_us().saturating_sub(t));
+        }
+        stats.consumed.fetch_add(1, Ordering::Relaxed);
+        if !args.auto_ack {
+            d.ack(BasicAckOptions::default()).await?;
+        }
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let setup = Connection::connect(&args.url, ConnectionProperties::default())
+        .await
+        .context("connect")?;
+    let ch = setup.create_channel().await?;
+    ch.queue_declare(
+        args.queue.as_str().into(),
+        QueueDeclareOptions {
+            durable: !args.transient_queue,
+            ..QueueDeclareOptions::default()
+        },
+        FieldTable::default(),
+    )
+    .await?;
+    ch.queue_purge(args.queue.as_str().into(), Default::default())
+        .await?;
+    let stats = Arc::new(Stats::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..args.consumers {
+        tasks.push(tokio::spawn(consumer(
+            args.clone(),
+            stats.clone(),
+            stop.clone(),
+        )));
+    }
+    for _ in 0..args.producers {
+        tasks.push(tokio::spawn(producer(
+            args.clone(),
+            stats.clone(),
+            stop.clone(),
+        )));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.duration)).await;
+    let counts = (
+        stats.published.load(Ordering::Relaxed),
+        stats.confirmed.load(Ordering::Relaxed),
+        stats.consumed.load(Ordering::Relaxed),
+    );
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .map(|r| r.unwrap_or_else(|e| Err(e.into())))
+        {
+            eprintln!("task failed: {e:#}");
+        }
+    }
+    let _ = ch
+        .queue_delete(args.queue.as_str().into(), Default::default())
+        .await;
+    let _ = setup.close(200, "done".into()).await;
+    let mut e2e = std::mem::take(&mut *stats.e2e_us.lock().expect("stats"));
+    let mut conf = std::mem::take(&mut *stats.confirm_us.lock().expect("stats"));
+    println!(
+        "result secs={secs:.1} published={:.0} confirmed={:.0} consumed={:.0} e2e_p50_ms={:.2} e2e_p99_ms={:.2} confirm_p50_ms={:.2} confirm_p99_ms={:.2}",
+        counts.0 as f64 / secs,
+        counts.1 as f64 / secs,
+        counts.2 as f64 / secs,
+        percentile(&mut e2e, 0.5),
+        percentile(&mut e2e, 0.99),
+        percentile(&mut conf, 0.5),
+        percentile(&mut conf, 0.99),
+    );
+    Ok(())
+}
