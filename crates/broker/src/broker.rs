@@ -1156,10 +1156,12 @@ impl Broker {
         self.next_conn += 1;
         let mut cfg = self.cfg.amqp.clone();
         cfg.cluster_name = Some(self.cfg.node_name.clone());
+        let mut amqp = Connection::new(cfg);
+        amqp.hold_publishes(self.alarmed());
         self.conns.insert(
             id,
             Conn {
-                amqp: Connection::new(cfg),
+                amqp,
                 peer,
                 user: String::new(),
                 vhost: String::new(),
@@ -1393,6 +1395,16 @@ impl Broker {
                 Store::Replica(m) => {
                     if let Err(e) = m.replica.complete_storage_sync(&job) {
                         tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
+                    }
+                    // Publishes the queue took before it became mirrored
+                    // are confirmed by its own disk, as they were promised.
+                    let synced = m.replica.synced_seq().unwrap_or(0);
+                    while let Some(&(seq, conn, ch, cseq)) = q.confirms.front() {
+                        if seq > synced {
+                            break;
+                        }
+                        q.confirms.pop_front();
+                        confirm_one(&mut self.conns, conn, ch, cseq);
                     }
                     replicas.push((vname.clone(), qname.clone()));
                     continue;

@@ -330,7 +330,12 @@ impl Broker {
                 start.record,
             )
         } else {
+            // Its messages go with it (the master's are the queue's): what
+            // still waited for a confirm never gets one.
             drop(bq);
+            for (_, conn, ch, cseq) in std::mem::take(&mut q.confirms) {
+                nack_one(&mut self.conns, conn, ch, cseq);
+            }
             Replica::new_mirror(
                 name,
                 node,

@@ -733,6 +733,13 @@ impl Replica {
         }
     }
 
+    /// How far the local backing queue's log is on disk (its
+    /// [`synced_seq`](BackingQueue::synced_seq)); `None` while it holds nothing.
+    #[must_use]
+    pub fn synced_seq(&self) -> Option<SeqId> {
+        self.bq.as_ref().map(BackingQueue::synced_seq)
+    }
+
     /// Gives the backing queue back (a master whose queue stops being
     /// mirrored keeps serving it alone); `None` for a replica that holds
     /// nothing. Stop the replica's ring member first.

@@ -940,3 +940,64 @@ fn a_consumer_on_another_node_receives_more_than_the_output_limit() {
         let _ = conn.close(200, "bye".into()).await;
     });
 }
+
+#[test]
+fn publishes_right_after_declare_ok_on_a_new_mirrored_queue_are_confirmed() {
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        for (i, node) in nodes.iter().enumerate() {
+            for round in 0..2 {
+                let name = format!("ha.fresh-{i}-{round}");
+                let conn = connect(node).await;
+                let ch = conn.create_channel().await.unwrap();
+                ch.confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .unwrap();
+                ch.queue_declare(
+                    name.as_str().into(),
+                    lapin::options::QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+                let mut pending = Vec::new();
+                for n in 0..50 {
+                    pending.push(
+                        ch.basic_publish(
+                            "".into(),
+                            name.as_str().into(),
+                            BasicPublishOptions::default(),
+                            format!("m{n}").as_bytes(),
+                            BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await
+                        .unwrap(),
+                    );
+                }
+                let mut acked = 0;
+                for c in pending {
+                    match tokio::time::timeout(Duration::from_secs(30), c).await {
+                        Ok(Ok(c)) if c.is_ack() => acked += 1,
+                        other => panic!(
+                            "{name} via {}: publish {acked} not confirmed: {other:?}",
+                            node.name
+                        ),
+                    }
+                }
+                assert_eq!(acked, 50);
+                let _ = conn.close(200, "bye".into()).await;
+                // Confirmed means held: the queue has all 50.
+                let path = format!("/api/queues/%2F/{name}");
+                eventually("the 50 messages in the queue", || {
+                    node.get(&path)["messages"] == 50
+                });
+            }
+        }
+    });
+}
