@@ -294,6 +294,8 @@ pub struct Connection {
     username: String,
     vhost: String,
     blocked: bool,
+    /// A resource alarm holds publishes: input stops after content frames.
+    holding: bool,
     published: bool,
     /// At least the body bytes buffered in unfinished messages (exact after
     /// [`Connection::partial_content`] recounts it).
@@ -333,6 +335,7 @@ impl Connection {
             username: String::new(),
             vhost: String::new(),
             blocked: false,
+            holding: false,
             published: false,
             partial_bytes: 0,
             close_error: None,
@@ -595,6 +598,14 @@ impl Connection {
             };
             if let Err(f) = outcome {
                 self.fault(f);
+            }
+            // A resource alarm: after a content frame, as RabbitMQ's reader
+            // does, nothing more is read until the alarm clears.
+            if self.holding
+                && matches!(h.frame_type, FRAME_HEADER | FRAME_BODY)
+                && self.state == State::Running
+            {
+                return;
             }
         }
     }
@@ -1451,9 +1462,20 @@ impl Connection {
         true
     }
 
+    /// While `on`, input stops after each content header or body frame, as
+    /// RabbitMQ's reader stops during a resource alarm (the rest stays in
+    /// the caller's buffer): a publish that has begun gets no further.
+    pub fn hold_publishes(&mut self, on: bool) {
+        self.holding = on;
+    }
+
     /// Sends connection.blocked with `reason` if the client announced the
     /// `connection.blocked` capability and is not blocked yet; returns whether sent.
+    /// Input is held as [`hold_publishes`](Self::hold_publishes) does,
+    /// whether or not the client gets the notification, until
+    /// [`unblock`](Self::unblock).
     pub fn block(&mut self, reason: &str) -> bool {
+        self.holding = true;
         if !self.caps.connection_blocked || self.blocked || self.state != State::Running {
             return false;
         }
@@ -1469,6 +1491,7 @@ impl Connection {
 
     /// Sends connection.unblocked if connection.blocked was sent; returns whether sent.
     pub fn unblock(&mut self) -> bool {
+        self.holding = false;
         if !self.blocked || self.state != State::Running {
             return false;
         }

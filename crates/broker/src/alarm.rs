@@ -306,7 +306,13 @@ impl Broker {
         let alarms = self.alarms.cluster();
         let reason = alarms.to_string();
         for c in self.conns.values_mut() {
-            if c.link.is_some() || !c.publisher {
+            if c.link.is_some() {
+                continue;
+            }
+            // Any client's publish that begins during the alarm gets no
+            // further than its content header.
+            c.amqp.hold_publishes(alarms.any());
+            if !c.publisher {
                 continue;
             }
             let changed = if alarms.any() {

@@ -85,7 +85,7 @@ pub(crate) async fn serve_stream<S>(
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut input = BytesMut::with_capacity(64 * 1024);
     let mut output = BytesMut::with_capacity(64 * 1024);
-    // Bytes were read while paused and wait to be fed.
+    // Bytes wait in `input`, unfed because the connection was paused.
     let mut held = false;
     let mut probed = Instant::now();
     loop {
@@ -93,8 +93,8 @@ pub(crate) async fn serve_stream<S>(
             let mut b = lock(&broker);
             let paused = b.input_paused(id);
             if held && !paused {
-                held = false;
                 b.handle_input(id, &mut input, now_ms());
+                held = !input.is_empty() && b.input_paused(id);
             }
             (b.poll_conn_timeout(id), paused)
         };
@@ -124,11 +124,14 @@ pub(crate) async fn serve_stream<S>(
                 Ok(_) => {
                     let mut b = lock(&broker);
                     if b.input_paused(id) {
-                        held = true;
                         b.hold_input(id);
                     } else {
                         b.handle_input(id, &mut input, now_ms());
                     }
+                    // What a paused connection left unread (a resource alarm
+                    // stops input after a content frame) is fed once it
+                    // resumes, even if nothing more arrives.
+                    held = !input.is_empty() && b.input_paused(id);
                     b.take_output(id, &mut output)
                 }
             },

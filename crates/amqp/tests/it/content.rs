@@ -423,3 +423,24 @@ fn access_request_is_answered_by_the_state_machine() {
         (1, AMQPClass::Access(access::AMQPMethod::RequestOk(_)))
     ));
 }
+
+#[test]
+fn held_publishes_stop_after_the_content_header_until_released() {
+    let mut h = Harness::with_channel(1);
+    h.conn.hold_publishes(true);
+    // Method, header and body arrive together: input stops after the header.
+    let mut bytes = publish(1, "", "q");
+    bytes.extend_from_slice(&header(1, 4, BasicProperties::default()));
+    bytes.extend_from_slice(&body(1, b"abcd"));
+    h.send(&bytes);
+    assert!(h.events().is_empty(), "no publish while held");
+    assert_eq!(h.pending_input(), 12, "the body frame stays unread");
+    h.conn.hold_publishes(false);
+    h.resume();
+    let events = h.events();
+    assert!(
+        matches!(events.as_slice(), [Event::Command { channel: 1, .. }]),
+        "{events:?}"
+    );
+    assert_eq!(h.pending_input(), 0);
+}
