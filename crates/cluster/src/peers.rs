@@ -49,6 +49,9 @@ pub(crate) enum CallError {
 pub(crate) type Handler =
     Arc<dyn Fn(NodeName, Request) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
 
+/// The shortest silence after which a link is replaced (see [`Peers::stale`]).
+const STALE_LINK_MIN: Duration = Duration::from_secs(5);
+
 struct Link {
     serial: u64,
     /// When it was adopted.
@@ -397,7 +400,7 @@ impl Peers {
                 if !self.stale(&l) {
                     return Ok(l);
                 }
-                // Nothing came over it for `silent_after`: after a cut, a TCP
+                // Nothing came over it for long: after a cut, a TCP
                 // connection can stay open but carry nothing for tens of
                 // seconds of retransmission back-off, while a new one gets
                 // through as soon as the network does. Dial afresh (the dial
@@ -552,10 +555,13 @@ impl Peers {
             })
     }
 
-    /// Whether `link` has carried nothing from its peer for `silent_after`
-    /// (and is at least that old).
+    /// Whether `link` has carried nothing from its peer for twice
+    /// `silent_after`, 5 s at least (and is at least that old): long past a
+    /// peer that is only slow or busy (its calls in flight fail with the
+    /// link), while a link that lived through a cut is replaced at the first
+    /// call after the heal.
     fn stale(&self, link: &Link) -> bool {
-        let after = self.inner.silent_after;
+        let after = (2 * self.inner.silent_after).max(STALE_LINK_MIN);
         link.born.elapsed() >= after
             && self
                 .last_seen(&link.peer)
