@@ -424,13 +424,6 @@ impl Broker {
                     ch.consumers.remove(&c.tag);
                 }
             }
-            let Some(q) = self
-                .vhosts
-                .get_mut(vhost)
-                .and_then(|v| v.queues.get_mut(name))
-            else {
-                return;
-            };
             for c in q.consumers.iter_mut() {
                 if c.remote_cid == 0 {
                     c.remote_cid = self.links.next();

@@ -212,20 +212,21 @@ async fn consume(url: String, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
     }
 }
 
-#[test]
-fn isolating_the_master_loses_no_confirmed_message() {
-    let Some(ns) = Netns::enter_new(&format!("warren-partition-{}", std::process::id())) else {
-        return;
-    };
+/// The nodes' addresses in the namespace (a, b, c).
+const ADDRS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+
+/// Three nodes a, b, c on [`ADDRS`] (inside the namespace the caller
+/// entered), the `ha-all` policy and [`QUEUE`] mastered on a with two
+/// synchronised mirrors; the test root holds their data and logs.
+fn mirrored_three_in_netns() -> (tempfile::TempDir, [Peer; 3], tokio::runtime::Runtime) {
     let root = peers::test_root();
     let secret = root.path().join("secret");
     std::fs::write(&secret, "partition-test-secret\n").unwrap();
-    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
     let dir = |n: &str| root.path().join(n);
-    let a = Peer::start_on(ips[0], "warren@a", &dir("a"), &secret, None, &[]);
+    let a = Peer::start_on(ADDRS[0], "warren@a", &dir("a"), &secret, None, &[]);
     let join = Some(a.peers.as_str());
-    let b = Peer::start_on(ips[1], "warren@b", &dir("b"), &secret, join, &[]);
-    let c = Peer::start_on(ips[2], "warren@c", &dir("c"), &secret, join, &[]);
+    let b = Peer::start_on(ADDRS[1], "warren@b", &dir("b"), &secret, join, &[]);
+    let c = Peer::start_on(ADDRS[2], "warren@c", &dir("c"), &secret, join, &[]);
     for n in [&a, &b, &c] {
         eventually("three running members", || {
             names(&n.get("/api/cluster"), "running_nodes").len() == 3
@@ -238,6 +239,16 @@ fn isolating_the_master_loses_no_confirmed_message() {
         let q = queue(&a);
         q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
     });
+    (root, [a, b, c], rt)
+}
+
+#[test]
+fn isolating_the_master_loses_no_confirmed_message() {
+    let Some(ns) = Netns::enter_new(&format!("warren-partition-{}", std::process::id())) else {
+        return;
+    };
+    let (_root, [a, b, c], rt) = mirrored_three_in_netns();
+    let ips = ADDRS;
 
     // Publishers on both sides (b: the majority, a: the isolated master),
     // the consumer on c.
@@ -358,27 +369,8 @@ fn a_cut_between_the_master_and_one_mirror_heals() {
     let Some(ns) = Netns::enter_new(&format!("warren-cut2-{}", std::process::id())) else {
         return;
     };
-    let root = peers::test_root();
-    let secret = root.path().join("secret");
-    std::fs::write(&secret, "partition-test-secret\n").unwrap();
-    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
-    let dir = |n: &str| root.path().join(n);
-    let a = Peer::start_on(ips[0], "warren@a", &dir("a"), &secret, None, &[]);
-    let join = Some(a.peers.as_str());
-    let b = Peer::start_on(ips[1], "warren@b", &dir("b"), &secret, join, &[]);
-    let c = Peer::start_on(ips[2], "warren@c", &dir("c"), &secret, join, &[]);
-    for n in [&a, &b, &c] {
-        eventually("three running members", || {
-            names(&n.get("/api/cluster"), "running_nodes").len() == 3
-        });
-    }
-    set_ha_all(&a);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    declare_durable(&rt, &a, QUEUE);
-    eventually("a master on a and two synchronised mirrors", || {
-        let q = queue(&a);
-        q["node"] == "warren@a" && names(&q, "synchronised_slave_nodes").len() == 2
-    });
+    let (_root, [_a, b, c], rt) = mirrored_three_in_netns();
+    let ips = ADDRS;
     // Publishers on b (cut from the master) and c (not cut), forwarded to
     // the master on a; the consumer on c.
     let h = Arc::new(Mutex::new(History::default()));
