@@ -70,10 +70,17 @@ pub struct NodeConfig {
     pub view_poll_ticks: u32,
     /// Wait between two dials of an unreachable peer.
     pub redial_interval: Duration,
+    /// A connection to a peer that carried nothing (not even a heartbeat)
+    /// for this long is replaced: one that lived through a network cut may
+    /// sit in TCP's retransmission backoff for many seconds after the heal,
+    /// holding every ring that crosses it.
+    pub silent_link_after: Duration,
 }
 
 impl NodeConfig {
-    /// Defaults: 10 ms ticks, view polling every 20 ticks, redial every 100 ms.
+    /// Defaults: 10 ms ticks, view polling every 20 ticks, redial every
+    /// 100 ms, a silent connection replaced after 3 s (heartbeats of the
+    /// failure detector must be more frequent).
     pub fn new(node: NodeName, listen: PeerAddr) -> Self {
         Self {
             node,
@@ -82,6 +89,7 @@ impl NodeConfig {
             tick_interval: Duration::from_millis(10),
             view_poll_ticks: 20,
             redial_interval: Duration::from_millis(100),
+            silent_link_after: Duration::from_secs(3),
         }
     }
 }
@@ -267,6 +275,8 @@ enum Inbound {
         peer: NodeName,
         conn: u64,
         sender: Box<dyn FrameSender>,
+        /// Ends the connection's reader (the connection is replaced).
+        close: Arc<Notify>,
     },
     Frames {
         peer: NodeName,
@@ -471,10 +481,12 @@ async fn adopt(
 ) -> bool {
     let peer = conn.peer_node().clone();
     let (sender, mut receiver) = conn.split();
+    let close = Arc::new(Notify::new());
     let connected = Inbound::Connected {
         peer: peer.clone(),
         conn: id,
         sender,
+        close: close.clone(),
     };
     if in_tx.send(connected).await.is_err() {
         return false;
@@ -483,7 +495,11 @@ async fn adopt(
     spawn_tracked(tasks, async move {
         let mut frames = Vec::new();
         loop {
-            match receiver.recv_batch(&mut frames, 4096).await {
+            let got = tokio::select! {
+                r = receiver.recv_batch(&mut frames, 4096) => r,
+                () = close.notified() => break,
+            };
+            match got {
                 Ok(n) if n > 0 => {
                     let batch = Inbound::Frames {
                         peer: peer.clone(),
@@ -512,6 +528,10 @@ struct Peer {
     conn: u64,
     outbox: Option<Arc<Handoff<Bytes>>>,
     dialing: bool,
+    /// When the current connection last carried a frame.
+    heard: Instant,
+    /// Ends the current connection's reader.
+    close: Option<Arc<Notify>>,
 }
 
 struct Local {
@@ -605,6 +625,8 @@ impl NodeTask {
                     conn: 0,
                     outbox: None,
                     dialing: false,
+                    heard: Instant::now(),
+                    close: None,
                 });
                 match &peer.addr {
                     Some(tx) => {
@@ -740,20 +762,31 @@ impl NodeTask {
 
     fn on_inbound(&mut self, msg: Inbound) {
         match msg {
-            Inbound::Connected { peer, conn, sender } => {
+            Inbound::Connected {
+                peer,
+                conn,
+                sender,
+                close,
+            } => {
                 let outbox = Handoff::new();
                 let entry = self.peers.entry(peer.clone()).or_insert(Peer {
                     addr: None,
                     conn: 0,
                     outbox: None,
                     dialing: false,
+                    heard: Instant::now(),
+                    close: None,
                 });
                 if conn < entry.conn {
                     return;
                 }
                 entry.conn = conn;
+                entry.heard = Instant::now();
                 if let Some(old) = entry.outbox.replace(outbox.clone()) {
                     old.close();
+                }
+                if let Some(old) = entry.close.replace(close) {
+                    old.notify_one();
                 }
                 self.detector.watch(&peer, Instant::now());
                 self.spawn(write_loop(sender, outbox));
@@ -768,10 +801,12 @@ impl NodeTask {
                 }
             }
             Inbound::Frames { peer, conn, frames } => {
-                if self.peers.get(&peer).is_none_or(|p| p.conn != conn) {
-                    return;
+                let now = Instant::now();
+                match self.peers.get_mut(&peer) {
+                    Some(p) if p.conn == conn => p.heard = now,
+                    _ => return,
                 }
-                self.detector.heard_from(&peer, Instant::now());
+                self.detector.heard_from(&peer, now);
                 self.suspects
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -862,6 +897,7 @@ impl NodeTask {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
+        self.replace_silent_links(now);
         if self.detector.heartbeat_due(now) {
             self.hb_seq += 1;
             let hb = encode_message(&PeerFrame::Heartbeat { seq: self.hb_seq })
@@ -895,6 +931,25 @@ impl NodeTask {
             }
         }
         self.each_member(busy, |_| {});
+    }
+
+    /// Drops each connection that carried nothing for
+    /// [`NodeConfig::silent_link_after`]: its reader ends, the dialing side
+    /// dials again, and the rings resend their state over the new one.
+    fn replace_silent_links(&mut self, now: Instant) {
+        let after = self.cfg.silent_link_after;
+        for (node, p) in &mut self.peers {
+            if p.outbox.is_none() || now.saturating_duration_since(p.heard) < after {
+                continue;
+            }
+            tracing::info!(node = %self.cfg.node, peer = %node, silent_ms = after.as_millis() as u64, "ring connection silent: replacing it");
+            if let Some(outbox) = p.outbox.take() {
+                outbox.close();
+            }
+            if let Some(close) = p.close.take() {
+                close.notify_one();
+            }
+        }
     }
 
     /// The safety net for a missed view change: reads the views of the

@@ -1,8 +1,9 @@
 //! The same ring test over the in-memory transport, TCP and QUIC: five
 //! members on five nodes broadcast; one node crashes; a sixth node joins;
 //! then the guarantees are checked on what every member delivered. Also: a
-//! short cut heals without a view change, and a suspicion that heals while
-//! its removal cannot commit (a minority) removes nobody.
+//! short cut heals without a view change, a link whose frames vanish is
+//! replaced, and a suspicion that heals while its removal cannot commit (a
+//! minority) removes nobody.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -222,6 +223,75 @@ async fn broadcast_round(members: &mut [Member], live: &[usize]) {
     }
 }
 
+/// Waits until every member has every broadcast confirmed, and has
+/// delivered every member's broadcasts exactly once, in order.
+async fn wait_all_delivered_once(members: &[Member]) {
+    wait_until("every broadcast confirmed and delivered", || {
+        members.iter().all(|m| {
+            let s = m.seen.lock().unwrap();
+            s.confirmed == m.sent
+                && members.iter().all(|p| {
+                    s.delivered.get(&p.handle.member()).cloned()
+                        == Some((1..=p.sent).collect::<Vec<_>>())
+                })
+        })
+    })
+    .await;
+}
+
+/// Each member's link resets since `before` (all of them if `before` is empty).
+fn resets_since(members: &[Member], before: &[u32]) -> Vec<u32> {
+    members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m.seen.lock().unwrap().link_resets - before.get(i).copied().unwrap_or(0))
+        .collect()
+}
+
+/// One member on each of `nodes`, joined one after the other; returns once
+/// every member has installed the full view.
+async fn join_in_turn(nodes: &[GmNode]) -> Vec<Member> {
+    let mut members = Vec::new();
+    for node in nodes {
+        members.push(join(node).await);
+        let n = members.len();
+        wait_full_views(&members[n - 1..], n as u64).await;
+    }
+    wait_full_views(&members, nodes.len() as u64).await;
+    members
+}
+
+/// Broadcast rounds from every member of a three-member ring (in view 3),
+/// `fault` between the first two nodes from round `at.0` to a heal at
+/// round `at.1`, `at.2` rounds in all; then checks that every broadcast is
+/// confirmed and delivered once, that no view changed, and that the two
+/// members whose link was replaced were told (point-to-point messages
+/// between them may have been lost). Returns each member's link resets.
+async fn through_fault(
+    members: &mut [Member],
+    authority: &InMemoryAuthority,
+    at: (u32, u32, u32),
+    fault: impl Fn(),
+    net: &MemNetwork,
+) -> Vec<u32> {
+    let before = resets_since(members, &[]);
+    for round in 0..at.2 {
+        if round == at.0 {
+            fault();
+        }
+        if round == at.1 {
+            net.heal();
+        }
+        broadcast_round(members, &[0, 1, 2]).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_all_delivered_once(members).await;
+    assert_eq!(authority.current_now("q").version, 3, "no view change");
+    let resets = resets_since(members, &before);
+    assert!(resets[0] >= 1 && resets[1] >= 1, "{resets:?}");
+    resets
+}
+
 async fn ring_test(kind: Kind) {
     let net = Net {
         kind,
@@ -423,48 +493,50 @@ async fn short_cut_heals_without_a_view_change() {
     let net = Net::mem(5);
     let authority = Arc::new(InMemoryAuthority::new());
     let nodes = cluster(&net, "c", 3, &authority).await;
-    let mut members = Vec::new();
-    for node in &nodes {
-        members.push(join(node).await);
-        let n = members.len();
-        wait_full_views(&members[n - 1..], n as u64).await;
-    }
-    wait_full_views(&members, 3).await;
-    let resets_before: Vec<u32> = members
-        .iter()
-        .map(|m| m.seen.lock().unwrap().link_resets)
-        .collect();
-    for round in 0..30 {
-        if round == 10 {
-            net.mem.cut(nodes[0].node(), nodes[1].node());
-        }
-        if round == 20 {
-            net.mem.heal();
-        }
-        broadcast_round(&mut members, &[0, 1, 2]).await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    wait_until("every broadcast confirmed and delivered", || {
-        members.iter().all(|m| {
-            let s = m.seen.lock().unwrap();
-            s.confirmed == m.sent
-                && members.iter().all(|p| {
-                    s.delivered.get(&p.handle.member()).cloned()
-                        == Some((1..=p.sent).collect::<Vec<_>>())
-                })
-        })
-    })
-    .await;
-    assert_eq!(authority.current_now("q").version, 3, "no view change");
-    // The two members whose link was replaced were told (point-to-point
-    // messages between them may have been lost); the third was not.
-    let resets: Vec<u32> = members
-        .iter()
-        .zip(resets_before)
-        .map(|(m, before)| m.seen.lock().unwrap().link_resets - before)
-        .collect();
-    assert!(resets[0] >= 1 && resets[1] >= 1, "{resets:?}");
+    let mut members = join_in_turn(&nodes).await;
+    let fault = || net.mem.cut(nodes[0].node(), nodes[1].node());
+    let resets = through_fault(&mut members, &authority, (10, 20, 30), fault, &net.mem).await;
+    // The third member's links were not replaced.
     assert_eq!(resets[2], 0, "{resets:?}");
+}
+
+/// A link whose frames vanish while both ends stay connected (a firewall
+/// dropping packets; a TCP connection in retransmission backoff after a
+/// cut) is replaced once silent for `silent_link_after`: after the heal
+/// every broadcast is confirmed and delivered, without a view change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_link_is_replaced() {
+    let net = Net::mem(11);
+    let authority = Arc::new(InMemoryAuthority::new());
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let node = NodeName::new(format!("s{i}@gm")).unwrap();
+        let mut config = NodeConfig::new(node.clone(), net.listen_addr(&node));
+        config.tick_interval = Duration::from_millis(5);
+        config.redial_interval = Duration::from_millis(50);
+        config.silent_link_after = Duration::from_millis(200);
+        // Nobody is suspected: only the silence replaces the link.
+        let detector = HeartbeatDetector::new(Duration::from_millis(20), Duration::from_secs(60));
+        let transport = {
+            let mut c = TransportConfig::new(node.clone(), ClusterSecret::new("gm-secret"));
+            c.connect_timeout = Duration::from_millis(100);
+            Arc::new(net.mem.transport(c))
+        };
+        let a = authority.clone();
+        nodes.push(
+            GmNode::start(config, transport, a, Box::new(detector))
+                .await
+                .expect("start node"),
+        );
+    }
+    introduce(&nodes).await;
+    let mut members = join_in_turn(&nodes).await;
+    let (a, b) = (nodes[0].node(), nodes[1].node());
+    let fault = || {
+        net.mem.blackhole(a, b);
+        net.mem.blackhole(b, a);
+    };
+    through_fault(&mut members, &authority, (10, 50, 60), fault, &net.mem).await;
 }
 
 /// A view authority as a node in a minority sees it: while `cut`, every

@@ -46,6 +46,8 @@ struct NetState {
     cuts: BTreeSet<(NodeName, NodeName)>,
     groups: Option<Vec<BTreeSet<NodeName>>>,
     delays: BTreeMap<(NodeName, NodeName), (Duration, Duration)>,
+    /// (from, to): frames vanish on the way.
+    silent: BTreeSet<(NodeName, NodeName)>,
     links: Vec<Weak<LinkShared>>,
     rng: StdRng,
 }
@@ -137,6 +139,7 @@ impl MemNetwork {
                 cuts: BTreeSet::new(),
                 groups: None,
                 delays: BTreeMap::new(),
+                silent: BTreeSet::new(),
                 links: Vec::new(),
                 rng: StdRng::seed_from_u64(seed),
             })),
@@ -192,13 +195,31 @@ impl MemNetwork {
         }
     }
 
-    /// Removes every cut, partition and delay. Connections already cut stay
-    /// down; new ones succeed.
+    /// Frames from `from` to `to` vanish without a trace, as packets that a
+    /// firewall drops: live connections stay up (nothing tells either end),
+    /// and a new connection between the two times out (after the dialer's
+    /// connect timeout), whichever end dials. One-way; call it twice for both.
+    pub fn blackhole(&self, from: &NodeName, to: &NodeName) {
+        self.lock().silent.insert((from.clone(), to.clone()));
+    }
+
+    /// Removes every cut, partition, delay and blackhole. Connections
+    /// already cut stay down; new ones succeed.
     pub fn heal(&self) {
         let mut st = self.lock();
         st.cuts.clear();
         st.groups = None;
         st.delays.clear();
+        st.silent.clear();
+    }
+
+    /// Whether the dial from `from` to `addr` goes into a blackhole.
+    fn dial_vanishes(&self, from: &NodeName, addr: &PeerAddr) -> bool {
+        let st = self.lock();
+        st.listeners.get(addr).is_some_and(|r| {
+            st.silent.contains(&(from.clone(), r.node.clone()))
+                || st.silent.contains(&(r.node.clone(), from.clone()))
+        })
     }
 
     fn open_link(
@@ -335,6 +356,16 @@ impl Transport for MemTransport {
     }
 
     async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError> {
+        if self.net.dial_vanishes(&self.config.node, addr) {
+            tokio::time::sleep(self.config.connect_timeout).await;
+            return Err(TransportError::Connect {
+                addr: addr.clone(),
+                source: Arc::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer (the in-memory network drops this pair's frames)",
+                )),
+            });
+        }
         let mut end = self
             .net
             .open_link(&self.config.node, addr, self.config.max_frame_len)?;
@@ -439,11 +470,16 @@ impl FrameSender for MemSender {
         let Some(tx) = self.tx.clone() else {
             return Err(TransportError::Closed);
         };
-        let deliver_at = self
-            .net
-            .lock()
-            .deliver_at(&self.from, &self.to)
-            .max(self.last_deliver_at);
+        let deliver_at = {
+            let mut st = self.net.lock();
+            if st.silent.contains(&(self.from.clone(), self.to.clone())) {
+                self.buf.clear();
+                self.buffered = 0;
+                return Ok(());
+            }
+            st.deliver_at(&self.from, &self.to)
+        }
+        .max(self.last_deliver_at);
         self.last_deliver_at = deliver_at;
         let batch = Batch {
             deliver_at,
