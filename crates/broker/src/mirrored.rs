@@ -566,116 +566,117 @@ impl Broker {
         let Store::Replica(m) = &mut q.store else {
             return;
         };
-        m.replica.flush();
-        if m.replica.role() == Role::Master {
-            m.master = true;
-        }
-        let outputs: Vec<Output> = m.replica.drain_outputs().collect();
         let mut wake_shell = false;
         let mut handed_out = false;
         let mut want_sync = m.replica.needs_storage_sync();
-        for o in outputs {
-            match o {
-                Output::Broadcast(b) => {
-                    m.outbox.push(b);
-                    wake_shell = true;
-                }
-                Output::Send { to, payload } => {
-                    m.sends.push((to, payload));
-                    wake_shell = true;
-                }
-                Output::ProposeRecord {
-                    expected_version,
-                    view,
-                } => {
-                    m.proposals.push((expected_version, view));
-                    wake_shell = true;
-                }
-                Output::Confirmed(ids) => {
-                    for id in ids {
-                        if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
-                            confirm_one(&mut self.conns, conn, ch, cseq);
+        // Outputs until there are none: handing out fetches makes room in
+        // consumers' windows, the new fetches make broadcasts.
+        loop {
+            let Store::Replica(m) = &mut q.store else {
+                return;
+            };
+            m.replica.flush();
+            if m.replica.role() == Role::Master {
+                m.master = true;
+            }
+            let outputs: Vec<Output> = m.replica.drain_outputs().collect();
+            if outputs.is_empty() {
+                break;
+            }
+            let mut handed_now = false;
+            for o in outputs {
+                match o {
+                    Output::Broadcast(b) => {
+                        m.outbox.push(b);
+                        wake_shell = true;
+                    }
+                    Output::Send { to, payload } => {
+                        m.sends.push((to, payload));
+                        wake_shell = true;
+                    }
+                    Output::ProposeRecord {
+                        expected_version,
+                        view,
+                    } => {
+                        m.proposals.push((expected_version, view));
+                        wake_shell = true;
+                    }
+                    Output::Confirmed(ids) => {
+                        for id in ids {
+                            if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
+                                confirm_one(&mut self.conns, conn, ch, cseq);
+                            }
                         }
                     }
-                }
-                Output::Nacked(ids) => {
-                    for id in ids {
-                        if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
-                            nack_one(&mut self.conns, conn, ch, cseq);
+                    Output::Nacked(ids) => {
+                        for id in ids {
+                            if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
+                                nack_one(&mut self.conns, conn, ch, cseq);
+                            }
                         }
                     }
-                }
-                Output::Fetched { token, delivery } => {
-                    let Some(f) = m.fetches.remove(&token) else {
-                        continue;
-                    };
-                    handed_out = true;
-                    if let Some(d) = &delivery {
-                        q.counters.delivered += 1;
-                        q.counters.redelivered += u64::from(d.redelivered);
-                    }
-                    let remaining = m.replica.stats().map_or(0, |s| s.ready);
-                    let res = match hand_out(
-                        &mut self.conns,
-                        q.consumers.as_mut_slice(),
-                        &qname,
-                        f,
-                        delivery,
-                        remaining,
-                    ) {
-                        After::Nothing => Ok(()),
-                        After::Ack(tag) => m.replica.ack(tag),
-                        After::Requeue(tag) => m.replica.requeue(tag),
-                    };
-                    if let Err(e) = res {
-                        tracing::error!(%vhost, queue = %qname, error = %e, "settling a fetched message failed");
-                    }
-                }
-                Output::FetchFailed { token } => {
-                    if let Some(f) = m.fetches.remove(&token) {
-                        handed_out = true;
-                        hand_out(
+                    Output::Fetched { token, delivery } => {
+                        let Some(f) = m.fetches.remove(&token) else {
+                            continue;
+                        };
+                        handed_now = true;
+                        if let Some(d) = &delivery {
+                            q.counters.delivered += 1;
+                            q.counters.redelivered += u64::from(d.redelivered);
+                        }
+                        let remaining = m.replica.stats().map_or(0, |s| s.ready);
+                        let res = match hand_out(
                             &mut self.conns,
                             q.consumers.as_mut_slice(),
                             &qname,
                             f,
-                            None,
-                            0,
-                        );
+                            delivery,
+                            remaining,
+                        ) {
+                            After::Nothing => Ok(()),
+                            After::Ack(tag) => m.replica.ack(tag),
+                            After::Requeue(tag) => m.replica.requeue(tag),
+                        };
+                        if let Err(e) = res {
+                            tracing::error!(%vhost, queue = %qname, error = %e, "settling a fetched message failed");
+                        }
                     }
+                    Output::FetchFailed { token } => {
+                        if let Some(f) = m.fetches.remove(&token) {
+                            handed_now = true;
+                            hand_out(
+                                &mut self.conns,
+                                q.consumers.as_mut_slice(),
+                                &qname,
+                                f,
+                                None,
+                                0,
+                            );
+                        }
+                    }
+                    Output::Promoted { epoch, held } => {
+                        tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
+                        want_sync = true;
+                    }
+                    Output::Deposed { epoch } => {
+                        tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");
+                        wake_shell = true;
+                    }
+                    Output::SyncComplete => {
+                        tracing::info!(%vhost, queue = %qname, "mirror synchronised");
+                    }
+                    Output::Dropped(d) => m.dropped.extend(d),
                 }
-                Output::Promoted { epoch, held } => {
-                    tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
-                    want_sync = true;
-                }
-                Output::Deposed { epoch } => {
-                    tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");
-                    wake_shell = true;
-                }
-                Output::SyncComplete => {
-                    tracing::info!(%vhost, queue = %qname, "mirror synchronised");
-                }
-                Output::Dropped(d) => m.dropped.extend(d),
             }
-        }
-        // Handed-out fetches left room in the consumers' windows: fetch more.
-        if handed_out {
-            super::drive_replica(q, &mut self.conns, self.now);
+            // Handed-out fetches left room in the consumers' windows: fetch more.
+            if handed_now {
+                handed_out = true;
+                super::drive_replica(q, &mut self.conns, self.now);
+            }
         }
         let Store::Replica(m) = &mut q.store else {
             return;
         };
-        // The replica may have acked no-ack deliveries or requeued, or
-        // fetched again: send that too.
-        m.replica.flush();
-        for o in m.replica.drain_outputs() {
-            match o {
-                Output::Broadcast(b) => m.outbox.push(b),
-                Output::Send { to, payload } => m.sends.push((to, payload)),
-                _ => continue,
-            }
-            wake_shell = true;
-        }
         if m.replica.role() == Role::Stopped {
             wake_shell = true;
         }
