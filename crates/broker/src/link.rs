@@ -648,6 +648,41 @@ impl Broker {
         out
     }
 
+    /// The link state shared with `node` was dropped on its side (a new link
+    /// connection, from it or to it): asks it again for deliveries to this
+    /// node's consumers of the queues it masters. Asking twice is harmless.
+    pub fn resubscribe(&mut self, node: &str) {
+        let mut msgs = Vec::new();
+        for (cid, rc) in &self.links.consumers {
+            let Some(q) = self
+                .vhosts
+                .get(&rc.vhost)
+                .and_then(|v| v.queues.get(&rc.queue))
+            else {
+                continue;
+            };
+            if !q.remote.as_ref().is_some_and(|at| at.is(node)) {
+                continue;
+            }
+            let Some(c) = q.consumers.iter().find(|c| c.remote_cid == *cid) else {
+                continue;
+            };
+            msgs.push(LinkMsg::Consume {
+                vhost: rc.vhost.clone(),
+                queue: rc.queue.to_string(),
+                cid: *cid,
+                prefetch: c.prefetch,
+                no_ack: c.no_ack,
+            });
+        }
+        if !msgs.is_empty() {
+            tracing::info!(%node, consumers = msgs.len(), "asking the node again for deliveries to this node's consumers");
+        }
+        for m in msgs {
+            self.links.send(node, m);
+        }
+    }
+
     /// Handles link messages from node `from`.
     pub fn link_input(&mut self, from: &str, msgs: Vec<LinkMsg>, now_ms: u64) {
         self.now = now_ms;
@@ -800,6 +835,14 @@ impl Broker {
                     return;
                 };
                 let tag: Arc<str> = Arc::from(cid.to_string());
+                // Asked again (the origin resubscribes after a link reset
+                // that this side may not have seen): one consumer.
+                if q.consumers
+                    .iter()
+                    .any(|c| c.conn == pc && c.channel == LINK_CHANNEL && c.tag == tag)
+                {
+                    return;
+                }
                 let qname = q.name.clone();
                 q.consumers.push(Consumer {
                     tag: tag.clone(),

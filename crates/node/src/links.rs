@@ -164,7 +164,11 @@ async fn receive(
                         .insert(peer.clone(), (incarnation, session));
                     if before.is_some_and(|b| b != (incarnation, session)) {
                         tracing::info!(%peer, "node reconnected: dropping the old link's state");
-                        lock(&broker).link_down(&peer, now_ms());
+                        let mut b = lock(&broker);
+                        b.link_down(&peer, now_ms());
+                        // It dropped its side too: this node's consumers of
+                        // its queues ask again.
+                        b.resubscribe(&peer);
                     }
                 }
                 Ok(m) if greeted => msgs.push(m),
@@ -241,6 +245,9 @@ async fn send(
     }
 }
 
+/// How soon a lost link is dialed again when no work waits for it.
+const REDIAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The sending side of the link to one node.
 struct NodeLink {
     node: String,
@@ -264,7 +271,28 @@ impl NodeLink {
         // Whether the last attempt failed: an outage is logged once, at
         // its start and at its end, not once per batch.
         let mut failing = false;
-        while let Some(batch) = rx.recv().await {
+        // Whether a connection was made before: after losing it, the link
+        // is dialed again without waiting for work (the other node dropped
+        // this node's consumers with it and learns to expect them again
+        // from the new connection's hello).
+        let mut had_conn = false;
+        loop {
+            let redial = conn.is_none() && had_conn;
+            let batch = tokio::select! {
+                b = rx.recv() => match b {
+                    Some(b) => b,
+                    None => return,
+                },
+                () = tokio::time::sleep(REDIAL), if redial && !down => Some(Vec::new()),
+                e = events.recv(), if redial && down => {
+                    match e {
+                        Ok(NodeEvent::Up(n)) if n.as_str() == node => down = false,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
             down = latest_report(&mut events, node).unwrap_or(down);
             let Some(msgs) = batch else {
                 conn = None;
@@ -315,6 +343,11 @@ impl NodeLink {
                         conn = Some((addr.clone().unwrap_or_default(), tx));
                         if std::mem::take(&mut failing) {
                             tracing::info!(%node, "forwarding link to node restored");
+                        }
+                        // The node drops this node's link state on the new
+                        // session: ask again for this node's consumers.
+                        if std::mem::replace(&mut had_conn, true) {
+                            lock(&self.broker).resubscribe(node);
                         }
                     }
                     None => {

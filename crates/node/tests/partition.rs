@@ -96,6 +96,8 @@ struct History {
     confirmed: BTreeMap<String, (String, Instant)>,
     /// Every delivery: body and redelivered flag, in order.
     delivered: Vec<(String, bool)>,
+    /// Deliveries per consumer (the node it is attached to).
+    delivered_to: BTreeMap<String, usize>,
 }
 
 fn queue(p: &Peer) -> Value {
@@ -177,6 +179,7 @@ async fn publish(url: String, tag: &'static str, stop: Arc<AtomicBool>, h: Arc<M
 /// or the consumer is cancelled; with `stop` already set, until nothing
 /// came for 5 s (the drain).
 async fn consume(url: String, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let name = url.clone();
     loop {
         let Some(conn) = connect(&url).await else {
             continue;
@@ -193,7 +196,11 @@ async fn consume(url: String, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
                 match tokio::time::timeout(quiet, consumer.next()).await {
                     Ok(Some(Ok(d))) => {
                         let body = String::from_utf8_lossy(&d.data).into_owned();
-                        h.lock().unwrap().delivered.push((body, d.redelivered));
+                        {
+                            let mut h = h.lock().unwrap();
+                            h.delivered.push((body, d.redelivered));
+                            *h.delivered_to.entry(name.clone()).or_default() += 1;
+                        }
                         d.ack(BasicAckOptions::default()).await?;
                     }
                     Ok(Some(Err(e))) => return Err(e),
@@ -371,13 +378,14 @@ fn a_cut_between_the_master_and_one_mirror_heals() {
     };
     let (_root, [_a, b, c], rt) = mirrored_three_in_netns();
     let ips = ADDRS;
-    // Publishers on b (cut from the master) and c (not cut), forwarded to
-    // the master on a; the consumer on c.
+    // Publishers and consumers on b (cut from the master) and c (not cut),
+    // forwarded to the master on a.
     let h = Arc::new(Mutex::new(History::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let pub_b = rt.spawn(publish(b.amqp_url(), "b-", stop.clone(), h.clone()));
     let pub_c = rt.spawn(publish(c.amqp_url(), "c-", stop.clone(), h.clone()));
-    let consumer = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
+    let consumer_b = rt.spawn(consume(b.amqp_url(), stop.clone(), h.clone()));
+    let consumer_c = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
     std::thread::sleep(Duration::from_secs(2));
     // a and b cannot reach each other; both still reach c (a keeps its
     // majority through c). Twice, 20 s each (WARREN_CUTS, WARREN_CUT_SECS).
@@ -409,9 +417,22 @@ fn a_cut_between_the_master_and_one_mirror_heals() {
     wait_for("confirms through c after the heal", || {
         confirmed_after(&h, "c-", healed_at + Duration::from_secs(1)) > 100
     });
-    let delivered_at_heal = h.lock().unwrap().delivered.len();
-    wait_for("deliveries after the heal", || {
-        h.lock().unwrap().delivered.len() > delivered_at_heal + 200
+    // Each consumer receives again.
+    let to = |h: &Mutex<History>, p: &Peer| {
+        let url = p.amqp_url();
+        h.lock()
+            .unwrap()
+            .delivered_to
+            .get(&url)
+            .copied()
+            .unwrap_or(0)
+    };
+    let (at_heal_b, at_heal_c) = (to(&h, &b), to(&h, &c));
+    wait_for("deliveries through b after the heal", || {
+        to(&h, &b) > at_heal_b + 100
+    });
+    wait_for("deliveries through c after the heal", || {
+        to(&h, &c) > at_heal_c + 100
     });
     stop.store(true, Ordering::SeqCst);
     rt.block_on(pub_b).unwrap();
@@ -426,7 +447,8 @@ fn a_cut_between_the_master_and_one_mirror_heals() {
         });
     }));
     assert!(drained.is_ok(), "not drained: {last}");
-    rt.block_on(consumer).unwrap();
+    rt.block_on(consumer_b).unwrap();
+    rt.block_on(consumer_c).unwrap();
     let h = h.lock().unwrap();
     let delivered: std::collections::BTreeSet<&str> =
         h.delivered.iter().map(|(b, _)| b.as_str()).collect();
