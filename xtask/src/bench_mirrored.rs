@@ -277,7 +277,7 @@ fn warren_synced(node: &WarrenNode, name: &str, mirrors: usize) -> anyhow::Resul
 
 /// A RabbitMQ node from Debian's package, stopped (SIGTERM to its start
 /// script, then SIGKILL to the Erlang VM) when dropped.
-struct RabbitNode {
+pub(crate) struct RabbitNode {
     name: String,
     port: u16,
     child: Child,
@@ -288,12 +288,12 @@ const RABBIT_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 const RABBIT_CTL: &str = "/usr/lib/rabbitmq/bin/rabbitmqctl";
 
 impl RabbitNode {
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
 
     /// Runs `rabbitmqctl -n NODE args…`; returns its stdout.
-    fn ctl(&self, args: &[&str]) -> anyhow::Result<String> {
+    pub(crate) fn ctl(&self, args: &[&str]) -> anyhow::Result<String> {
         rabbitmqctl(&self.home, &self.name, args)
     }
 
@@ -376,7 +376,7 @@ pub(crate) fn epmd_pids() -> Vec<u32> {
 
 /// Starts a RabbitMQ cluster of `size` nodes with the `ha-all` policy;
 /// `None` when `rabbitmq-server` is not installed.
-fn rabbit_cluster(dir: &Path, size: u16) -> anyhow::Result<Option<Vec<RabbitNode>>> {
+pub(crate) fn rabbit_cluster(dir: &Path, size: u16) -> anyhow::Result<Option<Vec<RabbitNode>>> {
     if !Path::new(RABBIT_SERVER).exists() {
         return Ok(None);
     }

@@ -6,6 +6,7 @@
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
 //! - `cargo xtask chaos [--seed S] [--duration SECS]` — a seeded fault schedule (`chaos`).
+//! - `cargo xtask conformance --record` — RabbitMQ's outcomes of the queue-feature scenarios.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod amqp_bench;
@@ -15,6 +16,7 @@ mod bench_mirrored;
 mod bench_report;
 mod chaos;
 mod cluster;
+mod conformance;
 mod cpu;
 mod node;
 mod scenario;
@@ -35,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         ["cluster", rest @ ..] => cluster::run(&workspace_root(), rest),
         ["scenario", rest @ ..] => scenario::main(&workspace_root(), rest),
         ["chaos", rest @ ..] => chaos::main(&workspace_root(), rest),
+        ["conformance", rest @ ..] => conformance::main(&workspace_root(), rest),
         _ => {
             eprintln!("usage: cargo xtask <command>");
             eprintln!();
@@ -54,6 +57,9 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  cluster down              stop the cluster started by `cluster up`");
             eprintln!("  scenario 1..6|all         the seed's two-node recovery scenarios");
             eprintln!("  chaos [--seed S] [--duration SECS] [--nodes 3|5]  seeded fault schedule");
+            eprintln!(
+                "  conformance --record [--only S]  queue-feature scenarios on RabbitMQ: record its outcomes"
+            );
             bail!("unknown or missing command: {args:?}")
         }
     }

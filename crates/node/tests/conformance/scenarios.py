@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""Queue-feature scenarios run by a real client (pika) against a 3-node broker.
+
+The same script runs against RabbitMQ 3.10 (`cargo xtask conformance
+--record` stores its outcomes in rabbitmq-3.10.json) and against Warren
+(`crates/node/tests/conformance.rs` compares Warren's outcomes with the
+recorded ones). Expected results therefore come from RabbitMQ, never by hand.
+
+Each scenario runs in three placements:
+  plain   a queue no mirroring policy matches; client on node 1
+  master  a mirrored queue (policy `ha-all`, `^ha\\.`); client on its master's node
+  mirror  the same, declared through node 1, used through node 2
+
+The harness sets these policies before running (see POLICIES below, which the
+harnesses read with `--policies`).
+
+Usage: scenarios.py --urls U1,U2,U3 [--only NAME] > outcomes.json
+       scenarios.py --policies      (prints the policies as JSON)
+"""
+
+import json
+import signal
+import sys
+import time
+
+import pika
+
+# name -> (pattern, definition, priority); set by the harness.
+POLICIES = {
+    "ha-all": (r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"}, 0),
+    "ha-limits": (
+        r"^ha\.limits\.",
+        {
+            "ha-mode": "all",
+            "ha-sync-mode": "automatic",
+            "max-length": 3,
+            "overflow": "reject-publish",
+        },
+        1,
+    ),
+    "plain-limits": (
+        r"^plain\.limits\.",
+        {"max-length": 3, "overflow": "reject-publish"},
+        1,
+    ),
+    "ha-pttl": (
+        r"^ha\.pttl\.",
+        {
+            "ha-mode": "all",
+            "ha-sync-mode": "automatic",
+            "message-ttl": 100,
+            "dead-letter-exchange": "",
+            "dead-letter-routing-key": "dlq.pttl",
+        },
+        1,
+    ),
+    "plain-pttl": (
+        r"^plain\.pttl\.",
+        {
+            "message-ttl": 100,
+            "dead-letter-exchange": "",
+            "dead-letter-routing-key": "dlq.pttl",
+        },
+        1,
+    ),
+}
+
+SCENARIO_TIMEOUT_S = 30
+
+
+class Timeout(Exception):
+    pass
+
+
+def on_alarm(_sig, _frame):
+    raise Timeout()
+
+
+def persistent(**kw):
+    return pika.BasicProperties(delivery_mode=2, **kw)
+
+
+def closed(e):
+    """A broker's channel or connection close as [code, text]."""
+    return [e.reply_code, e.reply_text]
+
+
+class Ctx:
+    """Connections for one scenario in one placement."""
+
+    def __init__(self, urls, placement, scenario):
+        self.urls = urls
+        self.placement = placement
+        kind = "plain" if placement == "plain" else "ha"
+        self.prefix = f"{kind}."
+        self.name = f"{scenario}.{placement}"
+        self.conns = []
+        self.admin = self.connect(0)
+        self.use = self.connect(1 if placement == "mirror" else 0)
+
+    def declare(self, queue, durable=True, arguments=None, auto_delete=False):
+        """Declares through node 1; in the mirror placement, waits (3 s at
+        most) until node 2 knows the queue. RabbitMQ knows it everywhere at
+        declare-ok; Warren's other nodes learn it from the replicated
+        metadata a moment later (the scenario use_right_after_declare
+        records that difference)."""
+        declare(self.admin, queue, durable, arguments, auto_delete)
+        if self.use is self.admin:
+            return
+        for _ in range(30):
+            if isinstance(passive_count(self.use, queue), int):
+                return
+            time.sleep(0.1)
+
+    def queue(self, feature=""):
+        """This scenario's queue name (policies match on `feature`)."""
+        return f"{self.prefix}{feature}{self.name}"
+
+    def connect(self, node):
+        c = pika.BlockingConnection(pika.URLParameters(self.urls[node]))
+        self.conns.append(c)
+        return c
+
+    def channel(self, conn, confirm=False):
+        ch = conn.channel()
+        if confirm:
+            ch.confirm_delivery()
+        return ch
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+
+def publish_each(ch, queue, bodies, props=None, mandatory=False):
+    """Publishes with confirms one by one: 'ack', 'nack' or 'returned' each."""
+    out = []
+    for b in bodies:
+        try:
+            ch.basic_publish("", queue, b, props or persistent(), mandatory=mandatory)
+            out.append("ack")
+        except pika.exceptions.NackError:
+            out.append("nack")
+        except pika.exceptions.UnroutableError:
+            out.append("returned")
+    return out
+
+
+def get_all(ch, queue, limit=100):
+    """basic.get (auto-ack) until empty: [body, redelivered, priority] each."""
+    got = []
+    for _ in range(limit):
+        m, props, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        got.append([body.decode(), m.redelivered, props.priority])
+    return got
+
+
+def x_death(props):
+    deaths = (props.headers or {}).get("x-death") or []
+    return [
+        {
+            "reason": d.get("reason"),
+            "queue": d.get("queue"),
+            "count": d.get("count"),
+            "exchange": d.get("exchange"),
+            "routing-keys": d.get("routing-keys"),
+        }
+        for d in deaths
+    ]
+
+
+def get_dead(ch, queue):
+    got = []
+    for _ in range(100):
+        m, props, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        got.append([body.decode(), x_death(props)])
+    return got
+
+
+def passive_count(conn, queue):
+    ch = conn.channel()
+    try:
+        ok = ch.queue_declare(queue, passive=True)
+        n = ok.method.message_count
+        ch.close()
+        return n
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return closed(e)
+
+
+def declare(conn, queue, durable=True, arguments=None, auto_delete=False):
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=durable, arguments=arguments, auto_delete=auto_delete)
+    ch.close()
+
+
+def delete(conn, queue):
+    try:
+        ch = conn.channel()
+        ch.queue_delete(queue)
+        ch.close()
+    except Exception:
+        pass
+
+
+def settle(seconds):
+    """Lets time pass (TTLs, expiry) without a client doing anything."""
+    time.sleep(seconds)
+
+
+# ---- scenarios: each returns a JSON-able outcome ---------------------------
+
+
+def basic_get(ctx):
+    q = ctx.queue()
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, [f"m{i}" for i in range(5)])
+    count = passive_count(ctx.use, q)
+    return {"publish": acks, "count": count, "got": get_all(ch, q)}
+
+
+def missing_queue(ctx):
+    return {"passive": passive_count(ctx.use, ctx.queue("missing."))}
+
+
+def nondurable(ctx):
+    q = ctx.queue("transient.")
+    ctx.declare(q, durable=False)
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"passive": passive_count(ctx.use, q)}
+    out["publish"] = publish_each(
+        ch, q, ["t0", "t1"], props=pika.BasicProperties(), mandatory=True
+    )
+    out["got"] = get_all(ch, q)
+    return out
+
+
+def max_length_policy(ctx):
+    q = ctx.queue("limits.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, [f"m{i}" for i in range(5)])
+    return {"publish": acks, "count": passive_count(ctx.use, q), "got": get_all(ch, q)}
+
+
+def max_length_drop_head(ctx):
+    q = ctx.queue("dh.")
+    ctx.declare(q, arguments={"x-max-length": 2})
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, [f"m{i}" for i in range(4)])
+    return {"publish": acks, "got": get_all(ch, q)}
+
+
+def overflow_reject_publish(ctx):
+    q = ctx.queue("rp.")
+    ctx.declare(q, arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, [f"m{i}" for i in range(4)])
+    return {"publish": acks, "got": get_all(ch, q)}
+
+
+def ttl_dead_letter(ctx):
+    q = ctx.queue("ttl.")
+    dlq = f"dlq.{ctx.name}"
+    ctx.declare(dlq)
+    args = {
+        "x-message-ttl": 100,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dlq,
+    }
+    ctx.declare(q, arguments=args)
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, ["e0", "e1", "e2"])
+    settle(1.5)
+    out = {"publish": acks, "left": get_all(ch, q), "dead": get_dead(ch, dlq)}
+    delete(ctx.admin, dlq)
+    return out
+
+
+def policy_ttl_dead_letter(ctx):
+    q = ctx.queue("pttl.")
+    dlq = "dlq.pttl"
+    ctx.declare(dlq)
+    ch = ctx.channel(ctx.use, confirm=True)
+    ch.queue_purge(dlq)
+    ctx.declare(q)
+    acks = publish_each(ch, q, ["p0", "p1"])
+    settle(1.5)
+    out = {"publish": acks, "left": get_all(ch, q), "dead": get_dead(ch, dlq)}
+    delete(ctx.admin, dlq)
+    return out
+
+
+def reject_dead_letter(ctx):
+    q = ctx.queue("rej.")
+    dlq = f"dlq.{ctx.name}"
+    ctx.declare(dlq)
+    args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}
+    ctx.declare(q, arguments=args)
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, ["r0", "r1"])
+    for _ in range(2):
+        m, _props, _body = ch.basic_get(q, auto_ack=False)
+        if m is not None:
+            ch.basic_reject(m.delivery_tag, requeue=False)
+    out = {"publish": acks, "left": get_all(ch, q), "dead": get_dead(ch, dlq)}
+    delete(ctx.admin, dlq)
+    return out
+
+
+def expires_with_consumer(ctx):
+    q = ctx.queue("exp.")
+    ctx.declare(q, arguments={"x-expires": 1000})
+    ch = ctx.channel(ctx.use)
+    tag = ch.basic_consume(q, lambda *a: None)
+    ctx.use.process_data_events(time_limit=2.5)
+    out = {"with_consumer": passive_count(ctx.admin, q)}
+    ch.basic_cancel(tag)
+    ctx.use.process_data_events(time_limit=2.5)
+    out["after_cancel"] = passive_count(ctx.admin, q)
+    return out
+
+
+def auto_delete_two_consumers(ctx):
+    q = ctx.queue("ad.")
+    ctx.declare(q, durable=False, auto_delete=True)
+    a = ctx.channel(ctx.admin)
+    ta = a.basic_consume(q, lambda *x: None)
+    b = ctx.channel(ctx.use)
+    tb = b.basic_consume(q, lambda *x: None)
+    b.basic_cancel(tb)
+    ctx.use.process_data_events(time_limit=0.5)
+    out = {"one_cancelled": passive_count(ctx.use, q)}
+    a.basic_cancel(ta)
+    ctx.admin.process_data_events(time_limit=0.5)
+    out["both_cancelled"] = passive_count(ctx.use, q)
+    return out
+
+
+def priority(ctx):
+    q = ctx.queue("prio.")
+    ctx.declare(q, arguments={"x-max-priority": 10})
+    ch = ctx.channel(ctx.use, confirm=True)
+    for p in [1, 5, 9, 3, 0]:
+        publish_each(ch, q, [f"p{p}"], props=persistent(priority=p))
+    return {"got": get_all(ch, q)}
+
+
+def large_message(ctx):
+    q = ctx.queue("large.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    body = b"x" * (6 * 1024 * 1024)
+    acks = publish_each(ch, q, [body])
+    m, _props, got = ch.basic_get(q, auto_ack=True)
+    return {"publish": acks, "got": None if m is None else len(got)}
+
+
+def publish_right_after_declare(ctx):
+    q = ctx.queue("fresh.")
+    ch = ctx.channel(ctx.use, confirm=True)
+    ch.queue_declare(q, durable=True)
+    acks = publish_each(ch, q, [f"f{i}" for i in range(50)])
+    return {"acked": acks.count("ack"), "count": passive_count(ctx.use, q)}
+
+
+def use_right_after_declare(ctx):
+    q = ctx.queue("now.")
+    declare(ctx.admin, q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, q, ["n0", "n1"])
+    return {"publish": acks, "got": get_all(ch, q)}
+
+
+def message_count_each_node(ctx):
+    q = ctx.queue("count.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.admin, confirm=True)
+    publish_each(ch, q, [f"c{i}" for i in range(5)])
+    counts = []
+    for node in range(len(ctx.urls)):
+        conn = ctx.connect(node)
+        counts.append(passive_count(conn, q))
+    return {"counts": counts}
+
+
+SCENARIOS = [
+    basic_get,
+    missing_queue,
+    nondurable,
+    max_length_policy,
+    max_length_drop_head,
+    overflow_reject_publish,
+    ttl_dead_letter,
+    policy_ttl_dead_letter,
+    reject_dead_letter,
+    expires_with_consumer,
+    auto_delete_two_consumers,
+    priority,
+    large_message,
+    publish_right_after_declare,
+    use_right_after_declare,
+    message_count_each_node,
+]
+
+# The queues each scenario may leave behind (deleted before and after it).
+LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
+             "exp.", "ad.", "prio.", "large.", "fresh.", "now.", "count."]
+
+
+def run_one(urls, scenario, placement):
+    ctx = None
+    signal.alarm(SCENARIO_TIMEOUT_S)
+    try:
+        ctx = Ctx(urls, placement, scenario.__name__)
+        for f in LEFTOVERS:
+            delete(ctx.admin, ctx.queue(f))
+        return scenario(ctx)
+    except Timeout:
+        return {"error": "timeout"}
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return {"error": "channel closed", "close": closed(e)}
+    except pika.exceptions.ConnectionClosedByBroker as e:
+        return {"error": "connection closed", "close": closed(e)}
+    finally:
+        signal.alarm(0)
+        if ctx is not None:
+            try:
+                signal.alarm(SCENARIO_TIMEOUT_S)
+                for f in LEFTOVERS:
+                    delete(ctx.admin, ctx.queue(f))
+            except Timeout:
+                pass
+            finally:
+                signal.alarm(0)
+            ctx.close()
+
+
+def main(argv):
+    if "--policies" in argv:
+        print(json.dumps({k: {"pattern": p, "definition": d, "priority": pr}
+                          for k, (p, d, pr) in POLICIES.items()}))
+        return 0
+    urls = argv[argv.index("--urls") + 1].split(",")
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    signal.signal(signal.SIGALRM, on_alarm)
+    out = {}
+    for s in SCENARIOS:
+        if only and s.__name__ != only:
+            continue
+        for placement in ["plain", "master", "mirror"]:
+            key = f"{s.__name__}/{placement}"
+            started = time.time()
+            out[key] = run_one(urls, s, placement)
+            print(f"{key}: {time.time() - started:.1f}s {json.dumps(out[key])[:160]}",
+                  file=sys.stderr, flush=True)
+    print(json.dumps(out, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,87 @@
+//! `cargo xtask conformance --record`: runs the queue-feature scenarios
+//! (`crates/node/tests/conformance/scenarios.py`, pika) against a 3-node
+//! RabbitMQ cluster (Debian's `rabbitmq-server`) with the scenarios'
+//! policies, and stores RabbitMQ's outcomes next to them
+//! (`rabbitmq-3.10.json`). `crates/node/tests/conformance.rs` runs the same
+//! scenarios against Warren in CI and compares.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::bench_mirrored::{epmd_pids, rabbit_cluster, stop_new_epmd};
+
+/// The scenario library and its recorded outcomes, under the workspace root.
+const DIR: &str = "crates/node/tests/conformance";
+
+/// Runs `conformance --record [--only SCENARIO]`.
+pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+    if args.first() != Some(&"--record") {
+        bail!(
+            "usage: cargo xtask conformance --record [--only SCENARIO]\n\
+             (the Warren side runs in CI: cargo nextest run -p warren-node --test conformance)"
+        );
+    }
+    let only: Vec<&str> = match args {
+        [_, "--only", s] => vec!["--only", s],
+        _ => Vec::new(),
+    };
+    let script = root.join(DIR).join("scenarios.py");
+    let work = crate::bench::target_dir(root).join("conformance");
+    let epmd_before = epmd_pids();
+    let result = (|| -> anyhow::Result<String> {
+        println!("==> RabbitMQ: starting 3 nodes ({})", work.display());
+        let nodes = rabbit_cluster(&work, 3)?
+            .context("rabbitmq-server is not installed (apt-get install rabbitmq-server)")?;
+        let policies = Command::new("python3")
+            .arg(&script)
+            .arg("--policies")
+            .output()
+            .context("running python3")?;
+        let policies: serde_json::Value =
+            serde_json::from_slice(&policies.stdout).context("reading the scenarios' policies")?;
+        for (name, p) in policies.as_object().into_iter().flatten() {
+            nodes[0].ctl(&[
+                "set_policy",
+                "--apply-to",
+                "queues",
+                "--priority",
+                &p["priority"].to_string(),
+                name,
+                p["pattern"].as_str().unwrap_or_default(),
+                &p["definition"].to_string(),
+            ])?;
+        }
+        let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
+        println!("==> running the scenarios (progress on stderr)");
+        let out = Command::new("python3")
+            .arg(&script)
+            .args(["--urls", &urls.join(",")])
+            .args(&only)
+            .output()
+            .context("running the scenarios")?;
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            bail!("the scenarios failed");
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    })();
+    stop_new_epmd(&epmd_before);
+    let outcomes = result?;
+    let file = root.join(DIR).join("rabbitmq-3.10.json");
+    let merged = if only.is_empty() {
+        outcomes
+    } else {
+        // One scenario re-recorded: merged into the others' outcomes.
+        let mut all: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_default())
+                .unwrap_or_default();
+        let new: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&outcomes)?;
+        all.extend(new);
+        serde_json::to_string_pretty(&all)?
+    };
+    std::fs::write(&file, merged)?;
+    println!("==> RabbitMQ's outcomes written to {}", file.display());
+    Ok(())
+}
