@@ -195,6 +195,8 @@ struct Queue {
     dlx: Option<String>,
     dlrk: Option<String>,
     expires_ms: Option<u64>,
+    /// `x-overflow: reject-publish[-dlx]`.
+    reject: Option<RejectPublish>,
     last_used_ms: u64,
     /// Metadata and body of each message, kept only when dead-lettering is on.
     dl_msgs: HashMap<u64, (Bytes, Bytes)>,
@@ -204,6 +206,28 @@ struct Queue {
     dir: Option<PathBuf>,
     /// Its traffic since this node started serving it.
     counters: stats::QueueCounters,
+}
+
+impl Queue {
+    /// A message of this queue (in `vhost`) to dead-letter for `reason`;
+    /// `None` without a dead-letter exchange.
+    fn dead_letter(
+        &self,
+        vhost: &str,
+        reason: DropReason,
+        meta: Bytes,
+        body: Bytes,
+    ) -> Option<DeadLetter> {
+        Some(DeadLetter {
+            vhost: vhost.to_owned(),
+            exchange: self.dlx.clone()?,
+            routing_key: self.dlrk.clone(),
+            queue: self.name.clone(),
+            reason,
+            meta,
+            body,
+        })
+    }
 }
 
 impl fmt::Debug for Queue {
@@ -584,10 +608,33 @@ fn new_vhost() -> Vhost {
 
 /// Queue arguments checked and turned into settings.
 struct QueueArgs {
+    /// What the store enforces (with `reject`, no length limits: the
+    /// queue refuses publishes instead of dropping its head).
     limits: Limits,
     expires_ms: Option<u64>,
     dlx: Option<String>,
     dlrk: Option<String>,
+    reject: Option<RejectPublish>,
+}
+
+/// `x-overflow: reject-publish` (or `reject-publish-dlx`): a full queue
+/// refuses new publishes (nacked) instead of dropping its oldest messages.
+#[derive(Debug, Clone, Copy)]
+struct RejectPublish {
+    max_length: Option<u64>,
+    max_length_bytes: Option<u64>,
+    /// `reject-publish-dlx`: refused messages are dead-lettered too.
+    dead_letter: bool,
+}
+
+impl RejectPublish {
+    /// Whether a queue with `stats` refuses another publish.
+    fn full(&self, stats: &warren_backing_queue::Stats) -> bool {
+        self.max_length.is_some_and(|m| stats.ready >= m)
+            || self
+                .max_length_bytes
+                .is_some_and(|m| stats.ready_bytes >= m)
+    }
 }
 
 fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, AmqpError> {
@@ -602,7 +649,9 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
         expires_ms: None,
         dlx: None,
         dlrk: None,
+        reject: None,
     };
+    let mut overflow = "drop-head".to_owned();
     for (k, v) in args.inner() {
         let key = k.as_str();
         let non_neg = || match as_i64(v) {
@@ -633,8 +682,14 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
                 }
                 out.dlrk = Some(dlrk);
             }
-            "x-overflow" if as_str(v).as_deref() != Some("drop-head") => {
-                return Err(bad(key, "only drop-head is supported"));
+            "x-overflow" => {
+                overflow = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                if !["drop-head", "reject-publish", "reject-publish-dlx"].contains(&&*overflow) {
+                    return Err(bad(
+                        key,
+                        "must be drop-head, reject-publish or reject-publish-dlx",
+                    ));
+                }
             }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));
@@ -647,6 +702,13 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
             "x-dead-letter-routing-key",
             "x-dead-letter-exchange must be set too",
         ));
+    }
+    if overflow != "drop-head" {
+        out.reject = Some(RejectPublish {
+            max_length: out.limits.max_length.take(),
+            max_length_bytes: out.limits.max_length_bytes.take(),
+            dead_letter: overflow == "reject-publish-dlx",
+        });
     }
     Ok(out)
 }
@@ -1078,6 +1140,7 @@ impl Broker {
             dlx: args.dlx,
             dlrk: args.dlrk,
             expires_ms: args.expires_ms,
+            reject: args.reject,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),
             confirms: VecDeque::new(),
@@ -1458,7 +1521,10 @@ impl Broker {
                 if q.store.next_expiry_ms().is_some_and(|t| t < now_ms) {
                     expire.push((vname.clone(), q.name.clone()));
                 }
+                // Only the node that serves the queue knows every consumer
+                // (other nodes' come to it over their links) and every use.
                 if let Some(exp) = q.expires_ms
+                    && q.remote.is_none()
                     && q.consumers.is_empty()
                     && now_ms.saturating_sub(q.last_used_ms) >= exp
                 {
@@ -1663,7 +1729,13 @@ impl Broker {
             .vhosts
             .get(vhost)
             .and_then(|v| v.queues.get(qname))
-            .is_some_and(|q| q.opts.auto_delete && q.had_consumers && q.consumers.is_empty());
+            .is_some_and(|q| {
+                // The serving node decides: it sees every node's consumers.
+                q.remote.is_none()
+                    && q.opts.auto_delete
+                    && q.had_consumers
+                    && q.consumers.is_empty()
+            });
         if del {
             self.delete_queue(vhost, qname);
         }
@@ -1694,18 +1766,8 @@ impl Broker {
             let mut dropped: Vec<Dropped> = Vec::new();
             q.store.take_dropped(&mut dropped);
             for d in dropped {
-                if let Some((meta, body)) = q.dl_msgs.remove(&d.id)
-                    && let Some(dlx) = &q.dlx
-                {
-                    self.dead.push(DeadLetter {
-                        vhost: vhost.to_owned(),
-                        exchange: dlx.clone(),
-                        routing_key: q.dlrk.clone(),
-                        queue: q.name.clone(),
-                        reason: d.reason,
-                        meta,
-                        body,
-                    });
+                if let Some((meta, body)) = q.dl_msgs.remove(&d.id) {
+                    self.dead.extend(q.dead_letter(vhost, d.reason, meta, body));
                 }
             }
             // Expired messages at the head may have gone during the fetches.
@@ -1720,76 +1782,79 @@ impl Broker {
             return;
         }
         self.dl_depth += 1;
-        while let Some(d) = self.dead.pop() {
-            let m = decode_meta(&d.meta);
-            let reason = match d.reason {
-                DropReason::Expired => "expired",
-                DropReason::MaxLength => "maxlen",
-                DropReason::Rejected => "rejected",
-            };
-            let mut props = m.properties.clone();
-            let mut headers = props.headers().clone().unwrap_or_default();
-            let mut deaths: Vec<AMQPValue> = match headers.inner().get("x-death") {
-                Some(AMQPValue::FieldArray(a)) => a.as_slice().to_vec(),
-                _ => Vec::new(),
-            };
-            // Cycle: the message already died in this queue for this reason
-            // without a client rejecting it: drop it, as RabbitMQ does.
-            let cycle = deaths.iter().any(|x| match x {
-                AMQPValue::FieldTable(t) => {
-                    t.inner().get("queue").and_then(as_str).as_deref() == Some(&*d.queue)
-                        && d.reason != DropReason::Rejected
+        // Oldest first: dead letters keep the order their queue dropped them in.
+        while !self.dead.is_empty() {
+            for d in std::mem::take(&mut self.dead) {
+                let m = decode_meta(&d.meta);
+                let reason = match d.reason {
+                    DropReason::Expired => "expired",
+                    DropReason::MaxLength => "maxlen",
+                    DropReason::Rejected => "rejected",
+                };
+                let mut props = m.properties.clone();
+                let mut headers = props.headers().clone().unwrap_or_default();
+                let mut deaths: Vec<AMQPValue> = match headers.inner().get("x-death") {
+                    Some(AMQPValue::FieldArray(a)) => a.as_slice().to_vec(),
+                    _ => Vec::new(),
+                };
+                // Cycle: the message already died in this queue for this reason
+                // without a client rejecting it: drop it, as RabbitMQ does.
+                let cycle = deaths.iter().any(|x| match x {
+                    AMQPValue::FieldTable(t) => {
+                        t.inner().get("queue").and_then(as_str).as_deref() == Some(&*d.queue)
+                            && d.reason != DropReason::Rejected
+                    }
+                    _ => false,
+                });
+                if cycle {
+                    continue;
                 }
-                _ => false,
-            });
-            if cycle {
-                continue;
-            }
-            let mut death = FieldTable::default();
-            death.insert("count".into(), AMQPValue::LongLongInt(1));
-            death.insert("reason".into(), AMQPValue::LongString(reason.into()));
-            death.insert("queue".into(), AMQPValue::LongString((&*d.queue).into()));
-            death.insert("exchange".into(), AMQPValue::LongString(m.exchange.into()));
-            death.insert(
-                "routing-keys".into(),
-                AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
-                    m.routing_key.into(),
-                )])),
-            );
-            death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
-            deaths.insert(0, AMQPValue::FieldTable(death));
-            if !headers.contains_key("x-first-death-reason") {
-                headers.insert(
-                    "x-first-death-reason".into(),
-                    AMQPValue::LongString(reason.into()),
+                let mut death = FieldTable::default();
+                death.insert("count".into(), AMQPValue::LongLongInt(1));
+                death.insert("reason".into(), AMQPValue::LongString(reason.into()));
+                death.insert("queue".into(), AMQPValue::LongString((&*d.queue).into()));
+                death.insert("exchange".into(), AMQPValue::LongString(m.exchange.into()));
+                death.insert(
+                    "routing-keys".into(),
+                    AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
+                        m.routing_key.into(),
+                    )])),
                 );
-                headers.insert(
-                    "x-first-death-queue".into(),
-                    AMQPValue::LongString((&*d.queue).into()),
-                );
-                headers.insert(
-                    "x-first-death-exchange".into(),
-                    AMQPValue::LongString(m.exchange.into()),
-                );
-            }
-            headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
-            props = props.with_headers(headers);
-            // RabbitMQ removes the per-message TTL so that it does not expire again.
-            props = strip_expiration(props);
-            let rk = d.routing_key.unwrap_or_else(|| m.routing_key.to_owned());
-            let persistent = props.delivery_mode() == &Some(2);
-            let msg = Msg {
-                meta: encode_meta(&d.exchange, &rk, &props),
-                body: d.body,
-                persistent,
-                expiration_ms: None,
-            };
-            let mut targets = Vec::new();
-            if let Some(v) = self.vhosts.get(&d.vhost) {
-                route(v, &d.exchange, &rk, props.headers().as_ref(), &mut targets);
-            }
-            if let Err(e) = self.enqueue(&d.vhost, &targets, &msg, None) {
-                tracing::error!(error = %e, "dead-lettering failed");
+                death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
+                deaths.insert(0, AMQPValue::FieldTable(death));
+                if !headers.contains_key("x-first-death-reason") {
+                    headers.insert(
+                        "x-first-death-reason".into(),
+                        AMQPValue::LongString(reason.into()),
+                    );
+                    headers.insert(
+                        "x-first-death-queue".into(),
+                        AMQPValue::LongString((&*d.queue).into()),
+                    );
+                    headers.insert(
+                        "x-first-death-exchange".into(),
+                        AMQPValue::LongString(m.exchange.into()),
+                    );
+                }
+                headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
+                props = props.with_headers(headers);
+                // RabbitMQ removes the per-message TTL so that it does not expire again.
+                props = strip_expiration(props);
+                let rk = d.routing_key.unwrap_or_else(|| m.routing_key.to_owned());
+                let persistent = props.delivery_mode() == &Some(2);
+                let msg = Msg {
+                    meta: encode_meta(&d.exchange, &rk, &props),
+                    body: d.body,
+                    persistent,
+                    expiration_ms: None,
+                };
+                let mut targets = Vec::new();
+                if let Some(v) = self.vhosts.get(&d.vhost) {
+                    route(v, &d.exchange, &rk, props.headers().as_ref(), &mut targets);
+                }
+                if let Err(e) = self.enqueue(&d.vhost, &targets, &msg, None) {
+                    tracing::error!(error = %e, "dead-lettering failed");
+                }
             }
         }
         self.dl_depth -= 1;
@@ -1826,6 +1891,22 @@ impl Broker {
             };
             if let Some(node) = q.remote.clone() {
                 pending += u32::from(self.link_publish(&node, vhost, qname, msg, confirm));
+                continue;
+            }
+            if let Some(r) = q.reject
+                && r.full(&q.store.stats())
+            {
+                // Full with reject-publish: refused, as RabbitMQ's queue
+                // does, and dead-lettered with reject-publish-dlx.
+                if let Some((conn, ch, cseq)) = confirm {
+                    pending += 1;
+                    nacks.push((conn, ch, cseq));
+                }
+                if r.dead_letter {
+                    let (meta, body) = (msg.meta.clone(), msg.body.clone());
+                    let reason = DropReason::MaxLength;
+                    self.dead.extend(q.dead_letter(vhost, reason, meta, body));
+                }
                 continue;
             }
             q.counters.published += 1;
@@ -1884,9 +1965,12 @@ impl Broker {
         if sync {
             self.want_sync();
         }
-        // Refused by a replica (not the master): nacked by the caller once
-        // counted as pending.
+        // Refused by a replica (not the master) or a full queue: nacked by
+        // the caller once counted as pending.
         self.deferred_nacks.extend(nacks);
+        if !self.dead.is_empty() {
+            self.dead_letter();
+        }
         Ok(pending)
     }
 

@@ -682,7 +682,7 @@ pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
 /// Brings the local broker in line with the cluster's metadata: creates
 /// what was declared on other nodes and removes what they deleted. Call
 /// with `replaying` set (so the broker's own writes are skipped).
-pub(crate) fn replay(b: &mut Broker, m: &Metadata) {
+pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
     let defs = to_definitions(m);
     let warn = |what: &str, e: &dyn std::fmt::Display| {
         tracing::warn!(what, error = %e, "could not apply a cluster metadata change locally");
@@ -765,11 +765,24 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata) {
         .map(|q| (q.vhost.clone(), q.name.clone()))
         .collect();
     for q in &defs.queues {
-        if !local.contains(&(q.vhost.clone(), q.name.clone()))
-            && let Err(e) =
-                b.admin_declare_queue(&q.vhost, &q.name, true, q.auto_delete, q.arguments.clone())
+        let key = (q.vhost.clone(), q.name.clone());
+        if local.contains(&key) {
+            continue;
+        }
+        if let Err(e) =
+            b.admin_declare_queue(&q.vhost, &q.name, true, q.auto_delete, q.arguments.clone())
         {
             warn("queue", &e);
+            continue;
+        }
+        // Served by its master from the start: a queue declared on another
+        // node must not take publishes here, even before the mirroring
+        // reconciler's next pass (they would be confirmed into a local
+        // store that the queue's replica then replaces).
+        if let Some(r) = m.queues.get(&key)
+            && r.master != me
+        {
+            b.set_queue_master(&q.vhost, &q.name, Some(&r.master));
         }
     }
     for q in queues.iter().filter(|q| q.durable && !q.exclusive) {
@@ -860,7 +873,7 @@ pub(crate) async fn replay_loop(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             replaying.store(true, Ordering::SeqCst);
-            replay(&mut b, &cluster.local());
+            replay(&mut b, &cluster.local(), cluster.node().as_str());
             replaying.store(false, Ordering::SeqCst);
         }
         if changes.changed().await.is_err() {
