@@ -34,6 +34,8 @@ pub(crate) mod introspect;
 pub(crate) mod link;
 #[path = "mirrored.rs"]
 pub(crate) mod mirrored;
+#[path = "policies.rs"]
+pub(crate) mod policies;
 #[path = "stats.rs"]
 pub(crate) mod stats;
 use link::Elsewhere;
@@ -197,6 +199,8 @@ struct Queue {
     expires_ms: Option<u64>,
     /// `x-overflow: reject-publish[-dlx]`.
     reject: Option<RejectPublish>,
+    /// The limits last given to the store (arguments and policy).
+    limits: Limits,
     last_used_ms: u64,
     /// Metadata and body of each message, kept only when dead-lettering is on.
     dl_msgs: HashMap<u64, (Bytes, Bytes)>,
@@ -523,6 +527,8 @@ pub struct Broker {
     retired_counters: stats::MessageCounters,
     /// The confirm latencies of closed client connections.
     retired_latency: stats::LatencyHistogram,
+    /// The stored policies, as applied to queues ([`Broker::apply_policies`]).
+    policies: warren_policy::PolicySet,
 }
 
 impl fmt::Debug for Broker {
@@ -619,7 +625,7 @@ struct QueueArgs {
 
 /// `x-overflow: reject-publish` (or `reject-publish-dlx`): a full queue
 /// refuses new publishes (nacked) instead of dropping its oldest messages.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RejectPublish {
     max_length: Option<u64>,
     max_length_bytes: Option<u64>,
@@ -1014,8 +1020,10 @@ impl Broker {
             alarms: alarm::Alarms::default(),
             retired_counters: stats::MessageCounters::default(),
             retired_latency: stats::LatencyHistogram::default(),
+            policies: warren_policy::PolicySet::new(),
         };
         let mut defs = b.meta.load();
+        b.policies = policies::policy_set(&defs.policies);
         if defs.vhosts.is_empty() && defs.users.is_empty() {
             b.meta.apply(Change::PutVhost("/".into()))?;
             b.meta.apply(Change::PutUser(UserDef {
@@ -1107,12 +1115,14 @@ impl Broker {
         opts: QueueOpts,
         owner: Option<ConnId>,
     ) -> Result<Queue, BrokerError> {
-        let args = queue_args(&opts.arguments, &name, vhost)
+        let def = self.queue_policy(vhost, &name, opts.exclusive);
+        let args = policies::effective_args(&opts.arguments, &name, vhost, &def)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         let qcfg = QueueConfig {
             limits: args.limits,
             record_ops: false,
-            report_dropped: args.dlx.is_some(),
+            // A policy may name a dead-letter exchange later.
+            report_dropped: true,
         };
         let (bq, dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
@@ -1141,6 +1151,7 @@ impl Broker {
             dlrk: args.dlrk,
             expires_ms: args.expires_ms,
             reject: args.reject,
+            limits: args.limits,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),
             confirms: VecDeque::new(),
@@ -1762,9 +1773,9 @@ impl Broker {
         else {
             return;
         };
+        let mut dropped: Vec<Dropped> = Vec::new();
+        q.store.take_dropped(&mut dropped);
         if q.dlx.is_some() {
-            let mut dropped: Vec<Dropped> = Vec::new();
-            q.store.take_dropped(&mut dropped);
             for d in dropped {
                 if let Some((meta, body)) = q.dl_msgs.remove(&d.id) {
                     self.dead.extend(q.dead_letter(vhost, d.reason, meta, body));

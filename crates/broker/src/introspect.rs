@@ -709,6 +709,7 @@ impl Broker {
         }
         valid_name("policy", &p.name)?;
         self.meta.apply(Change::PutPolicy(p))?;
+        self.apply_policies();
         Ok(())
     }
 
@@ -731,6 +732,7 @@ impl Broker {
                 name: name.to_owned(),
                 operator,
             })?;
+            self.apply_policies();
         }
         Ok(found)
     }

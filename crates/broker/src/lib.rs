@@ -32,6 +32,7 @@ pub use broker::introspect::{
 };
 pub use broker::link::LinkMsg;
 pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaEnd, ReplicaStart};
+pub use broker::policies::policy_set;
 pub use broker::stats::{LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, QueueCounters};
 pub use broker::{Broker, BrokerConfig, ConnId, Departed, Overview, SyncBatch, Waker};
 

@@ -246,6 +246,21 @@ impl Store {
         }
     }
 
+    /// Changes the store's limits (a policy changed); a mirror ignores it
+    /// (its master's change comes round the ring).
+    pub(crate) fn set_limits(
+        &mut self,
+        limits: warren_backing_queue::Limits,
+    ) -> Result<(), String> {
+        match self {
+            Store::Local(bq) => bq.set_limits(limits).map_err(err_text),
+            Store::Replica(m) if m.replica.role() == Role::Master => {
+                m.replica.set_limits(limits).map_err(err_text)
+            }
+            Store::Replica(_) => Ok(()),
+        }
+    }
+
     pub(crate) fn take_dropped(&mut self, out: &mut Vec<Dropped>) {
         match self {
             Store::Local(bq) => bq.take_dropped(out),

@@ -916,34 +916,6 @@ async fn op_policy_delete(
     delete_policy(&s, &vhost, &name, true)
 }
 
-/// The stored policies as a matching set (invalid stored ones are skipped).
-pub(crate) fn policy_set(defs: &[PolicyDef]) -> PolicySet {
-    let mut set = PolicySet::new();
-    for d in defs {
-        let apply_to =
-            serde_json::from_value(Value::String(d.apply_to.clone())).unwrap_or_default();
-        let spec = PolicySpec::new(&d.vhost, &d.name, &d.pattern, d.definition.clone())
-            .apply_to(apply_to)
-            .priority(d.priority);
-        let kind = if d.operator {
-            PolicyKind::Operator
-        } else {
-            PolicyKind::Regular
-        };
-        match Policy::new(kind, &spec) {
-            Ok(p) => {
-                set.set(p);
-            }
-            Err(e) => {
-                tracing::warn!(vhost = %d.vhost, policy = %d.name, error = %e, "skipping a stored policy")
-            }
-        }
-    }
-    set
-}
-
-// ------------------------------------------------------------------ queues
-
 /// A queue as `/api/queues` shows it.
 pub(crate) fn queue_json(
     node: &str,
@@ -1011,7 +983,7 @@ fn all_queues_json(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>>
         }
         (b.queues(vhost), b.policies())
     };
-    let set = policy_set(&defs);
+    let set = warren_broker::policy_set(&defs);
     Ok(qs
         .iter()
         .map(|q| queue_json(&s.node, q, &set, s.mirrors.mirrors(&q.vhost, &q.name)))
@@ -1101,7 +1073,7 @@ fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
             .ok_or_else(ApiError::not_found)?;
         (q, b.policies())
     };
-    let set = policy_set(&defs);
+    let set = warren_broker::policy_set(&defs);
     let mut v = queue_json(&s.node, &q, &set, s.mirrors.mirrors(vhost, name));
     let consumers: Vec<Value> = {
         let b = s.broker();
@@ -1232,7 +1204,7 @@ fn exchanges_of(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
         return Err(ApiError::not_found());
     }
     let defs = b.policies();
-    let set = policy_set(&defs);
+    let set = warren_broker::policy_set(&defs);
     Ok(b.exchanges(vhost)
         .iter()
         .map(|x| {

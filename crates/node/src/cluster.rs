@@ -858,6 +858,8 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
             warn("binding", &e);
         }
     }
+    // Policies may have changed: every queue's settings follow.
+    b.apply_policies();
 }
 
 /// Replays the cluster's metadata on the broker now and after every change.
