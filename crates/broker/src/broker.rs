@@ -993,6 +993,11 @@ fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64) {
 }
 
 impl Broker {
+    /// Queue `name` of `vhost`, if this node has it.
+    fn queue_mut(&mut self, vhost: &str, name: &str) -> Option<&mut Queue> {
+        self.vhosts.get_mut(vhost)?.queues.get_mut(name)
+    }
+
     /// Opens a broker over `meta`: creates the default vhost `/` and the
     /// `guest`/`guest` user (loopback only) on first start, and recovers the
     /// durable exchanges, queues (with their persistent messages) and bindings.

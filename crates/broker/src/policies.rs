@@ -127,11 +127,7 @@ impl Broker {
         let Ok(s) = effective_args(&q.opts.arguments, name, vhost, &def) else {
             return;
         };
-        let Some(q) = self
-            .vhosts
-            .get_mut(vhost)
-            .and_then(|v| v.queues.get_mut(name))
-        else {
+        let Some(q) = self.queue_mut(vhost, name) else {
             return;
         };
         let same = q.dlx == s.dlx
