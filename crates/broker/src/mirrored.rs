@@ -334,12 +334,16 @@ impl Broker {
         let Store::Local(bq) = std::mem::replace(&mut q.store, placeholder) else {
             return false;
         };
+        // Expired, rejected and overflowed messages come back to the broker,
+        // which dead-letters them if the queue (or a policy) says where.
+        let mut settings = start.settings;
+        settings.report_dropped = true;
         let replica = if start.master {
             Replica::new_master(
                 name,
                 node,
                 start.member,
-                start.settings,
+                settings,
                 factory,
                 bq,
                 start.record,
@@ -355,7 +359,7 @@ impl Broker {
                 name,
                 node,
                 start.member,
-                start.settings,
+                settings,
                 factory,
                 start.record,
             )
@@ -554,7 +558,8 @@ impl Broker {
     }
 
     /// Applies new mirroring settings to queue `name`'s replica.
-    pub fn set_replica_settings(&mut self, vhost: &str, name: &str, settings: Settings) {
+    pub fn set_replica_settings(&mut self, vhost: &str, name: &str, mut settings: Settings) {
+        settings.report_dropped = true;
         if let Some(m) = self.mirrored(vhost, name) {
             m.replica.set_settings(settings);
             self.mirror_turn(vhost, name);

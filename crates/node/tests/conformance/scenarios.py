@@ -99,7 +99,7 @@ class Ctx:
         self.use = self.connect(1 if placement == "mirror" else 0)
 
     def declare(self, queue, durable=True, arguments=None, auto_delete=False):
-        """Declares through node 1; in the mirror placement, waits (3 s at
+        """Declares through node 1; in the mirror placement, waits (10 s at
         most) until node 2 knows the queue. RabbitMQ knows it everywhere at
         declare-ok; Warren's other nodes learn it from the replicated
         metadata a moment later (the scenario use_right_after_declare
@@ -107,7 +107,7 @@ class Ctx:
         declare(self.admin, queue, durable, arguments, auto_delete)
         if self.use is self.admin:
             return
-        for _ in range(30):
+        for _ in range(100):
             if isinstance(passive_count(self.use, queue), int):
                 return
             time.sleep(0.1)
