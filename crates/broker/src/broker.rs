@@ -88,6 +88,17 @@ const TX_COMMIT: u64 = u64::MAX;
 /// backlog, `mirrored::BACKLOG_HIGH`), so fewer
 /// starve a consumer behind a fast publisher.
 const MAX_FETCHES_IN_FLIGHT: u32 = 4096;
+
+/// A queue whose consumers took a message within [`FLOW_ACTIVE_MS`] holds
+/// back its publishers while more than this many messages are ready, so
+/// that consumers keep pace with what is accepted (RabbitMQ's credit flow
+/// has the same effect). Idle consumers hold nobody back: the queue then
+/// grows as RabbitMQ's does.
+const FLOW_READY_MAX: u64 = 8_192;
+/// See [`FLOW_READY_MAX`].
+const FLOW_ACTIVE_MS: u64 = 1_000;
+/// Queues remembered per publishing connection for flow control.
+const FLOW_TARGETS: usize = 8;
 /// How deep dead-lettering may chain within one operation.
 const DEAD_LETTER_DEPTH: u8 = 8;
 
@@ -201,6 +212,10 @@ struct Queue {
     reject: Option<RejectPublish>,
     /// The limits last given to the store (arguments and policy).
     limits: Limits,
+    /// When it last handed a message to a consumer (flow control: a queue
+    /// whose consumers are taking messages holds its publishers back while
+    /// its backlog is large).
+    delivered_at_ms: u64,
     last_used_ms: u64,
     /// Metadata and body of each message, kept only when dead-lettering is on.
     dl_msgs: HashMap<u64, (Bytes, Bytes)>,
@@ -316,6 +331,9 @@ struct Conn {
     counters: stats::MessageCounters,
     /// Its confirm latencies so far.
     latency: stats::LatencyHistogram,
+    /// The queues (of its vhost) this connection's publishes went to lately:
+    /// it waits while one of them lags behind its consumers (flow control).
+    targets: Vec<Arc<str>>,
 }
 
 /// A client connection that has left the broker, with everything it owned.
@@ -886,6 +904,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
             }
         };
         q.rr = idx + 1;
+        q.delivered_at_ms = now;
         q.counters.delivered += 1;
         q.counters.redelivered += u64::from(delivery.redelivered);
         let c = &mut q.consumers[idx];
@@ -1157,6 +1176,7 @@ impl Broker {
             expires_ms: args.expires_ms,
             reject: args.reject,
             limits: args.limits,
+            delivered_at_ms: 0,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),
             confirms: VecDeque::new(),
@@ -1254,6 +1274,7 @@ impl Broker {
                 closed: false,
                 link: None,
                 publisher: false,
+                targets: Vec::new(),
                 counters: stats::MessageCounters::default(),
                 latency: stats::LatencyHistogram::default(),
             },
@@ -2330,6 +2351,14 @@ impl Broker {
         let pending = self.enqueue(&vhost, &targets, &msg, confirm)?;
         let now = self.now;
         let c = self.conn(id);
+        for t in &targets {
+            if !c.targets.contains(t) {
+                if c.targets.len() >= FLOW_TARGETS {
+                    c.targets.remove(0);
+                }
+                c.targets.push(t.clone());
+            }
+        }
         if c.link.is_none() {
             let n = &mut c.counters;
             n.received += 1;

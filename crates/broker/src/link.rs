@@ -747,6 +747,7 @@ impl Broker {
                 confirm_dirty: Vec::new(),
                 closed: false,
                 publisher: false,
+                targets: Vec::new(),
                 counters: super::stats::MessageCounters::default(),
                 latency: super::stats::LatencyHistogram::default(),
                 link: Some(Link {

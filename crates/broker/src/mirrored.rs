@@ -291,10 +291,31 @@ impl Broker {
     /// force.
     #[must_use]
     pub fn input_paused(&self, id: ConnId) -> bool {
-        self.conns
+        let Some(c) = self
+            .conns
             .get(&id)
-            .is_some_and(|c| c.publisher && c.link.is_none() && !c.amqp.is_closing())
-            && (self.replicas_behind() || self.alarmed())
+            .filter(|c| c.publisher && c.link.is_none() && !c.amqp.is_closing())
+        else {
+            return false;
+        };
+        self.replicas_behind()
+            || self.alarmed()
+            || c.targets.iter().any(|q| self.lags(&c.vhost, q))
+    }
+
+    /// Whether queue `name` holds its publishers back: its consumers are
+    /// taking messages but fall behind (see [`super::FLOW_READY_MAX`]).
+    #[must_use]
+    pub fn lags(&self, vhost: &str, name: &str) -> bool {
+        self.vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(name))
+            .is_some_and(|q| {
+                q.remote.is_none()
+                    && !q.consumers.is_empty()
+                    && self.now.saturating_sub(q.delivered_at_ms) < super::FLOW_ACTIVE_MS
+                    && q.store.stats().ready > super::FLOW_READY_MAX
+            })
     }
 
     /// Whether any mirrored queue here, or the links to other nodes, are
@@ -641,6 +662,7 @@ impl Broker {
                         };
                         handed_now = true;
                         if let Some(d) = &delivery {
+                            q.delivered_at_ms = self.now;
                             q.counters.delivered += 1;
                             q.counters.redelivered += u64::from(d.redelivered);
                         }

@@ -116,6 +116,12 @@ fn held_back(m: &LinkMsg) -> bool {
     matches!(m, LinkMsg::Publish { .. } | LinkMsg::Get { .. })
 }
 
+/// Whether `m` publishes into a queue whose consumers fall behind (it waits,
+/// as this node's own publishers into it do).
+fn lags(b: &warren_broker::Broker, m: &LinkMsg) -> bool {
+    matches!(m, LinkMsg::Publish { vhost, queue, .. } if b.lags(vhost, queue))
+}
+
 async fn receive(
     peer: String,
     mut rx: Box<dyn warren_transport::FrameReceiver>,
@@ -132,8 +138,15 @@ async fn receive(
     loop {
         if !held.is_empty() {
             let mut b = lock(&broker);
-            if !b.replicas_behind() {
-                let msgs: Vec<LinkMsg> = held.drain(..).collect();
+            let behind = b.replicas_behind();
+            let mut msgs = Vec::new();
+            while let Some(m) = held.front() {
+                if behind || lags(&b, m) {
+                    break;
+                }
+                msgs.extend(held.pop_front());
+            }
+            if !msgs.is_empty() {
                 b.link_input(&peer, msgs, now_ms());
             }
         }
@@ -187,7 +200,7 @@ async fn receive(
         let now: Vec<LinkMsg> = msgs
             .into_iter()
             .filter_map(|m| {
-                if held_back(&m) && (behind || !held.is_empty()) {
+                if held_back(&m) && (behind || !held.is_empty() || lags(&b, &m)) {
                     held.push_back(m);
                     None
                 } else {
