@@ -298,9 +298,7 @@ impl Broker {
         else {
             return false;
         };
-        self.replicas_behind()
-            || self.alarmed()
-            || c.targets.iter().any(|q| self.lags(&c.vhost, q))
+        self.replicas_behind() || self.alarmed() || c.targets.iter().any(|q| self.lags(&c.vhost, q))
     }
 
     /// Whether queue `name` holds its publishers back: its consumers are
@@ -376,14 +374,7 @@ impl Broker {
             for (_, conn, ch, cseq) in std::mem::take(&mut q.confirms) {
                 nack_one(&mut self.conns, conn, ch, cseq);
             }
-            Replica::new_mirror(
-                name,
-                node,
-                start.member,
-                settings,
-                factory,
-                start.record,
-            )
+            Replica::new_mirror(name, node, start.member, settings, factory, start.record)
         };
         q.store = Store::Replica(Box::new(Mirrored {
             replica,
