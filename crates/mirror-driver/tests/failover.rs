@@ -31,16 +31,11 @@ async fn master_killed_under_confirmed_publishing_loses_nothing() {
     assert_eq!(rec.master, "n1");
     assert_eq!(rec.synchronised, ["n2", "n3"]);
 
-    let mut confirmed = BTreeSet::new();
     let mut c1 = Client::connect(&net.nodes["n1"].broker);
     for batch in 0..10u64 {
-        for seq in batch * 20 + 1..=batch * 20 + 20 {
-            c1.publish(seq, true);
-        }
-        c1.settled().await;
-        assert!(c1.nacked.is_empty());
+        c1.publish_confirmed(batch * 20 + 1..=batch * 20 + 20).await;
     }
-    confirmed.extend(c1.acked.iter().copied());
+    let mut confirmed = c1.acked.clone();
     assert_eq!(confirmed.len(), 200);
     // Five deliveries left unacked: they come back redelivered.
     let mut unacked = BTreeSet::new();
@@ -71,23 +66,19 @@ async fn master_killed_under_confirmed_publishing_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // What the dead master had not confirmed is published again, then more.
     let mut c2 = Client::connect(&net.nodes["n2"].broker);
-    for &seq in unknown.iter().chain(&(241..=300).collect::<Vec<_>>()) {
-        c2.publish(seq, true);
-    }
-    c2.settled().await;
-    assert!(c2.nacked.is_empty(), "nacked: {:?}", c2.nacked);
-    confirmed.extend(c2.acked.iter().copied());
+    confirmed.extend(
+        c2.publish_confirmed(unknown.into_iter().chain(241..=300))
+            .await,
+    );
     // Drain the new master: every confirmed message comes out, and the
     // deliveries the old master had handed out come back redelivered.
-    let mut seen = BTreeSet::new();
-    let mut redelivered = BTreeSet::new();
-    while let Some(g) = c2.get().await {
-        seen.insert(g.seq);
-        if g.redelivered {
-            redelivered.insert(g.seq);
-        }
-        c2.ack(g.tag);
-    }
+    let got = c2.drain().await;
+    let seen: BTreeSet<u64> = got.iter().map(|g| g.seq).collect();
+    let redelivered: BTreeSet<u64> = got
+        .iter()
+        .filter(|g| g.redelivered)
+        .map(|g| g.seq)
+        .collect();
     let lost: Vec<u64> = confirmed.difference(&seen).copied().collect();
     assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
     assert_eq!(confirmed.len(), 300);
@@ -110,11 +101,7 @@ async fn new_mirror_syncs_while_publishing_and_restarted_mirror_resyncs() {
     net.start("n2").await;
     wait_until("n2 synchronised", || net.record().synchronised == ["n2"]).await;
     let mut c1 = Client::connect(&net.nodes["n1"].broker);
-    for seq in 1..=300 {
-        c1.publish(seq, true);
-    }
-    c1.settled().await;
-    assert_eq!(c1.acked.len(), 300);
+    assert_eq!(c1.publish_confirmed(1..=300).await.len(), 300);
     // Ten deliveries unacked: they are synced too.
     for _ in 0..10 {
         c1.get().await.expect("a message");
@@ -124,10 +111,8 @@ async fn new_mirror_syncs_while_publishing_and_restarted_mirror_resyncs() {
     net.start("n3").await;
     let mut seq = 301;
     while !net.record().synchronised.contains(&"n3".to_owned()) {
-        c1.publish(seq, true);
-        c1.publish(seq + 1, true);
+        c1.publish_confirmed([seq, seq + 1]).await;
         seq += 2;
-        c1.settled().await;
         if let Some(p) = net.nodes["n1"].status().and_then(|s| s.syncing) {
             assert!(p.synced <= p.total);
         }
@@ -150,8 +135,7 @@ async fn new_mirror_syncs_while_publishing_and_restarted_mirror_resyncs() {
         !net.record().synchronised.contains(&"n3".to_owned())
     })
     .await;
-    c1.publish(seq, true);
-    c1.settled().await;
+    c1.publish_confirmed([seq]).await;
     net.start("n3").await;
     wait_until(
         "restarted n3 synchronised and holding what the master holds",

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -48,13 +48,146 @@ pub fn name(n: &str) -> NodeName {
 }
 
 /// One running node.
-pub struct Node {
+pub struct Node<S: MetadataSource = MemMetadata> {
     pub broker: Shared,
-    pub driver: Arc<MirrorDriver<MemMetadata>>,
-    rt: tokio::runtime::Runtime,
+    pub driver: Arc<MirrorDriver<S>>,
+    /// Every task of the node runs here: killing the node shuts it down.
+    pub rt: tokio::runtime::Runtime,
 }
 
-impl Node {
+/// A runtime for one node's tasks.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The queue `q` (master `n1`) and its policy: mirrored on every node,
+/// synchronised automatically in batches of `batch`.
+pub fn queue_commands(batch: u64) -> Vec<Command> {
+    vec![
+        Command::PutVhost { name: "/".into() },
+        Command::PutPolicy(PolicyRecord {
+            vhost: "/".into(),
+            name: "ha".into(),
+            pattern: format!("^{QUEUE}$"),
+            apply_to: "queues".into(),
+            priority: 0,
+            definition: format!(
+                r#"{{"ha-mode":"all","ha-sync-mode":"automatic","ha-sync-batch-size":{batch}}}"#
+            ),
+        }),
+        Command::DeclareQueue(QueueRecord {
+            vhost: "/".into(),
+            name: QUEUE.into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: Default::default(),
+            master: "n1".into(),
+            mirrors: vec![],
+            synchronised: vec![],
+            view_version: 0,
+        }),
+    ]
+}
+
+/// A transport of node `n` on `mem`.
+pub fn transport(mem: &MemNetwork, n: &str) -> Arc<warren_transport::mem::MemTransport> {
+    Arc::new(mem.transport(TransportConfig::new(
+        name(n),
+        ClusterSecret::new("mirror-driver-test"),
+    )))
+}
+
+/// Logs to the test's output (`RUST_LOG`, `warn` by default).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+impl<S: MetadataSource> Node<S> {
+    /// Starts node `n` on `rt` with its data in `dir`: a broker with guest,
+    /// vhost `/` and the queue declared (as the node's metadata replay
+    /// does), its ticker and group commits, and the mirror driver over
+    /// `source`.
+    pub async fn start(
+        rt: tokio::runtime::Runtime,
+        mem: &MemNetwork,
+        n: &str,
+        dir: &Path,
+        source: S,
+    ) -> Self {
+        let mut cfg = BrokerConfig::new(dir);
+        cfg.node_name = n.to_owned();
+        let store = FileStore::open(dir.join("metadata.json")).unwrap();
+        let mut broker = Broker::open(cfg, Box::new(store)).unwrap();
+        broker.add_vhost("/").unwrap();
+        broker
+            .put_user(UserDef {
+                name: "guest".into(),
+                password_hash: hash_password("guest"),
+                tags: vec!["administrator".into()],
+                loopback_only: true,
+            })
+            .unwrap();
+        broker
+            .set_permissions(PermissionDef {
+                user: "guest".into(),
+                vhost: "/".into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            })
+            .unwrap();
+        let broker: Shared = Arc::new(Mutex::new(broker));
+        Client::connect(&broker).declare(QUEUE);
+        let transport = transport(mem, n);
+        let mut gm = NodeConfig::new(name(n), PeerAddr::new(format!("gm-{n}")));
+        gm.tick_interval = Duration::from_millis(5);
+        gm.redial_interval = Duration::from_millis(30);
+        let mut config = DriverConfig::new(gm, format!("link-{n}"));
+        config.replica_tick = Duration::from_millis(20);
+        config.reconcile_interval = Duration::from_millis(100);
+        let b = broker.clone();
+        let driver = rt
+            .spawn(async move { MirrorDriver::start(source, transport, b, config).await })
+            .await
+            .unwrap()
+            .unwrap();
+        // The node's broker loops: its ticker and its group commits.
+        let b = broker.clone();
+        rt.spawn(async move {
+            let mut iv = tokio::time::interval(Duration::from_millis(20));
+            loop {
+                iv.tick().await;
+                lock(&b).tick(now_ms());
+                let mut batch = lock(&b).prepare_sync();
+                if !batch.is_empty() {
+                    batch.run();
+                    lock(&b).complete_sync(batch, now_ms());
+                }
+            }
+        });
+        Self { broker, driver, rt }
+    }
+
+    /// Stops the node cleanly.
+    pub async fn stop(self) {
+        let d = self.driver.clone();
+        let _ = self
+            .rt
+            .spawn(async move { d.stop(Duration::from_secs(5)).await })
+            .await;
+        self.rt.shutdown_background();
+    }
+
     /// The queue's replica status on this node.
     pub fn status(&self) -> Option<Status> {
         lock(&self.broker).replica_status("/", QUEUE)
@@ -87,39 +220,11 @@ impl Net {
     /// A cluster whose queue `q` (master `n1`) is mirrored on every node,
     /// synchronised automatically in batches of `batch`.
     pub fn new(seed: u64, batch: u64) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_test_writer()
-            .try_init();
+        init_tracing();
         let meta = MemMetadata::new(name("n1"));
-        meta.apply(&Command::PutVhost { name: "/".into() }).unwrap();
-        meta.apply(&Command::PutPolicy(PolicyRecord {
-            vhost: "/".into(),
-            name: "ha".into(),
-            pattern: format!("^{QUEUE}$"),
-            apply_to: "queues".into(),
-            priority: 0,
-            definition: format!(
-                r#"{{"ha-mode":"all","ha-sync-mode":"automatic","ha-sync-batch-size":{batch}}}"#
-            ),
-        }))
-        .unwrap();
-        meta.apply(&Command::DeclareQueue(QueueRecord {
-            vhost: "/".into(),
-            name: QUEUE.into(),
-            durable: true,
-            exclusive_owner: None,
-            auto_delete: false,
-            arguments: Default::default(),
-            master: "n1".into(),
-            mirrors: vec![],
-            synchronised: vec![],
-            view_version: 0,
-        }))
-        .unwrap();
+        for cmd in queue_commands(batch) {
+            meta.apply(&cmd).unwrap();
+        }
         Self {
             mem: MemNetwork::new(seed),
             meta,
@@ -154,72 +259,12 @@ impl Net {
                 );
             });
         }
-        let mut cfg = BrokerConfig::new(&dir);
-        cfg.node_name = n.to_owned();
-        let store = FileStore::open(dir.join("metadata.json")).unwrap();
-        let mut broker = Broker::open(cfg, Box::new(store)).unwrap();
-        broker.add_vhost("/").unwrap();
-        broker
-            .put_user(UserDef {
-                name: "guest".into(),
-                password_hash: hash_password("guest"),
-                tags: vec!["administrator".into()],
-                loopback_only: true,
-            })
-            .unwrap();
-        broker
-            .set_permissions(PermissionDef {
-                user: "guest".into(),
-                vhost: "/".into(),
-                configure: ".*".into(),
-                write: ".*".into(),
-                read: ".*".into(),
-            })
-            .unwrap();
-        let broker: Shared = Arc::new(Mutex::new(broker));
-        // The queue is declared on every node (the node's metadata replay does this).
-        let mut c = Client::connect(&broker);
-        c.declare(QUEUE);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let transport = Arc::new(self.mem.transport(TransportConfig::new(
-            name(n),
-            ClusterSecret::new("mirror-driver-test"),
-        )));
-        let mut gm = NodeConfig::new(name(n), PeerAddr::new(format!("gm-{n}")));
-        gm.tick_interval = Duration::from_millis(5);
-        gm.redial_interval = Duration::from_millis(30);
-        let mut config = DriverConfig::new(gm, format!("link-{n}"));
-        config.replica_tick = Duration::from_millis(20);
-        config.reconcile_interval = Duration::from_millis(100);
         let source = self.meta.for_node(name(n));
-        let b = broker.clone();
-        let driver = rt
-            .spawn(async move { MirrorDriver::start(source, transport, b, config).await })
-            .await
-            .unwrap()
-            .unwrap();
-        // The node's broker loops: its ticker and its group commits.
-        let b = broker.clone();
-        rt.spawn(async move {
-            let mut iv = tokio::time::interval(Duration::from_millis(20));
-            loop {
-                iv.tick().await;
-                lock(&b).tick(now_ms());
-                let mut batch = lock(&b).prepare_sync();
-                if !batch.is_empty() {
-                    batch.run();
-                    lock(&b).complete_sync(batch, now_ms());
-                }
-            }
-        });
+        let node = Node::start(runtime(), &self.mem, n, &dir, source).await;
         let mut up = self.up();
         up.insert(name(n));
         self.meta.set_up(up);
-        self.nodes.insert(n.to_owned(), Node { broker, driver, rt });
+        self.nodes.insert(n.to_owned(), node);
     }
 
     fn up(&self) -> BTreeSet<NodeName> {
@@ -246,12 +291,7 @@ impl Net {
     /// Stops every node cleanly.
     pub async fn stop(mut self) {
         for (_, node) in std::mem::take(&mut self.nodes) {
-            let d = node.driver.clone();
-            let _ = node
-                .rt
-                .spawn(async move { d.stop(Duration::from_secs(5)).await })
-                .await;
-            node.rt.shutdown_background();
+            node.stop().await;
         }
     }
 }
@@ -517,6 +557,30 @@ impl Client {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("basic.get never answered");
+    }
+
+    /// Publishes `seqs` and returns the confirmed ones once every one is
+    /// settled (none may be nacked).
+    pub async fn publish_confirmed(
+        &mut self,
+        seqs: impl IntoIterator<Item = u64>,
+    ) -> BTreeSet<u64> {
+        for seq in seqs {
+            self.publish(seq, true);
+        }
+        self.settled().await;
+        assert!(self.nacked.is_empty(), "nacked: {:?}", self.nacked);
+        self.acked.clone()
+    }
+
+    /// Gets and acks every message left; returns them.
+    pub async fn drain(&mut self) -> Vec<Got> {
+        let mut out = Vec::new();
+        while let Some(g) = self.get().await {
+            self.ack(g.tag);
+            out.push(g);
+        }
+        out
     }
 
     /// Acks one delivery.
