@@ -12,12 +12,15 @@
 //!   compare-and-sets.
 //! - [`MetadataSource`]: what the driver needs of the cluster metadata. The
 //!   node passes its Raft store ([`warren_cluster::Cluster`]); in-process
-//!   tests pass [`MemMetadata`], which applies the same commands in memory.
+//!   tests pass [`MemMetadata`], which applies the same commands in memory
+//!   (or a `Cluster` over the in-memory transport).
 //! - [`ClusterRecords`] (a queue's record, a [`RecordStore`]) and
 //!   [`ClusterViewAuthority`] (the rings' views, a GM
 //!   [`ViewAuthority`](warren_gm::ViewAuthority)) over any source.
 //! - [`ClusterDetector`]: the rings' failure detector, following the nodes
 //!   the cluster sees up.
+
+#![warn(missing_docs)]
 
 mod detector;
 mod driver;
