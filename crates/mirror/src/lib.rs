@@ -11,11 +11,11 @@
 //!   resulting [`Op`](warren_backing_queue::Op)s; a mirror that holds the
 //!   master's state applies exactly those ops in the same order and never
 //!   acts on its own.
-//! - [`driver`]: a tokio task running one replica over a
-//!   [`warren_gm::RingHandle`] and the queue record, with an async handle
-//!   ([`MirrorHandle`]) a broker calls. [`ClusterRecords`] keeps the queue
-//!   record, and [`ClusterViewAuthority`] the ring's views, in the Raft
-//!   metadata store (`warren_cluster::Cluster`).
+//! - The wire types of its ring messages ([`PublishId`], [`HeldPublishes`]).
+//!
+//! This crate does no I/O. The broker (`warren_broker`) drives replicas
+//! under its lock, and the mirror driver (`warren_mirror_driver`) carries
+//! their ring traffic and queue-record compare-and-sets.
 //!
 //! # The protocol
 //!
@@ -65,14 +65,9 @@
 //!   failover, not every message.
 //! - Sync does not block the queue.
 
-pub mod driver;
 mod replica;
 mod wire;
 
-pub use driver::{
-    ClusterRecords, ClusterViewAuthority, Confirm, DriverConfig, MemRecords, MirrorEvent,
-    MirrorHandle, RecordError, RecordStore,
-};
 pub use replica::{
     MirrorError, Output, QueueFactory, RecordView, Replica, Role, Settings, Status, SyncProgress,
     SyncStart,

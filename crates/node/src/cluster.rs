@@ -969,7 +969,7 @@ impl Clustered {
             ip
         };
         let link_addr = crate::links::start(c.clone(), t.clone(), broker.clone(), ip).await?;
-        let m = Mirroring::start(c, t, broker, ip, link_addr).await?;
+        let m = crate::mirroring::start(c, t, broker, ip, link_addr).await?;
         let _ = self.mirroring.set(m);
         Ok(())
     }

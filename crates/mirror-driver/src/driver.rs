@@ -1,0 +1,711 @@
+//! The driver: [`MirrorDriver`], the shell around one node's broker replicas.
+//!
+//! - A [`GmNode`] hosts this node's members of every queue ring; its address
+//!   is committed to the cluster metadata so that peers can dial it.
+//! - A reconciler follows the metadata (queue records, policies) and the
+//!   running nodes, and decides with `warren_policy::place` where each
+//!   durable queue's replicas live: it points the broker's queues at their
+//!   masters, starts this node's replica (master if the record names this
+//!   node master, else a mirror) and stops it when it is no longer wanted.
+//! - One task per replica moves its ring traffic: it feeds the broker what
+//!   the ring, the queue record and the clock say
+//!   ([`Broker::mirror_input`]) and sends what the replica asks for
+//!   ([`Broker::take_mirror_io`]), broadcasts and record compare-and-sets.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Notify, mpsc};
+use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
+use warren_broker::{Broker, MirrorInput, ReplicaEnd, ReplicaStart};
+use warren_cluster::{Command, Metadata};
+use warren_gm::{
+    DriverError, GmNode, NodeConfig, RingEvent, RingHandle, ViewAuthority, ViewChange,
+};
+use warren_mirror::{QueueFactory, RecordView, Settings};
+use warren_policy::{CandidateOrder, PlacementInput, Policy, PolicyKind, PolicySet, PolicySpec};
+use warren_transport::{NodeName, PeerAddr, Transport};
+
+use crate::{
+    ClusterDetector, ClusterRecords, ClusterViewAuthority, MetadataSource, RecordError, RecordStore,
+};
+
+/// A broker shared with the node's other tasks.
+type Shared = Arc<Mutex<Broker>>;
+
+fn lock(b: &Shared) -> std::sync::MutexGuard<'_, Broker> {
+    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Operator policies are stored under this prefix (the node's metadata store
+/// keeps both kinds in one map).
+const OPERATOR_PREFIX: &str = "operator-policy:";
+
+/// How a node's [`MirrorDriver`] runs.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// This node's GM node: its name (the node's) and where it listens.
+    pub gm: NodeConfig,
+    /// Where this node listens for forwarded queue work (recorded in the
+    /// metadata with the ring address).
+    pub link_addr: String,
+    /// How often each replica's task drives its replica without an event.
+    pub replica_tick: Duration,
+    /// How often the reconciler runs without a metadata change.
+    pub reconcile_interval: Duration,
+}
+
+impl DriverConfig {
+    /// Defaults: a replica tick and a reconcile pass every second.
+    pub fn new(gm: NodeConfig, link_addr: impl Into<String>) -> Self {
+        Self {
+            gm,
+            link_addr: link_addr.into(),
+            replica_tick: Duration::from_secs(1),
+            reconcile_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A queue's ring name.
+fn ring_name(vhost: &str, name: &str) -> String {
+    format!("queue:{}:{vhost}/{name}", vhost.len())
+}
+
+/// This node's replica of one queue, as the reconciler tracks it.
+struct Running {
+    master: bool,
+    settings: Settings,
+    /// Wakes the replica's task.
+    notify: Arc<Notify>,
+    /// Set when the reconciler wants the replica gone.
+    stopping: bool,
+    /// Whether a master keeps its messages when it stops (the queue stops
+    /// being mirrored) rather than handing over (the master moves).
+    keep: bool,
+}
+
+/// The mirroring side of a clustered node: its GM node, the reconciler and
+/// one task per replica, over the metadata `S`.
+pub struct MirrorDriver<S: MetadataSource> {
+    node: String,
+    source: S,
+    replica_tick: Duration,
+    reconcile_interval: Duration,
+    broker: Shared,
+    gm: GmNode,
+    authority: Arc<dyn ViewAuthority>,
+    replicas: Mutex<HashMap<(String, String), Running>>,
+    /// Replica tasks still running (for a clean stop).
+    tasks: Mutex<tokio::task::JoinSet<()>>,
+    stop_all: Notify,
+    /// The node is shutting down: replicas stop but leave their files as
+    /// they are (the next start decides what they are).
+    shutting_down: std::sync::atomic::AtomicBool,
+}
+
+impl<S: MetadataSource> std::fmt::Debug for MirrorDriver<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MirrorDriver")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: MetadataSource> MirrorDriver<S> {
+    /// Starts the GM node (as `config.gm` says) on `transport`, records its
+    /// address and the link address in the metadata and starts the
+    /// reconciler, on the caller's runtime. The node's name is the
+    /// metadata's ([`MetadataSource::node`]).
+    pub async fn start(
+        source: S,
+        transport: Arc<dyn Transport>,
+        broker: Arc<Mutex<Broker>>,
+        config: DriverConfig,
+    ) -> Result<Arc<Self>, DriverError> {
+        let node = source.node().to_string();
+        let authority: Arc<dyn ViewAuthority> = Arc::new(ClusterViewAuthority::new(source.clone()));
+        let gm = GmNode::start(
+            config.gm,
+            transport,
+            authority.clone(),
+            Box::new(ClusterDetector::new(source.up_nodes())),
+        )
+        .await?;
+        let addr = gm.local_addr().to_string();
+        tracing::info!(node = %node, ring_addr = %addr, "queue rings listening");
+        let me = Arc::new(Self {
+            node,
+            source,
+            replica_tick: config.replica_tick,
+            reconcile_interval: config.reconcile_interval,
+            broker,
+            gm,
+            authority,
+            replicas: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(tokio::task::JoinSet::new()),
+            stop_all: Notify::new(),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+        });
+        tokio::spawn(me.clone().register(addr, config.link_addr));
+        tokio::spawn(me.clone().reconcile_loop());
+        Ok(me)
+    }
+
+    /// Commits this node's ring and link addresses (retrying while there is
+    /// no majority).
+    async fn register(self: Arc<Self>, ring_addr: String, link_addr: String) {
+        loop {
+            let cmd = Command::SetNodeServices {
+                node: self.node.clone(),
+                ring_addr: ring_addr.clone(),
+                link_addr: link_addr.clone(),
+            };
+            match self.source.write(cmd).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "recording the ring address failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    async fn reconcile_loop(self: Arc<Self>) {
+        let mut changes = self.source.changes();
+        let mut up = self.source.up_nodes();
+        let mut every = tokio::time::interval(self.reconcile_interval);
+        let mut peers: BTreeMap<String, String> = BTreeMap::new();
+        loop {
+            let meta = self.source.local();
+            for (name, n) in &meta.nodes {
+                let Some(addr) = &n.ring_addr else { continue };
+                if *name == self.node || peers.get(name) == Some(addr) {
+                    continue;
+                }
+                if let Ok(nn) = NodeName::new(name.clone())
+                    && self
+                        .gm
+                        .add_peer(nn, PeerAddr::new(addr.clone()))
+                        .await
+                        .is_ok()
+                {
+                    peers.insert(name.clone(), addr.clone());
+                }
+            }
+            let mut running: Vec<String> = up.borrow().iter().map(ToString::to_string).collect();
+            if !running.contains(&self.node) {
+                running.push(self.node.clone());
+            }
+            self.reconcile(&meta, &running);
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                r = up.changed() => if r.is_err() { return },
+                _ = every.tick() => {}
+                () = self.stop_all.notified() => return,
+            }
+        }
+    }
+
+    /// One pass: point the broker's queues at their masters, and start and
+    /// stop this node's replicas to match the metadata.
+    fn reconcile(self: &Arc<Self>, meta: &Metadata, running: &[String]) {
+        {
+            let mut b = lock(&self.broker);
+            for ((vhost, name), q) in &meta.queues {
+                if q.durable && q.exclusive_owner.is_none() {
+                    let master = (q.master != self.node).then_some(q.master.as_str());
+                    b.set_queue_master(vhost, name, master);
+                }
+            }
+        }
+        let policies = policy_set(meta);
+        let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
+        let mut wanted: BTreeMap<(String, String), (bool, Settings)> = BTreeMap::new();
+        let mut mirrored = BTreeSet::new();
+        for ((vhost, name), q) in &meta.queues {
+            if !q.durable || q.exclusive_owner.is_some() {
+                continue;
+            }
+            let eff = policies.effective_for_queue(vhost, name, false);
+            let Some(ha) = eff.mirroring() else { continue };
+            let placement = warren_policy::place(&PlacementInput {
+                mode: Some(&ha.mode),
+                master: &q.master,
+                mirrors: &q.mirrors,
+                synchronised: &q.synchronised,
+                cluster_nodes: &cluster_nodes,
+                running_nodes: running,
+                order: CandidateOrder::Seeded(seed(vhost, name)),
+            });
+            mirrored.insert((vhost.clone(), name.clone()));
+            let master = q.master == self.node;
+            // `nodes` moves the master once a listed node is synchronised:
+            // this master then hands over (stops) and is not wanted.
+            let here = if placement.master_moves {
+                placement.master == self.node || placement.mirrors.contains(&self.node)
+            } else {
+                master || placement.mirrors.contains(&self.node)
+            };
+            if here {
+                wanted.insert(
+                    (vhost.clone(), name.clone()),
+                    (master, Settings::from_policy(ha)),
+                );
+            }
+        }
+        let mut reps = self
+            .replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, (master, settings)) in &wanted {
+            match reps.get_mut(key) {
+                None => {
+                    let notify = Arc::new(Notify::new());
+                    reps.insert(
+                        key.clone(),
+                        Running {
+                            master: *master,
+                            settings: *settings,
+                            notify: notify.clone(),
+                            stopping: false,
+                            keep: true,
+                        },
+                    );
+                    let me = self.clone();
+                    let (k, m, s) = (key.clone(), *master, *settings);
+                    self.tasks
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .spawn(async move { me.run_replica(k, m, s, notify).await });
+                }
+                Some(r) if r.settings != *settings && !r.stopping => {
+                    r.settings = *settings;
+                    lock(&self.broker).set_replica_settings(&key.0, &key.1, *settings);
+                }
+                Some(_) => {}
+            }
+        }
+        for (key, r) in reps.iter_mut() {
+            if wanted.contains_key(key) || r.stopping {
+                continue;
+            }
+            // A master that stops being mirrored keeps its queue: it leaves
+            // the ring once its mirrors have gone. A master that moves hands
+            // over at once.
+            let gone = !meta.queues.contains_key(key);
+            let unmirrored = !mirrored.contains(key);
+            if r.master && !gone && unmirrored && !lock(&self.broker).replica_alone(&key.0, &key.1)
+            {
+                continue;
+            }
+            r.keep = unmirrored;
+            r.stopping = true;
+            tracing::info!(node = %self.node, vhost = %key.0, queue = %key.1, master = r.master, "dropping this node's replica");
+            r.notify.notify_one();
+        }
+    }
+
+    /// Joins the queue's ring, claims this node's place in the queue record,
+    /// turns the broker's queue into a replica and moves its traffic until it
+    /// stops.
+    async fn run_replica(
+        self: Arc<Self>,
+        key: (String, String),
+        master: bool,
+        settings: Settings,
+        notify: Arc<Notify>,
+    ) {
+        let (vhost, name) = (key.0.clone(), key.1.clone());
+        let ring_id = ring_name(&vhost, &name);
+        let records = ClusterRecords::new(self.source.clone(), vhost.clone(), name.clone());
+        let started = self
+            .start_replica(&vhost, &name, &ring_id, master, settings, &notify, &records)
+            .await;
+        let ring = match started {
+            Ok(Some(ring)) => ring,
+            Ok(None) => {
+                self.forget(&key);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.node, %vhost, queue = %name, error = %e, "could not start a replica; will retry");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.forget(&key);
+                return;
+            }
+        };
+        self.pump(&vhost, &name, ring, &notify, &records).await;
+        self.forget(&key);
+    }
+
+    fn forget(&self, key: &(String, String)) {
+        self.replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_replica(
+        &self,
+        vhost: &str,
+        name: &str,
+        ring_id: &str,
+        master: bool,
+        settings: Settings,
+        notify: &Arc<Notify>,
+        records: &ClusterRecords<S>,
+    ) -> Result<Option<RingHandle>, String> {
+        let node = self.node.clone();
+        let record = claim(records, |r| {
+            let mut v = r.clone();
+            if master {
+                v.master.clone_from(&node);
+                v.mirrors.retain(|n| *n != node);
+                v.synchronised.retain(|n| *n != node);
+            } else {
+                v.synchronised.retain(|n| *n != node);
+                if !v.mirrors.contains(&node) && v.master != node {
+                    v.mirrors.push(node.clone());
+                }
+            }
+            v
+        })
+        .await
+        .map_err(|e| format!("claiming the queue record: {e}"))?;
+        if master && record.master != self.node {
+            return Ok(None);
+        }
+        self.remove_stale_members(ring_id).await?;
+        let ring = self
+            .gm
+            .join(ring_id)
+            .await
+            .map_err(|e| format!("joining ring {ring_id}: {e}"))?;
+        let waker = {
+            let n = notify.clone();
+            Arc::new(move || n.notify_one())
+        };
+        let start = ReplicaStart {
+            ring: ring_id.to_owned(),
+            member: ring.member(),
+            settings,
+            record,
+            master,
+            waker,
+        };
+        let started = {
+            let mut b = lock(&self.broker);
+            let factory = fresh_queue(b.queue_dir(vhost, name));
+            b.start_replica(vhost, name, start, factory)
+        };
+        if !started {
+            ring.leave().await;
+            return Ok(None);
+        }
+        tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, master, "replica started");
+        Ok(Some(ring))
+    }
+
+    /// Removes this node's members of a previous run (a crash or restart
+    /// left them in the ring's view, alive to a failure detector that sees
+    /// this node up again: this node has no member in the ring right now),
+    /// and members on nodes no longer in the cluster (forgotten).
+    async fn remove_stale_members(&self, ring_id: &str) -> Result<(), String> {
+        for _ in 0..100 {
+            let view = self
+                .authority
+                .current(ring_id)
+                .await
+                .map_err(|e| format!("reading ring {ring_id}: {e}"))?;
+            let members = self.source.local();
+            let Some(stale) = view
+                .entries
+                .iter()
+                .find(|e| {
+                    e.alive
+                        && (e.node.as_str() == self.node
+                            || !members.nodes.contains_key(e.node.as_str()))
+                })
+                .map(|e| e.id)
+            else {
+                return Ok(());
+            };
+            tracing::info!(node = %self.node, ring = %ring_id, member = %stale, "removing this node's member from an earlier run");
+            let _ = self
+                .authority
+                .update(ring_id, view.version, ViewChange::Remove(stale))
+                .await;
+        }
+        Err(format!(
+            "could not clean ring {ring_id} of this node's earlier members"
+        ))
+    }
+
+    fn input(&self, vhost: &str, name: &str, input: MirrorInput) {
+        lock(&self.broker).mirror_input(vhost, name, input, now_ms());
+    }
+
+    /// Moves one replica's traffic until it stops.
+    async fn pump(
+        &self,
+        vhost: &str,
+        name: &str,
+        ring: RingHandle,
+        notify: &Notify,
+        records: &ClusterRecords<S>,
+    ) {
+        let ring_id = ring.ring().to_owned();
+        // Expiries are the broker's tick's; this one is only a safety net,
+        // rare because every replica has one (1,000 queues at 50 ms were
+        // 20,000 wake-ups a second per node).
+        let mut tick = tokio::time::interval(self.replica_tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut changes = records.changes();
+        let (rec_tx, mut rec_rx) = mpsc::channel::<RecordView>(16);
+        let mut joined = false;
+        let mut outgoing = Vec::new();
+        let mut events = Vec::new();
+        let mut stop_requested = false;
+        loop {
+            tokio::select! {
+                alive = ring.next_events(&mut events) => {
+                    if alive {
+                        let batch = std::mem::take(&mut events);
+                        joined |= self.on_ring(vhost, name, &ring, batch).await;
+                    } else {
+                        self.input(vhost, name, MirrorInput::Ring(vec![RingEvent::Removed]));
+                    }
+                }
+                () = notify.notified() => {}
+                r = changes.changed() => {
+                    if r.is_ok() && let Ok(rec) = records.local() {
+                        self.input(vhost, name, MirrorInput::Record(rec));
+                    }
+                }
+                Some(rec) = rec_rx.recv() => self.input(vhost, name, MirrorInput::RecordSettled(rec)),
+                _ = tick.tick() => self.input(vhost, name, MirrorInput::Tick),
+                () = self.stop_all.notified(), if !stop_requested => {
+                    stop_requested = true;
+                    self.input(vhost, name, MirrorInput::Stop);
+                }
+            }
+            if !stop_requested && self.is_stopping(vhost, name) {
+                stop_requested = true;
+                self.input(vhost, name, MirrorInput::Stop);
+            }
+            let io = lock(&self.broker).take_mirror_io(vhost, name);
+            outgoing.extend(io.broadcasts);
+            if joined && !outgoing.is_empty() {
+                let batch = std::mem::take(&mut outgoing);
+                if let Err(e) = ring.broadcast(batch).await {
+                    tracing::warn!(node = %self.node, %vhost, queue = %name, error = %e, "ring broadcast failed");
+                    self.input(vhost, name, MirrorInput::Ring(vec![RingEvent::Removed]));
+                }
+            }
+            for (to, payload) in io.sends {
+                // Lost only with the link; a new link has the replica report again.
+                let _ = ring.send(to, payload).await;
+            }
+            for (expected, view) in io.proposals {
+                let records = records.clone();
+                let tx = rec_tx.clone();
+                tokio::spawn(async move {
+                    let rec = match records.compare_and_set(expected, &view).await {
+                        Ok(r) | Err(RecordError::Conflict(r)) => r,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "queue record update failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            match records.local() {
+                                Ok(r) => r,
+                                Err(_) => return,
+                            }
+                        }
+                    };
+                    let _ = tx.send(rec).await;
+                });
+            }
+            if io.stopped {
+                ring.leave().await;
+                // A master keeps its messages unless it handed over, or the
+                // record names another master (which holds them). A node
+                // that is stopping keeps them on disk but takes no more work.
+                let serve = self
+                    .replicas
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&(vhost.to_owned(), name.to_owned()))
+                    .is_none_or(|r| r.keep)
+                    && records.local().is_ok_and(|r| r.master == self.node);
+                let end = if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+                    ReplicaEnd::Keep
+                } else if serve {
+                    ReplicaEnd::Serve
+                } else {
+                    ReplicaEnd::Drop
+                };
+                {
+                    let mut b = lock(&self.broker);
+                    let mut factory = fresh_queue(b.queue_dir(vhost, name));
+                    b.end_replica(vhost, name, &mut factory, end);
+                }
+                tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
+                return;
+            }
+        }
+    }
+
+    fn is_stopping(&self, vhost: &str, name: &str) -> bool {
+        self.replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(vhost.to_owned(), name.to_owned()))
+            .is_none_or(|r| r.stopping)
+    }
+
+    /// Feeds ring events; a view change is read from the authority first.
+    /// Returns whether a view was installed.
+    async fn on_ring(
+        &self,
+        vhost: &str,
+        name: &str,
+        ring: &RingHandle,
+        events: Vec<RingEvent>,
+    ) -> bool {
+        let mut batch = Vec::new();
+        let mut installed = false;
+        for e in events {
+            if let RingEvent::View { .. } = e {
+                if !batch.is_empty() {
+                    self.input(vhost, name, MirrorInput::Ring(std::mem::take(&mut batch)));
+                }
+                if let Ok(view) = self.authority.current(ring.ring()).await {
+                    self.input(vhost, name, MirrorInput::View(view));
+                    installed = true;
+                }
+            } else {
+                batch.push(e);
+            }
+        }
+        if !batch.is_empty() {
+            self.input(vhost, name, MirrorInput::Ring(batch));
+        }
+        installed
+    }
+
+    /// Clean stop of every replica (masters hand over to synchronised
+    /// mirrors), waiting at most `limit`.
+    pub async fn stop(&self, limit: Duration) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop_all.notify_waiters();
+        let mut tasks = std::mem::take(
+            &mut *self
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let _ =
+            tokio::time::timeout(limit, async { while tasks.join_next().await.is_some() {} }).await;
+        // Let the last frames (a master's `Stopping`, the members' removal
+        // from their rings) reach the peers before the connections drop.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.gm.shutdown();
+    }
+
+    /// Messages left to send while a sync of queue `name` runs on this node.
+    pub fn sync_left(&self, vhost: &str, name: &str) -> Option<u64> {
+        let p = lock(&self.broker).replica_status(vhost, name)?.syncing?;
+        Some(p.total.saturating_sub(p.synced))
+    }
+
+    /// Starts a sync of a queue whose master is on this node.
+    pub fn sync(&self, vhost: &str, name: &str) -> Result<(), String> {
+        lock(&self.broker).sync_queue(vhost, name)
+    }
+
+    /// Cancels a sync of a queue whose master is on this node.
+    pub fn cancel_sync(&self, vhost: &str, name: &str) -> Result<(), String> {
+        lock(&self.broker).cancel_sync_queue(vhost, name)
+    }
+}
+
+/// Reads the record and compare-and-sets `make(current)` until it sticks.
+async fn claim(
+    records: &impl RecordStore,
+    make: impl Fn(&RecordView) -> RecordView,
+) -> Result<RecordView, RecordError> {
+    let mut current = records.local()?;
+    for _ in 0..100 {
+        let want = make(&current);
+        if want.master == current.master
+            && want.mirrors == current.mirrors
+            && want.synchronised == current.synchronised
+        {
+            return Ok(current);
+        }
+        match records.compare_and_set(current.version, &want).await {
+            Ok(r) => return Ok(r),
+            Err(RecordError::Conflict(now)) => current = now,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(RecordError::Unavailable("too many record conflicts".into()))
+}
+
+/// Makes a replica's fresh backing queue: an empty log in the queue's
+/// directory (old content deleted), or in memory for a queue without one.
+fn fresh_queue(dir: Option<PathBuf>) -> QueueFactory {
+    Box::new(move |cfg: QueueConfig| match &dir {
+        Some(dir) => {
+            if let Err(e) = std::fs::remove_dir_all(dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not clear a mirror's old content");
+            }
+            BackingQueue::open(dir, cfg, StoreConfig::default()).map(|(bq, _)| bq)
+        }
+        None => Ok(BackingQueue::in_memory(cfg)),
+    })
+}
+
+/// A per-queue seed for spreading `exactly` mirrors over the nodes.
+fn seed(vhost: &str, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in vhost.bytes().chain([0]).chain(name.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The cluster's policies as a matching set (invalid stored ones are skipped).
+fn policy_set(meta: &Metadata) -> PolicySet {
+    let mut set = PolicySet::new();
+    for p in meta.policies.values() {
+        let Ok(mut spec) = p.to_spec() else { continue };
+        let kind = match p.name.strip_prefix(OPERATOR_PREFIX) {
+            Some(n) => {
+                spec = PolicySpec {
+                    name: n.to_owned(),
+                    ..spec
+                };
+                PolicyKind::Operator
+            }
+            None => PolicyKind::Regular,
+        };
+        if let Ok(policy) = Policy::new(kind, &spec) {
+            set.set(policy);
+        }
+    }
+    set
+}

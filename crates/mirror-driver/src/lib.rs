@@ -1,0 +1,33 @@
+//! Warren's mirror driver: the production shell around the mirrored queues
+//! of one node's broker.
+//!
+//! The replicas themselves are sans-IO ([`warren_mirror::Replica`], driven
+//! under the broker's lock by `warren_broker`); this crate runs everything
+//! around them on tokio:
+//!
+//! - [`MirrorDriver`]: the node's [`GmNode`](warren_gm::GmNode), the
+//!   reconciler that places replicas from live policies
+//!   (`warren_policy::place`) and points each queue at its master, and one
+//!   task per replica moving its ring traffic and its queue record's
+//!   compare-and-sets.
+//! - [`MetadataSource`]: what the driver needs of the cluster metadata. The
+//!   node passes its Raft store ([`warren_cluster::Cluster`]); in-process
+//!   tests pass [`MemMetadata`], which applies the same commands in memory
+//!   (or a `Cluster` over the in-memory transport).
+//! - [`ClusterRecords`] (a queue's record, a [`RecordStore`]) and
+//!   [`ClusterViewAuthority`] (the rings' views, a GM
+//!   [`ViewAuthority`](warren_gm::ViewAuthority)) over any source.
+//! - [`ClusterDetector`]: the rings' failure detector, following the nodes
+//!   the cluster sees up.
+
+#![warn(missing_docs)]
+
+mod detector;
+mod driver;
+mod records;
+mod source;
+
+pub use detector::ClusterDetector;
+pub use driver::{DriverConfig, MirrorDriver};
+pub use records::{ClusterRecords, ClusterViewAuthority, RecordError, RecordStore};
+pub use source::{MemMetadata, MetadataSource};

@@ -1,0 +1,219 @@
+//! A queue's record and its ring's views in the cluster metadata:
+//! [`RecordStore`] (read, compare-and-set, change notices) with
+//! [`ClusterRecords`], and the GM [`ViewAuthority`] [`ClusterViewAuthority`],
+//! both over any [`MetadataSource`].
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use warren_cluster::{Cluster, ClusterError, Command, Outcome, QueueRecord, QueueView, Rejection};
+use warren_gm::{View, ViewAuthority, ViewChange, ViewError, ViewVersion};
+use warren_mirror::RecordView;
+
+use crate::MetadataSource;
+
+/// Why a record read or compare-and-set failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// The record moved on: here is the current one.
+    #[error("queue record conflict (now at version {})", .0.version)]
+    Conflict(RecordView),
+    /// The store could not answer (no majority, stopped, no such queue).
+    #[error("queue record store: {0}")]
+    Unavailable(String),
+}
+
+/// Where a queue's record lives: read, compare-and-set, and change notices.
+#[async_trait]
+pub trait RecordStore: Send + Sync + std::fmt::Debug {
+    /// The record as this node knows it (may be stale).
+    fn local(&self) -> Result<RecordView, RecordError>;
+    /// Sets `view`'s placement if the record is at `expected`; returns the new record.
+    async fn compare_and_set(
+        &self,
+        expected: u64,
+        view: &RecordView,
+    ) -> Result<RecordView, RecordError>;
+    /// A receiver that changes whenever the record may have changed.
+    fn changes(&self) -> watch::Receiver<u64>;
+}
+
+fn record_view(q: &QueueRecord) -> RecordView {
+    RecordView {
+        version: q.view_version,
+        master: q.master.clone(),
+        mirrors: q.mirrors.clone(),
+        synchronised: q.synchronised.clone(),
+    }
+}
+
+/// A queue's record in the cluster metadata (the Raft store on a node).
+#[derive(Debug, Clone)]
+pub struct ClusterRecords<S = Cluster> {
+    source: S,
+    vhost: String,
+    name: String,
+}
+
+impl<S: MetadataSource> ClusterRecords<S> {
+    /// The record of queue `name` in `vhost` (it must have been declared).
+    pub fn new(source: S, vhost: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            source,
+            vhost: vhost.into(),
+            name: name.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
+    fn local(&self) -> Result<RecordView, RecordError> {
+        self.source
+            .local()
+            .queue(&self.vhost, &self.name)
+            .map(record_view)
+            .ok_or_else(|| RecordError::Unavailable(format!("no queue {:?}", self.name)))
+    }
+
+    async fn compare_and_set(
+        &self,
+        expected: u64,
+        view: &RecordView,
+    ) -> Result<RecordView, RecordError> {
+        let cmd = Command::SetQueueView {
+            vhost: self.vhost.clone(),
+            name: self.name.clone(),
+            expected_version: expected,
+            view: QueueView {
+                master: view.master.clone(),
+                mirrors: view.mirrors.clone(),
+                synchronised: view.synchronised.clone(),
+            },
+        };
+        match self.source.write(cmd).await {
+            Ok(Outcome::Queue(q)) => Ok(record_view(&q)),
+            Ok(other) => Err(RecordError::Unavailable(format!(
+                "unexpected outcome {other:?}"
+            ))),
+            Err(ClusterError::Rejected(Rejection::ViewConflict { .. })) => {
+                let meta = self
+                    .source
+                    .read_linearizable()
+                    .await
+                    .map_err(|e| RecordError::Unavailable(e.to_string()))?;
+                meta.queue(&self.vhost, &self.name)
+                    .map(|q| RecordError::Conflict(record_view(q)))
+                    .ok_or_else(|| RecordError::Unavailable("queue deleted".into()))
+                    .and_then(Err)
+            }
+            Err(e) => Err(RecordError::Unavailable(e.to_string())),
+        }
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.source.changes()
+    }
+}
+
+/// A [`ViewAuthority`] for GM rings whose views live in the cluster
+/// metadata: each view is postcard-encoded in the ring's register
+/// ([`Command::SetRingView`]), whose version is the view's version, so every
+/// ring change is a compare-and-set committed by a majority. A node in a
+/// minority reads its last applied view and cannot change any.
+#[derive(Debug, Clone)]
+pub struct ClusterViewAuthority<S = Cluster> {
+    source: S,
+}
+
+impl<S: MetadataSource> ClusterViewAuthority<S> {
+    /// An authority over this node's metadata.
+    pub fn new(source: S) -> Self {
+        Self { source }
+    }
+
+    fn decode(bytes: Option<&[u8]>) -> View {
+        bytes
+            .and_then(|b| postcard::from_bytes(b).ok())
+            .unwrap_or_else(View::empty)
+    }
+
+    fn local_view(&self, ring: &str) -> View {
+        Self::decode(
+            self.source
+                .local()
+                .rings
+                .get(ring)
+                .map(|r| r.view.as_slice()),
+        )
+    }
+}
+
+#[async_trait]
+impl<S: MetadataSource> ViewAuthority for ClusterViewAuthority<S> {
+    async fn current(&self, ring: &str) -> Result<View, ViewError> {
+        // A stale view would make the ring drop a proposal (a removal or an
+        // erasure it thinks already done), so try hard for a fresh one.
+        for _ in 0..3 {
+            if let Ok(meta) = self.source.read_linearizable().await {
+                return Ok(Self::decode(
+                    meta.rings.get(ring).map(|r| r.view.as_slice()),
+                ));
+            }
+        }
+        // In a minority: what this node applied (it cannot change anything anyway).
+        Ok(self.local_view(ring))
+    }
+
+    async fn current_local(&self, ring: &str) -> Result<View, ViewError> {
+        // What this node applied: no round trip to the leader (the GM
+        // driver's poll reads 1,000 rings a second on a node with 1,000
+        // queues; linearizable, that was a fifth of an idle node's CPU).
+        Ok(self.local_view(ring))
+    }
+
+    async fn update(
+        &self,
+        ring: &str,
+        expected: ViewVersion,
+        change: ViewChange,
+    ) -> Result<View, ViewError> {
+        let current = self.current(ring).await?;
+        if current.version != expected {
+            return Err(ViewError::Conflict {
+                expected,
+                current: current.version,
+            });
+        }
+        let next = current.apply(&change)?;
+        let bytes = postcard::to_allocvec(&next).map_err(|_| ViewError::Conflict {
+            expected,
+            current: current.version,
+        })?;
+        let cmd = Command::SetRingView {
+            ring: ring.into(),
+            expected_version: expected,
+            view: bytes,
+        };
+        match self.source.write(cmd).await {
+            Ok(Outcome::Ring(_)) => Ok(next),
+            Err(ClusterError::Rejected(Rejection::ViewConflict { current, .. })) => {
+                Err(ViewError::Conflict { expected, current })
+            }
+            Ok(other) => {
+                tracing::warn!(%ring, outcome = ?other, "ring view change: unexpected outcome");
+                Err(ViewError::Conflict {
+                    expected,
+                    current: expected,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(%ring, error = %e, "ring view change not committed");
+                Err(ViewError::Conflict {
+                    expected,
+                    current: expected,
+                })
+            }
+        }
+    }
+}

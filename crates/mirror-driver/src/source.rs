@@ -1,0 +1,179 @@
+//! Where the driver reads and writes the cluster metadata: the
+//! [`MetadataSource`] trait, its Raft-backed implementation on
+//! [`Cluster`], and [`MemMetadata`], one in-memory store applying the same
+//! commands for in-process tests.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use warren_cluster::{Cluster, ClusterError, Command, Metadata, Outcome};
+use warren_transport::NodeName;
+
+/// The cluster metadata as this node sees it, and the way to change it.
+///
+/// Everything the driver knows about the cluster comes from here: queue
+/// records and policies (what to place where), nodes and their ring
+/// addresses, the nodes seen up (the rings' failure detector), and the
+/// compare-and-sets of queue records and ring views.
+#[async_trait]
+pub trait MetadataSource: Clone + Send + Sync + std::fmt::Debug + 'static {
+    /// This node's name.
+    fn node(&self) -> &NodeName;
+    /// The metadata as this node applied it: possibly stale, never blocks.
+    fn local(&self) -> Arc<Metadata>;
+    /// The metadata as of now (everything committed before the call).
+    async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError>;
+    /// Commits a command and returns its outcome.
+    async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError>;
+    /// A receiver that changes whenever the metadata may have changed.
+    fn changes(&self) -> watch::Receiver<u64>;
+    /// The nodes seen up, this one included once it is.
+    fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>>;
+}
+
+#[async_trait]
+impl MetadataSource for Cluster {
+    fn node(&self) -> &NodeName {
+        Cluster::node(self)
+    }
+
+    fn local(&self) -> Arc<Metadata> {
+        Cluster::local(self)
+    }
+
+    async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
+        Cluster::read_linearizable(self).await
+    }
+
+    async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        Cluster::write(self, cmd).await
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.metadata_changes()
+    }
+
+    fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
+        Cluster::up_nodes(self)
+    }
+}
+
+/// What the nodes of one [`MemMetadata`] share.
+#[derive(Debug)]
+struct Shared {
+    metadata: Mutex<Arc<Metadata>>,
+    changes: watch::Sender<u64>,
+    up: watch::Sender<BTreeSet<NodeName>>,
+}
+
+/// Cluster metadata in memory, shared by the nodes of one process: commands
+/// are applied at once with the Raft state machine's own
+/// [`Metadata::apply`] (the same compare-and-sets and rejections), and the
+/// set of nodes up is whatever the test says ([`MemMetadata::set_up`]).
+/// Each node holds its own handle ([`MemMetadata::for_node`]).
+#[derive(Debug, Clone)]
+pub struct MemMetadata {
+    node: NodeName,
+    shared: Arc<Shared>,
+}
+
+impl MemMetadata {
+    /// Empty metadata, seen from `node`.
+    pub fn new(node: NodeName) -> Self {
+        Self {
+            node,
+            shared: Arc::new(Shared {
+                metadata: Mutex::new(Arc::new(Metadata::default())),
+                changes: watch::Sender::new(0),
+                up: watch::Sender::new(BTreeSet::new()),
+            }),
+        }
+    }
+
+    /// The same metadata, seen from `node`.
+    #[must_use]
+    pub fn for_node(&self, node: NodeName) -> Self {
+        Self {
+            node,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Applies `cmd` as a committed log entry would be.
+    pub fn apply(&self, cmd: &Command) -> Result<Outcome, ClusterError> {
+        let mut result = Ok(Outcome::Done);
+        self.change(|m| {
+            result = m.apply(cmd).result;
+            result.is_ok()
+        });
+        result.map_err(ClusterError::Rejected)
+    }
+
+    /// Changes the metadata directly (cluster membership, which Raft keeps
+    /// outside the command log).
+    pub fn modify(&self, f: impl FnOnce(&mut Metadata)) {
+        self.change(|m| {
+            f(m);
+            true
+        });
+    }
+
+    /// Runs `f` on a copy of the metadata and keeps the copy (telling every
+    /// node) if `f` says it changed.
+    fn change(&self, f: impl FnOnce(&mut Metadata) -> bool) {
+        let mut m = self
+            .shared
+            .metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next = Metadata::clone(&m);
+        if f(&mut next) {
+            *m = Arc::new(next);
+            drop(m);
+            self.shared.changes.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Sets the nodes seen up.
+    pub fn set_up(&self, up: BTreeSet<NodeName>) {
+        self.shared.up.send_replace(up);
+    }
+
+    /// The nodes seen up.
+    pub fn up_now(&self) -> BTreeSet<NodeName> {
+        self.shared.up.borrow().clone()
+    }
+}
+
+#[async_trait]
+impl MetadataSource for MemMetadata {
+    fn node(&self) -> &NodeName {
+        &self.node
+    }
+
+    fn local(&self) -> Arc<Metadata> {
+        self.shared
+            .metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
+        Ok(self.local())
+    }
+
+    async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        self.apply(&cmd)
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.changes.subscribe()
+    }
+
+    fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
+        self.shared.up.subscribe()
+    }
+}

@@ -1,0 +1,596 @@
+//! In-process Warren nodes for the driver's tests: per node a real
+//! `warren_broker::Broker` (fed AMQP frames by [`Client`]), the production
+//! [`MirrorDriver`] on a runtime of its own (killing the node shuts that
+//! runtime down), all over one `MemNetwork` and one [`MemMetadata`].
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
+use amq_protocol::protocol::{
+    AMQPClass, BasicProperties, basic, channel, confirm, connection, queue,
+};
+use amq_protocol::types::FieldTable;
+use bytes::BytesMut;
+use tempfile::TempDir;
+use warren_broker::auth::{PermissionDef, UserDef, hash_password};
+use warren_broker::meta::FileStore;
+use warren_broker::{Broker, BrokerConfig, ConnId};
+use warren_cluster::{Command, NodeRecord, PolicyRecord, QueueRecord};
+use warren_gm::NodeConfig;
+use warren_mirror::{Role, Status};
+use warren_mirror_driver::{DriverConfig, MemMetadata, MetadataSource, MirrorDriver};
+use warren_transport::mem::MemNetwork;
+use warren_transport::{ClusterSecret, NodeName, PeerAddr, TransportConfig};
+
+/// The mirrored queue of every test.
+pub const QUEUE: &str = "q";
+
+pub type Shared = Arc<Mutex<Broker>>;
+
+pub fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
+    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn name(n: &str) -> NodeName {
+    NodeName::new(n).unwrap()
+}
+
+/// One running node.
+pub struct Node<S: MetadataSource = MemMetadata> {
+    pub broker: Shared,
+    pub driver: Arc<MirrorDriver<S>>,
+    /// Every task of the node runs here: killing the node shuts it down.
+    pub rt: tokio::runtime::Runtime,
+}
+
+/// A runtime for one node's tasks.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The queue `q` (master `n1`) and its policy: mirrored on every node,
+/// synchronised automatically in batches of `batch`.
+pub fn queue_commands(batch: u64) -> Vec<Command> {
+    vec![
+        Command::PutVhost { name: "/".into() },
+        Command::PutPolicy(PolicyRecord {
+            vhost: "/".into(),
+            name: "ha".into(),
+            pattern: format!("^{QUEUE}$"),
+            apply_to: "queues".into(),
+            priority: 0,
+            definition: format!(
+                r#"{{"ha-mode":"all","ha-sync-mode":"automatic","ha-sync-batch-size":{batch}}}"#
+            ),
+        }),
+        Command::DeclareQueue(QueueRecord {
+            vhost: "/".into(),
+            name: QUEUE.into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: Default::default(),
+            master: "n1".into(),
+            mirrors: vec![],
+            synchronised: vec![],
+            view_version: 0,
+        }),
+    ]
+}
+
+/// A transport of node `n` on `mem`.
+pub fn transport(mem: &MemNetwork, n: &str) -> Arc<warren_transport::mem::MemTransport> {
+    Arc::new(mem.transport(TransportConfig::new(
+        name(n),
+        ClusterSecret::new("mirror-driver-test"),
+    )))
+}
+
+/// Logs to the test's output (`RUST_LOG`, `warn` by default).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+impl<S: MetadataSource> Node<S> {
+    /// Starts node `n` on `rt` with its data in `dir`: a broker with guest,
+    /// vhost `/` and the queue declared (as the node's metadata replay
+    /// does), its ticker and group commits, and the mirror driver over
+    /// `source`.
+    pub async fn start(
+        rt: tokio::runtime::Runtime,
+        mem: &MemNetwork,
+        n: &str,
+        dir: &Path,
+        source: S,
+    ) -> Self {
+        let mut cfg = BrokerConfig::new(dir);
+        cfg.node_name = n.to_owned();
+        let store = FileStore::open(dir.join("metadata.json")).unwrap();
+        let mut broker = Broker::open(cfg, Box::new(store)).unwrap();
+        broker.add_vhost("/").unwrap();
+        broker
+            .put_user(UserDef {
+                name: "guest".into(),
+                password_hash: hash_password("guest"),
+                tags: vec!["administrator".into()],
+                loopback_only: true,
+            })
+            .unwrap();
+        broker
+            .set_permissions(PermissionDef {
+                user: "guest".into(),
+                vhost: "/".into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            })
+            .unwrap();
+        let broker: Shared = Arc::new(Mutex::new(broker));
+        Client::connect(&broker).declare(QUEUE);
+        let transport = transport(mem, n);
+        let mut gm = NodeConfig::new(name(n), PeerAddr::new(format!("gm-{n}")));
+        gm.tick_interval = Duration::from_millis(5);
+        gm.redial_interval = Duration::from_millis(30);
+        let mut config = DriverConfig::new(gm, format!("link-{n}"));
+        config.replica_tick = Duration::from_millis(20);
+        config.reconcile_interval = Duration::from_millis(100);
+        let b = broker.clone();
+        let driver = rt
+            .spawn(async move { MirrorDriver::start(source, transport, b, config).await })
+            .await
+            .unwrap()
+            .unwrap();
+        // The node's broker loops: its ticker and its group commits.
+        let b = broker.clone();
+        rt.spawn(async move {
+            let mut iv = tokio::time::interval(Duration::from_millis(20));
+            loop {
+                iv.tick().await;
+                lock(&b).tick(now_ms());
+                let mut batch = lock(&b).prepare_sync();
+                if !batch.is_empty() {
+                    batch.run();
+                    lock(&b).complete_sync(batch, now_ms());
+                }
+            }
+        });
+        Self { broker, driver, rt }
+    }
+
+    /// Stops the node cleanly.
+    pub async fn stop(self) {
+        let d = self.driver.clone();
+        let _ = self
+            .rt
+            .spawn(async move { d.stop(Duration::from_secs(5)).await })
+            .await;
+        self.rt.shutdown_background();
+    }
+
+    /// The queue's replica status on this node.
+    pub fn status(&self) -> Option<Status> {
+        lock(&self.broker).replica_status("/", QUEUE)
+    }
+
+    pub fn role(&self) -> Option<Role> {
+        self.status().map(|s| s.role)
+    }
+
+    /// (ready, unacked) as this node's broker counts the queue.
+    pub fn counts(&self) -> (u64, u64) {
+        lock(&self.broker)
+            .queues(Some("/"))
+            .into_iter()
+            .find(|q| q.name == QUEUE)
+            .map_or((0, 0), |q| (q.messages_ready, q.messages_unacknowledged))
+    }
+}
+
+/// The cluster: the network, the metadata, the nodes and their data dirs.
+pub struct Net {
+    pub mem: MemNetwork,
+    pub meta: MemMetadata,
+    pub nodes: BTreeMap<String, Node>,
+    dirs: BTreeMap<String, TempDir>,
+    joined: u64,
+}
+
+impl Net {
+    /// A cluster whose queue `q` (master `n1`) is mirrored on every node,
+    /// synchronised automatically in batches of `batch`.
+    pub fn new(seed: u64, batch: u64) -> Self {
+        init_tracing();
+        let meta = MemMetadata::new(name("n1"));
+        for cmd in queue_commands(batch) {
+            meta.apply(&cmd).unwrap();
+        }
+        Self {
+            mem: MemNetwork::new(seed),
+            meta,
+            nodes: BTreeMap::new(),
+            dirs: BTreeMap::new(),
+            joined: 0,
+        }
+    }
+
+    /// Starts node `n` (again, on its old data directory, after a kill):
+    /// its broker with the queue declared, and its mirror driver.
+    pub async fn start(&mut self, n: &str) {
+        let dir: PathBuf = self
+            .dirs
+            .entry(n.to_owned())
+            .or_insert_with(|| tempfile::tempdir().unwrap())
+            .path()
+            .to_owned();
+        if !self.meta.local().nodes.contains_key(n) {
+            self.joined += 1;
+            let joined_at = self.joined;
+            self.meta.modify(|m| {
+                m.nodes.insert(
+                    n.to_owned(),
+                    NodeRecord {
+                        name: n.to_owned(),
+                        peer_addr: n.to_owned(),
+                        joined_at,
+                        ring_addr: None,
+                        link_addr: None,
+                    },
+                );
+            });
+        }
+        let source = self.meta.for_node(name(n));
+        let node = Node::start(runtime(), &self.mem, n, &dir, source).await;
+        let mut up = self.up();
+        up.insert(name(n));
+        self.meta.set_up(up);
+        self.nodes.insert(n.to_owned(), node);
+    }
+
+    fn up(&self) -> BTreeSet<NodeName> {
+        self.meta.up_now()
+    }
+
+    /// Kills node `n`: its tasks stop at once, its connections break, the
+    /// cluster sees it down. Its data directory stays.
+    pub fn kill(&mut self, n: &str) {
+        if let Some(node) = self.nodes.remove(n) {
+            node.rt.shutdown_background();
+        }
+        self.mem.disconnect(&name(n));
+        let mut up = self.up();
+        up.remove(&name(n));
+        self.meta.set_up(up);
+    }
+
+    /// The queue's record.
+    pub fn record(&self) -> QueueRecord {
+        self.meta.local().queue("/", QUEUE).unwrap().clone()
+    }
+
+    /// Stops every node cleanly.
+    pub async fn stop(mut self) {
+        for (_, node) in std::mem::take(&mut self.nodes) {
+            node.stop().await;
+        }
+    }
+}
+
+/// Waits (bounded: a hang fails the test) until `ok`.
+pub async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    for _ in 0..6_000 {
+        if ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("gave up waiting for: {what}");
+}
+
+fn frame(f: &AMQPFrame) -> Vec<u8> {
+    gen_frame(f)(WriteContext::from(Vec::new()))
+        .expect("encode")
+        .into_inner()
+        .0
+}
+
+fn method(ch: u16, class: AMQPClass) -> Vec<u8> {
+    frame(&AMQPFrame::Method(ch, class))
+}
+
+/// A message taken with `basic.get`.
+#[derive(Debug, Clone)]
+pub struct Got {
+    pub tag: u64,
+    pub redelivered: bool,
+    /// The publisher's sequence number it carries.
+    pub seq: u64,
+}
+
+/// An AMQP client on one channel in confirm mode, feeding a broker directly.
+pub struct Client {
+    broker: Shared,
+    id: ConnId,
+    input: BytesMut,
+    output: BytesMut,
+    /// Confirm tag → the seq of the message it published.
+    pending: BTreeMap<u64, u64>,
+    next_tag: u64,
+    /// Seqs confirmed (`basic.ack`) and refused (`basic.nack`).
+    pub acked: BTreeSet<u64>,
+    pub nacked: BTreeSet<u64>,
+    /// Answers to `basic.get`, in order (`None`: empty).
+    gets: VecDeque<Option<Got>>,
+    /// A get-ok waiting for its content.
+    partial: Option<(u64, bool)>,
+    closed: Option<String>,
+}
+
+impl Client {
+    /// Connects as guest to vhost `/` and opens channel 1 in confirm mode.
+    pub fn connect(broker: &Shared) -> Self {
+        let id = lock(broker).connect(SocketAddr::from(([127, 0, 0, 1], 40000)), Arc::new(|| {}));
+        let mut c = Self {
+            broker: broker.clone(),
+            id,
+            input: BytesMut::new(),
+            output: BytesMut::new(),
+            pending: BTreeMap::new(),
+            next_tag: 0,
+            acked: BTreeSet::new(),
+            nacked: BTreeSet::new(),
+            gets: VecDeque::new(),
+            partial: None,
+            closed: None,
+        };
+        c.send(b"AMQP\x00\x00\x09\x01");
+        c.send(&method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+                client_properties: FieldTable::default(),
+                mechanism: "PLAIN".into(),
+                response: "\0guest\0guest".into(),
+                locale: "en_US".into(),
+            })),
+        ));
+        c.send(&method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+                channel_max: 16,
+                frame_max: 131_072,
+                heartbeat: 0,
+            })),
+        ));
+        c.send(&method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+                virtual_host: "/".into(),
+            })),
+        ));
+        c.send(&method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        ));
+        c.send(&method(
+            1,
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+                nowait: true,
+            })),
+        ));
+        c.poll();
+        assert!(c.closed.is_none(), "connection refused: {:?}", c.closed);
+        c
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.input.extend_from_slice(bytes);
+        lock(&self.broker).handle_input(self.id, &mut self.input, now_ms());
+    }
+
+    /// Declares a durable queue.
+    pub fn declare(&mut self, q: &str) {
+        self.send(&method(
+            1,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                queue: q.into(),
+                passive: false,
+                durable: true,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        ));
+        self.poll();
+        assert!(self.closed.is_none(), "declare refused: {:?}", self.closed);
+    }
+
+    /// Publishes a message carrying `seq` to the queue.
+    pub fn publish(&mut self, seq: u64, persistent: bool) {
+        let body = seq.to_string().into_bytes();
+        let mut bytes = method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: QUEUE.into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        );
+        bytes.extend(frame(&AMQPFrame::Header(
+            1,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: body.len() as u64,
+                properties: BasicProperties::default().with_delivery_mode(if persistent {
+                    2
+                } else {
+                    1
+                }),
+            },
+        )));
+        bytes.extend(frame(&AMQPFrame::Body(1, body)));
+        self.next_tag += 1;
+        self.pending.insert(self.next_tag, seq);
+        self.send(&bytes);
+    }
+
+    /// Reads and handles whatever the broker has written.
+    pub fn poll(&mut self) {
+        let mut out = BytesMut::new();
+        lock(&self.broker).take_output(self.id, &mut out);
+        self.output.extend_from_slice(&out);
+        loop {
+            let parsed = match parse_frame(&self.output[..]) {
+                Ok((rest, f)) => Some((self.output.len() - rest.len(), f)),
+                Err(_) => None,
+            };
+            let Some((used, f)) = parsed else { break };
+            let _ = self.output.split_to(used);
+            self.on_frame(f);
+        }
+    }
+
+    fn on_frame(&mut self, f: AMQPFrame) {
+        match f {
+            AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Ack(a))) => {
+                self.settle(a.delivery_tag, a.multiple, true);
+            }
+            AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Nack(n))) => {
+                self.settle(n.delivery_tag, n.multiple, false);
+            }
+            AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetOk(g))) => {
+                self.partial = Some((g.delivery_tag, g.redelivered));
+            }
+            AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))) => {
+                self.gets.push_back(None);
+            }
+            AMQPFrame::Body(_, body) => {
+                if let Some((tag, redelivered)) = self.partial.take() {
+                    let seq = String::from_utf8_lossy(&body).parse().unwrap();
+                    self.gets.push_back(Some(Got {
+                        tag,
+                        redelivered,
+                        seq,
+                    }));
+                }
+            }
+            AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
+                self.closed = Some(c.reply_text.to_string());
+            }
+            AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+                self.closed = Some(c.reply_text.to_string());
+            }
+            _ => {}
+        }
+    }
+
+    fn settle(&mut self, tag: u64, multiple: bool, ack: bool) {
+        let tags: Vec<u64> = if multiple {
+            self.pending.range(..=tag).map(|(t, _)| *t).collect()
+        } else {
+            vec![tag]
+        };
+        for t in tags {
+            if let Some(seq) = self.pending.remove(&t) {
+                if ack {
+                    self.acked.insert(seq);
+                } else {
+                    self.nacked.insert(seq);
+                }
+            }
+        }
+    }
+
+    /// Waits until every publish is acked or nacked.
+    pub async fn settled(&mut self) {
+        for _ in 0..6_000 {
+            self.poll();
+            if self.pending.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("publishes never settled: {:?}", self.pending);
+    }
+
+    /// The seqs published and not yet settled.
+    pub fn unsettled(&self) -> Vec<u64> {
+        self.pending.values().copied().collect()
+    }
+
+    /// `basic.get` (to be acked); `None` if the queue is empty.
+    pub async fn get(&mut self) -> Option<Got> {
+        self.send(&method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+                queue: QUEUE.into(),
+                no_ack: false,
+            })),
+        ));
+        for _ in 0..6_000 {
+            self.poll();
+            if let Some(g) = self.gets.pop_front() {
+                return g;
+            }
+            assert!(self.closed.is_none(), "get refused: {:?}", self.closed);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("basic.get never answered");
+    }
+
+    /// Publishes `seqs` and returns the confirmed ones once every one is
+    /// settled (none may be nacked).
+    pub async fn publish_confirmed(
+        &mut self,
+        seqs: impl IntoIterator<Item = u64>,
+    ) -> BTreeSet<u64> {
+        for seq in seqs {
+            self.publish(seq, true);
+        }
+        self.settled().await;
+        assert!(self.nacked.is_empty(), "nacked: {:?}", self.nacked);
+        self.acked.clone()
+    }
+
+    /// Gets and acks every message left; returns them.
+    pub async fn drain(&mut self) -> Vec<Got> {
+        let mut out = Vec::new();
+        while let Some(g) = self.get().await {
+            self.ack(g.tag);
+            out.push(g);
+        }
+        out
+    }
+
+    /// Acks one delivery.
+    pub fn ack(&mut self, tag: u64) {
+        self.send(&method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                delivery_tag: tag,
+                multiple: false,
+            })),
+        ));
+    }
+}
