@@ -2937,12 +2937,21 @@ impl Broker {
             message_count: u32::try_from(s.ready).unwrap_or(u32::MAX),
             consumer_count: q.consumers.len() as u32,
         };
+        let remote = match &q.remote {
+            Some(Elsewhere::Node(n)) => Some(n.clone()),
+            _ => None,
+        };
         let c = self.conn(id);
         if let Some(chan) = c.channels.get_mut(&ch) {
-            chan.last_queue = Some(name);
+            chan.last_queue = Some(name.clone());
         }
-        if !d.nowait {
-            c.amqp.reply(ch, reply);
+        match remote {
+            _ if d.nowait => {}
+            // Served elsewhere: the counts are the master's.
+            Some(node) => self.link_count(&node, (id, ch), &vhost, &name),
+            None => {
+                c.amqp.reply(ch, reply);
+            }
         }
         Ok(())
     }

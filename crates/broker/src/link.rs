@@ -152,6 +152,26 @@ pub enum LinkMsg {
         /// The sender's disk alarm.
         disk: bool,
     },
+    /// Origin → master: how many messages and consumers `queue` has (a
+    /// client's `queue.declare` on the origin waits for the answer, so that
+    /// its counts are the queue's, as on any RabbitMQ node).
+    Count {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The origin's request id.
+        req: u64,
+    },
+    /// Master → origin: the answer to a [`LinkMsg::Count`].
+    Counted {
+        /// The origin's request id.
+        req: u64,
+        /// Ready messages.
+        messages: u64,
+        /// Consumers, of every node.
+        consumers: u32,
+    },
 }
 
 /// The link state of a master-side internal connection.
@@ -185,6 +205,16 @@ struct RemoteGet {
     queue: Arc<str>,
 }
 
+/// A client's `queue.declare` waiting for the master's counts.
+#[derive(Debug)]
+struct PendingCount {
+    node: Arc<str>,
+    conn: ConnId,
+    channel: ChannelId,
+    vhost: String,
+    queue: String,
+}
+
 /// The origin's side of forwarding.
 #[derive(Default)]
 pub(crate) struct Links {
@@ -197,6 +227,8 @@ pub(crate) struct Links {
     consumers: HashMap<u64, RemoteConsumer>,
     /// Forwarded gets by request id.
     gets: HashMap<u64, RemoteGet>,
+    /// Declares waiting for their queue's counts, by request id.
+    counts: HashMap<u64, PendingCount>,
     /// Master-side internal connections by (origin node, vhost).
     conns: HashMap<(String, String), ConnId>,
     waker: Option<Waker>,
@@ -562,6 +594,60 @@ impl Broker {
         );
     }
 
+    /// Answers a client's `queue.declare` of a queue served by `node` with
+    /// the master's counts, once they come.
+    pub(super) fn link_count(
+        &mut self,
+        node: &Arc<str>,
+        (conn, channel): (ConnId, ChannelId),
+        vhost: &str,
+        queue: &str,
+    ) {
+        let req = self.links.next();
+        self.links.counts.insert(
+            req,
+            PendingCount {
+                node: node.clone(),
+                conn,
+                channel,
+                vhost: vhost.to_owned(),
+                queue: queue.to_owned(),
+            },
+        );
+        let msg = LinkMsg::Count {
+            vhost: vhost.to_owned(),
+            queue: queue.to_owned(),
+            req,
+        };
+        self.links.send(node, msg);
+    }
+
+    /// Queue `queue`'s ready messages and consumers as this node knows them.
+    fn queue_counts(&self, vhost: &str, queue: &str) -> (u64, u32) {
+        self.vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(queue))
+            .map_or((0, 0), |q| {
+                (q.store.stats().ready, q.consumers.len() as u32)
+            })
+    }
+
+    /// Sends the declare-ok a [`PendingCount`] waited for.
+    fn answer_count(&mut self, p: PendingCount, messages: u64, consumers: u32) {
+        if let Some(c) = self.conns.get_mut(&p.conn)
+            && c.channels.contains_key(&p.channel)
+        {
+            c.amqp.reply(
+                p.channel,
+                Reply::QueueDeclareOk {
+                    queue: p.queue,
+                    message_count: u32::try_from(messages).unwrap_or(u32::MAX),
+                    consumer_count: consumers,
+                },
+            );
+        }
+    }
+
     /// Forwards a `basic.get`.
     pub(super) fn link_get(
         &mut self,
@@ -911,7 +997,27 @@ impl Broker {
                     c.send_get_empty(LINK_CHANNEL);
                 }
             }
+            LinkMsg::Count { vhost, queue, req } => {
+                let (messages, consumers) = self.queue_counts(&vhost, &queue);
+                self.links.send(
+                    from,
+                    LinkMsg::Counted {
+                        req,
+                        messages,
+                        consumers,
+                    },
+                );
+            }
             // Answers to this node, as the origin.
+            LinkMsg::Counted {
+                req,
+                messages,
+                consumers,
+            } => {
+                if let Some(p) = self.links.counts.remove(&req) {
+                    self.answer_count(p, messages, consumers);
+                }
+            }
             LinkMsg::Confirmed { ids } => {
                 for id in ids {
                     if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
@@ -1106,19 +1212,27 @@ impl Broker {
                 nack_one(&mut self.conns, conn, ch, cseq);
             }
         }
-        let gets: Vec<u64> = self
+        let gets: Vec<RemoteGet> = self
             .links
             .gets
-            .iter()
-            .filter(|(_, g)| &*g.node == node)
-            .map(|(id, _)| *id)
+            .extract_if(|_, g| &*g.node == node)
+            .map(|(_, g)| g)
             .collect();
-        for req in gets {
-            if let Some(g) = self.links.gets.remove(&req)
-                && let Some(c) = self.conns.get_mut(&g.conn)
-            {
+        for g in gets {
+            if let Some(c) = self.conns.get_mut(&g.conn) {
                 c.amqp.reply(g.channel, Reply::BasicGetEmpty);
             }
+        }
+        // Declares waiting for its counts: answered with this node's.
+        let counts: Vec<PendingCount> = self
+            .links
+            .counts
+            .extract_if(|_, p| &*p.node == node)
+            .map(|(_, p)| p)
+            .collect();
+        for p in counts {
+            let (messages, consumers) = self.queue_counts(&p.vhost, &p.queue);
+            self.answer_count(p, messages, consumers);
         }
         // Its deliveries stay known to their channels (a client acking one
         // must not get "unknown delivery tag"), but settle nowhere: the

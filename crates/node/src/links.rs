@@ -111,9 +111,12 @@ type Sessions = Arc<Mutex<HashMap<String, (u64, u64)>>>;
 const HELD_MAX: usize = 4096;
 
 /// Whether `m` must wait behind held publishes: publishes wait for flow
-/// control, and a get must see the publishes sent before it.
+/// control, and a get or a count must see the publishes sent before it.
 fn held_back(m: &LinkMsg) -> bool {
-    matches!(m, LinkMsg::Publish { .. } | LinkMsg::Get { .. })
+    matches!(
+        m,
+        LinkMsg::Publish { .. } | LinkMsg::Get { .. } | LinkMsg::Count { .. }
+    )
 }
 
 /// Whether `m` publishes into a queue whose consumers fall behind (it waits,
