@@ -76,6 +76,8 @@ try:
     ev("document.getElementById('pass').value='guest'; document.getElementById('login-btn').click()")
     wait_for("!!document.getElementById('totals')", "the overview")
     shot("overview")
+    main_text = ev("document.getElementById('main').innerText")
+    assert "NaN" not in main_text and "undefined" not in main_text, main_text
 
     # Admin -> Policies: a bad definition shows the validator's message inline.
     ev("location.hash = '#/policies'")
