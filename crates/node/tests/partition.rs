@@ -1,6 +1,10 @@
-//! A network partition that isolates a mirrored queue's master, with real
-//! `warren` processes in a private network namespace (`ip netns`) and
-//! iptables rules between their addresses.
+//! Network partitions around a mirrored queue's master, with real `warren`
+//! processes in a private network namespace (`ip netns`) and iptables rules
+//! between their addresses: the master isolated from both mirrors; the
+//! master cut from one mirror's node only, both ways or one way, with
+//! publishers and consumers on both other nodes. Every test checks that no
+//! confirmed message is lost and that clients are served again after the
+//! heal; the first also that every repeat carries the redelivered flag.
 //!
 //! Needs root, `ip` and iptables. Without them the test is skipped with a
 //! message, unless `WARREN_REQUIRE_NETNS=1` makes it fail.
@@ -373,7 +377,21 @@ fn confirmed_after(h: &Mutex<History>, tag: &str, from: Instant) -> usize {
 
 #[test]
 fn a_cut_between_the_master_and_one_mirror_heals() {
-    let Some(ns) = Netns::enter_new(&format!("warren-cut2-{}", std::process::id())) else {
+    cut_between_the_master_and_one_mirror(true);
+}
+
+/// The same with packets from the master to the mirror's node dropped and
+/// the other way left open.
+#[test]
+fn a_one_way_cut_from_the_master_to_one_mirror_heals() {
+    cut_between_the_master_and_one_mirror(false);
+}
+
+/// A cut between the master's node a and a mirror's node b (both ways, or
+/// a → b only), while both reach c; publishers and consumers on b and c.
+fn cut_between_the_master_and_one_mirror(both_ways: bool) {
+    let tag = if both_ways { "cut2" } else { "cut1" };
+    let Some(ns) = Netns::enter_new(&format!("warren-{tag}-{}", std::process::id())) else {
         return;
     };
     let (_root, [_a, b, c], rt) = mirrored_three_in_netns();
@@ -387,8 +405,9 @@ fn a_cut_between_the_master_and_one_mirror_heals() {
     let consumer_b = rt.spawn(consume(b.amqp_url(), stop.clone(), h.clone()));
     let consumer_c = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
     std::thread::sleep(Duration::from_secs(2));
-    // a and b cannot reach each other; both still reach c (a keeps its
-    // majority through c). Twice, 20 s each (WARREN_CUTS, WARREN_CUT_SECS).
+    // a and b cannot reach each other (or only a's packets are dropped on
+    // their way to b); both still reach c (a keeps its majority through c).
+    // Twice, 20 s each (WARREN_CUTS, WARREN_CUT_SECS).
     let cut_secs: u64 = std::env::var("WARREN_CUT_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -401,7 +420,12 @@ fn a_cut_between_the_master_and_one_mirror_heals() {
         if i > 0 {
             std::thread::sleep(Duration::from_secs(10));
         }
-        for (s, d) in [(ips[0], ips[1]), (ips[1], ips[0])] {
+        let pairs: &[(&str, &str)] = if both_ways {
+            &[(ips[0], ips[1]), (ips[1], ips[0])]
+        } else {
+            &[(ips[0], ips[1])]
+        };
+        for &(s, d) in pairs {
             ns.iptables(&["-A", "INPUT", "-s", s, "-d", d, "-j", "DROP"])
                 .unwrap();
         }
