@@ -1,6 +1,9 @@
 //! `cargo xtask bench amqp`: one Warren node and — when Debian's
 //! `rabbitmq-server` is installed — one RabbitMQ node, driven side by side by
-//! the same load generator (`crates/node/examples/amqp_bench.rs`).
+//! the same loads: the project's lean generator
+//! (`crates/node/examples/amqp_bench.rs`, every ready frame in one write)
+//! and lapin, a standard client library (`crates/node/examples/lapin_perf.rs`:
+//! each publish and each ack its own frame, as applications send them).
 //!
 //! Both brokers run on loopback on their own ports and data directories under
 //! `target/bench-amqp/`; only processes this command started are stopped.
@@ -27,6 +30,42 @@ pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
             "100",
             "--persistent",
             "--manual-ack",
+        ],
+    ),
+];
+
+/// The same kinds of load from lapin (`lapin_perf`'s flags), PerfTest-like.
+pub(crate) const LAPIN_WORKLOADS: [(&str, &[&str]); 3] = [
+    (
+        "lapin: 16 B transient, auto-ack",
+        &["--size", "16", "--auto-ack"],
+    ),
+    (
+        "lapin: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
+        &[
+            "--size",
+            "1024",
+            "--persistent",
+            "--confirms",
+            "100",
+            "--prefetch",
+            "200",
+        ],
+    ),
+    (
+        "lapin: 4 producers, 2 consumers, 1 KiB persistent, 1,000 confirms each, prefetch 200",
+        &[
+            "--producers",
+            "4",
+            "--consumers",
+            "2",
+            "--size",
+            "1024",
+            "--persistent",
+            "--confirms",
+            "1000",
+            "--prefetch",
+            "200",
         ],
     ),
 ];
@@ -144,6 +183,32 @@ fn load(
     Ok((rates(&text)?, cost))
 }
 
+/// Runs `lapin_perf` against the broker on `port`; returns its published/s,
+/// consumed/s and end-to-end latency p50 and p99 (µs).
+fn load_lapin(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Result<[f64; 4]> {
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let out = Command::new(crate::bench::target_dir(root).join("release/examples/lapin_perf"))
+        .args(["--url", &url, "--duration", duration])
+        .args(flags)
+        .output()
+        .context("running lapin_perf")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "lapin_perf failed: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let value = |key: &str| field(&text, key).with_context(|| format!("no {key} in: {text}"));
+    Ok([
+        value("published=")?,
+        value("consumed=")?,
+        value("e2e_p50_ms=")? * 1000.0,
+        value("e2e_p99_ms=")? * 1000.0,
+    ])
+}
+
 /// CPU microseconds per consumed message over a whole load generator run
 /// (warm-up and drain included).
 #[derive(Debug, Clone, Copy)]
@@ -225,6 +290,8 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
             "warren",
             "--example",
             "amqp_bench",
+            "--example",
+            "lapin_perf",
         ],
     )?;
     let dir = crate::bench::target_dir(root).join("bench-amqp");
@@ -240,6 +307,16 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
                 workload,
                 rates,
                 cost,
+            });
+        }
+        for (workload, flags) in LAPIN_WORKLOADS {
+            println!("    {workload} ({duration} s)…");
+            let rates = load_lapin(root, server.0, flags, duration)?;
+            rows.push(AmqpRow {
+                broker,
+                workload,
+                rates,
+                cost: None,
             });
         }
         Ok(())
@@ -292,7 +369,7 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
         )?;
     }
     writeln!(table)?;
-    for (name, _) in WORKLOADS {
+    for (name, _) in WORKLOADS.iter().chain(&LAPIN_WORKLOADS) {
         if let (Some(w), Some(r)) = (
             consumed(rows, "warren", name),
             consumed(rows, "rabbitmq", name),
