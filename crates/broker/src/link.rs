@@ -998,6 +998,11 @@ impl Broker {
                 }
             }
             LinkMsg::Count { vhost, queue, req } => {
+                // A declare on another node uses the queue (x-expires).
+                let now = self.now;
+                if let Some(q) = self.queue_mut(&vhost, &queue) {
+                    q.last_used_ms = now;
+                }
                 let (messages, consumers) = self.queue_counts(&vhost, &queue);
                 self.links.send(
                     from,
