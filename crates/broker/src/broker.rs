@@ -638,6 +638,9 @@ struct QueueArgs {
     expires_ms: Option<u64>,
     dlx: Option<String>,
     dlrk: Option<String>,
+    /// `x-overflow` as given (`None`: not given, drop-head).
+    overflow: Option<warren_policy::Overflow>,
+    /// Set from `overflow` by [`policies::effective_args`].
     reject: Option<RejectPublish>,
 }
 
@@ -673,9 +676,9 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
         expires_ms: None,
         dlx: None,
         dlrk: None,
+        overflow: None,
         reject: None,
     };
-    let mut overflow = "drop-head".to_owned();
     for (k, v) in args.inner() {
         let key = k.as_str();
         let non_neg = || match as_i64(v) {
@@ -707,13 +710,18 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
                 out.dlrk = Some(dlrk);
             }
             "x-overflow" => {
-                overflow = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
-                if !["drop-head", "reject-publish", "reject-publish-dlx"].contains(&&*overflow) {
-                    return Err(bad(
-                        key,
-                        "must be drop-head, reject-publish or reject-publish-dlx",
-                    ));
-                }
+                use warren_policy::Overflow;
+                out.overflow = Some(match as_str(v).as_deref() {
+                    Some("drop-head") => Overflow::DropHead,
+                    Some("reject-publish") => Overflow::RejectPublish,
+                    Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
+                    _ => {
+                        return Err(bad(
+                            key,
+                            "must be drop-head, reject-publish or reject-publish-dlx",
+                        ));
+                    }
+                });
             }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));
@@ -726,13 +734,6 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
             "x-dead-letter-routing-key",
             "x-dead-letter-exchange must be set too",
         ));
-    }
-    if overflow != "drop-head" {
-        out.reject = Some(RejectPublish {
-            max_length: out.limits.max_length.take(),
-            max_length_bytes: out.limits.max_length_bytes.take(),
-            dead_letter: overflow == "reject-publish-dlx",
-        });
     }
     Ok(out)
 }

@@ -709,7 +709,7 @@ impl Broker {
         }
         valid_name("policy", &p.name)?;
         self.meta.apply(Change::PutPolicy(p))?;
-        self.apply_policies();
+        self.apply_policies(&self.meta.load().policies);
         Ok(())
     }
 
@@ -732,7 +732,7 @@ impl Broker {
                 name: name.to_owned(),
                 operator,
             })?;
-            self.apply_policies();
+            self.apply_policies(&self.meta.load().policies);
         }
         Ok(found)
     }

@@ -445,9 +445,7 @@ impl Broker {
             q.handed_over = true;
             q.remote = Some(Elsewhere::Nowhere);
         }
-        let limits = super::queue_args(&q.opts.arguments, &q.name, vhost)
-            .map(|a| a.limits)
-            .unwrap_or_default();
+        let limits = q.limits;
         q.store = match bq {
             Some(bq) => Store::Local(bq),
             None => match factory(warren_backing_queue::QueueConfig {

@@ -57,26 +57,8 @@ pub(super) fn effective_args(
     def: &Definition,
 ) -> Result<QueueArgs, AmqpError> {
     let mut a = queue_args(args, queue, vhost)?;
-    let (max_length, max_length_bytes, arg_overflow) = match a.reject {
-        Some(r) => (
-            r.max_length,
-            r.max_length_bytes,
-            Some(if r.dead_letter {
-                Overflow::RejectPublishDlx
-            } else {
-                Overflow::RejectPublish
-            }),
-        ),
-        None => (
-            a.limits.max_length,
-            a.limits.max_length_bytes,
-            args.inner()
-                .contains_key("x-overflow")
-                .then_some(Overflow::DropHead),
-        ),
-    };
-    a.limits.max_length = min_opt(max_length, def.max_length);
-    a.limits.max_length_bytes = min_opt(max_length_bytes, def.max_length_bytes);
+    a.limits.max_length = min_opt(a.limits.max_length, def.max_length);
+    a.limits.max_length_bytes = min_opt(a.limits.max_length_bytes, def.max_length_bytes);
     a.limits.message_ttl_ms = min_opt(a.limits.message_ttl_ms, def.message_ttl);
     a.expires_ms = min_opt(a.expires_ms, def.expires);
     if a.dlx.is_none() {
@@ -85,7 +67,9 @@ pub(super) fn effective_args(
     if a.dlrk.is_none() {
         a.dlrk.clone_from(&def.dead_letter_routing_key);
     }
-    a.reject = match arg_overflow.or(def.overflow) {
+    // With reject-publish the queue refuses publishes instead of the store
+    // dropping its head: the store gets no length limits.
+    a.reject = match a.overflow.or(def.overflow) {
         None | Some(Overflow::DropHead) => None,
         Some(o) => Some(RejectPublish {
             max_length: a.limits.max_length.take(),
@@ -104,10 +88,10 @@ impl Broker {
             .definition
     }
 
-    /// Re-reads the stored policies and applies them to every queue (call
-    /// after any policy change; the cluster's metadata replay does).
-    pub fn apply_policies(&mut self) {
-        self.policies = policy_set(&self.meta.load().policies);
+    /// Applies the stored policies `defs` to every queue (call after any
+    /// policy change; the cluster's metadata replay does).
+    pub fn apply_policies(&mut self, defs: &[PolicyDef]) {
+        self.policies = policy_set(defs);
         let queues: Vec<(String, Arc<str>)> = self
             .vhosts
             .iter()

@@ -859,7 +859,7 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
         }
     }
     // Policies may have changed: every queue's settings follow.
-    b.apply_policies();
+    b.apply_policies(&defs.policies);
 }
 
 /// Replays the cluster's metadata on the broker now and after every change.
