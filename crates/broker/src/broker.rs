@@ -1958,7 +1958,10 @@ impl Broker {
                             pending += u32::from(owed);
                         }
                         Err(e) => {
-                            tracing::warn!(queue = %qname, error = %e, "a mirrored queue refused a publish");
+                            // Cut off from the majority: the replica said so once.
+                            if !matches!(e, warren_mirror::MirrorError::Isolated) {
+                                tracing::warn!(queue = %qname, error = %e, "a mirrored queue refused a publish");
+                            }
                             if let Some((conn, ch, cseq)) = confirm {
                                 pending += 1;
                                 nacks.push((conn, ch, cseq));

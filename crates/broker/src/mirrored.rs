@@ -106,6 +106,9 @@ pub enum MirrorInput {
     Tick,
     /// Stop cleanly (a master hands over to its mirrors).
     Stop,
+    /// Whether this node sees a majority of the cluster
+    /// ([`Replica::set_isolated`](warren_mirror::Replica::set_isolated)).
+    Majority(bool),
 }
 
 /// How to start a replica in [`Broker::start_replica`].
@@ -487,6 +490,7 @@ impl Broker {
             MirrorInput::RecordSettled(rec) => r.record_settled(rec),
             MirrorInput::Tick => r.tick(now_ms),
             MirrorInput::Stop => r.stop(),
+            MirrorInput::Majority(m) => r.set_isolated(!m),
         }
         self.mirror_turn(vhost, name);
         self.after_queue_op(vhost, name);
@@ -737,7 +741,7 @@ impl Broker {
         name: &str,
         msg: warren_backing_queue::NewMessage,
         confirm: Option<(ConnId, ChannelId, u64)>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, warren_mirror::MirrorError> {
         let now = self.now;
         let id = PublishId {
             publisher: self.publisher_id,
@@ -747,7 +751,7 @@ impl Broker {
         let Some(m) = self.mirrored(vhost, name) else {
             return Ok(false);
         };
-        m.replica.publish(now, id, msg).map_err(err_text)?;
+        m.replica.publish(now, id, msg)?;
         let owed = confirm.is_some();
         if let Some(c) = confirm {
             m.publishes.insert(id, c);

@@ -155,6 +155,8 @@ struct Inner {
     peers: Peers,
     events: broadcast::Sender<NodeEvent>,
     up: watch::Sender<BTreeSet<NodeName>>,
+    /// Whether this node sees a majority of the voters up (itself included).
+    majority: watch::Sender<bool>,
     stop: watch::Sender<bool>,
     stopped: Mutex<bool>,
 }
@@ -215,6 +217,7 @@ impl Cluster {
             .map_err(stopped)?;
         let (events, _) = broadcast::channel(256);
         let (up, _) = watch::channel(BTreeSet::new());
+        let (majority, _) = watch::channel(true);
         let (stop, _) = watch::channel(false);
         let cluster = Cluster {
             inner: Arc::new(Inner {
@@ -226,6 +229,7 @@ impl Cluster {
                 peers: peers.clone(),
                 events,
                 up,
+                majority,
                 stop,
                 stopped: Mutex::new(false),
             }),
@@ -422,6 +426,13 @@ impl Cluster {
     /// The set of other members the failure detector sees as up.
     pub fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
         self.inner.up.subscribe()
+    }
+
+    /// Whether this node sees a majority of the voters up, itself included
+    /// (true at start): false from the failure timeout after a partition
+    /// left it in a minority, true again once the majority answers.
+    pub fn majority(&self) -> watch::Receiver<bool> {
+        self.inner.majority.subscribe()
     }
 
     /// A receiver that changes whenever this node applies new entries (or
@@ -1311,6 +1322,21 @@ async fn detector(weak: Weak<Inner>) {
             })
             .map(|(_, n, _)| n.clone())
             .collect();
+        let voters_up = voters
+            .iter()
+            .filter(|id| {
+                **id == inner.id || members.iter().any(|(m, n, _)| m == *id && up.contains(n))
+            })
+            .count();
+        let majority = voters.is_empty() || voters_up * 2 > voters.len();
+        if *inner.majority.borrow() != majority {
+            if majority {
+                tracing::info!(node = %inner.config.node, voters_up, voters = voters.len(), "a majority of the cluster is reachable again");
+            } else {
+                tracing::warn!(node = %inner.config.node, voters_up, voters = voters.len(), "in a minority: a majority of the cluster is unreachable");
+            }
+            inner.majority.send_replace(majority);
+        }
         let before = inner.up.borrow().clone();
         if before != up {
             for n in up.difference(&before) {

@@ -471,6 +471,10 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let mut tick = tokio::time::interval(self.replica_tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut changes = records.changes();
+        let mut majority = self.source.majority();
+        if !*majority.borrow_and_update() {
+            self.input(vhost, name, MirrorInput::Majority(false));
+        }
         let (rec_tx, mut rec_rx) = mpsc::channel::<RecordView>(16);
         let mut joined = false;
         let mut outgoing = Vec::new();
@@ -493,6 +497,12 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     }
                 }
                 Some(rec) = rec_rx.recv() => self.input(vhost, name, MirrorInput::RecordSettled(rec)),
+                r = majority.changed() => {
+                    if r.is_ok() {
+                        let m = *majority.borrow_and_update();
+                        self.input(vhost, name, MirrorInput::Majority(m));
+                    }
+                }
                 _ = tick.tick() => self.input(vhost, name, MirrorInput::Tick),
                 () = self.stop_all.notified(), if !stop_requested => {
                     stop_requested = true;

@@ -31,6 +31,9 @@ pub trait MetadataSource: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn changes(&self) -> watch::Receiver<u64>;
     /// The nodes seen up, this one included once it is.
     fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>>;
+    /// Whether this node sees a majority of the cluster (false: it is cut
+    /// off in a minority, and its masters fail their publishes fast).
+    fn majority(&self) -> watch::Receiver<bool>;
 }
 
 #[async_trait]
@@ -58,6 +61,10 @@ impl MetadataSource for Cluster {
     fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
         Cluster::up_nodes(self)
     }
+
+    fn majority(&self) -> watch::Receiver<bool> {
+        Cluster::majority(self)
+    }
 }
 
 /// What the nodes of one [`MemMetadata`] share.
@@ -77,6 +84,8 @@ struct Shared {
 pub struct MemMetadata {
     node: NodeName,
     shared: Arc<Shared>,
+    /// This node's view of the majority ([`MemMetadata::set_majority`]).
+    majority: Arc<watch::Sender<bool>>,
 }
 
 impl MemMetadata {
@@ -89,6 +98,7 @@ impl MemMetadata {
                 changes: watch::Sender::new(0),
                 up: watch::Sender::new(BTreeSet::new()),
             }),
+            majority: Arc::new(watch::Sender::new(true)),
         }
     }
 
@@ -98,6 +108,7 @@ impl MemMetadata {
         Self {
             node,
             shared: self.shared.clone(),
+            majority: Arc::new(watch::Sender::new(true)),
         }
     }
 
@@ -141,6 +152,11 @@ impl MemMetadata {
         self.shared.up.send_replace(up);
     }
 
+    /// Says whether this node sees a majority (true from the start).
+    pub fn set_majority(&self, majority: bool) {
+        self.majority.send_replace(majority);
+    }
+
     /// The nodes seen up.
     pub fn up_now(&self) -> BTreeSet<NodeName> {
         self.shared.up.borrow().clone()
@@ -175,5 +191,9 @@ impl MetadataSource for MemMetadata {
 
     fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
         self.shared.up.subscribe()
+    }
+
+    fn majority(&self) -> watch::Receiver<bool> {
+        self.majority.subscribe()
     }
 }

@@ -98,6 +98,10 @@ pub enum MirrorError {
     /// The queue has no mirror to synchronise.
     #[error("the queue is not mirrored")]
     NotMirrored,
+    /// This node is cut off from a majority of the cluster: the master
+    /// takes no publish it could not replicate.
+    #[error("this node is cut off from a majority of the cluster")]
+    Isolated,
     /// The backing queue refused the operation.
     #[error(transparent)]
     Queue(#[from] QueueError),
@@ -325,6 +329,8 @@ pub struct Replica {
     /// The `up_to` of this mirror's last [`Body::Stored`].
     reported_stored: SeqId,
     refused: u64,
+    /// This node sees no majority of the cluster ([`Replica::set_isolated`]).
+    isolated: bool,
 }
 
 impl std::fmt::Debug for Replica {
@@ -434,6 +440,7 @@ impl Replica {
             applied_seq: 0,
             reported_stored: 0,
             refused: 0,
+            isolated: false,
         }
     }
 
@@ -576,6 +583,9 @@ impl Replica {
         id: PublishId,
         msg: NewMessage,
     ) -> Result<(), MirrorError> {
+        if self.isolated && self.role == Role::Master {
+            return Err(MirrorError::Isolated);
+        }
         let published = self.master_bq()?.publish(now_ms, msg)?;
         self.collect_ops();
         self.out_pubs.push(id);
@@ -586,6 +596,35 @@ impl Replica {
             what: Confirmable::Publish(id),
         });
         Ok(())
+    }
+
+    /// Says whether this node is cut off from a majority of the cluster.
+    /// A master so cut off fails fast instead of leaving its publishers
+    /// waiting for a heal: every publish it has not confirmed is nacked
+    /// ([`Output::Nacked`]; the ring may still deliver it, as a nack allows)
+    /// and, until the majority is back, new publishes are refused
+    /// ([`MirrorError::Isolated`]). Its ring cannot change views without
+    /// that majority, so nothing it holds could be confirmed before then.
+    pub fn set_isolated(&mut self, isolated: bool) {
+        if self.isolated == isolated {
+            return;
+        }
+        self.isolated = isolated;
+        if !isolated || self.role != Role::Master {
+            return;
+        }
+        let mut nacked = Vec::new();
+        self.confirms.retain(|c| match c.what {
+            Confirmable::Publish(id) => {
+                nacked.push(id);
+                false
+            }
+            Confirmable::Promotion { .. } => true,
+        });
+        tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, nacked = nacked.len(), "cut off from a majority of the cluster: unconfirmed publishes nacked, new ones refused until it is back");
+        if !nacked.is_empty() {
+            self.outputs.push_back(Output::Nacked(nacked));
+        }
     }
 
     /// Fetches the next message (master only). The result comes as

@@ -14,7 +14,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use warren_backing_queue::{BackingQueue, NewMessage, QueueConfig, StoreConfig};
 use warren_gm::{Action, Config, Frame, InMemoryAuthority, Member, MemberId, ViewChange};
-use warren_mirror::{Output, PublishId, RecordView, Replica, Role, Settings, SyncStart};
+use warren_mirror::{
+    MirrorError, Output, PublishId, RecordView, Replica, Role, Settings, SyncStart,
+};
 use warren_policy::{PromoteOn, SyncMode};
 use warren_wire::NodeName;
 
@@ -1282,5 +1284,45 @@ fn promotion_waits_for_the_dead_masters_messages() {
         3,
         "the new master holds them all"
     );
+    sim.check_end();
+}
+
+#[test]
+fn a_master_cut_off_from_the_majority_nacks_at_once_and_refuses_until_it_is_back() {
+    let mut sim = Sim::new(7, settings(SyncMode::Automatic, 16));
+    sim.add_synchronised_mirrors(2);
+    for _ in 0..10 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 10);
+    // Publishes the ring has not confirmed yet when the node finds itself
+    // in a minority are nacked at once, not left waiting for a heal.
+    for _ in 0..5 {
+        sim.publish();
+    }
+    assert_eq!(sim.check.pending.len(), 5);
+    let m = sim.master().expect("a master");
+    sim.nodes[m].replica.set_isolated(true);
+    sim.drive(m);
+    assert!(sim.check.pending.is_empty());
+    assert_eq!(sim.check.nacked.len(), 5);
+    // While cut off, new publishes are refused.
+    let id = PublishId {
+        publisher: 1,
+        seq: 1_000,
+    };
+    let msg = NewMessage::new(1_000, b"refused".to_vec(), false);
+    assert!(matches!(
+        sim.nodes[m].replica.publish(0, id, msg),
+        Err(MirrorError::Isolated)
+    ));
+    // The majority back: publishes are confirmed again.
+    sim.nodes[m].replica.set_isolated(false);
+    for _ in 0..5 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 15);
     sim.check_end();
 }

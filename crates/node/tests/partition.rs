@@ -102,7 +102,17 @@ struct History {
     delivered: Vec<(String, bool)>,
     /// Deliveries per consumer (the node it is attached to).
     delivered_to: BTreeMap<String, usize>,
+    /// Per publisher tag, when each publish was sent and how long its
+    /// confirm or nack took (`None`: no answer within [`ANSWER_WAIT`]).
+    answers: Vec<(&'static str, Instant, Option<Duration>)>,
 }
+
+/// How long a publisher waits for a batch's confirms or nacks before it
+/// gives up on the connection.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// The nodes' `--net-ticktime` (the default).
+const NET_TICKTIME: Duration = Duration::from_secs(3);
 
 fn queue(p: &Peer) -> Value {
     let (status, v) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
@@ -151,18 +161,23 @@ async fn publish(url: String, tag: &'static str, stop: Arc<AtomicBool>, h: Arc<M
                     n += 1;
                     let props = BasicProperties::default().with_delivery_mode(2);
                     let opts = BasicPublishOptions::default();
+                    let sent = Instant::now();
                     let c = ch
                         .basic_publish("".into(), QUEUE.into(), opts, body.as_bytes(), props)
                         .await?;
-                    batch.push((body, c));
+                    batch.push((body, sent, c));
                 }
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
                 let mut all = true;
-                for (body, c) in batch {
-                    match tokio::time::timeout_at(deadline, c).await {
+                for (body, sent, c) in batch {
+                    let answer = tokio::time::timeout_at(deadline, c).await;
+                    let waited = answer.is_ok().then(|| sent.elapsed());
+                    let mut h = h.lock().unwrap();
+                    h.answers.push((tag, sent, waited));
+                    match answer {
                         Ok(Ok(c)) if c.is_ack() => {
                             let at = (tag.to_owned(), Instant::now());
-                            h.lock().unwrap().confirmed.insert(body, at);
+                            h.confirmed.insert(body, at);
                         }
                         _ => all = false,
                     }
@@ -175,6 +190,8 @@ async fn publish(url: String, tag: &'static str, stop: Arc<AtomicBool>, h: Arc<M
         };
         let _ = session.await;
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+        // Nacked or cut off: try again shortly, as an application would.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -333,17 +350,35 @@ fn isolating_the_master_loses_no_confirmed_message() {
             .count()
     };
     let repeats: usize = count.values().map(|n| n - 1).sum();
+    // The isolated master's publishers: the longest any publish sent
+    // between the cut and the heal (or unanswered at the cut) waited for
+    // its confirm or nack.
+    let slowest_a = h
+        .answers
+        .iter()
+        .filter(|(tag, sent, waited)| {
+            *tag == "a-" && *sent < healed_at && waited.is_none_or(|w| *sent + w > cut_at)
+        })
+        .map(|(_, _, waited)| waited.unwrap_or(Duration::MAX))
+        .max()
+        .unwrap_or_default();
     #[allow(clippy::print_stderr)]
     {
         eprintln!(
             "confirmed {} ({} via a, {} via b from 1 s after the cut to the heal), delivered {} ({repeats} \
-             repeats, all flagged: {}); master while cut off: {master_during}; the queue \
+             repeats, all flagged: {}); the isolated master's publishers waited at most {} for \
+             an answer; master while cut off: {master_during}; the queue \
              after: master {}, synchronised {:?}, {} messages",
             h.confirmed.len(),
             during("a-"),
             during("b-"),
             h.delivered.len(),
             unflagged.is_empty(),
+            if slowest_a == Duration::MAX {
+                format!("more than {ANSWER_WAIT:?}")
+            } else {
+                format!("{slowest_a:?}")
+            },
             after["node"],
             names(&after, "synchronised_slave_nodes"),
             after["messages"],
@@ -362,6 +397,14 @@ fn isolating_the_master_loses_no_confirmed_message() {
     assert!(
         unflagged.is_empty(),
         "repeated without the redelivered flag: {unflagged:?}"
+    );
+    // Fail fast: the cut-off master nacks what it cannot confirm once its
+    // failure detector sees the majority gone (`--net-ticktime`), instead
+    // of leaving its publishers waiting for the heal. The issue asks for
+    // `--net-ticktime` + 1 s; a second more here absorbs a loaded machine.
+    assert!(
+        slowest_a <= NET_TICKTIME + Duration::from_secs(2),
+        "a publisher of the isolated master waited {slowest_a:?} for a confirm or nack"
     );
 }
 
