@@ -267,58 +267,37 @@ mod tests {
 
     #[test]
     fn publish_round_trip() {
-        let mut buf = Vec::new();
-        let meta = PublishMeta {
-            seq: 7,
-            id: 9,
-            expiry_ms: 11,
-            delivered: true,
-            transient: false,
-            priority: 0,
-        };
-        encode_publish(&mut buf, 3, meta, b"pp", b"body");
-        assert_eq!(buf.len() as u64, PUBLISH_OVERHEAD + 6);
-        assert!(check(&buf, 4).is_err(), "another segment's seed");
-        let (total, payload) = check(&buf, 3).unwrap();
-        assert_eq!(total, buf.len());
-        assert_eq!(
-            decode(payload).unwrap(),
-            Record::Publish {
-                meta,
-                props: b"pp",
-                body: b"body"
-            }
-        );
-        assert_eq!(check(&buf[..buf.len() - 1], 3), Err(Invalid::Truncated));
-        buf[12] ^= 1;
-        assert!(matches!(check(&buf, 3), Err(Invalid::Bad(_))));
-    }
-
-    #[test]
-    fn publish_with_priority_round_trip() {
-        let mut buf = Vec::new();
-        let meta = PublishMeta {
-            seq: 7,
-            id: 9,
-            expiry_ms: u64::MAX,
-            delivered: false,
-            transient: false,
-            priority: 200,
-        };
-        encode_publish(&mut buf, 3, meta, b"pp", b"body");
-        assert_eq!(buf.len() as u64, publish_overhead(200) + 6);
-        assert_eq!(buf[RECORD_HEADER_LEN], KIND_PUBLISH_PRIO);
-        let (total, payload) = check(&buf, 3).unwrap();
-        assert_eq!(total, buf.len());
-        assert_eq!(
-            decode(payload).unwrap(),
-            Record::Publish {
-                meta,
-                props: b"pp",
-                body: b"body"
-            }
-        );
-        assert!(matches!(decode(&payload[..27]), Err(Invalid::Bad(_))));
+        // Priority 0 is a plain PUBLISH; any other a PUBLISH_PRIO, a byte longer.
+        for (priority, kind) in [(0, KIND_PUBLISH), (200, KIND_PUBLISH_PRIO)] {
+            let mut buf = Vec::new();
+            let meta = PublishMeta {
+                seq: 7,
+                id: 9,
+                expiry_ms: 11,
+                delivered: true,
+                transient: false,
+                priority,
+            };
+            encode_publish(&mut buf, 3, meta, b"pp", b"body");
+            assert_eq!(buf.len() as u64, publish_overhead(priority) + 6);
+            assert_eq!(buf[RECORD_HEADER_LEN], kind);
+            assert!(check(&buf, 4).is_err(), "another segment's seed");
+            let (total, payload) = check(&buf, 3).unwrap();
+            assert_eq!(total, buf.len());
+            assert_eq!(
+                decode(payload).unwrap(),
+                Record::Publish {
+                    meta,
+                    props: b"pp",
+                    body: b"body"
+                }
+            );
+            assert!(matches!(decode(&payload[..27]), Err(Invalid::Bad(_))));
+            assert_eq!(check(&buf[..buf.len() - 1], 3), Err(Invalid::Truncated));
+            buf[12] ^= 1;
+            assert!(matches!(check(&buf, 3), Err(Invalid::Bad(_))));
+        }
+        assert_eq!(publish_overhead(0), PUBLISH_OVERHEAD);
     }
 
     #[test]
