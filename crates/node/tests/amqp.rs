@@ -1130,9 +1130,9 @@ async fn a_priority_queue_keeps_its_order_through_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let mut node = Node::start(dir.path(), &[]);
     let args = table(&[("x-max-priority", AMQPValue::ShortShortUInt(10))]);
-    // Message i asks for priority i*7 % 13 (11 and 12 count as 10); every
+    // Message i asks for priority 7i mod 13 (11 and 12 count as 10); every
     // fifth has none (priority 0).
-    let asked = |i: u8| (i % 5 != 0).then_some((u32::from(i) * 7 % 13) as u8);
+    let asked = |i: u8| (!i.is_multiple_of(5)).then_some((u32::from(i) * 7 % 13) as u8);
     let n = 60u8;
     let mut want: Vec<u8> = (0..n).collect();
     want.sort_by_key(|&i| std::cmp::Reverse(asked(i).unwrap_or(0).min(10)));

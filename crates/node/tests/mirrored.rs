@@ -958,7 +958,7 @@ fn publishes_right_after_declare_ok_on_a_new_mirrored_queue_are_confirmed() {
                     .unwrap();
                 ch.queue_declare(
                     name.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
+                    QueueDeclareOptions {
                         durable: true,
                         ..Default::default()
                     },
