@@ -1,14 +1,16 @@
-//! The sans-IO bookkeeping of one queue: ready messages in sequence order,
+//! The sans-IO bookkeeping of one queue: ready messages in delivery order
+//! (sequence order, within each priority for a priority queue),
 //! deliveries pending acknowledgement, limits and expiry. No files, no clock:
 //! time comes in as `now_ms`, and the durable log is driven by
 //! [`BackingQueue`](crate::BackingQueue), which reads the removals this core
 //! records.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
 use crate::message::{DeliveryTag, DropReason, Dropped, Limits, NewMessage, SeqId};
+use crate::ready::Ready;
 use crate::record::PublishMeta;
 
 /// Where a message's record sits in the segment log. Opaque to the core.
@@ -48,6 +50,8 @@ pub(crate) struct Entry {
     pub(crate) body_len: u32,
     pub(crate) store: StoreRef,
     flags: u8,
+    /// Its priority, capped at the queue's maximum (0 without priorities).
+    pub(crate) priority: u8,
 }
 
 impl Entry {
@@ -74,6 +78,7 @@ impl Entry {
             body_len: msg.body.len() as u32,
             store,
             flags: if msg.persistent { PERSISTENT } else { 0 },
+            priority: msg.priority,
         }
     }
 
@@ -88,6 +93,7 @@ impl Entry {
             body_len: m.body.len() as u32,
             store,
             flags: if m.persistent { PERSISTENT } else { 0 },
+            priority: m.priority,
         };
         e.set_delivered(m.delivered);
         e
@@ -110,6 +116,7 @@ impl Entry {
             body_len,
             store,
             flags: PERSISTENT,
+            priority: meta.priority,
         };
         e.set_delivered(meta.delivered);
         e
@@ -124,10 +131,20 @@ pub(crate) struct Removed {
     pub(crate) record_len: u64,
 }
 
+impl Removed {
+    fn of(e: &Entry) -> Self {
+        Self {
+            seq: e.seq,
+            store: e.store,
+            record_len: record_len(e.props_len, e.body_len, e.priority),
+        }
+    }
+}
+
 /// Ready and unacked messages of one queue.
 #[derive(Debug, Default)]
 pub(crate) struct QueueCore {
-    ready: VecDeque<Entry>,
+    ready: Ready,
     unacked: BTreeMap<DeliveryTag, Entry>,
     next_seq: SeqId,
     next_tag: DeliveryTag,
@@ -138,14 +155,17 @@ pub(crate) struct QueueCore {
     removed: Vec<Removed>,
 }
 
-/// Bytes a publish record of this entry takes in the log.
-pub(crate) fn record_len(props_len: u32, body_len: u32) -> u64 {
-    crate::record::PUBLISH_OVERHEAD + u64::from(props_len) + u64::from(body_len)
+/// Bytes a publish record of a message takes in the log.
+pub(crate) fn record_len(props_len: u32, body_len: u32, priority: u8) -> u64 {
+    crate::record::publish_overhead(priority) + u64::from(props_len) + u64::from(body_len)
 }
 
 impl QueueCore {
-    pub(crate) fn new(limits: Limits) -> Self {
+    /// An empty queue; a priority queue with priorities `0 ..= max` if
+    /// `max_priority` is given.
+    pub(crate) fn new(limits: Limits, max_priority: Option<u8>) -> Self {
         Self {
+            ready: Ready::new(max_priority),
             next_seq: 1,
             next_tag: 1,
             limits,
@@ -159,6 +179,11 @@ impl QueueCore {
 
     pub(crate) fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The priority a message asking for `requested` gets (see [`Ready::priority_for`]).
+    pub(crate) fn priority_for(&self, requested: u8) -> u8 {
+        self.ready.priority_for(requested)
     }
 
     pub(crate) fn ready_len(&self) -> u64 {
@@ -186,9 +211,12 @@ impl QueueCore {
     }
 
     /// Restores recovered messages (sorted by seq) and the next sequence number.
-    pub(crate) fn restore(&mut self, msgs: Vec<Entry>, next_seq: SeqId) {
+    pub(crate) fn restore(&mut self, mut msgs: Vec<Entry>, next_seq: SeqId) {
         self.next_seq = self.next_seq.max(next_seq);
         self.ready_bytes += msgs.iter().map(|e| u64::from(e.body_len)).sum::<u64>();
+        for e in &mut msgs {
+            e.priority = self.ready.priority_for(e.priority);
+        }
         self.ready.extend(msgs);
     }
 
@@ -250,19 +278,14 @@ impl QueueCore {
         Some(e)
     }
 
-    /// Puts a delivery back at its original position, marked redelivered.
+    /// Puts a delivery back at its original position (in its priority),
+    /// marked redelivered.
     pub(crate) fn requeue(&mut self, tag: DeliveryTag) -> bool {
         let Some(e) = self.take_unacked(tag) else {
             return false;
         };
         self.ready_bytes += u64::from(e.body_len);
-        match self.ready.back() {
-            Some(b) if b.seq > e.seq => {
-                let pos = self.ready.partition_point(|x| x.seq < e.seq);
-                self.ready.insert(pos, e);
-            }
-            _ => self.ready.push_back(e),
-        }
+        self.ready.insert_by_seq(e);
         self.enforce_max_length();
         true
     }
@@ -270,9 +293,13 @@ impl QueueCore {
     /// Removes every ready message; returns how many.
     pub(crate) fn purge(&mut self) -> u64 {
         let n = self.ready.len() as u64;
-        for e in std::mem::take(&mut self.ready) {
-            self.note_removed(&e);
+        let mut removed = std::mem::take(&mut self.removed);
+        for e in self.ready.drain() {
+            if e.store.is_some() {
+                removed.push(Removed::of(&e));
+            }
         }
+        self.removed = removed;
         self.ready_bytes = 0;
         n
     }
@@ -319,11 +346,7 @@ impl QueueCore {
 
     fn note_removed(&mut self, e: &Entry) {
         if e.store.is_some() {
-            self.removed.push(Removed {
-                seq: e.seq,
-                store: e.store,
-                record_len: record_len(e.props_len, e.body_len),
-            });
+            self.removed.push(Removed::of(e));
         }
     }
 
@@ -365,8 +388,9 @@ impl QueueCore {
         self.ready.is_empty() && self.unacked.is_empty()
     }
 
-    /// Installs another queue's state (for a mirror's synchronisation): ready
-    /// entries in seq order, unacked entries by tag, and the counters.
+    /// Installs another queue's state into this empty one (for a mirror's
+    /// synchronisation): ready entries in seq order (priorities capped),
+    /// unacked entries by tag, and the counters.
     pub(crate) fn install(
         &mut self,
         ready: Vec<Entry>,
@@ -377,7 +401,7 @@ impl QueueCore {
     ) {
         self.ready_bytes = ready.iter().map(|e| u64::from(e.body_len)).sum();
         self.unacked_bytes = unacked.iter().map(|(_, e)| u64::from(e.body_len)).sum();
-        self.ready = ready.into();
+        self.ready.extend(ready);
         self.unacked = unacked.into_iter().collect();
         self.next_seq = next_seq;
         self.next_tag = next_tag;

@@ -9,6 +9,13 @@
 //!   [`purge`](BackingQueue::purge), [`stats`](BackingQueue::stats), per-message
 //!   expiry (`x-message-ttl`, `expiration`) and `x-max-length` /
 //!   `x-max-length-bytes` with drop-head ([`Limits`]).
+//! - Priority queues ([`QueueConfig::max_priority`], `x-max-priority`) as
+//!   RabbitMQ's: one FIFO per priority, the highest delivered first; a
+//!   message's [`NewMessage::priority`] is capped at the maximum. Expiry,
+//!   drop-head and requeue work on that order (requeue: back to the
+//!   message's place in its priority); the log records each message's
+//!   priority, so recovery restores the order. A queue without priorities
+//!   keeps its single FIFO.
 //! - Every operation is also an [`Op`] (serde + postcard): a mirror that
 //!   applies its master's ops ends in the same state. The bookkeeping is
 //!   sans-IO and deterministic: time is an input (`now_ms`), never read.
@@ -41,6 +48,7 @@ mod error;
 mod log;
 mod message;
 mod queue;
+mod ready;
 mod record;
 mod storage;
 

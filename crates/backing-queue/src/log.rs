@@ -449,7 +449,7 @@ impl SegmentLog {
 
         let mut messages = Vec::with_capacity(found.len());
         for (_, f) in found {
-            let bytes = crate::core::record_len(f.props_len, f.body_len);
+            let bytes = crate::core::record_len(f.props_len, f.body_len, f.priority);
             if let Ok(i) = log
                 .segments
                 .binary_search_by_key(&f.store.segment, |s| s.id)
@@ -579,7 +579,7 @@ impl SegmentLog {
         props: &[u8],
         body: &[u8],
     ) -> Result<StoreRef, StoreError> {
-        let rec_len = crate::core::record_len(props.len() as u32, body.len() as u32);
+        let rec_len = crate::core::record_len(props.len() as u32, body.len() as u32, meta.priority);
         self.append(rec_len)?;
         if body.len() >= LARGE_BODY_BYTES {
             // Written straight from the caller's buffer, never copied.
@@ -726,10 +726,10 @@ impl SegmentLog {
             Invalid::Truncated => corrupt("record truncated".into()),
             Invalid::Bad(r) => corrupt(r),
         })?;
-        if !matches!(record::decode(payload), Ok(Record::Publish { .. })) {
+        let Ok(Record::Publish { meta, .. }) = record::decode(payload) else {
             return Err(corrupt("not a publish record".into()));
-        }
-        let skip = record::PUBLISH_OVERHEAD as usize;
+        };
+        let skip = record::publish_overhead(meta.priority) as usize;
         Ok(Bytes::from(buf).slice(skip..))
     }
 

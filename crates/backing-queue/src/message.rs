@@ -27,10 +27,13 @@ pub struct NewMessage {
     pub persistent: bool,
     /// The per-message `expiration` property, in milliseconds, if any.
     pub expiration_ms: Option<u64>,
+    /// The `priority` property (0 if absent); a priority queue caps it at
+    /// its maximum, a queue without priorities ignores it.
+    pub priority: u8,
 }
 
 impl NewMessage {
-    /// A message with empty properties and no expiration.
+    /// A message with empty properties, no expiration and priority 0.
     pub fn new(id: u64, body: impl Into<Bytes>, persistent: bool) -> Self {
         Self {
             id,
@@ -38,6 +41,7 @@ impl NewMessage {
             body: body.into(),
             persistent,
             expiration_ms: None,
+            priority: 0,
         }
     }
 }
@@ -187,6 +191,8 @@ pub struct SnapshotMessage {
     pub delivered: bool,
     /// Its delivery tag when it is pending ack; `None` when ready.
     pub tag: Option<DeliveryTag>,
+    /// Its priority (capped at the queue's maximum; 0 without priorities).
+    pub priority: u8,
 }
 
 /// A queue's whole state, for a mirror's synchronisation: installed with

@@ -27,6 +27,9 @@ pub struct QueueConfig {
     pub record_ops: bool,
     /// Keep dropped messages for [`BackingQueue::take_dropped`] (dead-lettering).
     pub report_dropped: bool,
+    /// `x-max-priority`: a priority queue with priorities `0 ..= max`
+    /// (`None`: no priorities, one FIFO).
+    pub max_priority: Option<u8>,
 }
 
 /// Message counts and sizes of a queue.
@@ -57,7 +60,8 @@ pub enum OpOutcome {
     Done,
 }
 
-/// One queue's messages: ready in order, pending ack, and (durable queue)
+/// One queue's messages: ready in order (highest priority first in a
+/// priority queue), pending ack, and (durable queue)
 /// persistent ones in a segment log.
 ///
 /// All methods are synchronous and deterministic given their inputs; only
@@ -101,7 +105,7 @@ impl BackingQueue {
     /// A non-durable queue: everything in memory, nothing survives a restart.
     pub fn in_memory(cfg: QueueConfig) -> Self {
         Self {
-            core: QueueCore::new(cfg.limits),
+            core: QueueCore::new(cfg.limits, cfg.max_priority),
             log: None,
             resident_bytes_max: u64::MAX,
             unconfirmed: VecDeque::new(),
@@ -168,6 +172,7 @@ impl BackingQueue {
         let op_msg = self.ops.is_some().then(|| msg.clone());
         let expiry = self.core.expiry_for(now_ms, &msg);
         let seq = self.core.next_seq();
+        let priority = self.core.priority_for(msg.priority);
         let mut store = StoreRef::NONE;
         let held = self.core.ready_bytes() + self.core.unacked_bytes();
         let resident = held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max;
@@ -182,6 +187,7 @@ impl BackingQueue {
                 expiry_ms: expiry,
                 delivered: false,
                 transient: !msg.persistent,
+                priority,
             };
             store = log.append_publish(meta, &msg.props, &msg.body)?;
             if msg.persistent {
@@ -190,6 +196,7 @@ impl BackingQueue {
         }
         let msg_persistent = msg.persistent;
         let mut entry = Entry::new_message(&msg, expiry, store);
+        entry.priority = priority;
         if resident {
             entry.data = Some(join(&msg.props, msg.body));
         }
@@ -388,6 +395,7 @@ impl BackingQueue {
                 expiry_ms: e.expiry_ms,
                 delivered: e.delivered(),
                 tag,
+                priority: e.priority,
             });
         }
         Ok(Snapshot {
@@ -412,6 +420,7 @@ impl BackingQueue {
         let mut msgs = snap.messages;
         msgs.sort_by_key(|m| m.seq);
         for m in &msgs {
+            let priority = self.core.priority_for(m.priority);
             let mut store = StoreRef::NONE;
             if let Some(log) = &mut self.log
                 && m.persistent
@@ -422,11 +431,13 @@ impl BackingQueue {
                     expiry_ms: m.expiry_ms,
                     delivered: m.delivered,
                     transient: false,
+                    priority,
                 };
                 store = log.append_publish(meta, &m.props, &m.body)?;
                 self.unconfirmed.push_back(m.seq);
             }
             let mut e = Entry::from_snapshot(m, store);
+            e.priority = priority;
             e.data = Some(join(&m.props, m.body.clone()));
             match m.tag {
                 Some(t) => unacked.push((t, e)),
@@ -522,6 +533,7 @@ impl BackingQueue {
                     expiry_ms: e.expiry_ms,
                     delivered: e.delivered(),
                     transient: !e.persistent(),
+                    priority: e.priority,
                 };
                 e.store = log.append_publish(meta, props, body)?;
             }

@@ -14,6 +14,10 @@
 //!                  props_len u32, props, body (the rest)
 //!   2 REMOVE       n u32, n × seq u64    (acked, rejected, expired, purged)
 //!   3 DELIVERED    n u32, n × seq u64    (handed to a consumer at least once)
+//!   4 PUBLISH_PRIO seq u64, id u64, expiry_ms u64, flags u8, priority u8,
+//!                  props_len u32, props, body (a publish of priority > 0;
+//!                  priority 0 is a PUBLISH, as are all messages of queues
+//!                  without priorities)
 //! ```
 //!
 //! All integers are little-endian.
@@ -33,6 +37,13 @@ const PUBLISH_FIXED: usize = 1 + 8 + 8 + 8 + 1 + 4;
 const KIND_PUBLISH: u8 = 1;
 const KIND_REMOVE: u8 = 2;
 const KIND_DELIVERED: u8 = 3;
+const KIND_PUBLISH_PRIO: u8 = 4;
+
+/// Bytes a publish record of a message of `priority` takes besides its
+/// properties and body.
+pub(crate) fn publish_overhead(priority: u8) -> u64 {
+    PUBLISH_OVERHEAD + u64::from(priority != 0)
+}
 
 /// A decoded record. Publish bodies are borrowed from the read buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -81,6 +92,8 @@ pub(crate) struct PublishMeta {
     pub(crate) delivered: bool,
     /// A transient message paged out: ignored by recovery.
     pub(crate) transient: bool,
+    /// Its priority in a priority queue (0 otherwise).
+    pub(crate) priority: u8,
 }
 
 /// Appends a publish record to `out`.
@@ -91,7 +104,7 @@ pub(crate) fn encode_publish(
     props: &[u8],
     body: &[u8],
 ) {
-    out.reserve(PUBLISH_OVERHEAD as usize + props.len() + body.len());
+    out.reserve(publish_overhead(meta.priority) as usize + props.len() + body.len());
     encode_publish_head(out, seed, meta, props, body);
     out.extend_from_slice(body);
 }
@@ -106,15 +119,23 @@ pub(crate) fn encode_publish_head(
     props: &[u8],
     body: &[u8],
 ) {
-    let payload_len = PUBLISH_FIXED + props.len() + body.len();
+    let prio = meta.priority != 0;
+    let payload_len = PUBLISH_FIXED + usize::from(prio) + props.len() + body.len();
     let start = out.len();
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.push(KIND_PUBLISH);
+    out.push(if prio {
+        KIND_PUBLISH_PRIO
+    } else {
+        KIND_PUBLISH
+    });
     out.extend_from_slice(&meta.seq.to_le_bytes());
     out.extend_from_slice(&meta.id.to_le_bytes());
     out.extend_from_slice(&meta.expiry_ms.to_le_bytes());
     out.push(u8::from(meta.delivered) | (u8::from(meta.transient) << 1));
+    if prio {
+        out.push(meta.priority);
+    }
     out.extend_from_slice(&(props.len() as u32).to_le_bytes());
     out.extend_from_slice(props);
     let len: [u8; 4] = [out[start], out[start + 1], out[start + 2], out[start + 3]];
@@ -175,7 +196,7 @@ pub(crate) fn check(buf: &[u8], seed: u32) -> Result<(usize, &[u8]), Invalid> {
     let Some(payload) = buf.get(RECORD_HEADER_LEN..total) else {
         return Err(Invalid::Truncated);
     };
-    if !matches!(payload[0], KIND_PUBLISH..=KIND_DELIVERED) {
+    if !matches!(payload[0], KIND_PUBLISH..=KIND_PUBLISH_PRIO) {
         return Err(Invalid::Bad(format!("unknown record kind {}", payload[0])));
     }
     let crc = u32_at(buf, 4).ok_or(Invalid::Truncated)?;
@@ -192,13 +213,18 @@ pub(crate) fn check(buf: &[u8], seed: u32) -> Result<(usize, &[u8]), Invalid> {
 pub(crate) fn decode(payload: &[u8]) -> Result<Record<'_>, Invalid> {
     let bad = |what: &str| Invalid::Bad(format!("malformed {what} record"));
     match payload.first() {
-        Some(&KIND_PUBLISH) => {
+        Some(&kind @ (KIND_PUBLISH | KIND_PUBLISH_PRIO)) => {
             let seq = u64_at(payload, 1).ok_or_else(|| bad("publish"))?;
             let id = u64_at(payload, 9).ok_or_else(|| bad("publish"))?;
             let expiry_ms = u64_at(payload, 17).ok_or_else(|| bad("publish"))?;
             let flags = *payload.get(25).ok_or_else(|| bad("publish"))?;
-            let props_len = u32_at(payload, 26).ok_or_else(|| bad("publish"))? as usize;
-            let rest = &payload[PUBLISH_FIXED..];
+            let (priority, at) = if kind == KIND_PUBLISH_PRIO {
+                (*payload.get(26).ok_or_else(|| bad("publish"))?, 27)
+            } else {
+                (0, 26)
+            };
+            let props_len = u32_at(payload, at).ok_or_else(|| bad("publish"))? as usize;
+            let rest = &payload[at + 4..];
             if props_len > rest.len() {
                 return Err(bad("publish"));
             }
@@ -210,6 +236,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Record<'_>, Invalid> {
                     expiry_ms,
                     delivered: flags & 1 != 0,
                     transient: flags & 2 != 0,
+                    priority,
                 },
                 props,
                 body,
@@ -240,30 +267,37 @@ mod tests {
 
     #[test]
     fn publish_round_trip() {
-        let mut buf = Vec::new();
-        let meta = PublishMeta {
-            seq: 7,
-            id: 9,
-            expiry_ms: 11,
-            delivered: true,
-            transient: false,
-        };
-        encode_publish(&mut buf, 3, meta, b"pp", b"body");
-        assert_eq!(buf.len() as u64, PUBLISH_OVERHEAD + 6);
-        assert!(check(&buf, 4).is_err(), "another segment's seed");
-        let (total, payload) = check(&buf, 3).unwrap();
-        assert_eq!(total, buf.len());
-        assert_eq!(
-            decode(payload).unwrap(),
-            Record::Publish {
-                meta,
-                props: b"pp",
-                body: b"body"
-            }
-        );
-        assert_eq!(check(&buf[..buf.len() - 1], 3), Err(Invalid::Truncated));
-        buf[12] ^= 1;
-        assert!(matches!(check(&buf, 3), Err(Invalid::Bad(_))));
+        // Priority 0 is a plain PUBLISH; any other a PUBLISH_PRIO, a byte longer.
+        for (priority, kind) in [(0, KIND_PUBLISH), (200, KIND_PUBLISH_PRIO)] {
+            let mut buf = Vec::new();
+            let meta = PublishMeta {
+                seq: 7,
+                id: 9,
+                expiry_ms: 11,
+                delivered: true,
+                transient: false,
+                priority,
+            };
+            encode_publish(&mut buf, 3, meta, b"pp", b"body");
+            assert_eq!(buf.len() as u64, publish_overhead(priority) + 6);
+            assert_eq!(buf[RECORD_HEADER_LEN], kind);
+            assert!(check(&buf, 4).is_err(), "another segment's seed");
+            let (total, payload) = check(&buf, 3).unwrap();
+            assert_eq!(total, buf.len());
+            assert_eq!(
+                decode(payload).unwrap(),
+                Record::Publish {
+                    meta,
+                    props: b"pp",
+                    body: b"body"
+                }
+            );
+            assert!(matches!(decode(&payload[..27]), Err(Invalid::Bad(_))));
+            assert_eq!(check(&buf[..buf.len() - 1], 3), Err(Invalid::Truncated));
+            buf[12] ^= 1;
+            assert!(matches!(check(&buf, 3), Err(Invalid::Bad(_))));
+        }
+        assert_eq!(publish_overhead(0), PUBLISH_OVERHEAD);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::BrokerError;
 use crate::auth::{self, Access, Permission, PermissionDef, UserDef};
 use crate::meta::{BindingDef, Change, ExchangeDef, MetadataStore, QueueDef};
 use crate::names::{BadName, MAX_NAME_BYTES, check_name, shown};
-use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta};
+use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta, type_name};
 
 #[path = "alarm.rs"]
 pub(crate) mod alarm;
@@ -212,6 +212,8 @@ struct Queue {
     reject: Option<RejectPublish>,
     /// The limits last given to the store (arguments and policy).
     limits: Limits,
+    /// `x-max-priority`: a priority queue (an argument only, fixed at declare).
+    max_priority: Option<u8>,
     /// When it last handed a message to a consumer (flow control: a queue
     /// whose consumers are taking messages holds its publishers back while
     /// its backlog is large).
@@ -459,6 +461,8 @@ struct Msg {
     body: Bytes,
     persistent: bool,
     expiration_ms: Option<u64>,
+    /// The `priority` property (0 if absent).
+    priority: u8,
 }
 
 /// A message leaving a queue towards its dead-letter exchange.
@@ -642,6 +646,8 @@ struct QueueArgs {
     overflow: Option<warren_policy::Overflow>,
     /// Set from `overflow` by [`policies::effective_args`].
     reject: Option<RejectPublish>,
+    /// `x-max-priority`.
+    max_priority: Option<u8>,
 }
 
 /// `x-overflow: reject-publish` (or `reject-publish-dlx`): a full queue
@@ -678,6 +684,7 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
         dlrk: None,
         overflow: None,
         reject: None,
+        max_priority: None,
     };
     for (k, v) in args.inner() {
         let key = k.as_str();
@@ -722,6 +729,29 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
                         ));
                     }
                 });
+            }
+            "x-max-priority" => {
+                // RabbitMQ 3.10's checks and texts: an integer type (not a
+                // timestamp), 0 ..= 255.
+                let n = match v {
+                    AMQPValue::Timestamp(_) => None,
+                    v => as_i64(v),
+                };
+                let Some(n) = n else {
+                    let why = format!("\"expected integer, got {}\"", type_name(v));
+                    return Err(bad(key, &why));
+                };
+                let max = u8::try_from(n).map_err(|_| {
+                    bad(
+                        key,
+                        &if n < 0 {
+                            format!("{{value_negative,{n}}}")
+                        } else {
+                            format!("{{max_value_exceeded,{n}}}")
+                        },
+                    )
+                })?;
+                out.max_priority = Some(max);
             }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));
@@ -1148,6 +1178,7 @@ impl Broker {
             record_ops: false,
             // A policy may name a dead-letter exchange later.
             report_dropped: true,
+            max_priority: args.max_priority,
         };
         let (bq, dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
@@ -1177,6 +1208,7 @@ impl Broker {
             expires_ms: args.expires_ms,
             reject: args.reject,
             limits: args.limits,
+            max_priority: args.max_priority,
             delivered_at_ms: 0,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),
@@ -1885,6 +1917,7 @@ impl Broker {
                     body: d.body,
                     persistent,
                     expiration_ms: None,
+                    priority: props.priority().unwrap_or(0),
                 };
                 let mut targets = Vec::new();
                 if let Some(v) = self.vhosts.get(&d.vhost) {
@@ -1926,6 +1959,7 @@ impl Broker {
                 body: msg.body.clone(),
                 persistent: msg.persistent,
                 expiration_ms: msg.expiration_ms,
+                priority: msg.priority,
             };
             if let Some(node) = q.remote.clone() {
                 pending += u32::from(self.link_publish(&node, vhost, qname, msg, confirm));
@@ -2350,6 +2384,7 @@ impl Broker {
             body: Bytes::copy_from_slice(&p.body),
             persistent,
             expiration_ms,
+            priority: p.properties.priority().unwrap_or(0),
         };
         let confirm = p.confirm_seq.map(|s| (id, ch, s));
         let pending = self.enqueue(&vhost, &targets, &msg, confirm)?;

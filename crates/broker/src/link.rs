@@ -63,6 +63,8 @@ pub enum LinkMsg {
         persistent: bool,
         /// Per-message TTL.
         expiration_ms: Option<u64>,
+        /// The `priority` property (0 if absent).
+        priority: u8,
     },
     /// Master → origin: these publishes are confirmed.
     Confirmed {
@@ -526,6 +528,7 @@ impl Broker {
             body: msg.body.clone(),
             persistent: msg.persistent,
             expiration_ms: msg.expiration_ms,
+            priority: msg.priority,
         };
         self.links.send(node, m);
         confirm.is_some()
@@ -861,6 +864,7 @@ impl Broker {
                 body,
                 persistent,
                 expiration_ms,
+                priority,
             } => {
                 let Some(pc) = self.link_conn(from, &vhost) else {
                     self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
@@ -878,6 +882,7 @@ impl Broker {
                     body,
                     persistent,
                     expiration_ms,
+                    priority,
                 };
                 let owed = confirm.then_some((pc, LINK_CHANNEL, id));
                 let Ok(pending) = self.enqueue(&vhost, &target, &msg, owed) else {

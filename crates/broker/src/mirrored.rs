@@ -360,6 +360,7 @@ impl Broker {
         // which dead-letters them if the queue (or a policy) says where.
         let mut settings = start.settings;
         settings.report_dropped = true;
+        settings.max_priority = q.max_priority;
         let replica = if start.master {
             Replica::new_master(
                 name,
@@ -455,6 +456,7 @@ impl Broker {
                 limits,
                 record_ops: false,
                 report_dropped: q.dlx.is_some(),
+                max_priority: q.max_priority,
             }) {
                 Ok(bq) => Store::Local(bq),
                 Err(e) => {
@@ -574,6 +576,10 @@ impl Broker {
     /// Applies new mirroring settings to queue `name`'s replica.
     pub fn set_replica_settings(&mut self, vhost: &str, name: &str, mut settings: Settings) {
         settings.report_dropped = true;
+        let Some(q) = self.vhosts.get(vhost).and_then(|v| v.queues.get(name)) else {
+            return;
+        };
+        settings.max_priority = q.max_priority;
         if let Some(m) = self.mirrored(vhost, name) {
             m.replica.set_settings(settings);
             self.mirror_turn(vhost, name);

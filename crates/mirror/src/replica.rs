@@ -51,6 +51,10 @@ pub struct Settings {
     /// Keep dropped messages (expired, over the limits, rejected) for
     /// dead-lettering: reported as [`Output::Dropped`] on the master.
     pub report_dropped: bool,
+    /// The queue's `x-max-priority` (an argument, not a policy key): every
+    /// backing queue this replica makes is a priority queue with it, so that
+    /// mirrors order messages as the master does.
+    pub max_priority: Option<u8>,
 }
 
 impl Default for Settings {
@@ -62,6 +66,7 @@ impl Default for Settings {
             promote_on_shutdown: PromoteOn::WhenSynced,
             min_sync_replicas: 1,
             report_dropped: false,
+            max_priority: None,
         }
     }
 }
@@ -77,6 +82,7 @@ impl Settings {
             promote_on_shutdown: ha.promote_on_shutdown.unwrap_or(d.promote_on_shutdown),
             min_sync_replicas: ha.min_sync_replicas.map_or(1, |n| n.get()),
             report_dropped: false,
+            max_priority: None,
         }
     }
 }
@@ -350,6 +356,7 @@ fn queue_config(settings: &Settings, limits: warren_backing_queue::Limits) -> Qu
         limits,
         record_ops: true,
         report_dropped: settings.report_dropped,
+        max_priority: settings.max_priority,
     }
 }
 

@@ -1124,3 +1124,84 @@ async fn an_unknown_exchange_type_is_406_on_the_channel() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_priority_queue_keeps_its_order_through_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path(), &[]);
+    let args = table(&[("x-max-priority", AMQPValue::ShortShortUInt(10))]);
+    // Message i asks for priority 7i mod 13 (11 and 12 count as 10); every
+    // fifth has none (priority 0).
+    let asked = |i: u8| (!i.is_multiple_of(5)).then_some((u32::from(i) * 7 % 13) as u8);
+    let n = 60u8;
+    let mut want: Vec<u8> = (0..n).collect();
+    want.sort_by_key(|&i| std::cmp::Reverse(asked(i).unwrap_or(0).min(10)));
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare(&ch, "prio", QueueDeclareOptions::durable(), args.clone()).await;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for i in 0..n {
+            let props = match asked(i) {
+                Some(p) => persistent().with_priority(p),
+                None => persistent(),
+            };
+            publish(&ch, "", "prio", &[i], props).await;
+        }
+        assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+        // The two highest are delivered and left unacked: they come back
+        // at their places.
+        let ch2 = conn.create_channel().await.unwrap();
+        for &i in &want[..2] {
+            let m = get(&ch2, "prio", false).await.expect("a message");
+            assert_eq!(m.delivery.data, [i]);
+        }
+    })
+    .await;
+    node.kill();
+
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        // Redeclared with the same arguments: still the same queue.
+        let ch = conn.create_channel().await.unwrap();
+        assert_eq!(
+            declare(&ch, "prio", QueueDeclareOptions::durable(), args).await,
+            u32::from(n)
+        );
+        // The recovered queue still orders new publishes by priority.
+        publish(&ch, "", "prio", b"top", persistent().with_priority(10)).await;
+        publish(&ch, "", "prio", b"last", persistent()).await;
+        ch.basic_qos(5, BasicQosOptions::default()).await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                "prio".into(),
+                "c".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while got.len() < usize::from(n) + 2 {
+            let d = consumer.next().await.expect("a delivery").expect("ok");
+            got.push(d.data.clone());
+            d.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        // "top" has the highest priority: behind the recovered priority-10
+        // messages, ahead of everything below; "last" is behind every
+        // priority-0 message.
+        let tens = want
+            .iter()
+            .filter(|&&i| asked(i).is_some_and(|p| p >= 10))
+            .count();
+        let mut expected: Vec<Vec<u8>> = want.iter().map(|&i| vec![i]).collect();
+        expected.insert(tens, b"top".to_vec());
+        expected.push(b"last".to_vec());
+        assert_eq!(got, expected);
+        assert_eq!(count(&conn, "prio").await, 0);
+    })
+    .await;
+}

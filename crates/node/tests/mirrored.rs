@@ -12,9 +12,9 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
-    BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
+    BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use peers::{Peer, declare_durable, eventually, names, set_ha_all, three};
 use serde_json::{Value, json};
@@ -958,7 +958,7 @@ fn publishes_right_after_declare_ok_on_a_new_mirrored_queue_are_confirmed() {
                     .unwrap();
                 ch.queue_declare(
                     name.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
+                    QueueDeclareOptions {
                         durable: true,
                         ..Default::default()
                     },
@@ -1000,4 +1000,93 @@ fn publishes_right_after_declare_ok_on_a_new_mirrored_queue_are_confirmed() {
             }
         }
     });
+}
+
+#[test]
+fn a_mirrored_priority_queue_fails_over_in_priority_order() {
+    const PQ: &str = "ha.prio";
+    let root = peers::test_root();
+    let (_secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = |p: &Peer| {
+        let (status, v) = p.http("GET", &format!("/api/queues/%2F/{PQ}"), None);
+        if status == 200 { v } else { Value::Null }
+    };
+    // Message i asks for priority i % 7 (6 counts as the maximum, 5).
+    let n = 40u8;
+    let mut want: Vec<u8> = (0..n).collect();
+    want.sort_by_key(|&i| std::cmp::Reverse((i % 7).min(5)));
+    // The master's client keeps the three highest delivered and unacked.
+    let _held = rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let mut args = FieldTable::default();
+        args.insert("x-max-priority".into(), AMQPValue::LongInt(5));
+        ch.queue_declare(PQ.into(), QueueDeclareOptions::durable(), args)
+            .await
+            .unwrap();
+        eventually("two synchronised mirrors", || {
+            names(&info(&nodes[0]), "synchronised_slave_nodes").len() == 2
+        });
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for i in 0..n {
+            let props = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_priority(i % 7);
+            ch.basic_publish(
+                "".into(),
+                PQ.into(),
+                BasicPublishOptions::default(),
+                &[i],
+                props,
+            )
+            .await
+            .unwrap();
+        }
+        assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+        for &i in &want[..3] {
+            let m = ch
+                .basic_get(PQ.into(), BasicGetOptions { no_ack: false })
+                .await
+                .unwrap()
+                .expect("a message");
+            assert_eq!(m.delivery.data, [i]);
+        }
+        (conn, ch)
+    });
+
+    nodes[0].kill();
+    let mut master = String::new();
+    eventually("a synchronised mirror takes over", || {
+        master = info(&nodes[1])["node"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        master == "warren@b" || master == "warren@c"
+    });
+    let new_master = nodes.iter().find(|p| p.name == master).unwrap();
+    eventually("the new master holds every message", || {
+        info(new_master)["messages"] == u64::from(n)
+    });
+    // Through the other survivor: the promoted mirror delivers in the
+    // master's order, the three unacked back at their places, redelivered.
+    let other = nodes[1..].iter().find(|p| p.name != master).unwrap();
+    let got = rt.block_on(async {
+        let conn = connect(other).await;
+        let ch = conn.create_channel().await.unwrap();
+        let mut got = Vec::new();
+        while let Some(m) = ch
+            .basic_get(PQ.into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            got.push((m.delivery.data[0], m.delivery.redelivered));
+        }
+        got
+    });
+    let expected: Vec<(u8, bool)> = want.iter().enumerate().map(|(k, &i)| (i, k < 3)).collect();
+    assert_eq!(got, expected);
 }

@@ -5,6 +5,7 @@ mod crash;
 mod group_commit;
 mod model;
 mod oplog;
+mod priority;
 mod semantics;
 
 use std::path::Path;

@@ -1,5 +1,5 @@
 //! Model-based test: random operation sequences, restarts and crashes
-//! included, against a plain in-memory model.
+//! included, against a plain in-memory model (with or without priorities).
 
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ enum Step {
         len: usize,
         persistent: bool,
         ttl: Option<u64>,
+        priority: u8,
     },
     Fetch,
     Ack(usize),
@@ -31,8 +32,8 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        8 => (0usize..300, any::<bool>(), proptest::option::weighted(0.2, 0u64..50))
-            .prop_map(|(len, persistent, ttl)| Step::Publish { len, persistent, ttl }),
+        8 => (0usize..300, any::<bool>(), proptest::option::weighted(0.2, 0u64..50), 0u8..6)
+            .prop_map(|(len, persistent, ttl, priority)| Step::Publish { len, persistent, ttl, priority }),
         5 => Just(Step::Fetch),
         4 => any::<usize>().prop_map(Step::Ack),
         2 => any::<usize>().prop_map(Step::Requeue),
@@ -57,6 +58,15 @@ struct M {
     /// Whether `delivered` is unknown (after a crash).
     unsure: bool,
     len: usize,
+    /// Capped at the queue's maximum (0 without priorities).
+    priority: u8,
+}
+
+impl M {
+    /// Its place in the ready order: the highest priority first, then by seq.
+    fn key(&self) -> (std::cmp::Reverse<u8>, u64) {
+        (std::cmp::Reverse(self.priority), self.seq)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -91,7 +101,7 @@ impl Model {
     }
 
     fn insert_ready(&mut self, m: M) {
-        let pos = self.ready.partition_point(|x| x.seq < m.seq);
+        let pos = self.ready.partition_point(|x| x.key() < m.key());
         self.ready.insert(pos, m);
         self.enforce();
     }
@@ -101,7 +111,7 @@ impl Model {
         let mut all: Vec<M> = self.ready.drain(..).collect();
         all.extend(self.unacked.drain(..).map(|(_, m)| m));
         all.retain(|m| m.persistent);
-        all.sort_by_key(|m| m.seq);
+        all.sort_by_key(M::key);
         self.ready = all;
         self.next_tag = 1;
         self.seq_unknown = true;
@@ -132,7 +142,7 @@ fn check_equal(q: &BackingQueue, m: &Model) {
 /// `mem`: run on `MemStorage`, where a crash is a power loss (only synced
 /// data survives); otherwise on real files, where a crash is a process exit
 /// without a final sync (written data survives in the page cache).
-fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
+fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, max_priority: Option<u8>, mem: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mem_storage = mem.then(MemStorage::new);
     let storage: Arc<dyn Storage> = match &mem_storage {
@@ -141,6 +151,7 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
     };
     let cfg = QueueConfig {
         limits,
+        max_priority,
         ..QueueConfig::default()
     };
     let reopen = || {
@@ -165,10 +176,12 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
                 len,
                 persistent,
                 ttl,
+                priority,
             } => {
                 next_id += 1;
                 let mut msg = NewMessage::new(next_id, body(next_id, len), persistent);
                 msg.expiration_ms = ttl;
+                msg.priority = priority;
                 let p = q.publish(now, msg).unwrap();
                 // After a restart, seqs continue after the highest one the log saw.
                 if m.seq_unknown {
@@ -190,13 +203,13 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
                     delivered: false,
                     unsure: false,
                     len,
+                    priority: max_priority.map_or(0, |max| priority.min(max)),
                 };
                 m.next_seq += 1;
                 if persistent {
                     published.push(mm.clone());
                 }
-                m.ready.push(mm);
-                m.enforce();
+                m.insert_ready(mm);
             }
             Step::Fetch => {
                 let got = q.fetch(now).unwrap();
@@ -279,7 +292,6 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
                 }
                 q = reopen();
                 let got: Vec<u64> = q.ready_seqs().collect();
-                assert!(got.windows(2).all(|w| w[0] < w[1]), "recovered in order");
                 for s in &must {
                     assert!(got.contains(s), "synced message {s} lost: got {got:?}");
                 }
@@ -298,7 +310,11 @@ fn run(steps: Vec<Step>, store: StoreConfig, limits: Limits, mem: bool) {
                         x.unsure = true;
                         x
                     })
-                    .collect();
+                    .collect::<Vec<M>>();
+                assert!(
+                    m.ready.windows(2).all(|w| w[0].key() < w[1].key()),
+                    "recovered in order"
+                );
                 m.next_tag = 1;
                 m.seq_unknown = true;
                 // Seqs of messages lost with the unsynced tail may be given again.
@@ -353,8 +369,9 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..120),
         store in store_config(),
         limits in limits(),
+        max_priority in proptest::option::weighted(0.4, 0u8..5),
         mem in any::<bool>(),
     ) {
-        run(steps, store, limits, mem);
+        run(steps, store, limits, max_priority, mem);
     }
 }

@@ -354,6 +354,101 @@ def priority(ctx):
     return {"got": get_all(ch, q)}
 
 
+def priority_requeue(ctx):
+    """Requeued messages go back into their priority at their old place:
+    rejected one by one, then the rest by closing the channel."""
+    q = ctx.queue("prio.")
+    ctx.declare(q, arguments={"x-max-priority": 10})
+    ch = ctx.channel(ctx.use, confirm=True)
+    for body, p in [("a2", 2), ("b7", 7), ("c2", 2), ("d7", 7), ("e0", 0), ("f9", 9)]:
+        publish_each(ch, q, [body], props=persistent(priority=p))
+    taker = ctx.channel(ctx.use)
+    taken = []
+    for _ in range(4):
+        m, _props, body = taker.basic_get(q, auto_ack=False)
+        if m is not None:
+            taken.append((m.delivery_tag, body.decode()))
+    # Taken: f9 b7 d7 a2. f9 and b7 are rejected (b7 first); d7 and a2
+    # come back with the close.
+    for tag, _body in reversed(taken[:2]):
+        taker.basic_reject(tag, requeue=True)
+    first = get_all(ch, q, limit=2)
+    taker.close()
+    settle(0.3)
+    return {
+        "taken": [b for _, b in taken],
+        "after_reject": first,
+        "after_close": get_all(ch, q),
+    }
+
+
+def priority_consume(ctx):
+    """A consumer (prefetch 1) gets the highest priority first; a message
+    published while it works goes ahead of lower ones already queued."""
+    q = ctx.queue("prio.")
+    ctx.declare(q, arguments={"x-max-priority": 5})
+    ch = ctx.channel(ctx.use, confirm=True)
+    for body, p in [("a1", 1), ("b0", 0), ("c4", 4), ("d1", 1)]:
+        publish_each(ch, q, [body], props=persistent(priority=p))
+    cons = ctx.channel(ctx.use)
+    cons.basic_qos(prefetch_count=1)
+    got = []
+    for m, props, body in cons.consume(q, inactivity_timeout=1.0):
+        if m is None:
+            break
+        got.append([body.decode(), props.priority])
+        if body == b"c4":
+            publish_each(ch, q, ["e3"], props=persistent(priority=3))
+        cons.basic_ack(m.delivery_tag)
+    cons.cancel()
+    return {"got": got}
+
+
+def priority_max_length(ctx):
+    """x-max-length on a priority queue: which messages are dropped."""
+    q = ctx.queue("prio.")
+    ctx.declare(q, arguments={"x-max-priority": 5, "x-max-length": 3})
+    ch = ctx.channel(ctx.use, confirm=True)
+    for body, p in [("a1", 1), ("b3", 3), ("c5", 5), ("d0", 0), ("e5", 5), ("f2", 2)]:
+        publish_each(ch, q, [body], props=persistent(priority=p))
+    return {"got": get_all(ch, q)}
+
+
+def priority_above_max(ctx):
+    """Priorities above x-max-priority count as the maximum; the property
+    itself is delivered unchanged."""
+    q = ctx.queue("prio.")
+    ctx.declare(q, arguments={"x-max-priority": 3})
+    ch = ctx.channel(ctx.use, confirm=True)
+    for body, p in [("a5", 5), ("b2", 2), ("c9", 9), ("d3", 3), ("e0", 0)]:
+        publish_each(ch, q, [body], props=persistent(priority=p))
+    publish_each(ch, q, ["f-none"], props=persistent())
+    return {"got": get_all(ch, q)}
+
+
+def priority_arguments(ctx):
+    """Which x-max-priority values a declare accepts, and RabbitMQ's refusals."""
+    q = ctx.queue("prio.")
+    out = {}
+    for value in [0, 1, 255, 256, -1, "ten", 300000]:
+        ch = ctx.use.channel()
+        try:
+            ch.queue_declare(q, durable=True, arguments={"x-max-priority": value})
+            ch.queue_delete(q)
+            ch.close()
+            out[str(value)] = "ok"
+        except pika.exceptions.ChannelClosedByBroker as e:
+            out[str(value)] = closed(e)
+    declare(ctx.admin, q, arguments={"x-max-priority": 4})
+    ch = ctx.use.channel()
+    try:
+        ch.queue_declare(q, durable=True, arguments={"x-max-priority": 5})
+        out["redeclare"] = "ok"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        out["redeclare"] = closed(e)
+    return out
+
+
 def large_message(ctx):
     q = ctx.queue("large.")
     ctx.declare(q)
@@ -405,6 +500,11 @@ SCENARIOS = [
     expires_with_consumer,
     auto_delete_two_consumers,
     priority,
+    priority_requeue,
+    priority_consume,
+    priority_max_length,
+    priority_above_max,
+    priority_arguments,
     large_message,
     publish_right_after_declare,
     use_right_after_declare,
