@@ -308,6 +308,39 @@ impl Cluster {
     /// may have reached one), so it never commits twice. In a minority this
     /// fails with [`ClusterError::NoMajority`] after `command_timeout`.
     pub async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        self.write_at(cmd).await.map(|(outcome, _)| outcome)
+    }
+
+    /// Commits a client's change (a declare, a bind, a policy) as
+    /// [`Cluster::write`] does, then waits until every other running member
+    /// has applied it too (each at most [`APPLIED_WAIT`]), as RabbitMQ
+    /// answers `declare-ok` once every node's schema has the queue: a client
+    /// that uses it through another node right after finds it there.
+    pub async fn write_everywhere(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        let (outcome, index) = self.write_at(cmd).await?;
+        let members = other_members(&self.inner, &self.inner.raft.metrics().borrow());
+        let up = self.inner.up.borrow().clone();
+        let mut asks = tokio::task::JoinSet::new();
+        for (_, name, addr) in members {
+            if !up.contains(&name) {
+                continue;
+            }
+            let peers = self.inner.peers.clone();
+            asks.spawn(async move {
+                let req = Request::Applied { index };
+                let answered = peers
+                    .call(Some(&name), &addr, req, APPLIED_WAIT + APPLIED_WAIT)
+                    .await;
+                if !matches!(answered, Ok(Response::Applied(true))) {
+                    tracing::debug!(peer = %name, index, "a running member did not confirm it applied a change");
+                }
+            });
+        }
+        while asks.join_next().await.is_some() {}
+        Ok(outcome)
+    }
+
+    async fn write_at(&self, cmd: Command) -> Result<(Outcome, u64), ClusterError> {
         let deadline = Instant::now() + self.inner.config.command_timeout;
         match self
             .to_leader("write", AdminRequest::Write(cmd), deadline)
@@ -327,7 +360,7 @@ impl Cluster {
                 {
                     tracing::warn!(node = %self.inner.config.node, index, "committed, but not yet applied on this node");
                 }
-                r.result.map_err(ClusterError::Rejected)
+                r.result.map(|o| (o, index)).map_err(ClusterError::Rejected)
             }
             other => Err(self.unexpected(other)),
         }
@@ -914,6 +947,7 @@ async fn handle(weak: Weak<Inner>, from: NodeName, req: Request) -> Response {
             Request::Vote(_) => Response::Vote(Err("node stopped".into())),
             Request::Snapshot { .. } => Response::Snapshot(Err("node stopped".into())),
             Request::Admin(_) => Response::Admin(AdminResponse::NotLeader { leader: None }),
+            Request::Applied { .. } => Response::Applied(false),
         };
     };
     match req {
@@ -954,6 +988,14 @@ async fn handle(weak: Weak<Inner>, from: NodeName, req: Request) -> Response {
                 )
                 .await
                 .map_err(|e| e.to_string()),
+        ),
+        Request::Applied { index } => Response::Applied(
+            inner
+                .raft
+                .wait(Some(APPLIED_WAIT))
+                .applied_index_at_least(Some(index), "a client's change applied here")
+                .await
+                .is_ok(),
         ),
         Request::Admin(a) => {
             // Only members may ask for anything but to join.
@@ -1015,7 +1057,12 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
     match req {
         AdminRequest::Write(cmd) => {
             match tokio::time::timeout(timeout, raft.client_write(cmd)).await {
-                Ok(Ok(resp)) => AdminResponse::Written(resp.data, resp.log_id.index),
+                Ok(Ok(resp)) => {
+                    // Followers learn the new commit index now rather than
+                    // with the next heartbeat, and apply it.
+                    let _ = raft.trigger().heartbeat().await;
+                    AdminResponse::Written(resp.data, resp.log_id.index)
+                }
                 Ok(Err(e)) => write_err(inner, e),
                 Err(_) => lost,
             }
@@ -1179,6 +1226,11 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
 /// of silence): with 5 calls in about 120 ms, the others, still refusing with
 /// their leases, once left the cluster leaderless until the election
 /// timeout (a 1.3 s publisher stall in `bench mirrored`).
+/// How long a member waits to apply a client's change before it answers
+/// [`Cluster::write_everywhere`] anyway (a member that lags further is
+/// behind a cut, which the failure detector will report).
+pub(crate) const APPLIED_WAIT: Duration = Duration::from_millis(500);
+
 const ELECTION_RETRY_WINDOW: Duration = Duration::from_millis(600);
 
 /// How long a dial to a peer whose link just ended may take.

@@ -32,6 +32,12 @@ pub(crate) enum Request {
         data: Vec<u8>,
     },
     Admin(AdminRequest),
+    /// Answer once this node has applied the log up to `index` (or after
+    /// [`APPLIED_WAIT`](crate::cluster::APPLIED_WAIT)): a client's metadata
+    /// change is answered only once every running node knows it.
+    Applied {
+        index: u64,
+    },
 }
 
 /// The answer to a [`Request`]; remote failures travel as text.
@@ -41,6 +47,8 @@ pub(crate) enum Response {
     Vote(Result<VoteResponse<NodeId>, String>),
     Snapshot(Result<SnapshotResponse<NodeId>, String>),
     Admin(AdminResponse),
+    /// Whether the node has applied the asked index.
+    Applied(bool),
 }
 
 /// Requests that only the leader can serve; a follower answers `NotLeader`.

@@ -401,7 +401,7 @@ impl ClusterStore {
             let mut result = Ok(());
             for cmd in cmds {
                 let deleting = is_delete(&cmd);
-                match cluster.write(cmd).await {
+                match cluster.write_everywhere(cmd).await {
                     Ok(_) => {}
                     // Deleting what is already gone is done.
                     Err(ClusterError::Rejected(

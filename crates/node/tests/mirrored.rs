@@ -1002,6 +1002,67 @@ fn publishes_right_after_declare_ok_on_a_new_mirrored_queue_are_confirmed() {
     });
 }
 
+/// RabbitMQ answers `declare-ok` once every node's schema has the queue: a
+/// client that declares through one node and publishes through another at
+/// once finds it there (Warren: the change is applied on every running
+/// member before the answer).
+#[test]
+fn a_queue_declared_through_one_node_is_usable_through_another_at_once() {
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (a, b) = (connect(&nodes[0]).await, connect(&nodes[1]).await);
+        let declarer = a.create_channel().await.unwrap();
+        let user = b.create_channel().await.unwrap();
+        user.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for round in 0..30 {
+            let name = format!("ha.at-once-{round}");
+            let durable = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            declarer
+                .queue_declare(name.as_str().into(), durable, FieldTable::default())
+                .await
+                .unwrap();
+            let mandatory = BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            };
+            let confirm = user
+                .basic_publish(
+                    "".into(),
+                    name.as_str().into(),
+                    mandatory,
+                    b"m",
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            let ok = confirm.is_ack();
+            let returned = confirm.take_message();
+            assert!(
+                ok && returned.is_none(),
+                "round {round}: the publish through node 2 was nacked ({ok}) or returned ({returned:?})"
+            );
+            let got = user
+                .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: basic.get through node 2: {e}"));
+            assert!(
+                got.is_some(),
+                "round {round}: the message is not in the queue"
+            );
+        }
+    });
+}
+
 #[test]
 fn a_mirrored_priority_queue_fails_over_in_priority_order() {
     const PQ: &str = "ha.prio";
