@@ -1,6 +1,7 @@
 //! `cargo xtask`: the one entry point for Warren's developer tasks.
 //!
-//! - `cargo xtask test` — what CI runs: fmt check, clippy, cargo-deny, nextest.
+//! - `cargo xtask test` — what CI runs: fmt check, check-arch, clippy, cargo-deny, nextest.
+//! - `cargo xtask check-arch` — ARCHITECTURE.md's dependency rules, checked (`check_arch`).
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
 //! - `cargo xtask bench all [--quick]` — every bench, into `docs/bench/report.md`.
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
@@ -15,6 +16,7 @@ mod bench_all;
 mod bench_mirrored;
 mod bench_report;
 mod chaos;
+mod check_arch;
 mod cluster;
 mod conformance;
 mod cpu;
@@ -31,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["test", rest @ ..] => test(rest),
+        ["check-arch"] => check_arch::main(&workspace_root()),
         ["bench", "mirrored", rest @ ..] => bench_mirrored::mirrored(&workspace_root(), rest),
         ["bench", "many-queues", rest @ ..] => bench_mirrored::many_queues(&workspace_root(), rest),
         ["bench", which, rest @ ..] => bench::run(&workspace_root(), which, rest),
@@ -42,7 +45,10 @@ fn main() -> anyhow::Result<()> {
             eprintln!("usage: cargo xtask <command>");
             eprintln!();
             eprintln!(
-                "  test [--no-deny]          fmt check, clippy -D warnings, cargo deny, nextest"
+                "  test [--no-deny]          fmt check, check-arch, clippy -D warnings, cargo deny, nextest"
+            );
+            eprintln!(
+                "  check-arch                ARCHITECTURE.md's dependency rules (its arch-rules block)"
             );
             eprintln!("  bench transports [--quick]  transport bench, one table with ratios");
             eprintln!("  bench gm | backing-queue  the GM ring and backing-queue benches");
@@ -130,6 +136,8 @@ fn cargo_step(name: &str, args: &[&str]) -> anyhow::Result<()> {
 /// The test command: everything CI checks, in the order that fails fastest.
 fn test(rest: &[&str]) -> anyhow::Result<()> {
     cargo_step("format", &["fmt", "--all", "--check"])?;
+    println!("==> architecture: cargo xtask check-arch");
+    check_arch::main(&workspace_root())?;
     cargo_step(
         "clippy",
         &[

@@ -19,6 +19,8 @@
 
 pub mod auth;
 mod broker;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod meta;
 pub mod names;
 mod routing;

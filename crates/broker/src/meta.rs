@@ -270,6 +270,13 @@ pub enum MetaError {
 
 /// Where the broker keeps its durable entities. A change is durable when
 /// [`MetadataStore::apply`] returns.
+///
+/// Contract: `load` holds what [`Definitions::apply`] makes of every change
+/// applied so far, from empty (the order of its lists is the store's), and
+/// so does the store reopened after any `apply` returned. The broker sends
+/// only changes that make sense (entities in vhosts that exist, permissions
+/// of users that exist), but deletions may name what is already gone. The
+/// suite `conformance::metadata_store` (feature `conformance`) checks this.
 pub trait MetadataStore: Send + std::fmt::Debug {
     /// Everything stored.
     fn load(&self) -> Definitions;

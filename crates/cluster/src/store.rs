@@ -811,3 +811,30 @@ mod tests {
         assert_eq!(files.committed, committed);
     }
 }
+
+/// openraft's own storage suite (`openraft::testing::Suite`, about 45
+/// checks of `RaftLogStorage` and `RaftStateMachine`) on Warren's log and
+/// state machine, each build in a fresh directory.
+#[cfg(test)]
+mod openraft_suite {
+    use openraft::testing::{StoreBuilder, Suite};
+    use tempfile::TempDir;
+
+    use super::*;
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
+        async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
+            let tmp = tempfile::tempdir().expect("a temporary directory");
+            let log = LogStore::open(tmp.path()).expect("the log opens");
+            let sm = StateMachine::open(tmp.path()).expect("the state machine opens");
+            Ok((tmp, log, sm))
+        }
+    }
+
+    #[test]
+    fn warrens_store_passes_openraft_storage_suite() {
+        Suite::test_all(Builder).expect("openraft's storage suite");
+    }
+}

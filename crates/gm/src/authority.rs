@@ -17,8 +17,13 @@ use crate::view::{View, ViewChange, ViewError, ViewVersion};
 ///
 /// Contract: for each ring, versions grow by exactly one per successful
 /// update; `update` applies `change` only if the ring is still at `expected`
-/// (else [`ViewError::Conflict`]), so all changes to a ring are totally
-/// ordered. A ring nobody has touched is at [`View::empty`].
+/// (else [`ViewError::Conflict`] naming both versions), so all changes to a
+/// ring are totally ordered, however many proposers race. A change the view
+/// refuses ([`View::apply`]) is that error and changes nothing. A ring nobody
+/// has touched is at [`View::empty`]; rings are independent.
+/// `current_local` never runs ahead of `current` and catches up with it.
+/// The suite `conformance::view_authority` (feature `conformance`) checks
+/// all of this.
 #[async_trait]
 pub trait ViewAuthority: Send + Sync {
     /// The ring's current view.

@@ -12,6 +12,14 @@ use tokio::time::Instant;
 use warren_wire::NodeName;
 
 /// A pluggable failure detector, driven by the [`driver`](crate::driver) (sans-IO: time is passed in).
+///
+/// Contract: `heartbeat_due` is true at the first call and then whenever
+/// the detector's heartbeat interval has passed since it was last true. A
+/// peer is suspected only once watched, only while no sign of life comes
+/// from it (whatever the detector counts as one), at most once until it is
+/// alive again, and surely within the detector's timeout of its last sign
+/// of life. The suite `conformance::failure_detector` (feature
+/// `conformance`) checks this.
 pub trait FailureDetector: Send + fmt::Debug + 'static {
     /// Start watching `peer` (a node this node shares a ring with).
     fn watch(&mut self, peer: &NodeName, now: Instant);

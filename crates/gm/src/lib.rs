@@ -80,6 +80,8 @@
 //! more than a thousand seeds; a failing seed prints the command that replays it.
 
 pub mod authority;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod detector;
 pub mod driver;
 pub mod frame;

@@ -31,9 +31,9 @@ pub struct ClusterDetector {
 impl ClusterDetector {
     /// A peer the cluster never saw up is suspected only after this long (a
     /// node that just joined is not suspected before its first heartbeat).
-    const GRACE: Duration = Duration::from_secs(10);
+    pub const GRACE: Duration = Duration::from_secs(10);
     /// How often GM heartbeats go to each peer node.
-    const HEARTBEAT: Duration = Duration::from_millis(500);
+    pub const HEARTBEAT: Duration = Duration::from_millis(500);
 
     /// A detector following `up`, the nodes the cluster sees up.
     pub fn new(up: watch::Receiver<BTreeSet<NodeName>>) -> Self {

@@ -22,6 +22,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod detector;
 mod driver;
 mod records;

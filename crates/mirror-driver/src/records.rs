@@ -24,6 +24,17 @@ pub enum RecordError {
 }
 
 /// Where a queue's record lives: read, compare-and-set, and change notices.
+///
+/// Contract: `compare_and_set` sets the placement only if the record is at
+/// `expected` (the version inside `view` is ignored), and the version then
+/// grows by exactly one; at any other version it is
+/// [`RecordError::Conflict`] with the current record, so of racing writers
+/// exactly one wins. A placement the store refuses (the master also a
+/// mirror, a mirror twice, a synchronised node that is no mirror) is
+/// [`RecordError::Unavailable`] and changes nothing. `local` never runs
+/// ahead of the store and catches up; a `changes` receiver sees every
+/// change made after it was taken. The suite `conformance::record_store`
+/// (feature `conformance`) checks this.
 #[async_trait]
 pub trait RecordStore: Send + Sync + std::fmt::Debug {
     /// The record as this node knows it (may be stale).
