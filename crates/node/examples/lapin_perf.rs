@@ -16,7 +16,6 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -114,13 +113,35 @@ async fn producer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyho
         BasicProperties::default()
     };
     let mut body = vec![0u8; args.size.max(8)];
-    let mut inflight: VecDeque<(u64, lapin::PublisherConfirm)> = VecDeque::new();
+    // Confirms are awaited by a task of their own, in order, so that each
+    // one's latency is taken when it arrives, not when the producer next
+    // looks; the semaphore keeps `--confirms` publishes in flight.
+    let window = Arc::new(tokio::sync::Semaphore::new(args.confirms.max(1)));
+    let (confirm_tx, mut confirm_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(u64, lapin::PublisherConfirm)>();
+    let collector = {
+        let (stats, window) = (stats.clone(), window.clone());
+        tokio::spawn(async move {
+            while let Some((t0, c)) = confirm_rx.recv().await {
+                if c.await.is_err() {
+                    break;
+                }
+                let latency = now_us().saturating_sub(t0);
+                stats.confirm_us.lock().expect("stats").push(latency);
+                stats.confirmed.fetch_add(1, Ordering::Relaxed);
+                window.add_permits(1);
+            }
+        })
+    };
     let started = Instant::now();
     let mut sent: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         if args.rate > 0.0 {
             let due = started + Duration::from_secs_f64(sent as f64 / args.rate);
             tokio::time::sleep_until(due.into()).await;
+        }
+        if args.confirms > 0 {
+            window.acquire().await?.forget();
         }
         let t = now_us();
         body[..8].copy_from_slice(&t.to_be_bytes());
@@ -136,19 +157,12 @@ async fn producer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyho
         sent += 1;
         stats.published.fetch_add(1, Ordering::Relaxed);
         if args.confirms > 0 {
-            inflight.push_back((t, confirm));
-            while inflight.len() >= args.confirms {
-                let (t0, c) = inflight.pop_front().expect("not empty");
-                c.await?;
-                stats.confirmed.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .confirm_us
-                    .lock()
-                    .expect("stats")
-                    .push(now_us().saturating_sub(t0));
-            }
+            let _ = confirm_tx.send((t, confirm));
         }
     }
+    drop(confirm_tx);
+    // The confirms still in flight are waited for, at most a few seconds.
+    let _ = tokio::time::timeout(Duration::from_secs(5), collector).await;
     let _ = conn.close(200, "done".into()).await;
     Ok(())
 }
