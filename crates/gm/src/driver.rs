@@ -24,6 +24,8 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use warren_transport::{Connection, FrameSender, PeerAddr, Transport, TransportError};
+
+pub use crate::event::RingEvent;
 use warren_wire::{NodeName, PeerFrame, encode_message, encode_ring_frame};
 
 use crate::authority::ViewAuthority;
@@ -96,45 +98,6 @@ impl NodeConfig {
 
 /// Most ring views the driver's safety-net poll reads in one tick.
 const MAX_VIEW_POLLS_PER_TICK: usize = 10;
-
-/// What a ring member tells its application.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RingEvent {
-    /// A broadcast, delivered (exactly once, in its publisher's order).
-    Deliver {
-        /// Who broadcast it.
-        publisher: MemberId,
-        /// Its sequence number.
-        seq: Seq,
-        /// The payload.
-        payload: Bytes,
-    },
-    /// Own broadcasts up to `up_to` are held by every member of the view.
-    Confirm {
-        /// Highest confirmed sequence number.
-        up_to: Seq,
-    },
-    /// A view was installed.
-    View {
-        /// Its version.
-        version: ViewVersion,
-    },
-    /// The member is out of the ring (removed, or its join failed); join again to continue.
-    Removed,
-    /// A message from one member of the ring to this one alone (sent with
-    /// [`RingHandle::send`]): not ordered with broadcasts, lost if the link
-    /// between their nodes breaks.
-    Message {
-        /// The sender.
-        from: MemberId,
-        /// The payload.
-        payload: Bytes,
-    },
-    /// The connection to a node holding members of this ring was replaced:
-    /// point-to-point messages sent to them may have been lost (broadcasts
-    /// are not: the ring resends them).
-    LinkReset,
-}
 
 /// The body of a [`PeerFrame::Ring`].
 #[derive(Debug, Clone, Serialize)]

@@ -79,18 +79,26 @@
 //! These are checked by the deterministic simulation in `tests/sim/` over
 //! more than a thousand seeds; a failing seed prints the command that replays it.
 
+#[cfg(feature = "driver")]
 pub mod authority;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "driver")]
 pub mod detector;
+#[cfg(feature = "driver")]
 pub mod driver;
+pub mod event;
 pub mod frame;
 pub mod member;
 pub mod view;
 
+#[cfg(feature = "driver")]
 pub use authority::{InMemoryAuthority, ViewAuthority};
+#[cfg(feature = "driver")]
 pub use detector::{FailureDetector, HeartbeatDetector};
-pub use driver::{DriverError, GmNode, NodeConfig, RingEvent, RingHandle};
+#[cfg(feature = "driver")]
+pub use driver::{DriverError, GmNode, NodeConfig, RingHandle};
+pub use event::RingEvent;
 pub use frame::{Frame, FrameKind, Pub, Seq, StreamBatch};
 pub use member::{Action, Config, GmError, Member, Phase};
 pub use view::{MemberId, View, ViewChange, ViewEntry, ViewError, ViewVersion};
