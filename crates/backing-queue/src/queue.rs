@@ -375,6 +375,34 @@ impl BackingQueue {
         self.core.ready_seqs()
     }
 
+    /// A fingerprint of what the queue holds: every message, ready ones in
+    /// their order and pending ones by delivery tag, each by its seq, id,
+    /// sizes, priority, expiry and flags (not its bytes, which may be paged
+    /// out on one replica and not on another). Two replicas that applied
+    /// the same operations have the same digest; any divergence (a message
+    /// missing, extra, reordered or settled differently) changes it.
+    pub fn digest(&self) -> u64 {
+        // FNV-1a: stable across processes and builds, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |v: u64| {
+            for b in v.to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        for (tag, e) in self.core.held() {
+            mix(tag.map_or(0, |t| t + 1));
+            mix(e.seq);
+            mix(e.id);
+            mix(u64::from(e.props_len) << 32 | u64::from(e.body_len));
+            mix(e.expiry_ms);
+            mix(u64::from(e.priority) << 8
+                | u64::from(e.persistent()) << 1
+                | u64::from(e.delivered()));
+        }
+        h
+    }
+
     /// The queue's whole state (bodies read back from the log when paged
     /// out), for a mirror's synchronisation.
     pub fn snapshot(&mut self) -> Result<Snapshot, QueueError> {

@@ -278,6 +278,15 @@ impl Store {
             Store::Replica(m) => Some(m.replica.status()),
         }
     }
+
+    /// The digest of the messages this store holds (`None`: a mirror that
+    /// holds no copy yet).
+    pub(crate) fn digest(&self) -> Option<u64> {
+        match self {
+            Store::Local(bq) => Some(bq.digest()),
+            Store::Replica(m) => m.replica.digest(),
+        }
+    }
 }
 
 /// A mirrored queue with this many publishes and fetches waiting for its
@@ -513,6 +522,20 @@ impl Broker {
             proposals: std::mem::take(&mut m.proposals),
             stopped: m.replica.role() == Role::Stopped,
         }
+    }
+
+    /// A fingerprint of the messages this node's copy of queue `name`
+    /// holds (see `BackingQueue::digest`): equal on every replica that
+    /// holds the same messages in the same order. `None` where this node
+    /// holds no copy (the queue is served elsewhere, or its mirror here is
+    /// not synchronised).
+    #[must_use]
+    pub fn queue_digest(&self, vhost: &str, name: &str) -> Option<u64> {
+        let q = self.vhosts.get(vhost)?.queues.get(name)?;
+        if q.remote.is_some() && matches!(q.store, Store::Local(_)) {
+            return None;
+        }
+        q.store.digest()
     }
 
     /// Queue `name`'s replica status, if it is mirrored here.

@@ -250,6 +250,13 @@ enum Cmd {
         /// The queue.
         queue: String,
     },
+    /// Print a fingerprint of the messages the target node's copy of a
+    /// queue holds (a Warren extension): replicas holding the same
+    /// messages in the same order print the same digest.
+    QueueDigest {
+        /// The queue.
+        queue: String,
+    },
     /// Cancel a queue's synchronisation.
     CancelSyncQueue {
         /// The queue.
@@ -1518,6 +1525,17 @@ fn run(cli: &Cli) -> Res<()> {
                 cli.vhost
             ));
             queue_action(&c, &vh, queue, "sync")
+        }
+        Cmd::QueueDigest { queue } => {
+            let q = c.get(&format!("/api/queues/{vh}/{}", enc(queue)))?;
+            let node = q["node"].as_str().unwrap_or("?");
+            let digest = q["local_digest"].as_str().unwrap_or("none (no copy here)");
+            out.info(&format!(
+                "Digest of this node's copy of queue '{queue}' in vhost '{}' (master on {node}) ...",
+                cli.vhost
+            ));
+            out.table(&["digest".to_owned()], &[vec![json!(digest)]]);
+            Ok(())
         }
         Cmd::CancelSyncQueue { queue } => {
             out.info(&format!(

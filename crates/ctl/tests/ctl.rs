@@ -621,8 +621,16 @@ fn queues_exchanges_bindings_connections_consumers() {
     assert_eq!(o["object_totals"]["consumers"], 1);
     assert_eq!(o["queue_totals"]["messages"], 3);
 
+    // The digest of this node's copy: the same while nothing changes,
+    // another once the queue does.
+    let digest = |n: &Node| n.ctl(&["-q", "queue_digest", "work"]).rows()[1][0].clone();
+    let before = digest(&n);
+    assert_eq!(before.len(), 16, "{before:?}");
+    assert_eq!(digest(&n), before);
+
     // Purge drops the ready messages, not the unacked one.
     n.ctl(&["purge_queue", "work"]).ok();
+    assert_ne!(digest(&n), before, "the digest follows the queue's content");
     let rows = n
         .ctl(&[
             "-q",

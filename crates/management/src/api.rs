@@ -1075,6 +1075,14 @@ fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
     };
     let set = warren_broker::policy_set(&defs);
     let mut v = queue_json(&s.node, &q, &set, s.mirrors.mirrors(vhost, name));
+    let digest = s.broker().queue_digest(vhost, name);
+    if let Value::Object(o) = &mut v {
+        // This node's copy, to compare replicas (not in RabbitMQ's API).
+        o.insert(
+            "local_digest".into(),
+            digest.map_or(Value::Null, |d| json!(format!("{d:016x}"))),
+        );
+    }
     let consumers: Vec<Value> = {
         let b = s.broker();
         let conns = b.connections();

@@ -523,6 +523,20 @@ impl Replica {
         }
     }
 
+    /// The [`digest`](warren_backing_queue::BackingQueue::digest) of the
+    /// messages this replica holds; `None` while it holds no copy of the
+    /// queue (an unsynchronised or stopped mirror). A synchronised mirror
+    /// that applied the master's operations up to the same point has the
+    /// master's digest.
+    pub fn digest(&self) -> Option<u64> {
+        match (self.role, &self.msync) {
+            (Role::Master, _) | (Role::Mirror, MirrorSync::Holding) => {
+                self.bq.as_ref().map(BackingQueue::digest)
+            }
+            _ => None,
+        }
+    }
+
     /// Publishes and fetches waiting for the ring (or the disk): what flow
     /// control holds publishers back on.
     pub fn backlog(&self) -> usize {

@@ -39,6 +39,21 @@ fn mirrored_three(root: &Path) -> (PathBuf, Vec<Peer>, tokio::runtime::Runtime) 
     (secret, nodes, rt)
 }
 
+/// Waits until every node in `holders` holds a copy of [`QUEUE`] with one
+/// and the same digest (the same messages in the same order, each settled
+/// alike): "synchronised" checked, not taken on trust.
+fn replicas_agree(holders: &[&Peer]) {
+    let mut seen = Vec::new();
+    let path = format!("/api/queues/%2F/{QUEUE}");
+    peers::eventually("every replica holds the same messages", || {
+        seen = holders
+            .iter()
+            .map(|n| n.get(&path)["local_digest"].clone())
+            .collect();
+        seen[0].is_string() && seen.iter().all(|d| *d == seen[0])
+    });
+}
+
 async fn connect(p: &Peer) -> Connection {
     let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", p.amqp);
     Connection::connect(&url, ConnectionProperties::default())
@@ -146,6 +161,7 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
             .iter()
             .all(|n| queue(n)["messages"] == 500 || queue(n)["node"] == "warren@a")
     });
+    replicas_agree(&[&nodes[0], &nodes[1], &nodes[2]]);
     // The ring in /metrics: three members, two synchronised, one view
     // version on every member, nothing left pending.
     let series = |name: &str| format!("{name}{{vhost=\"/\",queue=\"{QUEUE}\"}}");
@@ -181,6 +197,7 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
     eventually("the new master serves the queue", || {
         queue(new_master)["messages"] == 500
     });
+    replicas_agree(&[&nodes[1], &nodes[2]]);
     assert!(
         new_master
             .metric(&series("warren_queue_ring_view"))
@@ -333,6 +350,7 @@ fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
         let q = queue(&nodes[1]);
         names(&q, "synchronised_slave_nodes").contains(&"warren@a".to_owned())
     });
+    replicas_agree(&[&nodes[0], &nodes[1], &nodes[2]]);
     // Stop the new master too: the restarted node may now be promoted, and
     // it must hold every confirmed message.
     let master = queue(&nodes[1])["node"].as_str().unwrap().to_owned();

@@ -58,6 +58,7 @@ proptest! {
             prop_assert_eq!(master.stats().ready, mirror.stats().ready);
             prop_assert_eq!(master.stats().unacked_bytes, mirror.stats().unacked_bytes);
             prop_assert!(master.ready_seqs().eq(mirror.ready_seqs()));
+            prop_assert_eq!(master.digest(), mirror.digest());
         }
     }
 }
@@ -115,4 +116,36 @@ proptest! {
             prop_assert!(!mirror.install_snapshot(master.snapshot().unwrap()).unwrap());
         }
     }
+}
+
+#[test]
+fn the_digest_tells_replicas_that_differ() {
+    let publish = |q: &mut BackingQueue, id: u64| {
+        q.publish(0, NewMessage::new(id, b"x".to_vec(), false))
+            .unwrap();
+    };
+    let (mut a, mut b) = (
+        BackingQueue::in_memory(QueueConfig::default()),
+        BackingQueue::in_memory(QueueConfig::default()),
+    );
+    assert_eq!(a.digest(), b.digest(), "two empty queues");
+    publish(&mut a, 1);
+    assert_ne!(a.digest(), b.digest(), "a message missing");
+    publish(&mut b, 2);
+    assert_ne!(a.digest(), b.digest(), "another message");
+    let (mut c, mut d) = (
+        BackingQueue::in_memory(QueueConfig::default()),
+        BackingQueue::in_memory(QueueConfig::default()),
+    );
+    for q in [&mut c, &mut d] {
+        publish(q, 1);
+        publish(q, 2);
+    }
+    assert_eq!(c.digest(), d.digest(), "the same messages");
+    let tag = c.fetch(0).unwrap().unwrap().tag;
+    assert_ne!(c.digest(), d.digest(), "one delivered, pending ack");
+    d.fetch(0).unwrap();
+    assert_eq!(c.digest(), d.digest(), "both delivered");
+    c.requeue(tag).unwrap();
+    assert_ne!(c.digest(), d.digest(), "one requeued");
 }
