@@ -45,7 +45,7 @@ fn mirrored_three(root: &Path) -> (PathBuf, Vec<Peer>, tokio::runtime::Runtime) 
 fn replicas_agree(holders: &[&Peer]) {
     let mut seen = Vec::new();
     let path = format!("/api/queues/%2F/{QUEUE}");
-    peers::eventually("every replica holds the same messages", || {
+    eventually("every replica holds the same messages", || {
         seen = holders
             .iter()
             .map(|n| n.get(&path)["local_digest"].clone())
