@@ -84,10 +84,12 @@ pub struct NodeRecord {
     pub peer_addr: String,
     /// The Raft log index of the membership change that first added it.
     pub joined_at: LogIndex,
-    /// Where its GM node listens for queue rings (set by the node at start).
+    /// Where its GM node listens for queue rings (set by the node once its
+    /// rings run: a Warren node's peer address, where they share the port).
     #[serde(default)]
     pub ring_addr: Option<String>,
-    /// Where it listens for forwarded queue work (set by the node at start).
+    /// Where it listens for forwarded queue work (set by the node once its
+    /// links run: a Warren node's peer address, where they share the port).
     #[serde(default)]
     pub link_addr: Option<String>,
 }

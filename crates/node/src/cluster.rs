@@ -40,6 +40,7 @@ use warren_cluster::{
     DestinationKind, ExchangeRecord, Metadata, Permissions, PolicyRecord, QueueRecord, Rejection,
     UserRecord,
 };
+use warren_transport::mux::{Mux, Service};
 use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportConfig};
 
 use crate::app::AppControl;
@@ -225,7 +226,7 @@ pub(crate) async fn start(
     args: &ClusterArgs,
     node_name: &str,
     data_dir: &Path,
-) -> anyhow::Result<(Cluster, Transports, IpAddr)> {
+) -> anyhow::Result<(Cluster, Transports)> {
     let peer_addr = args
         .peer_addr
         .clone()
@@ -240,13 +241,19 @@ pub(crate) async fn start(
         .with_context(|| format!("--peer-addr {peer_addr} resolves to nothing"))?;
     let mut tc = TransportConfig::new(node.clone(), secret);
     tc.bind_ip = Some(sock.ip()).filter(|ip: &IpAddr| !ip.is_unspecified());
-    let transports = peer_transports(args, &tc, node_name, sock.ip())?;
-    let mut cfg = ClusterConfig::new(
-        node,
-        PeerAddr::new(peer_addr),
-        data_dir,
-        transports.cluster.clone(),
-    );
+    let (cluster_dialer, broker_dialer) = peer_transports(args, &tc, node_name, sock.ip())?;
+    // The one listener for peers, on this (the cluster's) runtime: Raft's
+    // I/O never waits for the broker's runtime.
+    let peer_addr = PeerAddr::new(peer_addr);
+    let mux = Mux::listen(cluster_dialer.as_ref(), &peer_addr, tc.handshake_timeout)
+        .await
+        .with_context(|| format!("listening for peers on {peer_addr}"))?;
+    let transports = Transports {
+        raft: mux.service(Service::Metadata, cluster_dialer),
+        rings: mux.service(Service::Rings, broker_dialer.clone()),
+        links: mux.service(Service::Links, broker_dialer),
+    };
+    let mut cfg = ClusterConfig::new(node, peer_addr, data_dir, transports.raft.clone());
     cfg.join = args.join.clone().map(PeerAddr::new);
     cfg.boot_wait_retries = 1;
     cfg.boot_wait_timeout = Duration::from_secs(args.boot_wait.max(1));
@@ -264,27 +271,29 @@ pub(crate) async fn start(
     if bootstrap && metadata.vhosts.is_empty() && file.exists() {
         import_file_store(&cluster, &file).await?;
     }
-    Ok((cluster, transports, sock.ip()))
+    Ok((cluster, transports))
 }
 
-/// The transports between nodes: one for the Raft metadata store (on the
-/// cluster's runtime) and one for the broker's GM rings and forwarding links
-/// (on the broker's).
+/// The services' views of the node's one peer port ([`Mux`]): the Raft
+/// metadata store's (on the cluster's runtime), the GM rings' and the
+/// forwarding links' (on the broker's, dialing with a transport of their own).
 pub(crate) struct Transports {
-    cluster: Arc<dyn Transport>,
-    broker: Arc<dyn Transport>,
+    raft: Arc<dyn Transport>,
+    rings: Arc<dyn Transport>,
+    links: Arc<dyn Transport>,
 }
 
 /// The transports between nodes as `--transport` and `--peer-tls` ask for,
-/// both with this node's identity. The broker's GM rings and forwarding
-/// links dial with a transport of their own: a QUIC endpoint's socket is
-/// driven on the runtime that made it, and Raft's runtime is not the broker's.
+/// both with this node's identity: the cluster's (it also listens) and the
+/// broker's, with which the GM rings and forwarding links dial: a QUIC
+/// endpoint's socket is driven on the runtime that made it, and Raft's
+/// runtime is not the broker's.
 fn peer_transports(
     args: &ClusterArgs,
     tc: &TransportConfig,
     node_name: &str,
     ip: IpAddr,
-) -> anyhow::Result<Transports> {
+) -> anyhow::Result<(Arc<dyn Transport>, Arc<dyn Transport>)> {
     use warren_transport_quic::{QuicOptions, QuicTransport};
     use warren_transport_tcp::TcpTransport;
     let identity = || node_identity(args.cluster_ca_dir.as_deref(), &tc.secret, node_name);
@@ -326,7 +335,7 @@ fn peer_transports(
                 (Arc::new(quic()?), Arc::new(quic()?))
             }
         };
-    Ok(Transports { cluster, broker })
+    Ok((cluster, broker))
 }
 
 /// A node that ran alone and now starts a new cluster brings its durable
@@ -893,7 +902,6 @@ pub(crate) struct Clustered {
     rt: tokio::runtime::Handle,
     replaying: Arc<AtomicBool>,
     transports: Transports,
-    bind_ip: IpAddr,
     mirroring: Arc<std::sync::OnceLock<Arc<Mirroring>>>,
 }
 
@@ -916,7 +924,7 @@ impl Clustered {
         // The runtime lives as long as the process.
         let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
         let (args, name, dir) = (args.clone(), node_name.to_owned(), data_dir.to_owned());
-        let (cluster, transports, bind_ip) = rt
+        let (cluster, transports) = rt
             .spawn(async move { start(&args, &name, &dir).await })
             .await
             .context("the cluster start task failed")??;
@@ -925,7 +933,6 @@ impl Clustered {
             rt: rt.handle().clone(),
             replaying: Arc::new(AtomicBool::new(false)),
             transports,
-            bind_ip,
             mirroring: Arc::new(std::sync::OnceLock::new()),
         }))
     }
@@ -958,18 +965,9 @@ impl Clustered {
     /// the cluster's: they take the broker's lock, which a metadata commit
     /// holds while it waits for the cluster's runtime.
     pub(crate) async fn start_mirroring(&self, broker: Arc<Mutex<Broker>>) -> anyhow::Result<()> {
-        let (c, t, ip) = (
-            self.cluster.clone(),
-            self.transports.broker.clone(),
-            self.bind_ip,
-        );
-        let ip = if ip.is_unspecified() {
-            IpAddr::from([127, 0, 0, 1])
-        } else {
-            ip
-        };
-        let link_addr = crate::links::start(c.clone(), t.clone(), broker.clone(), ip).await?;
-        let m = crate::mirroring::start(c, t, broker, ip, link_addr).await?;
+        let c = &self.cluster;
+        crate::links::start(c.clone(), self.transports.links.clone(), broker.clone()).await?;
+        let m = crate::mirroring::start(c.clone(), self.transports.rings.clone(), broker).await?;
         let _ = self.mirroring.set(m);
         Ok(())
     }
@@ -991,7 +989,7 @@ impl Clustered {
         Arc::new(Control {
             cluster: self.cluster.clone(),
             rt: self.rt.clone(),
-            transport: self.transports.cluster.clone(),
+            transport: self.transports.raft.clone(),
             app,
         })
     }

@@ -30,20 +30,18 @@ fn incarnation() -> u64 {
     t ^ (u64::from(std::process::id()) << 32)
 }
 
-/// Starts the forwarding listener on `bind_ip` (any port), the sender and
-/// the failure watcher; returns the listener's address.
+/// Starts the forwarding listener on the node's peer port (the links' view
+/// of it, `transport`), the sender and the failure watcher.
 pub(crate) async fn start(
     cluster: Cluster,
     transport: Arc<dyn Transport>,
     broker: Shared,
-    bind_ip: std::net::IpAddr,
-) -> anyhow::Result<String> {
-    let listen = PeerAddr::new(std::net::SocketAddr::new(bind_ip, 0).to_string());
+) -> anyhow::Result<()> {
     let mut listener = transport
-        .listen(&listen)
+        .listen(cluster.peer_addr())
         .await
         .context("listening for forwarded queue work")?;
-    let addr = listener.local_addr().to_string();
+    let addr = listener.local_addr();
     let sessions: Sessions = Arc::new(Mutex::new(HashMap::new()));
     {
         let broker = broker.clone();
@@ -71,7 +69,7 @@ pub(crate) async fn start(
     tokio::spawn(announce_alarms(cluster.clone(), broker.clone()));
     tokio::spawn(watch_down(cluster, broker, reset_tx, notify));
     tracing::info!(%addr, "forwarding listener up");
-    Ok(addr)
+    Ok(())
 }
 
 /// Tells the other nodes this node's resource alarms: at once when they

@@ -2,11 +2,13 @@
 //! before the handshake cost it nothing (its memory is read from
 //! `/proc/PID/status`), and by default only TLS peers with a certificate
 //! from the cluster CA (derived from the secret when no CA directory is
-//! given) get as far as the handshake.
+//! given) get as far as the handshake. Every path between nodes (Raft,
+//! queue rings, forwarding links) goes over that one port.
 
 // The flood's measurements are printed for runs with `--no-capture`.
 #![allow(clippy::print_stderr)]
 
+use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::net::TcpStream;
 use std::path::Path;
@@ -18,7 +20,7 @@ use warren_transport_tcp::TcpTransport;
 
 mod peers;
 
-use peers::{Peer, eventually, has, names, test_root};
+use peers::{Peer, declare_durable, eventually, has, names, set_ha_all, test_root, three_with};
 
 const SECRET: &str = "peer-port-secret";
 
@@ -153,4 +155,163 @@ fn quic_members_share_the_ca_derived_from_the_secret() {
     eventually("two running QUIC members", || {
         names(&b.get("/api/cluster"), "running_nodes").len() == 2
     });
+}
+
+/// The mirrored queue of [`every_path_between_nodes_uses_the_peer_port`].
+const QUEUE: &str = "ha.port";
+
+/// The ports `p` was configured with: AMQP, HTTP, metrics, and the peer
+/// port over TCP (QUIC's is UDP).
+fn configured_ports(p: &Peer, transport: &str) -> BTreeSet<u16> {
+    let port = |addr: &str| -> u16 {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {addr:?}"))
+    };
+    let mut ports = BTreeSet::from([p.amqp, port(&p.http), port(&p.metrics)]);
+    if transport == "tcp" {
+        ports.insert(port(&p.peers));
+    }
+    ports
+}
+
+/// [`QUEUE`] as `p`'s management API shows it (null if it cannot).
+fn queue(p: &Peer) -> serde_json::Value {
+    let (status, q) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
+    if status == 200 {
+        q
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+/// The synchronised mirrors of [`QUEUE`] as `p` sees them.
+fn synchronised(p: &Peer) -> Vec<String> {
+    names(&queue(p), "synchronised_slave_nodes")
+}
+
+/// Publishes `bodies` persistently into [`QUEUE`] through `p`, each confirmed.
+async fn publish(p: &Peer, bodies: &[String]) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    let conn = lapin::Connection::connect(&p.amqp_url(), lapin::ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    for body in bodies {
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                QUEUE.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish");
+        assert!(confirm.await.expect("a confirm").is_ack(), "{body} nacked");
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+/// Consumes [`QUEUE`] through `p` until `want` bodies came; returns them.
+async fn consume(p: &Peer, want: usize) -> BTreeSet<String> {
+    use futures::StreamExt as _;
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+    let conn = lapin::Connection::connect(&p.amqp_url(), lapin::ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let ch = conn.create_channel().await.expect("channel");
+    let mut consumer = ch
+        .basic_consume(
+            QUEUE.into(),
+            "port-test".into(),
+            BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut seen = BTreeSet::new();
+    while seen.len() < want {
+        let d = tokio::time::timeout(std::time::Duration::from_secs(60), consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("nothing delivered for a minute after {seen:?}"))
+            .expect("the consumer is open")
+            .expect("a delivery");
+        seen.insert(String::from_utf8_lossy(&d.data).into_owned());
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    seen
+}
+
+/// Three members over TCP and over QUIC: each listens on its configured
+/// ports only (the queue rings and the forwarding links share the peer
+/// port with Raft), a mirrored queue mastered on A gets synchronised
+/// mirrors and serves publishers on C and consumers on B, and after B is
+/// SIGKILLed and started again on the same addresses, the rings reach it
+/// (its mirror is synchronised again) and so do the links (a consumer
+/// through it receives what was published while it was down).
+#[test]
+fn every_path_between_nodes_uses_the_peer_port() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for transport in ["tcp", "quic"] {
+        let root = test_root();
+        let extra = ["--transport", transport];
+        let (secret, mut nodes) = three_with(root.path(), &extra);
+        set_ha_all(&nodes[0]);
+        declare_durable(&rt, &nodes[0], QUEUE);
+        eventually("two synchronised mirrors", || {
+            synchronised(&nodes[0]).len() == 2
+        });
+        for n in &nodes {
+            assert_eq!(
+                n.listening_ports(),
+                configured_ports(n, transport),
+                "{transport}: the ports {} listens on",
+                n.name
+            );
+        }
+        let first: Vec<String> = (0..50).map(|i| format!("first-{i}")).collect();
+        rt.block_on(publish(&nodes[2], &first));
+        assert_eq!(
+            rt.block_on(consume(&nodes[1], first.len())),
+            first.iter().cloned().collect(),
+            "{transport}: a consumer on B"
+        );
+
+        eventually("the master has every ack", || {
+            queue(&nodes[0])["messages"] == 0
+        });
+        nodes[1].kill();
+        eventually("B's mirror is dropped", || {
+            !synchronised(&nodes[0]).contains(&"warren@b".to_owned())
+        });
+        let second: Vec<String> = (0..50).map(|i| format!("second-{i}")).collect();
+        rt.block_on(publish(&nodes[2], &second));
+        nodes[1] = nodes[1].restart(&secret, &extra);
+        // Consumers start once every node has seen B up again (a link
+        // that fails in the moment before drops B's new consumers at A).
+        for n in &nodes {
+            eventually("every node sees the restarted B", || {
+                names(&n.get("/api/cluster"), "running_nodes").len() == 3
+            });
+        }
+        eventually("the restarted B's mirror is synchronised again", || {
+            synchronised(&nodes[0]).contains(&"warren@b".to_owned())
+        });
+        assert_eq!(
+            nodes[1].listening_ports(),
+            configured_ports(&nodes[1], transport),
+            "{transport}: the ports the restarted B listens on"
+        );
+        assert_eq!(
+            rt.block_on(consume(&nodes[1], second.len())),
+            second.iter().cloned().collect(),
+            "{transport}: a consumer on the restarted B"
+        );
+    }
 }

@@ -35,6 +35,18 @@ mod loopback_options {
     warren_transport::conformance_tests!(Quic(QuicOptions::loopback()));
 }
 
+/// The suite and the multiplexer's tests over one service's view of a
+/// multiplexed peer port.
+mod muxed {
+    use warren_transport::conformance::Muxed;
+    use warren_transport::mux::Service;
+
+    use super::*;
+
+    warren_transport::conformance_tests!(Muxed(Quic(QuicOptions::loopback()), Service::Links));
+    warren_transport::mux_tests!(Quic(QuicOptions::loopback()));
+}
+
 /// A node whose certificate comes from another CA is refused in the QUIC handshake.
 #[tokio::test]
 async fn certificate_from_another_ca_refused() {

@@ -100,6 +100,27 @@ mod derived_tls {
     }
 }
 
+/// The suite and the multiplexer's tests over one service's view of a
+/// multiplexed peer port.
+mod muxed {
+    use warren_transport::conformance::Muxed;
+    use warren_transport::mux::Service;
+
+    use super::*;
+
+    mod plain {
+        use super::*;
+        warren_transport::conformance_tests!(Muxed(Plain, Service::Metadata));
+        warren_transport::mux_tests!(Plain);
+    }
+
+    mod tls {
+        use super::*;
+        warren_transport::conformance_tests!(Muxed(Tls::Shared, Service::Rings));
+        warren_transport::mux_tests!(Tls::Shared);
+    }
+}
+
 /// Outgoing connections bind the configured source address (so firewall
 /// rules between 127.0.0.x nodes see the node's own address).
 #[tokio::test]

@@ -28,6 +28,60 @@ pub trait Harness: Send + Sync {
     fn dead_addr(&self) -> PeerAddr;
 }
 
+/// Runs the suite over one service's view of a [`Mux`](crate::mux::Mux) on
+/// the harness `H`'s transport: each listener is a port of its own, each
+/// dial selects the service.
+pub struct Muxed<H>(pub H, pub crate::mux::Service);
+
+impl<H> std::fmt::Debug for Muxed<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Muxed")
+            .field(&self.1)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: Harness> Harness for Muxed<H> {
+    fn transport(&self, config: TransportConfig) -> Arc<dyn Transport> {
+        let timeout = config.handshake_timeout;
+        Arc::new(MuxedTransport {
+            inner: self.0.transport(config),
+            service: self.1,
+            timeout,
+        })
+    }
+    fn listen_addr(&self, node: &NodeName) -> PeerAddr {
+        self.0.listen_addr(node)
+    }
+    fn dead_addr(&self) -> PeerAddr {
+        self.0.dead_addr()
+    }
+}
+
+/// A transport whose every listener is the view of `service` on a new port.
+#[derive(Debug)]
+struct MuxedTransport {
+    inner: Arc<dyn Transport>,
+    service: crate::mux::Service,
+    timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl Transport for MuxedTransport {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn listen(&self, addr: &PeerAddr) -> Result<Box<dyn Listener>, TransportError> {
+        let mux = crate::mux::Mux::listen(self.inner.as_ref(), addr, self.timeout).await?;
+        mux.service(self.service, self.inner.clone())
+            .listen(addr)
+            .await
+    }
+    async fn connect(&self, addr: &PeerAddr) -> Result<Connection, TransportError> {
+        crate::mux::dial(self.inner.as_ref(), addr, self.service, self.timeout).await
+    }
+}
+
 /// A node's configuration for the suite: short timeouts and the given secret.
 pub fn config(node: &str, secret: &str, max_frame_len: usize) -> TransportConfig {
     let mut c = TransportConfig::new(
@@ -148,15 +202,20 @@ pub async fn peers_learn_names(h: &dyn Harness) {
 pub async fn in_order_both_ways(h: &dyn Harness) {
     let mut l = listen(h, "server@suite", MAX).await;
     let (client, server) = dial(h, l.as_mut(), config("client@suite", SECRET, MAX)).await;
-    let (mut c_tx, mut c_rx) = client.split();
-    let (mut s_tx, mut s_rx) = server.split();
-    const N: u64 = 20_000;
+    exchange_both_ways(client, server, 20_000).await;
+}
+
+/// Sends `n` numbered frames each way at once between `a` and `b` and
+/// checks they arrive whole and in order.
+async fn exchange_both_ways(a: Connection, b: Connection, n: u64) {
+    let (mut a_tx, mut a_rx) = a.split();
+    let (mut b_tx, mut b_rx) = b.split();
     within("exchange", async {
         tokio::join!(
-            send_numbered(c_tx.as_mut(), N),
-            recv_numbered(s_rx.as_mut(), N),
-            send_numbered(s_tx.as_mut(), N),
-            recv_numbered(c_rx.as_mut(), N),
+            send_numbered(a_tx.as_mut(), n),
+            recv_numbered(b_rx.as_mut(), n),
+            send_numbered(b_tx.as_mut(), n),
+            recv_numbered(a_rx.as_mut(), n),
         )
     })
     .await;
@@ -355,5 +414,188 @@ macro_rules! conformance_tests {
                 $crate::conformance::$name(&harness).await;
             }
         )*
+    };
+}
+
+// ------------------------------------------------------------------ the mux
+
+/// How long the mux tests give a peer to name its service.
+const SELECT_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// A node with a multiplexed peer port over the harness's transport.
+struct MuxNode {
+    transport: Arc<dyn Transport>,
+    mux: crate::mux::Mux,
+}
+
+impl MuxNode {
+    async fn start(h: &dyn Harness, node: &str) -> Self {
+        let cfg = config(node, SECRET, MAX);
+        let addr = h.listen_addr(&cfg.node);
+        let transport = h.transport(cfg);
+        let mux = within(
+            "listen",
+            crate::mux::Mux::listen(transport.as_ref(), &addr, SELECT_TIMEOUT),
+        )
+        .await
+        .expect("listen");
+        Self { transport, mux }
+    }
+
+    fn view(&self, service: crate::mux::Service) -> Arc<dyn Transport> {
+        self.mux.service(service, self.transport.clone())
+    }
+
+    async fn listen(&self, service: crate::mux::Service) -> Box<dyn Listener> {
+        within("listen", self.view(service).listen(&self.mux.local_addr()))
+            .await
+            .expect("a service listens at the port's address")
+    }
+}
+
+/// Connections that name different services reach those services'
+/// listeners, which all report the one port's address, and carry frames
+/// both ways.
+pub async fn mux_routes_each_service(h: &dyn Harness) {
+    use crate::mux::Service;
+    let server = MuxNode::start(h, "server@suite").await;
+    let client = MuxNode::start(h, "client@suite").await;
+    let services = [Service::Metadata, Service::Rings, Service::Links];
+    let mut listeners = Vec::new();
+    for s in services {
+        let l = server.listen(s).await;
+        assert_eq!(l.local_addr(), server.mux.local_addr());
+        listeners.push(l);
+    }
+    let addr = server.mux.local_addr();
+    // Dial in reverse order, each sending its service's name.
+    for (i, s) in services.iter().enumerate().rev() {
+        let mut conn = within("connect", client.view(*s).connect(&addr))
+            .await
+            .expect("connect");
+        assert_eq!(conn.peer_node().as_str(), "server@suite");
+        within("send", conn.send(Bytes::from(s.to_string())))
+            .await
+            .expect("send");
+        let mut accepted = within("accept", listeners[i].accept())
+            .await
+            .expect("accept");
+        assert_eq!(accepted.peer_node().as_str(), "client@suite");
+        let got = within("recv", accepted.recv()).await.expect("recv");
+        assert_eq!(got, Some(Bytes::from(s.to_string())), "{s}");
+        within("reply", accepted.send(Bytes::from_static(b"back")))
+            .await
+            .expect("reply");
+        let back = within("recv reply", conn.recv()).await.expect("recv");
+        assert_eq!(back, Some(Bytes::from_static(b"back")));
+    }
+}
+
+/// A peer that names an unknown service, or none, is dropped; a service
+/// that does not listen refuses dials (until it listens); meanwhile the
+/// port serves everyone else.
+pub async fn mux_drops_strays(h: &dyn Harness) {
+    use crate::mux::Service;
+    let server = MuxNode::start(h, "server@suite").await;
+    let client = MuxNode::start(h, "client@suite").await;
+    let addr = server.mux.local_addr();
+    let mut rings = server.listen(Service::Rings).await;
+    // A silent peer, and one naming a service that does not exist.
+    let mut silent = within("connect", client.transport.connect(&addr))
+        .await
+        .expect("the handshake itself succeeds");
+    let mut unknown = within("connect", client.transport.connect(&addr))
+        .await
+        .expect("the handshake itself succeeds");
+    within("send", unknown.send(Bytes::from_static(&[0x7f])))
+        .await
+        .expect("send");
+    // Others are served while they wait.
+    let _dialed = connects_eventually(client.view(Service::Rings).as_ref(), rings.as_mut()).await;
+    for (what, conn) in [("unknown", &mut unknown), ("silent", &mut silent)] {
+        let end = within("the stray's end", conn.recv()).await;
+        assert!(
+            matches!(end, Ok(None) | Err(_)),
+            "a {what} peer was answered: {end:?}"
+        );
+    }
+    // A service that does not listen refuses; once it listens it serves.
+    let err = within("connect", client.view(Service::Links).connect(&addr))
+        .await
+        .expect_err("the links do not listen");
+    assert!(err.to_string().contains("forwarding links"), "{err}");
+    let mut links = server.listen(Service::Links).await;
+    let _dialed = connects_eventually(client.view(Service::Links).as_ref(), links.as_mut()).await;
+    // One listener per service; another address is not the port's.
+    let err = within("listen", server.view(Service::Links).listen(&addr))
+        .await
+        .expect_err("the links listen already");
+    assert!(matches!(err, TransportError::Listen { .. }), "{err:?}");
+    drop(links);
+    let _again = server.listen(Service::Links).await;
+    let elsewhere = h.dead_addr();
+    let err = within("listen", server.view(Service::Metadata).listen(&elsewhere))
+        .await
+        .expect_err("not the port's address");
+    assert!(err.to_string().contains("peer address"), "{err}");
+}
+
+/// The port opened on another runtime (as a node opens it on Raft's) serves
+/// a service whose tasks, and whose dialing transport, are this runtime's:
+/// accepted and dialed connections carry frames both ways.
+pub async fn mux_across_runtimes(h: &dyn Harness) {
+    use crate::mux::{Mux, Service};
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a second runtime");
+    let cfg = config("server@suite", SECRET, MAX);
+    let addr = h.listen_addr(&cfg.node);
+    let port_transport = h.transport(cfg.clone());
+    let mux = within(
+        "listen on the other runtime",
+        other.spawn(
+            async move { Mux::listen(port_transport.as_ref(), &addr, SELECT_TIMEOUT).await },
+        ),
+    )
+    .await
+    .expect("the listen task")
+    .expect("listen");
+    let rings = mux.service(Service::Rings, h.transport(cfg));
+    let mut listener = within("listen", rings.listen(&mux.local_addr()))
+        .await
+        .expect("listen");
+    let client = MuxNode::start(h, "client@suite").await;
+    let mut client_listener = client.listen(Service::Rings).await;
+    let (server_addr, client_addr) = (mux.local_addr(), client.mux.local_addr());
+    let client_rings = client.view(Service::Rings);
+    let (dialed, accepted) = within("connect and accept", async {
+        tokio::join!(client_rings.connect(&server_addr), listener.accept())
+    })
+    .await;
+    let (back_dialed, back_accepted) = within("connect back and accept", async {
+        tokio::join!(rings.connect(&client_addr), client_listener.accept())
+    })
+    .await;
+    exchange_both_ways(dialed.expect("connect"), accepted.expect("accept"), 2_000).await;
+    exchange_both_ways(
+        back_dialed.expect("connect back"),
+        back_accepted.expect("accept back"),
+        2_000,
+    )
+    .await;
+    drop((listener, rings, mux));
+    tokio::task::spawn_blocking(move || drop(other))
+        .await
+        .expect("dropping the other runtime");
+}
+
+/// Expands to one `#[tokio::test]` per test of the peer-port multiplexer
+/// ([`crate::mux`]) over the harness `$h`.
+#[macro_export]
+macro_rules! mux_tests {
+    ($h:expr) => {
+        $crate::conformance_tests!(@each $h; mux_routes_each_service, mux_drops_strays, mux_across_runtimes);
     };
 }

@@ -2,7 +2,8 @@
 //!
 //! The traits here are the only thing the layers above (GM rings, the
 //! metadata store, queue forwarding) see of the network; TCP, QUIC and the
-//! in-memory [`mem`] transport are interchangeable behind them.
+//! in-memory [`mem`] transport are interchangeable behind them. A node's
+//! services share its one peer port through [`mux`].
 //!
 //! # The contract every transport keeps
 //!
@@ -34,6 +35,7 @@ mod error;
 mod handshake;
 mod listener;
 pub mod mem;
+pub mod mux;
 mod slots;
 pub mod stream;
 

@@ -8,13 +8,14 @@ use tokio::task::JoinHandle;
 
 use crate::{Connection, Listener, PeerAddr, TransportError};
 
-/// A listener whose accept task (which also runs the handshakes) sends
-/// authenticated connections on a channel. Dropping it stops the task and runs
-/// the transport's clean-up hook (unregistering an address, closing an endpoint).
+/// A listener whose accept task (which also runs the handshakes), or a
+/// multiplexed port's, sends authenticated connections on a channel.
+/// Dropping it stops its own task and runs the transport's clean-up hook
+/// (unregistering an address, closing an endpoint).
 pub struct ChannelListener {
     local: PeerAddr,
     accepted: mpsc::Receiver<Connection>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
     on_drop: Option<Box<dyn FnOnce() + Send>>,
 }
 
@@ -28,7 +29,18 @@ impl ChannelListener {
         Self {
             local,
             accepted,
-            task,
+            task: Some(task),
+            on_drop: None,
+        }
+    }
+
+    /// A listener fed by tasks it does not own (those of a multiplexed
+    /// port, [`crate::mux`]); peers dial `local`.
+    pub fn fed(local: PeerAddr, accepted: mpsc::Receiver<Connection>) -> Self {
+        Self {
+            local,
+            accepted,
+            task: None,
             on_drop: None,
         }
     }
@@ -61,7 +73,9 @@ impl Listener for ChannelListener {
 
 impl Drop for ChannelListener {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
         if let Some(hook) = self.on_drop.take() {
             hook();
         }

@@ -21,3 +21,15 @@ impl Harness for Mem {
 }
 
 warren_transport::conformance_tests!(Mem(MemNetwork::new(7)));
+
+/// The same suite over the forwarding links' view of a multiplexed port.
+mod muxed {
+    use warren_transport::conformance::Muxed;
+    use warren_transport::mux::Service;
+
+    use super::*;
+
+    warren_transport::conformance_tests!(Muxed(Mem(MemNetwork::new(7)), Service::Links));
+}
+
+warren_transport::mux_tests!(Mem(MemNetwork::new(7)));

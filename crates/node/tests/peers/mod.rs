@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -67,10 +68,38 @@ impl Peer {
         extra: &[&str],
     ) -> Self {
         let any_port = format!("{ip}:0");
+        let addrs = [any_port.as_str(); 4];
+        Self::start_at(ip, addrs, name, dir, secret, join, extra)
+    }
+
+    /// Starts this node again (after a kill) on the same addresses, with
+    /// the same data directory.
+    pub fn restart(&self, secret: &Path, extra: &[&str]) -> Self {
+        let amqp = format!("{}:{}", self.ip, self.amqp);
+        let addrs = [
+            amqp.as_str(),
+            self.http.as_str(),
+            self.metrics.as_str(),
+            self.peers.as_str(),
+        ];
+        Self::start_at(&self.ip, addrs, &self.name, &self.dir, secret, None, extra)
+    }
+
+    /// Starts a node listening at `addrs`: AMQP, HTTP, metrics, peers.
+    fn start_at(
+        ip: &str,
+        addrs: [&str; 4],
+        name: &str,
+        dir: &Path,
+        secret: &Path,
+        join: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let [amqp, http, metrics, peers] = addrs;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
-        cmd.args(["--amqp-addr", &any_port, "--http-addr", &any_port])
-            .args(["--prometheus-addr", &any_port])
-            .args(["--node-name", name, "--peer-addr", &any_port])
+        cmd.args(["--amqp-addr", amqp, "--http-addr", http])
+            .args(["--prometheus-addr", metrics])
+            .args(["--node-name", name, "--peer-addr", peers])
             .arg("--data-dir")
             .arg(dir)
             .arg("--cluster-secret-file")
@@ -156,6 +185,34 @@ impl Peer {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The TCP ports the process listens on, read from `/proc` (its sockets
+    /// in `/proc/PID/fd`, their states in `/proc/PID/net/tcp{,6}`).
+    pub fn listening_ports(&self) -> BTreeSet<u16> {
+        let pid = self.pid();
+        let inodes: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("the process's descriptors")
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter_map(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+            })
+            .collect();
+        let mut ports = BTreeSet::new();
+        for table in ["tcp", "tcp6"] {
+            let text =
+                std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                // sl, local address, remote address, state (0A: listening), …, inode.
+                if f.len() > 9 && f[3] == "0A" && inodes.contains(f[9]) {
+                    let port = f[1].rsplit(':').next().expect("a port");
+                    ports.insert(u16::from_str_radix(port, 16).expect("a hex port"));
+                }
+            }
+        }
+        ports
     }
 
     pub fn kill(&mut self) {
@@ -265,18 +322,24 @@ pub fn declare_durable(rt: &tokio::runtime::Runtime, p: &Peer, name: &str) {
 
 /// Three nodes on 127.0.0.1 joined through the first one.
 pub fn three(root: &Path) -> (PathBuf, Vec<Peer>) {
+    three_with(root, &[])
+}
+
+/// [`three`], each node started with the `extra` arguments.
+pub fn three_with(root: &Path, extra: &[&str]) -> (PathBuf, Vec<Peer>) {
     let secret = root.join("secret");
     std::fs::write(&secret, "cluster-test-secret\n").unwrap();
-    let first = Peer::start("warren@a", &root.join("a"), &secret, None);
+    let first = Peer::start_with("warren@a", &root.join("a"), &secret, None, extra);
     let seed = first.peers.clone();
     assert!(!seed.is_empty(), "the ready line names the peer address");
     let mut nodes = vec![first];
     for n in ["b", "c"] {
-        nodes.push(Peer::start(
+        nodes.push(Peer::start_with(
             &format!("warren@{n}"),
             &root.join(n),
             &secret,
             Some(&seed),
+            extra,
         ));
     }
     for n in &nodes {
