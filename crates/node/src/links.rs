@@ -183,6 +183,13 @@ async fn receive(
                         // It dropped its side too: this node's consumers of
                         // its queues ask again.
                         b.resubscribe(&peer);
+                    } else if before.is_none() {
+                        // The first session since this node started: the
+                        // peer may have dropped consumers this node sent it
+                        // before then (it had failed to dial this node back
+                        // while it still thought it down). Asking again is
+                        // harmless: a master takes a known consumer once.
+                        lock(&broker).resubscribe(&peer);
                     }
                 }
                 Ok(m) if greeted => msgs.push(m),
