@@ -159,24 +159,60 @@ enum Fault {
         /// The other end of the lossy link.
         other: usize,
     },
+    /// Every packet between the node and node `other` alone dropped (the
+    /// third node still reaches both), both ways or, `one_way`, only from
+    /// the node to `other`; healed after the pause.
+    Cut {
+        /// The other end of the cut.
+        other: usize,
+        /// Only the node's packets to `other` are dropped.
+        one_way: bool,
+    },
+    /// The link between the node and node `other` cut and healed in turn,
+    /// every 0.5–2 s, for the pause.
+    Flap {
+        /// The other end of the flapping link.
+        other: usize,
+        /// Seeds the cut and heal times.
+        seed: u64,
+    },
 }
 
 impl Fault {
     /// The next fault of the schedule and its pause, for a cluster of
     /// `nodes`, on node `i`.
     fn draw(rng: &mut Rng, nodes: usize, i: usize) -> anyhow::Result<(Self, u64)> {
-        Ok(match rng.range(0, 5) {
-            0 => (Self::Kill, rng.range(1_000, 3_000)),
-            1 => (Self::Term, rng.range(1_000, 3_000)),
-            2 => (Self::Pause, rng.range(1_000, 2_000)),
-            3 => (Self::Isolate { reset: false }, rng.range(3_000, 10_000)),
-            4 => (Self::Isolate { reset: true }, rng.range(3_000, 10_000)),
-            _ => {
-                let step = usize::try_from(rng.range(1, nodes as u64 - 1))?;
-                let other = (i + step) % nodes;
-                (Self::Lossy { other }, rng.range(3_000, 10_000))
-            }
-        })
+        let other = |rng: &mut Rng| -> anyhow::Result<usize> {
+            let step = usize::try_from(rng.range(1, nodes as u64 - 1))?;
+            Ok((i + step) % nodes)
+        };
+        let fault = match rng.range(0, 8) {
+            0 => Self::Kill,
+            1 => Self::Term,
+            2 => Self::Pause,
+            3 => Self::Isolate { reset: false },
+            4 => Self::Isolate { reset: true },
+            5 => Self::Lossy { other: other(rng)? },
+            6 => Self::Cut {
+                other: other(rng)?,
+                one_way: false,
+            },
+            7 => Self::Cut {
+                other: other(rng)?,
+                one_way: true,
+            },
+            _ => Self::Flap {
+                other: other(rng)?,
+                seed: rng.next(),
+            },
+        };
+        let pause = match fault {
+            Self::Kill | Self::Term => rng.range(1_000, 3_000),
+            Self::Pause => rng.range(1_000, 2_000),
+            Self::Flap { .. } => 10_000,
+            _ => rng.range(3_000, 10_000),
+        };
+        Ok((fault, pause))
     }
 }
 
@@ -210,12 +246,21 @@ pub(crate) struct Report {
     pub(crate) phantom: Vec<String>,
     /// What else the run observed.
     pub(crate) notes: Vec<String>,
+    /// Heals after which the publisher got no confirm or the consumer no
+    /// delivery within [`LIVENESS`]: the run fails on any.
+    pub(crate) stalls: Vec<String>,
 }
 
 impl Report {
-    /// No confirmed message was lost and nothing unpublished came out.
+    /// No confirmed message was lost, nothing unpublished came out, every
+    /// repeat was flagged redelivered, and the load moved again after every
+    /// heal.
     pub(crate) fn pass(&self) -> bool {
-        self.lost.is_empty() && self.phantom.is_empty() && self.confirmed > 0
+        self.lost.is_empty()
+            && self.phantom.is_empty()
+            && self.unflagged.is_empty()
+            && self.stalls.is_empty()
+            && self.confirmed > 0
     }
 }
 
@@ -265,6 +310,12 @@ impl std::fmt::Display for Report {
             self.phantom.len(),
             few(&self.phantom)
         )?;
+        write!(
+            f,
+            "\n  heals after which the load did not move within {LIVENESS:?}: {} {}",
+            self.stalls.len(),
+            few(&self.stalls)
+        )?;
         for n in &self.notes {
             write!(f, "\n  note: {n}")?;
         }
@@ -281,6 +332,21 @@ struct History {
     confirmed: BTreeMap<String, Instant>,
     /// Every delivery: body and redelivered flag, in order.
     delivered: Vec<(String, bool)>,
+    /// When each delivery of the consumer (not the drain's) came.
+    delivered_at: Vec<Instant>,
+}
+
+/// After each heal (a restarted node, a flushed rule, a SIGCONT), the load
+/// must move again within this: a confirm to the publisher and a delivery
+/// to the consumer.
+const LIVENESS: Duration = Duration::from_secs(5);
+
+/// When each fault ended and when the load stopped, for the liveness check.
+struct Timeline {
+    /// When each fault was healed.
+    heals: Vec<Instant>,
+    /// When the load was told to stop.
+    stopped: Instant,
 }
 
 /// The history check; `start` is when the run started.
@@ -288,9 +354,31 @@ fn check(
     opts: Options,
     h: &History,
     start: Instant,
+    timeline: &Timeline,
     faults: Vec<String>,
     notes: Vec<String>,
 ) -> Report {
+    let at = |t: Instant| (t - start).as_secs_f64();
+    let mut stalls = Vec::new();
+    for &healed in &timeline.heals {
+        let by = healed + LIVENESS;
+        if by > timeline.stopped {
+            continue;
+        }
+        let moved = |t: &Instant| *t >= healed && *t <= by;
+        if !h.confirmed.values().any(moved) {
+            stalls.push(format!(
+                "no confirm in the {LIVENESS:?} after the heal at {:.3}s",
+                at(healed)
+            ));
+        }
+        if !h.delivered_at.iter().any(moved) {
+            stalls.push(format!(
+                "no delivery in the {LIVENESS:?} after the heal at {:.3}s",
+                at(healed)
+            ));
+        }
+    }
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unflagged = Vec::new();
     let mut out_of_order = Vec::new();
@@ -340,6 +428,7 @@ fn check(
             .map(|b| (*b).to_owned())
             .collect(),
         notes,
+        stalls,
     }
 }
 
@@ -504,6 +593,25 @@ impl Cluster<'_> {
                     "isolate {name} ({ip}) from the others ({how} both ways), heal in {pause:?}"
                 )
             }
+            Fault::Cut { other, one_way } => {
+                let (o_name, o_ip) = (&self.specs[other].name, &self.specs[other].ip);
+                if one_way {
+                    self.ns
+                        .iptables(&["-A", "INPUT", "-s", &ip, "-d", o_ip, "-j", "DROP"])?;
+                    format!(
+                        "drop what {name} ({ip}) sends {o_name} ({o_ip}), the other way open, heal in {pause:?}"
+                    )
+                } else {
+                    self.cut(i, &[other], &["-j", "DROP"])?;
+                    format!(
+                        "cut {name} ({ip}) from {o_name} ({o_ip}) alone (DROP both ways), heal in {pause:?}"
+                    )
+                }
+            }
+            Fault::Flap { other, .. } => format!(
+                "flap the link between {name} ({ip}) and {} ({}): cut and heal in turn every 0.5–2 s for {pause:?}",
+                self.specs[other].name, self.specs[other].ip
+            ),
             Fault::Lossy { other } => {
                 let rule = [
                     "-m",
@@ -521,7 +629,10 @@ impl Cluster<'_> {
             }
         };
         self.say(&what);
-        std::thread::sleep(pause);
+        match fault {
+            Fault::Flap { other, seed } => self.flap(i, other, seed, pause)?,
+            _ => std::thread::sleep(pause),
+        }
         match fault {
             Fault::Pause => {
                 self.signal(i, "CONT")?;
@@ -532,12 +643,34 @@ impl Cluster<'_> {
                 self.say(&format!("restarting {name}"));
                 self.start(i, false)?;
             }
-            Fault::Isolate { .. } | Fault::Lossy { .. } => {
+            Fault::Isolate { .. }
+            | Fault::Lossy { .. }
+            | Fault::Cut { .. }
+            | Fault::Flap { .. } => {
                 self.ns.iptables(&["-F", "INPUT"])?;
                 self.say("healed (INPUT rules flushed)");
             }
         }
         Ok(what)
+    }
+
+    /// Cuts and heals the link between nodes `i` and `other` in turn, each
+    /// state for 0.5–2 s (drawn from `seed`), until `length` passed.
+    fn flap(&self, i: usize, other: usize, seed: u64, length: Duration) -> anyhow::Result<()> {
+        let until = Instant::now() + length;
+        let mut rng = Rng(seed);
+        let mut cut = true;
+        while Instant::now() < until {
+            if cut {
+                self.cut(i, &[other], &["-j", "DROP"])?;
+            } else {
+                self.ns.iptables(&["-F", "INPUT"])?;
+            }
+            cut = !cut;
+            let left = until.saturating_duration_since(Instant::now());
+            std::thread::sleep(Duration::from_millis(rng.range(500, 2_000)).min(left));
+        }
+        Ok(())
     }
 }
 
@@ -647,6 +780,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
 
     let mut rng = Rng(opts.seed);
     let mut faults = Vec::new();
+    let mut heals = Vec::new();
     let mut notes = Vec::new();
     let faults_start = Instant::now();
     c.say(&format!(
@@ -669,6 +803,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         }
         let what = c.inject(fault, i, Duration::from_millis(pause))?;
         faults.push(format!("{:.3}s {what}", c.start.elapsed().as_secs_f64()));
+        heals.push(Instant::now());
     }
     c.say("faults stopped; every node is up and connected");
     if c.wait_synchronised()? {
@@ -680,6 +815,10 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         );
     }
     stop.store(true, Ordering::SeqCst);
+    let timeline = Timeline {
+        heals,
+        stopped: Instant::now(),
+    };
     if let Err(e) = rt.block_on(publisher)? {
         notes.push(format!("publisher: {e:#}"));
     }
@@ -706,7 +845,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     ));
     let mut h = std::mem::take(&mut *history.lock().expect("the history"));
     h.delivered.extend(drained);
-    let report = check(opts, &h, c.start, faults, notes);
+    let report = check(opts, &h, c.start, &timeline, faults, notes);
     if !report.pass() {
         for s in &c.specs {
             println!("--- last lines of {}:\n{}", s.log.display(), tail(&s.log));
@@ -829,11 +968,11 @@ async fn consume(
                     Err(_) => {}
                     Ok(Some(Ok(d))) => {
                         let body = String::from_utf8_lossy(&d.data).into_owned();
-                        history
-                            .lock()
-                            .expect("the history")
-                            .delivered
-                            .push((body, d.redelivered));
+                        {
+                            let mut h = history.lock().expect("the history");
+                            h.delivered.push((body, d.redelivered));
+                            h.delivered_at.push(Instant::now());
+                        }
                         d.ack(BasicAckOptions::default()).await?;
                     }
                     Ok(Some(Err(e))) => bail!("consumer: {e}"),
@@ -888,7 +1027,7 @@ mod tests {
     use std::time::Instant;
 
     use super::netns::Netns;
-    use super::{History, Options, check, run};
+    use super::{History, Options, Timeline, check, run};
     use crate::scenario::Bins;
 
     #[test]
@@ -913,7 +1052,29 @@ mod tests {
             duration: Duration::from_secs(1),
             nodes: 3,
         };
-        let r = check(opts, &h, start, Vec::new(), Vec::new());
+        // Deliveries at 1 s and 2 s, confirms at 0 s; heals at 0.5 s (the
+        // load moved: a delivery in the 5 s after it) and 10 s (nothing
+        // after it: a stall), the load stopped at 20 s.
+        h.delivered_at = vec![
+            start + Duration::from_secs(1),
+            start + Duration::from_secs(2),
+        ];
+        let timeline = Timeline {
+            heals: vec![
+                start + Duration::from_millis(500),
+                start + Duration::from_secs(10),
+            ],
+            stopped: start + Duration::from_secs(20),
+        };
+        let r = check(opts, &h, start, &timeline, Vec::new(), Vec::new());
+        assert_eq!(
+            r.stalls,
+            [
+                "no confirm in the 5s after the heal at 0.500s",
+                "no confirm in the 5s after the heal at 10.000s",
+                "no delivery in the 5s after the heal at 10.000s",
+            ]
+        );
         assert_eq!(r.lost.len(), 2, "m4 and m5: {:?}", r.lost);
         assert_eq!(r.unflagged, [body(1)]);
         assert_eq!(r.duplicates, 2);
