@@ -38,19 +38,11 @@ pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
 pub(crate) const LAPIN_WORKLOADS: [(&str, &[&str]); 3] = [
     (
         "lapin: 16 B transient, auto-ack",
-        &["--size", "16", "--auto-ack"],
+        &crate::lapin_perf::TRANSIENT,
     ),
     (
         "lapin: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
-        &[
-            "--size",
-            "1024",
-            "--persistent",
-            "--confirms",
-            "100",
-            "--prefetch",
-            "200",
-        ],
+        &crate::lapin_perf::PERSISTENT,
     ),
     (
         "lapin: 4 producers, 2 consumers, 1 KiB persistent, 1,000 confirms each, prefetch 200",
@@ -187,25 +179,19 @@ fn load(
 /// consumed/s and end-to-end latency p50 and p99 (µs).
 fn load_lapin(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Result<[f64; 4]> {
     let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let out = Command::new(crate::bench::target_dir(root).join("release/examples/lapin_perf"))
-        .args(["--url", &url, "--duration", duration])
-        .args(flags)
-        .output()
-        .context("running lapin_perf")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "lapin_perf failed: {}{}",
-            text,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let value = |key: &str| field(&text, key).with_context(|| format!("no {key} in: {text}"));
+    let args: Vec<&str> = ["--url", &url]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .collect();
+    let secs = duration
+        .parse()
+        .with_context(|| format!("--duration takes seconds, not {duration:?}"))?;
+    let r = crate::lapin_perf::run(root, &args, secs)?;
     Ok([
-        value("published=")?,
-        value("consumed=")?,
-        value("e2e_p50_ms=")? * 1000.0,
-        value("e2e_p99_ms=")? * 1000.0,
+        r.published,
+        r.consumed,
+        r.e2e_ms[0] * 1000.0,
+        r.e2e_ms[1] * 1000.0,
     ])
 }
 

@@ -35,6 +35,15 @@ pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
+/// The number after `key=` in a load generator's `result key=value …` line.
+pub(crate) fn result_field(line: &str, key: &str) -> anyhow::Result<f64> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .with_context(|| format!("no {key} in the load generator's result `{line}`"))?
+        .parse()
+        .with_context(|| format!("{key} in `{line}`"))
+}
+
 /// The transports bench's transports and frame sizes.
 pub(crate) const KINDS: [&str; 4] = ["mem", "tcp", "tcp+tls", "quic"];
 const SIZES: [u64; 3] = [64, 1024, 65536];

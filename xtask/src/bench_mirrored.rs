@@ -2,7 +2,8 @@
 //! queues on a 3-node Warren cluster (separate processes on 127.0.0.1, over
 //! TCP and over QUIC) and — when Debian's `rabbitmq-server` is installed — on
 //! a 3-node RabbitMQ cluster with the same `ha-mode: all` policy, driven by
-//! the same load generator (`crates/node/examples/amqp_bench.rs`).
+//! the same loads: the project's generator (`crates/node/examples/amqp_bench.rs`)
+//! and lapin, a standard client (`crates/node/examples/lapin_perf.rs`).
 //!
 //! Every node runs on loopback on its own ports with its data and logs under
 //! `target/bench-mirrored/`; only processes this command started are stopped
@@ -25,6 +26,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::Value;
 
+use crate::lapin_perf::{PERSISTENT, TRANSIENT};
 use crate::node::{NodeArgs, http, http_json, wait_ready};
 
 /// Warren node *i* (1-based) listens on these ports plus *i*.
@@ -58,6 +60,67 @@ pub(crate) const WORKLOADS: [(&str, &str, &[&str]); 2] = [
         "ha.bench.transient",
         &["--size", "16", "--durable"],
     ),
+];
+
+/// A lapin row of `bench mirrored`: `lapin_perf` on a fresh queue declared
+/// through node 1 (so its master is there) and synchronised.
+pub(crate) struct LapinWorkload {
+    /// The row's name in the report.
+    pub(crate) name: &'static str,
+    /// The queue (matched by the `ha-all` policy).
+    queue: &'static str,
+    /// The nodes (0-based) the producers connect to, in turn.
+    producers: &'static [usize],
+    /// The nodes (0-based) the consumers connect to, in turn.
+    consumers: &'static [usize],
+    /// `lapin_perf`'s load flags, in groups.
+    flags: &'static [&'static [&'static str]],
+}
+
+/// The lapin rows, PerfTest-like: each publish and each ack its own frame.
+pub(crate) const LAPIN_WORKLOADS: [LapinWorkload; 6] = [
+    LapinWorkload {
+        name: "lapin: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
+        queue: "ha.lapin.persistent",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&PERSISTENT],
+    },
+    LapinWorkload {
+        name: "lapin: the same, consumer on a mirror's node (node 2)",
+        queue: "ha.lapin.mirror-consumer",
+        producers: &[0],
+        consumers: &[1],
+        flags: &[&PERSISTENT],
+    },
+    LapinWorkload {
+        name: "lapin: 16 B transient, no confirms, auto-ack",
+        queue: "ha.lapin.transient",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&TRANSIENT],
+    },
+    LapinWorkload {
+        name: "lapin: 4 producers (100 confirms in flight each) on nodes 1, 2, 3, 1 and 2 consumers (manual acks, prefetch 200) on nodes 2, 3, 1 KiB persistent",
+        queue: "ha.lapin.spread",
+        producers: &[0, 1, 2],
+        consumers: &[1, 2],
+        flags: &[&["--producers", "4", "--consumers", "2"], &PERSISTENT],
+    },
+    LapinWorkload {
+        name: "lapin: 16 B transient at 10,000 msg/s, no confirms, auto-ack",
+        queue: "ha.lapin.rate-transient",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&TRANSIENT, &["--rate", "10000"]],
+    },
+    LapinWorkload {
+        name: "lapin: 1 KiB persistent at 2,000 msg/s, 100 confirms in flight, manual acks, prefetch 200",
+        queue: "ha.lapin.rate-persistent",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&PERSISTENT, &["--rate", "2000"]],
+    },
 ];
 
 fn flag<'a>(rest: &[&'a str], name: &str) -> Option<&'a str> {
@@ -109,6 +172,39 @@ fn wait_exit(child: &mut Child, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     false
+}
+
+/// Runs `cmd` (named `what`) to its end, killing it after `limit`;
+/// returns its stdout, or fails with its stdout and stderr if it failed.
+pub(crate) fn output_within(
+    cmd: &mut Command,
+    what: &str,
+    limit: Duration,
+) -> anyhow::Result<String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {what}"))?;
+    let mut stdout = child.stdout.take().context("stdout")?;
+    let mut stderr = child.stderr.take().context("stderr")?;
+    let reader = std::thread::spawn(move || {
+        let (mut out, mut err) = (String::new(), String::new());
+        let _ = stdout.read_to_string(&mut out);
+        let _ = stderr.read_to_string(&mut err);
+        (out, err)
+    });
+    if !wait_exit(&mut child, limit) {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("{what} did not finish within {limit:?}: killed");
+    }
+    let status = child.wait()?;
+    let (text, err) = reader.join().unwrap_or_default();
+    if !status.success() {
+        bail!("{what} failed ({status}): {text}{err}");
+    }
+    Ok(text)
 }
 
 pub(crate) fn wait_port(port: u16, what: &str, limit: Duration) -> anyhow::Result<()> {
@@ -543,6 +639,62 @@ async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
 /// NaN when the generator did not report its count).
 pub(crate) type Rates = [f64; 5];
 
+/// One lapin row's run: published/s, confirmed/s, consumed/s, end-to-end
+/// latency p50 and p99 (ms), confirm latency p50 and p99 (ms), the backlog
+/// left (messages published and not consumed when it ended) and the CPU all
+/// the cluster's nodes spent per consumed message (µs) over the whole run.
+pub(crate) type LapinRates = [f64; 9];
+
+/// CPU time (clock ticks) of the processes `pids` and their descendants.
+fn cluster_ticks(pids: &[u32]) -> u64 {
+    pids.iter().map(|p| crate::cpu::tree_ticks(*p)).sum()
+}
+
+/// Seconds of CPU the processes `pids` spent since [`cluster_ticks`] gave `before`.
+fn cluster_secs(pids: &[u32], before: u64) -> f64 {
+    cluster_ticks(pids).saturating_sub(before) as f64 / crate::cpu::clock_ticks()
+}
+
+/// Runs `lapin_perf` against an existing (mirrored) queue on the cluster
+/// whose nodes' AMQP URLs are `urls` and processes `pids`.
+fn load_lapin(
+    root: &Path,
+    (urls, pids): (&[String], &[u32]),
+    w: &LapinWorkload,
+    duration: u64,
+) -> anyhow::Result<LapinRates> {
+    let pick = |nodes: &[usize]| {
+        nodes
+            .iter()
+            .map(|&n| urls[n].as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (producers, consumers) = (pick(w.producers), pick(w.consumers));
+    let mut args = vec!["--url", &producers, "--consume-url", &consumers];
+    args.extend(["--queue", w.queue, "--keep-queue"]);
+    args.extend(w.flags.concat());
+    let before = cluster_ticks(pids);
+    let r = crate::lapin_perf::run(root, &args, duration)?;
+    let cluster_s = cluster_secs(pids, before);
+    let cpu = if r.consumed_total > 0.0 {
+        cluster_s * 1e6 / r.consumed_total
+    } else {
+        f64::NAN
+    };
+    Ok([
+        r.published,
+        r.confirmed,
+        r.consumed,
+        r.e2e_ms[0],
+        r.e2e_ms[1],
+        r.confirm_ms[0],
+        r.confirm_ms[1],
+        r.backlog,
+        cpu,
+    ])
+}
+
 /// Seconds the load generator waits for its consumer to drain the queue.
 const DRAIN_TIMEOUT: u64 = 60;
 
@@ -556,46 +708,45 @@ fn load(
     flags: &[&str],
     duration: u64,
 ) -> anyhow::Result<(Rates, bool)> {
-    let cluster_ticks = || pids.iter().map(|p| crate::cpu::tree_ticks(*p)).sum::<u64>();
-    let before = cluster_ticks();
-    let mut child = Command::new(release_dir(root).join("examples/amqp_bench"))
-        .args(["--url", url, "--queue", queue, "--keep-queue"])
+    let before = cluster_ticks(pids);
+    let mut cmd = Command::new(release_dir(root).join("examples/amqp_bench"));
+    cmd.args(["--url", url, "--queue", queue, "--keep-queue"])
         .args(["--duration", &duration.to_string()])
         .args(["--drain-timeout", &DRAIN_TIMEOUT.to_string()])
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running amqp_bench")?;
-    let mut stdout = child.stdout.take().context("amqp_bench stdout")?;
-    let mut stderr = child.stderr.take().context("amqp_bench stderr")?;
-    let reader = std::thread::spawn(move || {
-        let (mut out, mut err) = (String::new(), String::new());
-        let _ = stdout.read_to_string(&mut out);
-        let _ = stderr.read_to_string(&mut err);
-        (out, err)
-    });
+        .args(flags);
     let limit = Duration::from_secs(duration + DRAIN_TIMEOUT + 60);
-    if !wait_exit(&mut child, limit) {
-        let _ = child.kill();
-        let _ = child.wait();
-        bail!("amqp_bench did not finish within {limit:?}: killed");
-    }
-    let status = child.wait()?;
-    let (text, err) = reader.join().unwrap_or_default();
-    if !status.success() {
-        bail!("amqp_bench failed ({status}): {text}{err}");
-    }
-    let cluster_s = cluster_ticks().saturating_sub(before) as f64 / crate::cpu::clock_ticks();
+    let text = output_within(&mut cmd, "amqp_bench", limit)?;
+    let cluster_s = cluster_secs(pids, before);
     let [p, c, p50, p99] = crate::amqp_bench::rates(&text)?;
     let cpu = crate::amqp_bench::generator_cost(&text)
         .map_or(f64::NAN, |(messages, _)| cluster_s * 1e6 / messages);
     Ok(([p, c, p50, p99, cpu], !text.contains("drain timed out")))
 }
 
+/// Declares `queue` on `url`'s node, waits until it is synchronised
+/// (`synced` waits for that), runs `run` (`name`, for `duration` s) on it
+/// and deletes the queue afterwards (what the run left in it included).
+fn on_synced_queue<T>(
+    rt: &tokio::runtime::Runtime,
+    (url, queue): (&str, &str),
+    (name, duration): (&str, u64),
+    synced: impl Fn(&str) -> anyhow::Result<Duration>,
+    run: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    rt.block_on(declare(url, &[queue.to_owned()], 1))?;
+    let took = synced(queue)?;
+    println!(
+        "    {queue}: mirrors synchronised after {:.1} s; {name} for {duration} s…",
+        took.as_secs_f64()
+    );
+    let result = run()?;
+    rt.block_on(delete(url, queue))?;
+    Ok(result)
+}
+
 /// Runs one workload on a queue declared on `url`'s node and synchronised
-/// (`synced` waits for that); deletes the queue afterwards. Returns the rates
-/// and what went wrong on the way, if anything.
+/// (`synced` waits for that). Returns the rates and what went wrong on the
+/// way, if anything.
 fn workload(
     root: &Path,
     rt: &tokio::runtime::Runtime,
@@ -604,13 +755,9 @@ fn workload(
     duration: u64,
     synced: impl Fn(&str) -> anyhow::Result<Duration>,
 ) -> anyhow::Result<(Rates, Option<String>)> {
-    rt.block_on(declare(url, &[queue.to_owned()], 1))?;
-    let took = synced(queue)?;
-    println!(
-        "    {queue}: mirrors synchronised after {:.1} s; {name} for {duration} s…",
-        took.as_secs_f64()
-    );
-    let (r, drained) = load(root, (url, pids), queue, flags, duration)?;
+    let (r, drained) = on_synced_queue(rt, (url, queue), (name, duration), synced, || {
+        load(root, (url, pids), queue, flags, duration)
+    })?;
     println!(
         "    published/s {:.0}, consumed/s {:.0}, p50 {:.0} µs, p99 {:.0} µs, cluster CPU {:.1} µs/msg",
         r[0], r[1], r[2], r[3], r[4]
@@ -621,8 +768,39 @@ fn workload(
     if let Some(n) = &note {
         println!("    {n}");
     }
-    rt.block_on(delete(url, queue))?;
     Ok((r, note))
+}
+
+/// Runs every lapin row of [`LAPIN_WORKLOADS`] on the cluster whose nodes'
+/// AMQP URLs are `urls` and processes `pids`, each on a fresh queue declared
+/// through node 1 and synchronised (`synced` waits for that). Returns the
+/// rates (`None` where a row failed) and the failures.
+fn lapin_rows(
+    root: &Path,
+    rt: &tokio::runtime::Runtime,
+    (urls, pids): (&[String], &[u32]),
+    duration: u64,
+    synced: impl Fn(&str) -> anyhow::Result<Duration>,
+) -> (Vec<Option<LapinRates>>, Vec<String>) {
+    let (mut rates, mut notes) = (Vec::new(), Vec::new());
+    for w in &LAPIN_WORKLOADS {
+        let run = || load_lapin(root, (urls, pids), w, duration);
+        match on_synced_queue(rt, (&urls[0], w.queue), (w.name, duration), &synced, run) {
+            Ok(r) => {
+                println!(
+                    "    published/s {:.0}, confirmed/s {:.0}, consumed/s {:.0}, e2e p50 {:.2} ms, p99 {:.2} ms, confirm p50 {:.2} ms, p99 {:.2} ms, backlog {:.0}, cluster CPU {:.1} µs/msg",
+                    r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
+                );
+                rates.push(Some(r));
+            }
+            Err(e) => {
+                println!("    failed: {e:#}");
+                notes.push(format!("{} failed: {e:#}", w.name));
+                rates.push(None);
+            }
+        }
+    }
+    (rates, notes)
 }
 
 /// Seconds the stall measurement goes on publishing after the SIGKILL.
@@ -762,8 +940,29 @@ pub(crate) struct Outcome {
     pub(crate) broker: String,
     /// Rates per workload of [`WORKLOADS`], `None` where it failed.
     pub(crate) rates: Vec<Option<Rates>>,
+    /// Rates per lapin row of [`LAPIN_WORKLOADS`], `None` where it failed.
+    pub(crate) lapin: Vec<Option<LapinRates>>,
     stalls: Vec<Option<Stall>>,
     note: String,
+}
+
+impl Outcome {
+    /// The consumed/s of row `k`: the workloads of [`WORKLOADS`], then the
+    /// lapin rows of [`LAPIN_WORKLOADS`]; `None` where it failed.
+    fn consumed(&self, k: usize) -> Option<f64> {
+        match k.checked_sub(WORKLOADS.len()) {
+            None => self.rates.get(k).copied().flatten().map(|r| r[1]),
+            Some(l) => self.lapin.get(l).copied().flatten().map(|r| r[2]),
+        }
+    }
+}
+
+/// The names of the report's rows: [`WORKLOADS`], then [`LAPIN_WORKLOADS`].
+fn row_names() -> impl Iterator<Item = &'static str> {
+    WORKLOADS
+        .iter()
+        .map(|w| w.0)
+        .chain(LAPIN_WORKLOADS.iter().map(|w| w.name))
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -789,6 +988,7 @@ fn bench_warren(
         dir.display()
     );
     let mut rates = Vec::new();
+    let lapin;
     {
         let nodes = warren_cluster(root, &dir.join("workloads"), transport, size)?;
         for w in WORKLOADS {
@@ -816,6 +1016,12 @@ fn bench_warren(
                 }
             }
         }
+        let urls: Vec<String> = nodes.iter().map(WarrenNode::url).collect();
+        let pids: Vec<u32> = nodes.iter().map(WarrenNode::pid).collect();
+        let synced = |queue: &str| warren_synced(&nodes[0], queue, mirrors);
+        let (r, failures) = lapin_rows(root, &rt, (&urls, &pids), duration, synced);
+        lapin = r;
+        notes.extend(failures);
     }
     let mut stalls = Vec::new();
     for (k, (what, publisher, master, victim)) in opts.stalls().enumerate() {
@@ -850,6 +1056,7 @@ fn bench_warren(
     Ok(Outcome {
         broker,
         rates,
+        lapin,
         stalls,
         note: notes.join("; "),
     })
@@ -920,6 +1127,11 @@ fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Optio
                 }
             }
         }
+        let urls: Vec<String> = nodes.iter().map(RabbitNode::url).collect();
+        let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+        let synced = |queue: &str| rabbit_synced(&nodes[0], queue, mirrors);
+        let (lapin, failures) = lapin_rows(root, &rt, (&urls, &pids), duration, synced);
+        notes.extend(failures);
         drop(nodes);
         let mut stalls = Vec::new();
         for (k, (what, publisher, master, victim)) in opts.stalls().enumerate() {
@@ -947,6 +1159,7 @@ fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Optio
         Ok(Some(Outcome {
             broker: broker.clone(),
             rates,
+            lapin,
             stalls,
             note: notes.join("; "),
         }))
@@ -958,7 +1171,7 @@ fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Optio
 /// What `bench mirrored` runs, from its flags.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
-    /// Seconds per load generator run.
+    /// Seconds per load generator run and per lapin row.
     pub(crate) duration: u64,
     /// Warren's cluster transports to run: "tcp", "quic".
     pub(crate) transports: Vec<String>,
@@ -1041,8 +1254,7 @@ impl Mirrored {
         self.outcomes
             .iter()
             .find(|o| o.broker.starts_with(broker))
-            .and_then(|o| o.rates.get(w).copied().flatten())
-            .map(|r| r[1])
+            .and_then(|o| o.consumed(w))
     }
 }
 
@@ -1100,6 +1312,7 @@ fn measure_round(root: &Path, out_dir: &Path, opts: &Options) -> (Vec<Outcome>, 
                 outcomes.push(Outcome {
                     broker: format!("Warren {}", t.to_uppercase()),
                     rates: vec![None; WORKLOADS.len()],
+                    lapin: vec![None; LAPIN_WORKLOADS.len()],
                     stalls: Vec::new(),
                     note: format!("failed: {e:#}"),
                 });
@@ -1139,18 +1352,30 @@ fn medians(rounds: &[Vec<Outcome>]) -> Vec<Outcome> {
                 .iter()
                 .filter_map(|r| r.iter().find(|x| x.broker == o.broker))
                 .collect();
-            let rates = (0..WORKLOADS.len())
-                .map(|w| {
-                    let got: Vec<Rates> = runs
-                        .iter()
-                        .filter_map(|x| x.rates.get(w).copied().flatten())
-                        .collect();
-                    (!got.is_empty()).then(|| {
-                        std::array::from_fn(|m| median(got.iter().map(|r| r[m]).collect()))
-                    })
-                })
+            Outcome {
+                rates: row_medians(&runs, WORKLOADS.len(), |x| &x.rates),
+                lapin: row_medians(&runs, LAPIN_WORKLOADS.len(), |x| &x.lapin),
+                ..o.clone()
+            }
+        })
+        .collect()
+}
+
+/// For each of `rows` rows, the median of each figure over the `runs` that
+/// have that row (`None` if none has).
+fn row_medians<const N: usize>(
+    runs: &[&Outcome],
+    rows: usize,
+    of: impl Fn(&Outcome) -> &[Option<[f64; N]>],
+) -> Vec<Option<[f64; N]>> {
+    (0..rows)
+        .map(|w| {
+            let got: Vec<[f64; N]> = runs
+                .iter()
+                .filter_map(|x| of(x).get(w).copied().flatten())
                 .collect();
-            Outcome { rates, ..o.clone() }
+            (!got.is_empty())
+                .then(|| std::array::from_fn(|m| median(got.iter().map(|r| r[m]).collect())))
         })
         .collect()
 }
@@ -1173,11 +1398,10 @@ fn round_ratios(rounds: &[Vec<Outcome>]) -> anyhow::Result<String> {
         "\nThe figures above are medians of {} rounds (each broker once per round, in turn; the stalls from the first round). Consumed/s against the RabbitMQ run of the same round:\n\n",
         rounds.len()
     );
-    let consumed = |o: &Outcome, w: usize| o.rates.get(w).copied().flatten().map(|r| r[1]);
     let Some(first) = rounds.first() else {
         return Ok(t);
     };
-    for (w, (name, _, _)) in WORKLOADS.iter().enumerate() {
+    for (w, name) in row_names().enumerate() {
         for o in first.iter().filter(|o| o.broker.starts_with("Warren")) {
             let ratios: Vec<String> = rounds
                 .iter()
@@ -1185,8 +1409,8 @@ fn round_ratios(rounds: &[Vec<Outcome>]) -> anyhow::Result<String> {
                     let warren = r.iter().find(|x| x.broker == o.broker);
                     let rabbit = r.iter().find(|x| x.broker.starts_with("RabbitMQ"));
                     match (
-                        warren.and_then(|x| consumed(x, w)),
-                        rabbit.and_then(|x| consumed(x, w)),
+                        warren.and_then(|x| x.consumed(w)),
+                        rabbit.and_then(|x| x.consumed(w)),
                     ) {
                         (Some(a), Some(b)) => format!("{:.2}×", a / b.max(1.0)),
                         _ => "–".to_owned(),
@@ -1275,6 +1499,7 @@ fn mirrored_report(
             writeln!(t)?;
         }
     }
+    lapin_table(&mut t, outcomes, opts.duration)?;
     if opts.stalls {
         stall_table(&mut t, outcomes, opts.mirrors())?;
     } else {
@@ -1290,6 +1515,79 @@ fn mirrored_report(
         writeln!(t, "\n{}", notes.join("\n"))?;
     }
     Ok(t)
+}
+
+/// The lapin table: one row per lapin workload and broker, then each
+/// Warren transport's ratios to RabbitMQ.
+fn lapin_table(t: &mut String, outcomes: &[Outcome], duration: u64) -> anyhow::Result<()> {
+    writeln!(
+        t,
+        "\nlapin rows (`lapin_perf`, on lapin, a standard client: each publish and each ack its own frame): {duration} s each, no warm-up, on a fresh durable queue declared through node 1 (its master) and synchronised; clients on node 1 unless the row says otherwise; confirms in flight are per producer, --rate per producer. Rates per second over the run; latencies in ms; the backlog is what was published and not consumed when the run ended (no drain); CPU is all nodes' CPU over the whole run per consumed message.\n"
+    )?;
+    writeln!(
+        t,
+        "| workload | broker | published/s | confirmed/s | consumed/s | e2e p50 ms | e2e p99 ms | confirm p50 ms | confirm p99 ms | backlog | CPU of all nodes per message µs |"
+    )?;
+    writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    let lapin = |o: &Outcome, w: usize| o.lapin.get(w).copied().flatten();
+    for (w, workload) in LAPIN_WORKLOADS.iter().enumerate() {
+        for o in outcomes {
+            write!(t, "| {} | {} |", workload.name, o.broker)?;
+            let Some(r) = lapin(o, w) else {
+                writeln!(t, "{}", " – |".repeat(9))?;
+                continue;
+            };
+            for (m, v) in r.iter().enumerate() {
+                match m {
+                    _ if !v.is_finite() => write!(t, " – |")?,
+                    3..=6 => write!(t, " {} |", millis(*v))?,
+                    8 => write!(t, " {v:.1} |")?,
+                    _ => write!(t, " {} |", thousands(*v))?,
+                }
+            }
+            writeln!(t)?;
+        }
+    }
+    let Some(rabbit) = outcomes.iter().find(|o| o.broker.starts_with("RabbitMQ")) else {
+        return Ok(());
+    };
+    let short = rabbit.broker.trim_end_matches(" mirrored");
+    writeln!(t)?;
+    for (w, workload) in LAPIN_WORKLOADS.iter().enumerate() {
+        for o in outcomes.iter().filter(|o| o.broker.starts_with("Warren")) {
+            let (Some(a), Some(b)) = (lapin(o, w), lapin(rabbit, w)) else {
+                continue;
+            };
+            write!(
+                t,
+                "- {}: {} / {short} consumed/s = {:.2}×",
+                workload.name,
+                o.broker,
+                a[2] / b[2].max(1.0)
+            )?;
+            if a[8].is_finite() && b[8].is_finite() {
+                write!(
+                    t,
+                    "; CPU per message {short} / {} = {:.2}×",
+                    o.broker,
+                    b[8] / a[8].max(0.001)
+                )?;
+            }
+            writeln!(t)?;
+        }
+    }
+    Ok(())
+}
+
+/// Milliseconds with two significant decimals below 10 ms: 0.42, 12.3, 1,234.
+fn millis(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.2}")
+    } else if v < 100.0 {
+        format!("{v:.1}")
+    } else {
+        thousands(v)
+    }
 }
 
 /// The publisher stalls table: one row per stall and broker.
@@ -1359,13 +1657,7 @@ struct LoadResult {
 impl LoadResult {
     /// Parses `result secs=… confirmed=… consumed=… nacked=… p50_ms=… p99_ms=…`.
     fn parse(line: &str) -> anyhow::Result<Self> {
-        let field = |k: &str| -> anyhow::Result<f64> {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                .with_context(|| format!("no {k} in the load generator's result `{line}`"))?
-                .parse()
-                .with_context(|| format!("{k} in `{line}`"))
-        };
+        let field = |k: &str| crate::bench::result_field(line, k);
         Ok(Self {
             secs: field("secs")?,
             confirmed: field("confirmed")?,
@@ -1620,6 +1912,11 @@ mod tests {
                 .iter()
                 .map(|c| c.map(|c| [c, c, 1.0, 2.0, f64::NAN]))
                 .collect(),
+            lapin: consumed
+                .iter()
+                .map(|c| c.map(|c| [c, c, c, 0.5, 20.0, 1.0, 40.0, 7.0, 3.0]))
+                .chain([None; LAPIN_WORKLOADS.len() - 2])
+                .collect(),
             stalls: Vec::new(),
             note: String::new(),
         }
@@ -1652,5 +1949,49 @@ mod tests {
         let ratios = round_ratios(&rounds).expect("ratios");
         assert!(ratios.contains(": 3.00×, 5.00×, 8.00×"), "{ratios}");
         assert!(ratios.contains(": 9.00×, –, 5.00×"), "{ratios}");
+        // The lapin rows too.
+        assert_eq!(m[0].lapin[1].map(|r| r[2]), Some(950.0));
+        let first = format!(
+            "- {}, Warren TCP: 3.00×, 5.00×, 8.00×",
+            LAPIN_WORKLOADS[0].name
+        );
+        assert!(ratios.contains(&first), "{ratios}");
+        let none = format!("- {}, Warren TCP: –, –, –", LAPIN_WORKLOADS[2].name);
+        assert!(ratios.contains(&none), "{ratios}");
+    }
+
+    #[test]
+    fn lapin_table_gives_every_figure_and_the_ratios_to_rabbitmq() {
+        let mut warren = outcome("Warren TCP", &[Some(3000.0), None]);
+        if let Some(r) = warren.lapin[0].as_mut() {
+            r[5] = f64::NAN;
+            r[4] = 1234.0;
+        }
+        let rabbit = outcome("RabbitMQ 3.10.8 mirrored", &[Some(1000.0), Some(500.0)]);
+        let mut t = String::new();
+        lapin_table(&mut t, &[warren, rabbit], 3).expect("table");
+        let name = LAPIN_WORKLOADS[0].name;
+        assert!(
+            t.contains(&format!(
+                "| {name} | Warren TCP | 3,000 | 3,000 | 3,000 | 0.50 | 1,234 | – | 40.0 | 7 | 3.0 |"
+            )),
+            "{t}"
+        );
+        let failed = format!(
+            "| {} | Warren TCP | – | – | – | – | – | – | – | – | – |",
+            LAPIN_WORKLOADS[1].name
+        );
+        assert!(t.contains(&failed), "{t}");
+        assert!(
+            t.contains(&format!(
+                "- {name}: Warren TCP / RabbitMQ 3.10.8 consumed/s = 3.00×; CPU per message RabbitMQ 3.10.8 / Warren TCP = 1.00×"
+            )),
+            "{t}"
+        );
+        // No ratio where either side failed.
+        assert!(
+            !t.contains(&format!("- {}:", LAPIN_WORKLOADS[1].name)),
+            "{t}"
+        );
     }
 }

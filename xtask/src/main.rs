@@ -20,6 +20,7 @@ mod check_arch;
 mod cluster;
 mod conformance;
 mod cpu;
+mod lapin_perf;
 mod node;
 mod scenario;
 

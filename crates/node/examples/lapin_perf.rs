@@ -8,11 +8,17 @@
 //!     --confirms 100 --prefetch 200 --duration 15
 //! ```
 //!
-//! It declares the queue (durable unless `--transient-queue`), runs producers
-//! and consumers for `--duration` seconds, and prints one line:
+//! It declares the queue (durable unless `--transient-queue`) and purges it,
+//! runs producers and consumers for `--duration` seconds, deletes the queue
+//! (neither purge nor delete with `--keep-queue`), and prints one line:
 //! `result secs=… published=… confirmed=… consumed=… e2e_p50_ms=… e2e_p99_ms=…
-//! confirm_p50_ms=… confirm_p99_ms=…` (counts per second; latencies over the
-//! run).
+//! confirm_p50_ms=… confirm_p99_ms=… consumed_total=… backlog=…` (rates per
+//! second and latencies over the run; `consumed_total` the messages consumed
+//! and `backlog` those published but not consumed when it ended).
+//!
+//! `--url` and `--consume-url` take comma-separated lists (e.g. every node of
+//! a cluster): producers take the `--url`s in turn, consumers the
+//! `--consume-url`s (by default the `--url`s).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -33,18 +39,28 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 /// Load settings.
 #[derive(Debug, Parser, Clone)]
 struct Args {
-    /// Broker URL.
-    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
-    url: String,
-    /// Consumers' broker URL (default: `--url`), e.g. another cluster node.
-    #[arg(long)]
-    consume_url: Option<String>,
+    /// Broker URLs, comma-separated: producers take them in turn; the
+    /// queue is declared through the first.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    url: Vec<String>,
+    /// Consumers' broker URLs, comma-separated, taken in turn (default:
+    /// `--url`), e.g. other cluster nodes.
+    #[arg(long, value_delimiter = ',')]
+    consume_url: Vec<String>,
     /// The queue.
     #[arg(long, default_value = "perf")]
     queue: String,
     /// Declare the queue non-durable.
     #[arg(long)]
     transient_queue: bool,
+    /// Neither purge the queue before nor delete it after (whoever runs the
+    /// load declared it and deletes it).
+    #[arg(long)]
+    keep_queue: bool,
     /// Producers, one connection each.
     #[arg(long, default_value_t = 1)]
     producers: usize,
@@ -84,6 +100,23 @@ struct Stats {
     confirm_us: Mutex<Vec<u64>>,
 }
 
+/// What each producer or consumer task is given: the settings, the broker
+/// URL it connects to, and the shared counters and stop flag.
+struct Client {
+    args: Args,
+    url: String,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Client {
+    async fn connect(&self) -> anyhow::Result<Connection> {
+        Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .with_context(|| format!("connect to {}", self.url))
+    }
+}
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -99,10 +132,11 @@ fn percentile(v: &mut [u64], p: f64) -> f64 {
     v[i] as f64 / 1000.0
 }
 
-async fn producer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
-    let conn = Connection::connect(&args.url, ConnectionProperties::default())
-        .await
-        .context("producer connect")?;
+async fn producer(client: Client) -> anyhow::Result<()> {
+    let conn = client.connect().await.context("producer")?;
+    let Client {
+        args, stats, stop, ..
+    } = client;
     let ch = conn.create_channel().await?;
     if args.confirms > 0 {
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
@@ -167,11 +201,11 @@ async fn producer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyho
     Ok(())
 }
 
-async fn consumer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
-    let url = args.consume_url.clone().unwrap_or_else(|| args.url.clone());
-    let conn = Connection::connect(&url, ConnectionProperties::default())
-        .await
-        .context("consumer connect")?;
+async fn consumer(client: Client) -> anyhow::Result<()> {
+    let conn = client.connect().await.context("consumer")?;
+    let Client {
+        args, stats, stop, ..
+    } = client;
     let ch = conn.create_channel().await?;
     if args.prefetch > 0 {
         ch.basic_qos(args.prefetch, BasicQosOptions::default())
@@ -212,7 +246,8 @@ async fn consumer(args: Args, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> anyho
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let setup = Connection::connect(&args.url, ConnectionProperties::default())
+    let first = args.url.first().context("--url is empty")?;
+    let setup = Connection::connect(first, ConnectionProperties::default())
         .await
         .context("connect")?;
     let ch = setup.create_channel().await?;
@@ -225,24 +260,29 @@ async fn main() -> anyhow::Result<()> {
         FieldTable::default(),
     )
     .await?;
-    ch.queue_purge(args.queue.as_str().into(), Default::default())
-        .await?;
+    if !args.keep_queue {
+        ch.queue_purge(args.queue.as_str().into(), Default::default())
+            .await?;
+    }
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
-    for _ in 0..args.consumers {
-        tasks.push(tokio::spawn(consumer(
-            args.clone(),
-            stats.clone(),
-            stop.clone(),
-        )));
+    let consume_urls = if args.consume_url.is_empty() {
+        &args.url
+    } else {
+        &args.consume_url
+    };
+    let client = |url: &String| Client {
+        args: args.clone(),
+        url: url.clone(),
+        stats: stats.clone(),
+        stop: stop.clone(),
+    };
+    for url in consume_urls.iter().cycle().take(args.consumers) {
+        tasks.push(tokio::spawn(consumer(client(url))));
     }
-    for _ in 0..args.producers {
-        tasks.push(tokio::spawn(producer(
-            args.clone(),
-            stats.clone(),
-            stop.clone(),
-        )));
+    for url in args.url.iter().cycle().take(args.producers) {
+        tasks.push(tokio::spawn(producer(client(url))));
     }
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.duration)).await;
@@ -261,14 +301,16 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("task failed: {e:#}");
         }
     }
-    let _ = ch
-        .queue_delete(args.queue.as_str().into(), Default::default())
-        .await;
+    if !args.keep_queue {
+        let _ = ch
+            .queue_delete(args.queue.as_str().into(), Default::default())
+            .await;
+    }
     let _ = setup.close(200, "done".into()).await;
     let mut e2e = std::mem::take(&mut *stats.e2e_us.lock().expect("stats"));
     let mut conf = std::mem::take(&mut *stats.confirm_us.lock().expect("stats"));
     println!(
-        "result secs={secs:.1} published={:.0} confirmed={:.0} consumed={:.0} e2e_p50_ms={:.2} e2e_p99_ms={:.2} confirm_p50_ms={:.2} confirm_p99_ms={:.2}",
+        "result secs={secs:.1} published={:.0} confirmed={:.0} consumed={:.0} e2e_p50_ms={:.2} e2e_p99_ms={:.2} confirm_p50_ms={:.2} confirm_p99_ms={:.2} consumed_total={} backlog={}",
         counts.0 as f64 / secs,
         counts.1 as f64 / secs,
         counts.2 as f64 / secs,
@@ -276,6 +318,8 @@ async fn main() -> anyhow::Result<()> {
         percentile(&mut e2e, 0.99),
         percentile(&mut conf, 0.5),
         percentile(&mut conf, 0.99),
+        counts.2,
+        counts.0.saturating_sub(counts.2),
     );
     Ok(())
 }
