@@ -249,17 +249,22 @@ pub(crate) struct Report {
     /// Heals after which the publisher got no confirm or the consumer no
     /// delivery within [`LIVENESS`]: the run fails on any.
     pub(crate) stalls: Vec<String>,
+    /// Each node's digest of its copy when the copies still differed after
+    /// the load stopped: the run fails.
+    pub(crate) diverged: Option<String>,
 }
 
 impl Report {
     /// No confirmed message was lost, nothing unpublished came out, every
-    /// repeat was flagged redelivered, and the load moved again after every
-    /// heal.
+    /// repeat was flagged redelivered, the load moved again after every
+    /// heal, and every node's copy of the queue had the same digest once
+    /// the load stopped.
     pub(crate) fn pass(&self) -> bool {
         self.lost.is_empty()
             && self.phantom.is_empty()
             && self.unflagged.is_empty()
             && self.stalls.is_empty()
+            && self.diverged.is_none()
             && self.confirmed > 0
     }
 }
@@ -316,6 +321,9 @@ impl std::fmt::Display for Report {
             self.stalls.len(),
             few(&self.stalls)
         )?;
+        if let Some(each) = &self.diverged {
+            write!(f, "\n  replicas that differ after the load stopped: {each}")?;
+        }
         for n in &self.notes {
             write!(f, "\n  note: {n}")?;
         }
@@ -429,6 +437,7 @@ fn check(
             .collect(),
         notes,
         stalls,
+        diverged: None,
     }
 }
 
@@ -516,6 +525,34 @@ impl Cluster<'_> {
                     views.join("; ")
                 ));
                 return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until every node holds a copy of the queue with one and the
+    /// same digest (`local_digest`: the same messages in the same order,
+    /// settled alike); on a timeout, each node's digest.
+    fn wait_replicas_agree(&self) -> Result<(), String> {
+        let deadline = Instant::now() + SYNC_WAIT;
+        loop {
+            let seen: Vec<(&str, Value)> = self
+                .nodes
+                .iter()
+                .flatten()
+                .map(|n| (n.spec.name.as_str(), Self::queue(n)["local_digest"].clone()))
+                .collect();
+            let first = seen.first().map(|(_, d)| d.clone());
+            if seen.len() == self.specs.len()
+                && seen
+                    .iter()
+                    .all(|(_, d)| d.is_string() && Some(d) == first.as_ref())
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let each: Vec<String> = seen.iter().map(|(n, d)| format!("{n}: {d}")).collect();
+                return Err(each.join(", "));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -825,6 +862,16 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     if let Err(e) = rt.block_on(consumer)? {
         notes.push(format!("consumer: {e:#}"));
     }
+    let diverged = match c.wait_replicas_agree() {
+        Ok(()) => {
+            c.say("every node's copy of the queue has the same digest");
+            None
+        }
+        Err(each) => {
+            c.say(&format!("the copies differ after {SYNC_WAIT:?}: {each}"));
+            Some(each)
+        }
+    };
     let a = c.nodes[0].as_ref().context("A is down")?;
     let q = Cluster::queue(a);
     c.say(&format!(
@@ -845,7 +892,8 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     ));
     let mut h = std::mem::take(&mut *history.lock().expect("the history"));
     h.delivered.extend(drained);
-    let report = check(opts, &h, c.start, &timeline, faults, notes);
+    let mut report = check(opts, &h, c.start, &timeline, faults, notes);
+    report.diverged = diverged;
     if !report.pass() {
         for s in &c.specs {
             println!("--- last lines of {}:\n{}", s.log.display(), tail(&s.log));
