@@ -497,12 +497,7 @@ impl Cluster<'_> {
         let want = self.specs.len() - 1;
         let deadline = Instant::now() + SYNC_WAIT;
         loop {
-            let seen: Vec<(&str, Value)> = self
-                .nodes
-                .iter()
-                .flatten()
-                .map(|n| (n.spec.name.as_str(), Self::queue(n)))
-                .collect();
+            let seen = self.queue_views();
             let master = seen.first().map(|(_, q)| q["node"].clone());
             let agreed = seen.iter().all(|(_, q)| {
                 q["node"].is_string()
@@ -530,6 +525,15 @@ impl Cluster<'_> {
         }
     }
 
+    /// Each live node's name and its view of the queue.
+    fn queue_views(&self) -> Vec<(&str, Value)> {
+        self.nodes
+            .iter()
+            .flatten()
+            .map(|n| (n.spec.name.as_str(), Self::queue(n)))
+            .collect()
+    }
+
     /// Waits until every node holds a copy of the queue with one and the
     /// same digest (`local_digest`: the same messages in the same order,
     /// settled alike); on a timeout, each node's digest.
@@ -537,10 +541,9 @@ impl Cluster<'_> {
         let deadline = Instant::now() + SYNC_WAIT;
         loop {
             let seen: Vec<(&str, Value)> = self
-                .nodes
-                .iter()
-                .flatten()
-                .map(|n| (n.spec.name.as_str(), Self::queue(n)["local_digest"].clone()))
+                .queue_views()
+                .into_iter()
+                .map(|(n, q)| (n, q["local_digest"].clone()))
                 .collect();
             let first = seen.first().map(|(_, d)| d.clone());
             if seen.len() == self.specs.len()
