@@ -483,7 +483,12 @@ impl Cluster<'_> {
 
     /// The queue as the management API of node `node` shows it.
     fn queue(node: &Node) -> Value {
-        match node.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None) {
+        Self::queue_with(node, "")
+    }
+
+    /// [`Cluster::queue`] with a query string (`?digest=true`).
+    fn queue_with(node: &Node, query: &str) -> Value {
+        match node.http("GET", &format!("/api/queues/%2F/{QUEUE}{query}"), None) {
             Ok((200, v)) => v,
             _ => Value::Null,
         }
@@ -497,7 +502,7 @@ impl Cluster<'_> {
         let want = self.specs.len() - 1;
         let deadline = Instant::now() + SYNC_WAIT;
         loop {
-            let seen = self.queue_views();
+            let seen = self.queue_views("");
             let master = seen.first().map(|(_, q)| q["node"].clone());
             let agreed = seen.iter().all(|(_, q)| {
                 q["node"].is_string()
@@ -525,12 +530,13 @@ impl Cluster<'_> {
         }
     }
 
-    /// Each live node's name and its view of the queue.
-    fn queue_views(&self) -> Vec<(&str, Value)> {
+    /// Each live node's name and its view of the queue (`query`: the
+    /// request's query string).
+    fn queue_views(&self, query: &str) -> Vec<(&str, Value)> {
         self.nodes
             .iter()
             .flatten()
-            .map(|n| (n.spec.name.as_str(), Self::queue(n)))
+            .map(|n| (n.spec.name.as_str(), Self::queue_with(n, query)))
             .collect()
     }
 
@@ -541,7 +547,7 @@ impl Cluster<'_> {
         let deadline = Instant::now() + SYNC_WAIT;
         loop {
             let seen: Vec<(&str, Value)> = self
-                .queue_views()
+                .queue_views("?digest=true")
                 .into_iter()
                 .map(|(n, q)| (n, q["local_digest"].clone()))
                 .collect();

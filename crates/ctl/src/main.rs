@@ -1527,7 +1527,7 @@ fn run(cli: &Cli) -> Res<()> {
             queue_action(&c, &vh, queue, "sync")
         }
         Cmd::QueueDigest { queue } => {
-            let q = c.get(&format!("/api/queues/{vh}/{}", enc(queue)))?;
+            let q = c.get(&format!("/api/queues/{vh}/{}?digest=true", enc(queue)))?;
             let node = q["node"].as_str().unwrap_or("?");
             let digest = q["local_digest"].as_str().unwrap_or("none (no copy here)");
             out.info(&format!(

@@ -1075,14 +1075,6 @@ fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
     };
     let set = warren_broker::policy_set(&defs);
     let mut v = queue_json(&s.node, &q, &set, s.mirrors.mirrors(vhost, name));
-    let digest = s.broker().queue_digest(vhost, name);
-    if let Value::Object(o) = &mut v {
-        // This node's copy, to compare replicas (not in RabbitMQ's API).
-        o.insert(
-            "local_digest".into(),
-            digest.map_or(Value::Null, |d| json!(format!("{d:016x}"))),
-        );
-    }
     let consumers: Vec<Value> = {
         let b = s.broker();
         let conns = b.connections();
@@ -1101,8 +1093,22 @@ fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
 async fn queue_get(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    Ok(ok(one_queue(&s, &vhost, &name)?))
+    let mut v = one_queue(&s, &vhost, &name)?;
+    // `?digest=true`: this node's copy's digest, to compare replicas (a
+    // Warren extension). Asked for only: it reads every message held,
+    // under the broker's lock.
+    if q.get("digest").is_some_and(|d| d == "true")
+        && let Value::Object(o) = &mut v
+    {
+        let digest = s.broker().queue_digest(&vhost, &name);
+        o.insert(
+            "local_digest".into(),
+            digest.map_or(Value::Null, |d| json!(format!("{d:016x}"))),
+        );
+    }
+    Ok(ok(v))
 }
 
 async fn queue_put(

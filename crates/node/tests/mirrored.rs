@@ -44,7 +44,7 @@ fn mirrored_three(root: &Path) -> (PathBuf, Vec<Peer>, tokio::runtime::Runtime) 
 /// alike): "synchronised" checked, not taken on trust.
 fn replicas_agree(holders: &[&Peer]) {
     let mut seen = Vec::new();
-    let path = format!("/api/queues/%2F/{QUEUE}");
+    let path = format!("/api/queues/%2F/{QUEUE}?digest=true");
     eventually("every replica holds the same messages", || {
         seen = holders
             .iter()
