@@ -157,6 +157,10 @@ struct Inner {
     up: watch::Sender<BTreeSet<NodeName>>,
     /// Whether this node sees a majority of the voters up (itself included).
     majority: watch::Sender<bool>,
+    /// The log index up to which this node's user of the metadata (the
+    /// broker) has taken in the changes ([`Cluster::local_at`],
+    /// [`Cluster::replayed`]); `None` until it says so the first time.
+    replayed: watch::Sender<Option<u64>>,
     stop: watch::Sender<bool>,
     stopped: Mutex<bool>,
 }
@@ -218,6 +222,7 @@ impl Cluster {
         let (events, _) = broadcast::channel(256);
         let (up, _) = watch::channel(BTreeSet::new());
         let (majority, _) = watch::channel(true);
+        let (replayed, _) = watch::channel(None);
         let (stop, _) = watch::channel(false);
         let cluster = Cluster {
             inner: Arc::new(Inner {
@@ -230,6 +235,7 @@ impl Cluster {
                 events,
                 up,
                 majority,
+                replayed,
                 stop,
                 stopped: Mutex::new(false),
             }),
@@ -273,6 +279,26 @@ impl Cluster {
     /// The metadata as this node has applied it: possibly stale, never blocks.
     pub fn local(&self) -> Arc<Metadata> {
         self.inner.sm.read().metadata.clone()
+    }
+
+    /// [`Cluster::local`] with the log index it reflects.
+    pub fn local_at(&self) -> (Arc<Metadata>, u64) {
+        let st = self.inner.sm.read();
+        (st.metadata.clone(), st.last_applied.map_or(0, |l| l.index))
+    }
+
+    /// Tells the cluster that this node's user of the metadata has taken in
+    /// everything up to `index` (from [`Cluster::local_at`]). From the first
+    /// call on, [`Cluster::write_everywhere`] waits on each member for this
+    /// rather than for its Raft state machine alone.
+    pub fn replayed(&self, index: u64) {
+        self.inner.replayed.send_if_modified(|r| match r {
+            Some(i) if *i >= index => false,
+            _ => {
+                *r = Some(index);
+                true
+            }
+        });
     }
 
     /// The metadata as of now: confirms with a majority (through the leader)
@@ -989,14 +1015,21 @@ async fn handle(weak: Weak<Inner>, from: NodeName, req: Request) -> Response {
                 .await
                 .map_err(|e| e.to_string()),
         ),
-        Request::Applied { index } => Response::Applied(
-            inner
-                .raft
-                .wait(Some(APPLIED_WAIT))
-                .applied_index_at_least(Some(index), "a client's change applied here")
-                .await
-                .is_ok(),
-        ),
+        Request::Applied { index } => {
+            let mut replayed = inner.replayed.subscribe();
+            let done = if replayed.borrow().is_some() {
+                let wait = replayed.wait_for(|r| r.is_some_and(|i| i >= index));
+                matches!(tokio::time::timeout(APPLIED_WAIT, wait).await, Ok(Ok(_)))
+            } else {
+                inner
+                    .raft
+                    .wait(Some(APPLIED_WAIT))
+                    .applied_index_at_least(Some(index), "a client's change applied here")
+                    .await
+                    .is_ok()
+            };
+            Response::Applied(done)
+        }
         Request::Admin(a) => {
             // Only members may ask for anything but to join.
             if !matches!(a, AdminRequest::Join { .. }) && !is_member(&inner, &from) {

@@ -884,8 +884,12 @@ pub(crate) async fn replay_loop(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             replaying.store(true, Ordering::SeqCst);
-            replay(&mut b, &cluster.local(), cluster.node().as_str());
+            let (meta, index) = cluster.local_at();
+            replay(&mut b, &meta, cluster.node().as_str());
             replaying.store(false, Ordering::SeqCst);
+            // A client's change through another node is answered once
+            // this broker has it (Cluster::write_everywhere).
+            cluster.replayed(index);
         }
         if changes.changed().await.is_err() {
             return;
