@@ -1118,7 +1118,7 @@ impl Broker {
                 e.name.clone(),
                 Exchange {
                     kind,
-                    durable: true,
+                    durable: e.durable,
                     auto_delete: e.auto_delete,
                     internal: e.internal,
                     arguments: e.arguments,
@@ -1128,7 +1128,7 @@ impl Broker {
         }
         for q in defs.queues {
             let opts = QueueOpts {
-                durable: true,
+                durable: q.durable,
                 exclusive: false,
                 auto_delete: q.auto_delete,
                 arguments: q.arguments,
@@ -2667,18 +2667,19 @@ impl Broker {
                     ));
                 }
                 self.check(id, Access::Configure, "exchange", name)?;
-                if d.durable {
-                    self.meta
-                        .apply(Change::PutExchange(ExchangeDef {
-                            vhost: vhost.clone(),
-                            name: name.to_owned(),
-                            kind: kind.as_str().to_owned(),
-                            auto_delete: d.auto_delete,
-                            internal: d.internal,
-                            arguments: d.arguments.clone(),
-                        }))
-                        .map_err(meta_err)?;
-                }
+                self.record(
+                    Scope::of_exchange(d.durable),
+                    Change::PutExchange(ExchangeDef {
+                        vhost: vhost.clone(),
+                        name: name.to_owned(),
+                        kind: kind.as_str().to_owned(),
+                        durable: d.durable,
+                        auto_delete: d.auto_delete,
+                        internal: d.internal,
+                        arguments: d.arguments.clone(),
+                    }),
+                )
+                .map_err(meta_err)?;
                 let v = self.vhosts.get_mut(&vhost).expect("vhost present");
                 v.exchanges.insert(
                     name.to_owned(),
@@ -2749,14 +2750,14 @@ impl Broker {
                 emptied.push(xn.clone());
             }
         }
-        if x.durable {
-            self.meta
-                .apply(Change::DeleteExchange {
-                    vhost: vhost.to_owned(),
-                    name: name.to_owned(),
-                })
-                .map_err(meta_err)?;
-        }
+        self.record(
+            Scope::of_exchange(x.durable),
+            Change::DeleteExchange {
+                vhost: vhost.to_owned(),
+                name: name.to_owned(),
+            },
+        )
+        .map_err(meta_err)?;
         for e in emptied {
             self.remove_exchange(vhost, &e)?;
         }
@@ -2783,17 +2784,13 @@ impl Broker {
             .vhosts
             .get(&vhost)
             .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
-        let (dest_name, dest_kind, dest_durable) = match &dest {
+        let (dest_name, dest_kind, dest_scope) = match &dest {
             Dest::Queue(q) => {
                 let queue = v
                     .queues
                     .get(q)
                     .ok_or_else(|| AmqpError::queue_not_found(q, &vhost))?;
-                (
-                    q.to_string(),
-                    "queue",
-                    queue.opts.durable && !queue.opts.exclusive,
-                )
+                (q.to_string(), "queue", Scope::of_queue(&queue.opts))
             }
             Dest::Exchange(e) => {
                 if e.is_empty() {
@@ -2808,14 +2805,14 @@ impl Broker {
                     .exchanges
                     .get(e)
                     .ok_or_else(|| AmqpError::exchange_not_found(e, &vhost))?;
-                (e.clone(), "exchange", x.durable)
+                (e.clone(), "exchange", Scope::of_exchange(x.durable))
             }
         };
         let src = v
             .exchanges
             .get(source)
             .ok_or_else(|| AmqpError::exchange_not_found(source, &vhost))?;
-        let durable = src.durable && dest_durable;
+        let scope = Scope::of_exchange(src.durable).min(dest_scope);
         self.check(id, Access::Write, dest_kind, &dest_name)?;
         self.check(id, Access::Read, "exchange", source)?;
         let def = BindingDef {
@@ -2839,18 +2836,14 @@ impl Broker {
                     key: key.to_owned(),
                     args: args.clone(),
                 });
-                if durable {
-                    self.meta.apply(Change::PutBinding(def)).map_err(meta_err)?;
-                }
+                self.record(scope, Change::PutBinding(def))
+                    .map_err(meta_err)?;
             }
         } else if let Some(pos) = pos {
             x.bindings.remove(pos);
             let gone = x.auto_delete && x.bindings.is_empty();
-            if durable {
-                self.meta
-                    .apply(Change::DeleteBinding(def))
-                    .map_err(meta_err)?;
-            }
+            self.record(scope, Change::DeleteBinding(def))
+                .map_err(meta_err)?;
             if gone {
                 self.remove_exchange(&vhost, source)?;
             }
@@ -2949,16 +2942,17 @@ impl Broker {
                 auto_delete: d.auto_delete,
                 arguments: d.arguments.clone(),
             };
-            if d.durable && !d.exclusive {
-                self.meta
-                    .apply(Change::PutQueue(QueueDef {
-                        vhost: vhost.clone(),
-                        name: name.clone(),
-                        auto_delete: d.auto_delete,
-                        arguments: d.arguments.clone(),
-                    }))
-                    .map_err(meta_err)?;
-            }
+            self.record(
+                Scope::of_queue(&opts),
+                Change::PutQueue(QueueDef {
+                    vhost: vhost.clone(),
+                    name: name.clone(),
+                    durable: d.durable,
+                    auto_delete: d.auto_delete,
+                    arguments: d.arguments.clone(),
+                }),
+            )
+            .map_err(meta_err)?;
             let owner = d.exclusive.then_some(id);
             let q = self
                 .make_queue(&vhost, Arc::from(name.as_str()), opts, owner)
@@ -3135,13 +3129,13 @@ impl Broker {
                 emptied.push(xn.clone());
             }
         }
-        if q.opts.durable
-            && !q.opts.exclusive
-            && let Err(e) = self.meta.apply(Change::DeleteQueue {
+        if let Err(e) = self.record(
+            Scope::of_queue(&q.opts),
+            Change::DeleteQueue {
                 vhost: vhost.to_owned(),
                 name: name.to_owned(),
-            })
-        {
+            },
+        ) {
             tracing::error!(error = %e, "could not record a queue deletion");
         }
         if let Some(dir) = &q.dir {
@@ -3442,6 +3436,44 @@ fn locked(name: &str, vhost: &str) -> AmqpError {
             "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."
         ),
     )
+}
+
+/// Where a change to an entity is kept: exclusive queues (and bindings to
+/// them) only here, transient entities shared through the cluster, durable
+/// ones in the store. A binding is kept where its narrower end is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    /// This node only.
+    Local,
+    /// Every node, until the cluster restarts (`MetadataStore::share`).
+    Shared,
+    /// Every node, across restarts (`MetadataStore::apply`).
+    Durable,
+}
+
+impl Scope {
+    fn of_queue(opts: &QueueOpts) -> Self {
+        match (opts.exclusive, opts.durable) {
+            (true, _) => Self::Local,
+            (false, false) => Self::Shared,
+            (false, true) => Self::Durable,
+        }
+    }
+
+    fn of_exchange(durable: bool) -> Self {
+        if durable { Self::Durable } else { Self::Shared }
+    }
+}
+
+impl Broker {
+    /// Records `change` where `scope` says.
+    fn record(&mut self, scope: Scope, change: Change) -> Result<(), crate::meta::MetaError> {
+        match scope {
+            Scope::Local => Ok(()),
+            Scope::Shared => self.meta.share(change),
+            Scope::Durable => self.meta.apply(change),
+        }
+    }
 }
 
 fn meta_err(e: crate::meta::MetaError) -> AmqpError {

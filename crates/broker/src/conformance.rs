@@ -99,6 +99,7 @@ fn change(rng: &mut StdRng, model: &Definitions) -> Change {
             vhost,
             name: pick(rng, &["x1", "x2"]),
             kind: pick(rng, &["direct", "topic", "fanout"]),
+            durable: true,
             auto_delete: false,
             internal: false,
             arguments: FieldTable::default(),
@@ -110,6 +111,7 @@ fn change(rng: &mut StdRng, model: &Definitions) -> Change {
         8 | 9 => Change::PutQueue(QueueDef {
             vhost,
             name: pick(rng, &["q1", "q2", "q3"]),
+            durable: true,
             auto_delete: false,
             arguments: FieldTable::default(),
         }),

@@ -13,7 +13,9 @@ use serde_json::{Map, Value};
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
 use super::stats::QueueCounters;
-use super::{Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, err, new_vhost, valid_name};
+use super::{
+    Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, Scope, err, new_vhost, valid_name,
+};
 use crate::BrokerError;
 use crate::auth::{PermissionDef, UserDef};
 use crate::meta::{BindingDef, Change, ExchangeDef, PolicyDef, QueueDef};
@@ -541,14 +543,16 @@ impl Broker {
         };
         let qname: Arc<str> = Arc::from(name);
         let queue = self.make_queue(vhost, qname.clone(), opts, None)?;
-        if durable {
-            self.meta.apply(Change::PutQueue(QueueDef {
+        self.record(
+            Scope::of_queue(&queue.opts),
+            Change::PutQueue(QueueDef {
                 vhost: vhost.to_owned(),
                 name: name.to_owned(),
+                durable,
                 auto_delete,
                 arguments,
-            }))?;
-        }
+            }),
+        )?;
         if let Some(v) = self.vhosts.get_mut(vhost) {
             v.queues.insert(qname, queue);
         }
@@ -557,11 +561,7 @@ impl Broker {
 
     /// Declares an exchange as a definitions file does. An existing one is
     /// left as it is.
-    pub fn admin_declare_exchange(
-        &mut self,
-        def: ExchangeDef,
-        durable: bool,
-    ) -> Result<(), BrokerError> {
+    pub fn admin_declare_exchange(&mut self, def: ExchangeDef) -> Result<(), BrokerError> {
         let Some(v) = self.vhosts.get(&def.vhost) else {
             return Err(BrokerError::Invalid(format!("no vhost '{}'", def.vhost)));
         };
@@ -575,15 +575,16 @@ impl Broker {
                 def.kind
             )));
         };
-        if durable {
-            self.meta.apply(Change::PutExchange(def.clone()))?;
-        }
+        self.record(
+            Scope::of_exchange(def.durable),
+            Change::PutExchange(def.clone()),
+        )?;
         if let Some(v) = self.vhosts.get_mut(&def.vhost) {
             v.exchanges.insert(
                 def.name.clone(),
                 Exchange {
                     kind,
-                    durable,
+                    durable: def.durable,
                     auto_delete: def.auto_delete,
                     internal: def.internal,
                     arguments: def.arguments,
@@ -600,14 +601,17 @@ impl Broker {
         let Some(v) = self.vhosts.get(&def.vhost) else {
             return Err(BrokerError::Invalid(format!("no vhost '{}'", def.vhost)));
         };
-        let (dest, dest_durable) = if def.destination_is_exchange {
+        let (dest, dest_scope) = if def.destination_is_exchange {
             match v.exchanges.get(&def.destination) {
-                Some(x) => (Dest::Exchange(def.destination.clone()), x.durable),
+                Some(x) => (
+                    Dest::Exchange(def.destination.clone()),
+                    Scope::of_exchange(x.durable),
+                ),
                 None => return Err(missing("exchange", &def.destination, &def.vhost)),
             }
         } else {
             match v.queues.get_key_value(def.destination.as_str()) {
-                Some((k, q)) => (Dest::Queue(k.clone()), q.opts.durable),
+                Some((k, q)) => (Dest::Queue(k.clone()), Scope::of_queue(&q.opts)),
                 None => return Err(missing("queue", &def.destination, &def.vhost)),
             }
         };
@@ -620,9 +624,8 @@ impl Broker {
         {
             return Ok(());
         }
-        if x.durable && dest_durable {
-            self.meta.apply(Change::PutBinding(def.clone()))?;
-        }
+        let scope = Scope::of_exchange(x.durable).min(dest_scope);
+        self.record(scope, Change::PutBinding(def.clone()))?;
         if let Some(x) = self
             .vhosts
             .get_mut(&def.vhost)
@@ -664,11 +667,15 @@ impl Broker {
         let Some(v) = self.vhosts.get(&def.vhost) else {
             return Ok(false);
         };
-        let dest = if def.destination_is_exchange {
-            Dest::Exchange(def.destination.clone())
+        let (dest, dest_scope) = if def.destination_is_exchange {
+            let durable = v.exchanges.get(&def.destination).is_none_or(|x| x.durable);
+            (
+                Dest::Exchange(def.destination.clone()),
+                Scope::of_exchange(durable),
+            )
         } else {
             match v.queues.get_key_value(def.destination.as_str()) {
-                Some((k, _)) => Dest::Queue(k.clone()),
+                Some((k, q)) => (Dest::Queue(k.clone()), Scope::of_queue(&q.opts)),
                 None => return Ok(false),
             }
         };
@@ -682,9 +689,8 @@ impl Broker {
         else {
             return Ok(false);
         };
-        if x.durable {
-            self.meta.apply(Change::DeleteBinding(def.clone()))?;
-        }
+        let scope = Scope::of_exchange(x.durable).min(dest_scope);
+        self.record(scope, Change::DeleteBinding(def.clone()))?;
         if let Some(x) = self
             .vhosts
             .get_mut(&def.vhost)

@@ -13,7 +13,7 @@ use warren_amqp::amq_protocol::types::FieldTable;
 
 use crate::auth::{PermissionDef, UserDef};
 
-/// A durable exchange.
+/// An exchange that every node knows: durable, or (in a cluster) transient.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExchangeDef {
     /// Its vhost.
@@ -22,6 +22,10 @@ pub struct ExchangeDef {
     pub name: String,
     /// direct, fanout, topic or headers.
     pub kind: String,
+    /// Survives a restart (else it is shared through the cluster only, as
+    /// RabbitMQ's transient exchanges are).
+    #[serde(default = "yes")]
+    pub durable: bool,
     /// Deleted when its last binding goes.
     pub auto_delete: bool,
     /// Clients may not publish to it.
@@ -30,20 +34,28 @@ pub struct ExchangeDef {
     pub arguments: FieldTable,
 }
 
-/// A durable queue.
+/// A queue that every node knows: durable, or (in a cluster) non-durable
+/// and not exclusive.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueDef {
     /// Its vhost.
     pub vhost: String,
     /// Its name.
     pub name: String,
+    /// Survives a restart (else it is shared through the cluster only).
+    #[serde(default = "yes")]
+    pub durable: bool,
     /// Deleted when its last consumer goes.
     pub auto_delete: bool,
     /// Declare arguments (`x-message-ttl`, …).
     pub arguments: FieldTable,
 }
 
-/// A binding between two durable entities.
+fn yes() -> bool {
+    true
+}
+
+/// A binding between two shared entities (durable when both ends are).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BindingDef {
     /// Its vhost.
@@ -282,6 +294,14 @@ pub trait MetadataStore: Send + std::fmt::Debug {
     fn load(&self) -> Definitions;
     /// Applies and persists one change.
     fn apply(&mut self, change: Change) -> Result<(), MetaError>;
+    /// Tells every node of a change to a transient entity (a non-durable,
+    /// non-exclusive queue or exchange, or a binding with such an end),
+    /// which RabbitMQ shares across its cluster but forgets on restart.
+    /// Stores that keep durable entities only (a single node's) ignore it.
+    fn share(&mut self, change: Change) -> Result<(), MetaError> {
+        let _ = change;
+        Ok(())
+    }
 }
 
 /// Keeps everything in memory (tests, transient nodes).
@@ -383,6 +403,7 @@ mod tests {
         s.apply(Change::PutQueue(QueueDef {
             vhost: "/".into(),
             name: "q".into(),
+            durable: true,
             auto_delete: false,
             arguments: FieldTable::default(),
         }))

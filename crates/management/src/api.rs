@@ -1285,17 +1285,15 @@ async fn exchange_put(
         return Err(ApiError::not_found());
     }
     let existed = b.exchanges(Some(&vhost)).iter().any(|x| x.name == name);
-    b.admin_declare_exchange(
-        warren_broker::meta::ExchangeDef {
-            vhost,
-            name,
-            kind,
-            auto_delete: flag("auto_delete", false),
-            internal: flag("internal", false),
-            arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
-        },
-        flag("durable", true),
-    )?;
+    b.admin_declare_exchange(warren_broker::meta::ExchangeDef {
+        vhost,
+        name,
+        kind,
+        durable: flag("durable", true),
+        auto_delete: flag("auto_delete", false),
+        internal: flag("internal", false),
+        arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
+    })?;
     Ok(created_or_updated(!existed))
 }
 

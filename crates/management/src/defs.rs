@@ -215,21 +215,19 @@ fn import_into(b: &mut Broker, v: &Value, only_vhost: Option<&str>) -> ApiResult
     }
     for x in arr(v, "exchanges") {
         let flag = |k: &str, d: bool| x.get(k).and_then(Value::as_bool).unwrap_or(d);
-        b.admin_declare_exchange(
-            ExchangeDef {
-                vhost: vh(x),
-                name: field(x, "name", "an exchange")?.to_owned(),
-                kind: x
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("direct")
-                    .to_owned(),
-                auto_delete: flag("auto_delete", false),
-                internal: flag("internal", false),
-                arguments: json_to_table(x.get("arguments").unwrap_or(&Value::Null)),
-            },
-            flag("durable", true),
-        )?;
+        b.admin_declare_exchange(ExchangeDef {
+            vhost: vh(x),
+            name: field(x, "name", "an exchange")?.to_owned(),
+            kind: x
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("direct")
+                .to_owned(),
+            durable: flag("durable", true),
+            auto_delete: flag("auto_delete", false),
+            internal: flag("internal", false),
+            arguments: json_to_table(x.get("arguments").unwrap_or(&Value::Null)),
+        })?;
     }
     for p in policies {
         b.put_policy(p)?;

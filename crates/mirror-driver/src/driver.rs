@@ -221,7 +221,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         {
             let mut b = lock(&self.broker);
             for ((vhost, name), q) in &meta.queues {
-                if q.durable && q.exclusive_owner.is_none() {
+                if q.exclusive_owner.is_none() {
                     let master = (q.master != self.node).then_some(q.master.as_str());
                     b.set_queue_master(vhost, name, master);
                 }
@@ -232,7 +232,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let mut wanted: BTreeMap<(String, String), (bool, Settings)> = BTreeMap::new();
         let mut mirrored = BTreeSet::new();
         for ((vhost, name), q) in &meta.queues {
-            if !q.durable || q.exclusive_owner.is_some() {
+            if q.exclusive_owner.is_some() {
                 continue;
             }
             let eff = policies.effective_for_queue(vhost, name, false);

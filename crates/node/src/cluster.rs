@@ -462,6 +462,10 @@ impl MetadataStore for ClusterStore {
         let cmd = to_command(change, &self.node);
         self.commit(vec![cmd])
     }
+
+    fn share(&mut self, change: Change) -> Result<(), MetaError> {
+        self.apply(change)
+    }
 }
 
 // ------------------------------------------------------------ conversions
@@ -560,7 +564,7 @@ fn to_command(change: Change, node: &str) -> Command {
             vhost: e.vhost,
             name: e.name,
             kind: e.kind,
-            durable: true,
+            durable: e.durable,
             auto_delete: e.auto_delete,
             internal: e.internal,
         }),
@@ -569,7 +573,7 @@ fn to_command(change: Change, node: &str) -> Command {
             arguments: to_args(&q.arguments),
             vhost: q.vhost,
             name: q.name,
-            durable: true,
+            durable: q.durable,
             exclusive_owner: None,
             auto_delete: q.auto_delete,
             master: node.to_owned(),
@@ -631,11 +635,11 @@ pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
         exchanges: m
             .exchanges
             .values()
-            .filter(|e| e.durable)
             .map(|e| ExchangeDef {
                 vhost: e.vhost.clone(),
                 name: e.name.clone(),
                 kind: e.kind.clone(),
+                durable: e.durable,
                 auto_delete: e.auto_delete,
                 internal: e.internal,
                 arguments: from_args(&e.arguments),
@@ -644,10 +648,11 @@ pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
         queues: m
             .queues
             .values()
-            .filter(|q| q.durable && q.exclusive_owner.is_none())
+            .filter(|q| q.exclusive_owner.is_none())
             .map(|q| QueueDef {
                 vhost: q.vhost.clone(),
                 name: q.name.clone(),
+                durable: q.durable,
                 auto_delete: q.auto_delete,
                 arguments: from_args(&q.arguments),
             })
@@ -744,7 +749,7 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
             warn("permissions delete", &e);
         }
     }
-    // Durable exchanges.
+    // Exchanges (durable and transient).
     let exchanges: BTreeSet<(String, String)> = b
         .exchanges(None)
         .into_iter()
@@ -752,22 +757,21 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
         .collect();
     for e in &defs.exchanges {
         if !exchanges.contains(&(e.vhost.clone(), e.name.clone()))
-            && let Err(err) = b.admin_declare_exchange(e.clone(), true)
+            && let Err(err) = b.admin_declare_exchange(e.clone())
         {
             warn("exchange", &err);
         }
     }
     for e in b.exchanges(None) {
         let builtin = e.name.is_empty() || e.name.starts_with("amq.");
-        if e.durable
-            && !builtin
+        if !builtin
             && !m.exchanges.contains_key(&(e.vhost.clone(), e.name.clone()))
             && let Err(err) = b.admin_delete_exchange(&e.vhost, &e.name)
         {
             warn("exchange delete", &err);
         }
     }
-    // Durable queues.
+    // Queues (but exclusive ones, which stay on their connection's node).
     let queues = b.queues(None);
     let local: BTreeSet<(String, String)> = queues
         .iter()
@@ -778,9 +782,13 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
         if local.contains(&key) {
             continue;
         }
-        if let Err(e) =
-            b.admin_declare_queue(&q.vhost, &q.name, true, q.auto_delete, q.arguments.clone())
-        {
+        if let Err(e) = b.admin_declare_queue(
+            &q.vhost,
+            &q.name,
+            q.durable,
+            q.auto_delete,
+            q.arguments.clone(),
+        ) {
             warn("queue", &e);
             continue;
         }
@@ -794,23 +802,18 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
             b.set_queue_master(&q.vhost, &q.name, Some(&r.master));
         }
     }
-    for q in queues.iter().filter(|q| q.durable && !q.exclusive) {
+    for q in queues.iter().filter(|q| !q.exclusive) {
         if !m.queues.contains_key(&(q.vhost.clone(), q.name.clone())) {
             b.admin_delete_queue(&q.vhost, &q.name);
         }
     }
-    // Bindings: drop those between durable entities that the cluster no
-    // longer has, then add the missing ones.
-    let durable_x: BTreeSet<(String, String)> = b
-        .exchanges(None)
-        .into_iter()
-        .filter(|e| e.durable)
-        .map(|e| (e.vhost, e.name))
-        .collect();
-    let durable_q: BTreeSet<(String, String)> = b
+    // Bindings: drop those between shared entities (any exchange, a queue
+    // but an exclusive one) that the cluster no longer has, then add the
+    // missing ones.
+    let shared_q: BTreeSet<(String, String)> = b
         .queues(None)
         .into_iter()
-        .filter(|q| q.durable)
+        .filter(|q| !q.exclusive)
         .map(|q| (q.vhost, q.name))
         .collect();
     let wanted: BTreeSet<(String, String, String, bool, String, String)> = defs
@@ -829,14 +832,8 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
         .collect();
     for bi in b.bindings(None) {
         let to_exchange = bi.destination_type == "exchange";
-        let dest_durable = if to_exchange {
-            durable_x.contains(&(bi.vhost.clone(), bi.destination.clone()))
-        } else {
-            durable_q.contains(&(bi.vhost.clone(), bi.destination.clone()))
-        };
         if bi.source.is_empty()
-            || !dest_durable
-            || !durable_x.contains(&(bi.vhost.clone(), bi.source.clone()))
+            || !to_exchange && !shared_q.contains(&(bi.vhost.clone(), bi.destination.clone()))
         {
             continue;
         }
@@ -869,6 +866,38 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
     }
     // Policies may have changed: every queue's settings follow.
     b.apply_policies(&defs.policies);
+}
+
+/// Deletes the non-durable queues this node served alone before it
+/// (re)started: their messages lived in its memory only, and RabbitMQ drops
+/// such a queue with its node. A mirrored one whose mirrors remain is theirs
+/// (a mirror is promoted). Compare-and-set on the queue's view, so a queue
+/// that changed meanwhile is left alone.
+async fn forget_transient_queues(cluster: Cluster) {
+    let me = cluster.node().to_string();
+    let gone: Vec<_> = cluster
+        .local()
+        .queues
+        .values()
+        .filter(|q| !q.durable && q.exclusive_owner.is_none())
+        .filter(|q| q.master == me && q.mirrors.is_empty())
+        .map(|q| (q.vhost.clone(), q.name.clone(), q.view_version))
+        .collect();
+    for (vhost, name, version) in gone {
+        let cmd = Command::DeleteQueue {
+            vhost: vhost.clone(),
+            name: name.clone(),
+            expected_version: Some(version),
+        };
+        match cluster.write(cmd).await {
+            Ok(_) => {
+                tracing::info!(%vhost, queue = %name, "deleted a non-durable queue of this node's previous run")
+            }
+            Err(e) => {
+                tracing::warn!(%vhost, queue = %name, error = %e, "could not delete a non-durable queue of this node's previous run")
+            }
+        }
+    }
 }
 
 /// Replays the cluster's metadata on the broker now and after every change.
@@ -932,6 +961,7 @@ impl Clustered {
             .spawn(async move { start(&args, &name, &dir).await })
             .await
             .context("the cluster start task failed")??;
+        rt.spawn(forget_transient_queues(cluster.clone()));
         Ok(Some(Self {
             cluster,
             rt: rt.handle().clone(),

@@ -1169,3 +1169,138 @@ fn a_mirrored_priority_queue_fails_over_in_priority_order() {
     let expected: Vec<(u8, bool)> = want.iter().enumerate().map(|(k, &i)| (i, k < 3)).collect();
     assert_eq!(got, expected);
 }
+
+#[test]
+fn non_durable_queues_are_cluster_wide_and_a_mirrored_one_survives_its_masters_sigkill() {
+    // RabbitMQ shares transient queues across its cluster: listed and
+    // usable through every node, mirrored by a matching policy; one without
+    // mirrors goes with its node.
+    const HA: &str = "ha.transient";
+    const PLAIN: &str = "plain.transient";
+    let root = peers::test_root();
+    let (secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = |p: &Peer, q: &str| {
+        let (status, v) = p.http("GET", &format!("/api/queues/%2F/{q}"), None);
+        if status == 200 { v } else { Value::Null }
+    };
+    rt.block_on(async {
+        for (node, q) in [(&nodes[0], HA), (&nodes[2], PLAIN)] {
+            let conn = connect(node).await;
+            let ch = conn.create_channel().await.unwrap();
+            ch.queue_declare(
+                q.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+            conn.close(200, "bye".into()).await.unwrap();
+        }
+    });
+    for n in &nodes {
+        for (q, home) in [(HA, "warren@a"), (PLAIN, "warren@c")] {
+            let v = info(n, q);
+            assert_eq!(v["durable"], false, "{q} listed through {}: {v}", n.name);
+            assert_eq!(v["node"], home, "{q}'s node through {}", n.name);
+        }
+    }
+    eventually("two synchronised mirrors of the transient queue", || {
+        names(&info(&nodes[0], HA), "synchronised_slave_nodes").len() == 2
+    });
+    // Transient messages through a mirror's node, confirmed by the master.
+    let acked = rt.block_on(async {
+        let conn = connect(&nodes[1]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for i in 0..100 {
+            ch.basic_publish(
+                "".into(),
+                HA.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                format!("t{i}").as_bytes(),
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+        }
+        let returned = ch.wait_for_confirms().await.unwrap();
+        assert!(returned.is_empty(), "routed, not returned");
+        conn.close(200, "bye".into()).await.unwrap();
+        (0..100).map(|i| format!("t{i}")).collect::<BTreeSet<_>>()
+    });
+    let digests = |holders: &[&Peer]| -> Vec<Value> {
+        let path = format!("/api/queues/%2F/{HA}?digest=true");
+        holders
+            .iter()
+            .map(|n| n.get(&path)["local_digest"].clone())
+            .collect()
+    };
+    eventually("every replica holds the same transient messages", || {
+        let d = digests(&[&nodes[0], &nodes[1], &nodes[2]]);
+        d[0].is_string() && d.iter().all(|x| *x == d[0])
+    });
+
+    nodes[0].kill();
+    let mut master = String::new();
+    eventually("a mirror takes the transient queue over", || {
+        master = info(&nodes[1], HA)["node"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        master == "warren@b" || master == "warren@c"
+    });
+    // Consumed through the node that is not the new master.
+    let other = if master == "warren@b" { 2 } else { 1 };
+    let seen = rt.block_on(async {
+        let conn = connect(&nodes[other]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                HA.into(),
+                "after-failover".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut seen = BTreeSet::new();
+        while seen.len() < acked.len() {
+            match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    seen.insert(String::from_utf8_lossy(&d.data).into_owned());
+                }
+                _ => break,
+            }
+        }
+        seen
+    });
+    let lost: Vec<_> = acked.difference(&seen).collect();
+    assert!(
+        lost.is_empty(),
+        "confirmed transient messages lost: {lost:?}"
+    );
+
+    // The restarted node finds the mirrored queue served elsewhere; the
+    // queue that lived only on a node does not outlive that node's restart.
+    nodes[0] = nodes[0].restart(&secret, &[]);
+    eventually("the restarted node lists the transient queue", || {
+        info(&nodes[0], HA)["node"] == master.as_str()
+    });
+    nodes[2].kill();
+    nodes[2] = nodes[2].restart(&secret, &[]);
+    eventually("the lone transient queue went with its node", || {
+        nodes
+            .iter()
+            .all(|n| n.http("GET", &format!("/api/queues/%2F/{PLAIN}"), None).0 == 404)
+    });
+}
