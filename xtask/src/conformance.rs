@@ -79,7 +79,16 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
                 .unwrap_or_default();
         let new: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&outcomes)?;
         all.extend(new);
-        serde_json::to_string_pretty(&all)?
+        // The script's layout (Python's `indent=1`), so a re-recorded
+        // scenario changes only its own lines.
+        let mut buf = Vec::new();
+        let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
+        serde::Serialize::serialize(
+            &all,
+            &mut serde_json::Serializer::with_formatter(&mut buf, fmt),
+        )?;
+        buf.push(b'\n');
+        String::from_utf8(buf)?
     };
     std::fs::write(&file, merged)?;
     println!("==> RabbitMQ's outcomes written to {}", file.display());

@@ -191,9 +191,13 @@ impl AmqpError {
     }
 
     /// The reply text as RabbitMQ sends it: `NOT_FOUND - no queue 'q' in vhost '/'`,
-    /// cut to the 255 bytes a short string holds.
+    /// cut to the 255 bytes a short string holds; the code's name alone for
+    /// an empty text (as RabbitMQ's `INTERNAL_ERROR` when a channel crashes).
     #[must_use]
     pub fn reply_text(&self) -> String {
+        if self.text.is_empty() {
+            return self.code.name().to_owned();
+        }
         let mut s = format!("{} - {}", self.code.name(), self.text);
         truncate_short(&mut s);
         s

@@ -19,6 +19,7 @@ use warren_amqp::{
 use warren_backing_queue::{
     BackingQueue, DropReason, Dropped, Limits, NewMessage, QueueConfig, SeqId, StoreConfig, SyncJob,
 };
+use warren_policy::MasterLocator;
 
 use crate::BrokerError;
 use crate::auth::{self, Access, Permission, PermissionDef, UserDef};
@@ -648,6 +649,8 @@ struct QueueArgs {
     reject: Option<RejectPublish>,
     /// `x-max-priority`.
     max_priority: Option<u8>,
+    /// `x-queue-master-locator`.
+    locator: Option<MasterLocator>,
 }
 
 /// `x-overflow: reject-publish` (or `reject-publish-dlx`): a full queue
@@ -685,6 +688,7 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
         overflow: None,
         reject: None,
         max_priority: None,
+        locator: None,
     };
     for (k, v) in args.inner() {
         let key = k.as_str();
@@ -752,6 +756,15 @@ fn queue_args(args: &FieldTable, queue: &str, vhost: &str) -> Result<QueueArgs, 
                     )
                 })?;
                 out.max_priority = Some(max);
+            }
+            "x-queue-master-locator" => {
+                // RabbitMQ 3.10 crashes the channel on any other value and
+                // closes the connection with a bare 541.
+                let name = as_str(v).unwrap_or_default();
+                out.locator = Some(
+                    MasterLocator::from_name(&name)
+                        .ok_or_else(|| err(ReplyCode::InternalError, ""))?,
+                );
             }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));
@@ -2928,7 +2941,8 @@ impl Broker {
                 ));
             }
             self.check(id, Access::Configure, "queue", &name)?;
-            if let Some(dlx) = &queue_args(&d.arguments, &name, &vhost)?.dlx {
+            let args = queue_args(&d.arguments, &name, &vhost)?;
+            if let Some(dlx) = &args.dlx {
                 self.check(
                     id,
                     Access::Write,
@@ -2942,21 +2956,31 @@ impl Broker {
                 auto_delete: d.auto_delete,
                 arguments: d.arguments.clone(),
             };
+            let master = if d.exclusive {
+                None
+            } else {
+                self.locate_master(&vhost, &name, args.locator)
+            };
             self.record(
                 Scope::of_queue(&opts),
                 Change::PutQueue(QueueDef {
                     vhost: vhost.clone(),
                     name: name.clone(),
                     durable: d.durable,
+                    master: master.clone(),
                     auto_delete: d.auto_delete,
                     arguments: d.arguments.clone(),
                 }),
             )
             .map_err(meta_err)?;
             let owner = d.exclusive.then_some(id);
-            let q = self
+            let mut q = self
                 .make_queue(&vhost, Arc::from(name.as_str()), opts, owner)
                 .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            if let Some(m) = master {
+                tracing::info!(%vhost, queue = %name, master = %m, "queue served by (its master locator's choice)");
+                q.remote = Some(Elsewhere::Node(Arc::from(m.as_str())));
+            }
             let v = self.vhosts.get_mut(&vhost).expect("vhost present");
             v.queues.insert(q.name.clone(), q);
         }
@@ -3466,6 +3490,33 @@ impl Scope {
 }
 
 impl Broker {
+    /// Where a new queue's master goes, if a `queue-master-locator` (the
+    /// argument, else the policy's; `client-local` without either) picks
+    /// another node of the cluster than this one.
+    fn locate_master(&self, vhost: &str, name: &str, arg: Option<MasterLocator>) -> Option<String> {
+        let policy = self.queue_policy(vhost, name, false);
+        let locator = arg
+            .or(policy.queue_master_locator)
+            .unwrap_or(MasterLocator::ClientLocal);
+        if locator == MasterLocator::ClientLocal {
+            return None;
+        }
+        let candidates = self.meta.master_candidates()?;
+        let running: Vec<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
+        let chosen = warren_policy::locate_master(
+            locator,
+            &warren_policy::LocateInput {
+                client_node: &self.cfg.node_name,
+                exclusive: false,
+                mode: policy.ha.as_ref().map(|h| &h.mode),
+                running_nodes: &running,
+                masters_per_node: &candidates,
+                seed: rand::random(),
+            },
+        );
+        (chosen != self.cfg.node_name).then_some(chosen)
+    }
+
     /// Records `change` where `scope` says.
     fn record(&mut self, scope: Scope, change: Change) -> Result<(), crate::meta::MetaError> {
         match scope {

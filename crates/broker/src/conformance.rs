@@ -112,6 +112,7 @@ fn change(rng: &mut StdRng, model: &Definitions) -> Change {
             vhost,
             name: pick(rng, &["q1", "q2", "q3"]),
             durable: true,
+            master: None,
             auto_delete: false,
             arguments: FieldTable::default(),
         }),

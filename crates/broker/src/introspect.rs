@@ -549,6 +549,7 @@ impl Broker {
                 vhost: vhost.to_owned(),
                 name: name.to_owned(),
                 durable,
+                master: None,
                 auto_delete,
                 arguments,
             }),

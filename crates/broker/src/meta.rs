@@ -45,6 +45,10 @@ pub struct QueueDef {
     /// Survives a restart (else it is shared through the cluster only).
     #[serde(default = "yes")]
     pub durable: bool,
+    /// The node to serve it when a `queue-master-locator` chose another
+    /// than the declaring one (in a cluster; `None`: the declaring node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<String>,
     /// Deleted when its last consumer goes.
     pub auto_delete: bool,
     /// Declare arguments (`x-message-ttl`, …).
@@ -302,6 +306,13 @@ pub trait MetadataStore: Send + std::fmt::Debug {
         let _ = change;
         Ok(())
     }
+    /// The nodes that can take a new queue's master now (running, in the
+    /// cluster), each with how many queue masters it hosts: what a
+    /// `queue-master-locator` chooses from. `None` alone (a single node's
+    /// store): every queue is served here.
+    fn master_candidates(&self) -> Option<Vec<(String, usize)>> {
+        None
+    }
 }
 
 /// Keeps everything in memory (tests, transient nodes).
@@ -404,6 +415,7 @@ mod tests {
             vhost: "/".into(),
             name: "q".into(),
             durable: true,
+            master: None,
             auto_delete: false,
             arguments: FieldTable::default(),
         }))

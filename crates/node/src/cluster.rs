@@ -466,6 +466,28 @@ impl MetadataStore for ClusterStore {
     fn share(&mut self, change: Change) -> Result<(), MetaError> {
         self.apply(change)
     }
+
+    fn master_candidates(&self) -> Option<Vec<(String, usize)>> {
+        let meta = self.cluster.local();
+        let up = self.cluster.up_nodes().borrow().clone();
+        let mut masters: BTreeMap<&str, usize> = meta
+            .nodes
+            .keys()
+            .filter(|n| *n == &self.node || up.iter().any(|u| u.as_str() == n.as_str()))
+            .map(|n| (n.as_str(), 0))
+            .collect();
+        for q in meta.queues.values() {
+            if let Some(c) = masters.get_mut(q.master.as_str()) {
+                *c += 1;
+            }
+        }
+        Some(
+            masters
+                .into_iter()
+                .map(|(n, c)| (n.to_owned(), c))
+                .collect(),
+        )
+    }
 }
 
 // ------------------------------------------------------------ conversions
@@ -576,7 +598,7 @@ fn to_command(change: Change, node: &str) -> Command {
             durable: q.durable,
             exclusive_owner: None,
             auto_delete: q.auto_delete,
-            master: node.to_owned(),
+            master: q.master.unwrap_or_else(|| node.to_owned()),
             mirrors: Vec::new(),
             synchronised: Vec::new(),
             view_version: 0,
@@ -653,6 +675,7 @@ pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
                 vhost: q.vhost.clone(),
                 name: q.name.clone(),
                 durable: q.durable,
+                master: None,
                 auto_delete: q.auto_delete,
                 arguments: from_args(&q.arguments),
             })

@@ -1304,3 +1304,112 @@ fn non_durable_queues_are_cluster_wide_and_a_mirrored_one_survives_its_masters_s
             .all(|n| n.http("GET", &format!("/api/queues/%2F/{PLAIN}"), None).0 == 404)
     });
 }
+
+#[test]
+fn master_locators_spread_new_queues_over_the_nodes() {
+    // RabbitMQ's queue-master-locator: min-masters puts each new queue's
+    // master on the node hosting the fewest, as an argument or a policy
+    // key; client-local (the default) on the declaring node.
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let (status, v) = nodes[0].http(
+        "PUT",
+        "/api/policies/%2F/spread",
+        Some(&json!({
+            "pattern": "^spread\\.",
+            "apply-to": "queues",
+            "definition": {"queue-master-locator": "min-masters"},
+        })),
+    );
+    assert!(status == 201 || status == 204, "set policy: {status} {v}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let declare = |name: &str, locator: Option<&str>| {
+        rt.block_on(async {
+            let conn = connect(&nodes[0]).await;
+            let ch = conn.create_channel().await.unwrap();
+            let mut args = FieldTable::default();
+            if let Some(l) = locator {
+                args.insert(
+                    "x-queue-master-locator".into(),
+                    AMQPValue::LongString(l.into()),
+                );
+            }
+            ch.queue_declare(name.into(), QueueDeclareOptions::durable(), args)
+                .await
+                .unwrap();
+            conn.close(200, "bye".into()).await.unwrap();
+        });
+    };
+    let node_of = |name: &str| {
+        let (status, v) = nodes[1].http("GET", &format!("/api/queues/%2F/{name}"), None);
+        assert_eq!(status, 200, "{name} listed through b");
+        v["node"].as_str().unwrap_or_default().to_owned()
+    };
+    let spread = |names: &[String]| {
+        let mut per_node = std::collections::BTreeMap::new();
+        for n in names {
+            *per_node.entry(node_of(n)).or_insert(0) += 1;
+        }
+        per_node.into_values().collect::<Vec<_>>()
+    };
+    let args: Vec<String> = (0..6).map(|i| format!("arg.{i}")).collect();
+    for n in &args {
+        declare(n, Some("min-masters"));
+    }
+    assert_eq!(spread(&args), [2, 2, 2], "min-masters as an argument");
+    let by_policy: Vec<String> = (0..3).map(|i| format!("spread.{i}")).collect();
+    for n in &by_policy {
+        declare(n, None);
+    }
+    assert_eq!(spread(&by_policy), [1, 1, 1], "min-masters from a policy");
+    let local: Vec<String> = (0..3).map(|i| format!("local.{i}")).collect();
+    for (i, n) in local.iter().enumerate() {
+        declare(n, (i == 0).then_some("client-local"));
+    }
+    for n in &local {
+        assert_eq!(node_of(n), "warren@a", "{n}: client-local");
+    }
+    // A mirrored queue placed elsewhere: its master is where the locator
+    // said, with mirrors on the other nodes; and a queue mastered on
+    // another node is usable through every node.
+    declare("ha.placed", Some("min-masters"));
+    let master = node_of("ha.placed");
+    assert_ne!(master, "warren@a", "a hosts the most masters by now");
+    eventually("two synchronised mirrors of the placed queue", || {
+        let (_, v) = nodes[0].http("GET", "/api/queues/%2F/ha.placed", None);
+        names(&v, "synchronised_slave_nodes").len() == 2
+    });
+    let remote = args
+        .iter()
+        .find(|n| node_of(n) == "warren@b")
+        .expect("a queue mastered on b");
+    rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        ch.basic_publish(
+            "".into(),
+            remote.as_str().into(),
+            BasicPublishOptions::default(),
+            b"placed",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+        conn.close(200, "bye".into()).await.unwrap();
+        let conn = connect(&nodes[2]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let got = ch
+            .basic_get(remote.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("the message, through c");
+        assert_eq!(got.delivery.data, b"placed");
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+}

@@ -449,6 +449,28 @@ def priority_arguments(ctx):
     return out
 
 
+def master_locator_arguments(ctx):
+    """Which x-queue-master-locator values a declare accepts, and RabbitMQ's
+    refusals (where the master then goes is not visible through AMQP; the
+    process tests check it)."""
+    q = ctx.queue("loc.")
+    out = {}
+    for value in ["client-local", "min-masters", "random", "least-busy", 5]:
+        conn = ctx.connect(1 if ctx.placement == "mirror" else 0)
+        try:
+            ch = conn.channel()
+            ch.queue_declare(q, durable=True, arguments={"x-queue-master-locator": value})
+            ch.queue_delete(q)
+            ch.close()
+            out[str(value)] = "ok"
+        except (
+            pika.exceptions.ChannelClosedByBroker,
+            pika.exceptions.ConnectionClosedByBroker,
+        ) as e:
+            out[str(value)] = closed(e)
+    return out
+
+
 def large_message(ctx):
     q = ctx.queue("large.")
     ctx.declare(q)
@@ -505,6 +527,7 @@ SCENARIOS = [
     priority_max_length,
     priority_above_max,
     priority_arguments,
+    master_locator_arguments,
     large_message,
     publish_right_after_declare,
     use_right_after_declare,
@@ -513,7 +536,7 @@ SCENARIOS = [
 
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
-             "exp.", "ad.", "prio.", "large.", "fresh.", "now.", "count."]
+             "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count."]
 
 
 def run_one(urls, scenario, placement):
