@@ -1597,6 +1597,7 @@ impl Broker {
         self.now = now_ms;
         self.current = 0;
         self.expire_remote_alarms(now_ms);
+        self.expire_counts(now_ms);
         let mut expire = Vec::new();
         let mut delete = Vec::new();
         for (vname, v) in &self.vhosts {

@@ -44,6 +44,11 @@ pub enum LinkMsg {
         incarnation: u64,
         /// Counts the sender's connections to this node.
         session: u64,
+        /// The receiver's own link into the sender as the sender last
+        /// heard it: (incarnation, session). A restarted sender that names
+        /// the receiver's current session got everything sent on it, so the
+        /// receiver's forwarded work stands (`Broker::link_peer_restarted`).
+        seen: Option<(u64, u64)>,
     },
     /// Origin → master: a publish into `queue` (`id` names its confirm).
     Publish {
@@ -215,7 +220,14 @@ struct PendingCount {
     channel: ChannelId,
     vhost: String,
     queue: String,
+    /// When it was asked: unanswered after [`COUNT_WAIT_MS`], this node's
+    /// own counts answer it.
+    since_ms: u64,
 }
+
+/// How long a declare waits for its master's counts across link resets
+/// before this node's own copy answers.
+const COUNT_WAIT_MS: u64 = 5_000;
 
 /// The origin's side of forwarding.
 #[derive(Default)]
@@ -404,6 +416,16 @@ impl Broker {
         q.handed_over = false;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
+        if master.is_none() {
+            // A new master's x-expires counts from its takeover (as
+            // RabbitMQ's promoted mirror): other nodes' consumers have yet
+            // to find it.
+            q.last_used_ms = self.now;
+        }
+        self.redirect_counts(vhost, name, master);
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
         let qname = q.name.clone();
         // Consumers that asked for it are told of the failover (RabbitMQ's
         // x-cancel-on-ha-failover) instead of following the new master.
@@ -615,6 +637,7 @@ impl Broker {
                 channel,
                 vhost: vhost.to_owned(),
                 queue: queue.to_owned(),
+                since_ms: self.now,
             },
         );
         let msg = LinkMsg::Count {
@@ -636,6 +659,54 @@ impl Broker {
     }
 
     /// Sends the declare-ok a [`PendingCount`] waited for.
+    /// Declares of queue `name` waiting for counts follow its master to
+    /// `master` (asked there again), or are answered here if it is this node.
+    fn redirect_counts(&mut self, vhost: &str, name: &str, master: Option<&str>) {
+        let waiting: Vec<u64> = self
+            .links
+            .counts
+            .iter()
+            .filter(|(_, p)| p.vhost == vhost && p.queue == name)
+            .map(|(req, _)| *req)
+            .collect();
+        for req in waiting {
+            match master {
+                Some(m) => {
+                    if let Some(p) = self.links.counts.get_mut(&req) {
+                        p.node = Arc::from(m);
+                    }
+                    let msg = LinkMsg::Count {
+                        vhost: vhost.to_owned(),
+                        queue: name.to_owned(),
+                        req,
+                    };
+                    self.links.send(m, msg);
+                }
+                None => {
+                    if let Some(p) = self.links.counts.remove(&req) {
+                        let (messages, consumers) = self.queue_counts(vhost, name);
+                        self.answer_count(p, messages, consumers);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers, with this node's counts, the declares that waited longer
+    /// than [`COUNT_WAIT_MS`] for their master's (it stays unreachable).
+    pub(crate) fn expire_counts(&mut self, now_ms: u64) {
+        let late: Vec<PendingCount> = self
+            .links
+            .counts
+            .extract_if(|_, p| now_ms.saturating_sub(p.since_ms) >= COUNT_WAIT_MS)
+            .map(|(_, p)| p)
+            .collect();
+        for p in late {
+            let (messages, consumers) = self.queue_counts(&p.vhost, &p.queue);
+            self.answer_count(p, messages, consumers);
+        }
+    }
+
     fn answer_count(&mut self, p: PendingCount, messages: u64, consumers: u32) {
         if let Some(c) = self.conns.get_mut(&p.conn)
             && c.channels.contains_key(&p.channel)
@@ -766,6 +837,15 @@ impl Broker {
         }
         if !msgs.is_empty() {
             tracing::info!(%node, consumers = msgs.len(), "asking the node again for deliveries to this node's consumers");
+        }
+        for (req, p) in &self.links.counts {
+            if &*p.node == node {
+                msgs.push(LinkMsg::Count {
+                    vhost: p.vhost.clone(),
+                    queue: p.queue.clone(),
+                    req: *req,
+                });
+            }
         }
         for m in msgs {
             self.links.send(node, m);
@@ -1209,7 +1289,36 @@ impl Broker {
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
+        self.drop_origin_state(node);
+        self.link_peer_restarted(node);
+        self.out_link_dropped(node);
+    }
+
+    /// Node `node` restarted and has received everything this node sent it
+    /// since (see `LinkMsg::Hello`): only what its previous run had here
+    /// goes (its consumers of this node's queues, its forwarded work,
+    /// its alarms); this node's work forwarded to it stands.
+    pub fn link_peer_restarted(&mut self, node: &str) {
+        self.current = 0;
         self.set_remote_alarms(node, crate::AlarmSet::default());
+        let gone: Vec<ConnId> = self
+            .links
+            .conns
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|(_, id)| *id)
+            .collect();
+        self.links.conns.retain(|(n, _), _| n != node);
+        for id in gone {
+            self.cleanup_conn(id);
+            self.conns.remove(&id);
+        }
+        self.wake_clients();
+    }
+
+    /// This node's work forwarded to `node` is lost: publishes nacked, gets
+    /// answered empty, its deliveries settle nowhere.
+    fn drop_origin_state(&mut self, node: &str) {
         let lost: Vec<u64> = self
             .links
             .publishes
@@ -1233,17 +1342,10 @@ impl Broker {
                 c.amqp.reply(g.channel, Reply::BasicGetEmpty);
             }
         }
-        // Declares waiting for its counts: answered with this node's.
-        let counts: Vec<PendingCount> = self
-            .links
-            .counts
-            .extract_if(|_, p| &*p.node == node)
-            .map(|(_, p)| p)
-            .collect();
-        for p in counts {
-            let (messages, consumers) = self.queue_counts(&p.vhost, &p.queue);
-            self.answer_count(p, messages, consumers);
-        }
+        // Declares waiting for its counts keep waiting: asked again on the
+        // next link session (`resubscribe`), of the next master if the queue
+        // fails over (`set_queue_master`), or answered by this node after
+        // COUNT_WAIT_MS (`expire_counts`).
         // Its deliveries stay known to their channels (a client acking one
         // must not get "unknown delivery tag"), but settle nowhere: the
         // queue's next master delivers them again, redelivered.
@@ -1256,20 +1358,6 @@ impl Broker {
                 }
             }
         }
-        let gone: Vec<ConnId> = self
-            .links
-            .conns
-            .iter()
-            .filter(|((n, _), _)| n == node)
-            .map(|(_, id)| *id)
-            .collect();
-        self.links.conns.retain(|(n, _), _| n != node);
-        for id in gone {
-            self.cleanup_conn(id);
-            self.conns.remove(&id);
-        }
-        self.out_link_dropped(node);
-        self.wake_clients();
     }
 
     fn out_link_dropped(&mut self, node: &str) {

@@ -721,6 +721,8 @@ impl Broker {
                     Output::Promoted { epoch, held } => {
                         tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
                         want_sync = true;
+                        // x-expires counts from the takeover.
+                        q.last_used_ms = self.now;
                     }
                     Output::Deposed { epoch } => {
                         tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");

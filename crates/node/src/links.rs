@@ -42,14 +42,18 @@ pub(crate) async fn start(
         .await
         .context("listening for forwarded queue work")?;
     let addr = listener.local_addr();
-    let sessions: Sessions = Arc::new(Mutex::new(HashMap::new()));
+    let me = Me {
+        incarnation: incarnation(),
+        heard: Arc::new(Mutex::new(HashMap::new())),
+        sent: Arc::new(Mutex::new(HashMap::new())),
+    };
     {
-        let broker = broker.clone();
+        let (broker, me) = (broker.clone(), me.clone());
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let peer = conn.peer_node().to_string();
                 let (_tx, rx) = conn.split();
-                tokio::spawn(receive(peer, rx, broker.clone(), sessions.clone()));
+                tokio::spawn(receive(peer, rx, broker.clone(), me.clone()));
             }
         });
     }
@@ -65,6 +69,7 @@ pub(crate) async fn start(
         broker.clone(),
         notify.clone(),
         reset_rx,
+        me,
     ));
     tokio::spawn(announce_alarms(cluster.clone(), broker.clone()));
     tokio::spawn(watch_down(cluster, broker, reset_tx, notify));
@@ -101,8 +106,29 @@ async fn announce_alarms(cluster: Cluster, broker: Shared) {
     }
 }
 
-/// The last (incarnation, session) seen from each node.
+/// Per node: a link session, (its sender's incarnation, session number).
 type Sessions = Arc<Mutex<HashMap<String, (u64, u64)>>>;
+
+/// This node's side of the link sessions, shared by its senders and
+/// receivers.
+#[derive(Clone)]
+struct Me {
+    /// This process's incarnation.
+    incarnation: u64,
+    /// The last session heard from each node (its link into this node).
+    heard: Sessions,
+    /// This node's current session to each node.
+    sent: Sessions,
+}
+
+impl Me {
+    fn get(map: &Sessions, node: &str) -> Option<(u64, u64)> {
+        map.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node)
+            .copied()
+    }
+}
 
 /// Forwarded publishes (and gets) held back at most, per link, while this
 /// node's mirrored queues catch up; beyond it the link is not read.
@@ -127,7 +153,7 @@ async fn receive(
     peer: String,
     mut rx: Box<dyn warren_transport::FrameReceiver>,
     broker: Shared,
-    sessions: Sessions,
+    me: Me,
 ) {
     let mut frames = Vec::new();
     let mut greeted = false;
@@ -170,16 +196,29 @@ async fn receive(
                 Ok(LinkMsg::Hello {
                     incarnation,
                     session,
+                    seen,
                 }) if !greeted => {
                     greeted = true;
-                    let before = sessions
+                    let before = me
+                        .heard
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .insert(peer.clone(), (incarnation, session));
                     if before.is_some_and(|b| b != (incarnation, session)) {
-                        tracing::info!(%peer, "node reconnected: dropping the old link's state");
+                        // A restarted node that got this node's current
+                        // session has whatever was forwarded to it on it
+                        // (what went to its previous run failed with the
+                        // session that carried it); else all of it is lost.
+                        let restarted = before.is_some_and(|b| b.0 != incarnation);
+                        let ours = Me::get(&me.sent, &peer).map(|(_, s)| (me.incarnation, s));
                         let mut b = lock(&broker);
-                        b.link_down(&peer, now_ms());
+                        if restarted && seen.is_some() && seen == ours {
+                            tracing::info!(%peer, "node restarted: dropping its previous run's link state");
+                            b.link_peer_restarted(&peer);
+                        } else {
+                            tracing::info!(%peer, "node reconnected: dropping the old link's state");
+                            b.link_down(&peer, now_ms());
+                        }
                         // It dropped its side too: this node's consumers of
                         // its queues ask again.
                         b.resubscribe(&peer);
@@ -230,8 +269,8 @@ async fn send(
     broker: Shared,
     notify: Arc<Notify>,
     mut resets: tokio::sync::mpsc::UnboundedReceiver<String>,
+    me: Me,
 ) {
-    let incarnation = incarnation();
     let sessions = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut nodes: HashMap<String, tokio::sync::mpsc::UnboundedSender<Option<Vec<LinkMsg>>>> =
         HashMap::new();
@@ -255,7 +294,7 @@ async fn send(
                     cluster: cluster.clone(),
                     transport: transport.clone(),
                     broker: broker.clone(),
-                    incarnation,
+                    me: me.clone(),
                     sessions: sessions.clone(),
                 };
                 tokio::spawn(link.run(rx));
@@ -275,7 +314,7 @@ struct NodeLink {
     cluster: Cluster,
     transport: Arc<dyn Transport>,
     broker: Shared,
-    incarnation: u64,
+    me: Me,
     sessions: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -354,9 +393,15 @@ impl NodeLink {
                             .sessions
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                             + 1;
+                        self.me
+                            .sent
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(node.clone(), (self.me.incarnation, session));
                         let hello = LinkMsg::Hello {
-                            incarnation: self.incarnation,
+                            incarnation: self.me.incarnation,
                             session,
+                            seen: Me::get(&self.me.heard, node),
                         };
                         if let Ok(v) = postcard::to_allocvec(&hello) {
                             let _ = tx.feed(Bytes::from(v));
