@@ -219,7 +219,7 @@ pub(crate) fn wait_port(port: u16, what: &str, limit: Duration) -> anyhow::Resul
 }
 
 /// Polls `check` every 200 ms until it holds; fails after `limit`.
-fn eventually(
+pub(crate) fn eventually(
     what: &str,
     limit: Duration,
     mut check: impl FnMut() -> anyhow::Result<bool>,
@@ -384,6 +384,66 @@ const RABBIT_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 const RABBIT_CTL: &str = "/usr/lib/rabbitmq/bin/rabbitmqctl";
 
 impl RabbitNode {
+    /// Starts node `i` of a cluster under `dir` (its data kept there, so a
+    /// node started again rejoins) and waits until it is up.
+    fn start(dir: &Path, i: u16) -> anyhow::Result<Self> {
+        let base = dir.join(format!("rabbit{i}"));
+        std::fs::create_dir_all(base.join("log"))?;
+        let port = RABBIT_AMQP + i;
+        std::fs::write(
+            base.join("rabbitmq.conf"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )?;
+        let name = format!("rabbit{i}@localhost");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("rabbit{i}.log")))?;
+        let child = Command::new(RABBIT_SERVER)
+            .env("RABBITMQ_NODENAME", &name)
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", (RABBIT_DIST + i).to_string())
+            .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", base.join("log"))
+            .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                base.join("enabled_plugins"),
+            )
+            .env("HOME", dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting rabbitmq-server")?;
+        let node = RabbitNode {
+            name,
+            port,
+            child,
+            home: dir.to_owned(),
+        };
+        wait_port(port, &node.name, Duration::from_secs(120))?;
+        node.ctl(&["await_startup"])?;
+        Ok(node)
+    }
+
+    /// Kills the node's Erlang VM: SIGKILL, no clean stop.
+    pub(crate) fn crash(&mut self) -> anyhow::Result<()> {
+        let beam = self.beam_pid()?;
+        signal(beam, "-KILL");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Ok(())
+    }
+
+    /// Starts this node, number `i` of its cluster, again on its data
+    /// (after [`Self::crash`]); returns once it is up.
+    pub(crate) fn restart(&mut self, i: u16) -> anyhow::Result<()> {
+        let home = self.home.clone();
+        // The old value's Drop finds its start script gone and does nothing.
+        *self = Self::start(&home, i)?;
+        Ok(())
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
@@ -484,45 +544,14 @@ pub(crate) fn rabbit_cluster(dir: &Path, size: u16) -> anyhow::Result<Option<Vec
     Command::new("chmod").arg("400").arg(&cookie).status()?;
     let mut nodes: Vec<RabbitNode> = Vec::new();
     for i in 1..=size {
-        let base = dir.join(format!("rabbit{i}"));
-        std::fs::create_dir_all(base.join("log"))?;
-        let port = RABBIT_AMQP + i;
-        std::fs::write(
-            base.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
-        )?;
-        let name = format!("rabbit{i}@localhost");
-        let log = std::fs::File::create(dir.join(format!("rabbit{i}.log")))?;
-        let child = Command::new(RABBIT_SERVER)
-            .env("RABBITMQ_NODENAME", &name)
-            .env("RABBITMQ_NODE_PORT", port.to_string())
-            .env("RABBITMQ_DIST_PORT", (RABBIT_DIST + i).to_string())
-            .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", base.join("log"))
-            .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq"))
-            .env(
-                "RABBITMQ_ENABLED_PLUGINS_FILE",
-                base.join("enabled_plugins"),
-            )
-            .env("HOME", dir)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting rabbitmq-server")?;
-        let node = RabbitNode {
-            name: name.clone(),
-            port,
-            child,
-            home: dir.to_owned(),
-        };
-        wait_port(port, &name, Duration::from_secs(120))?;
-        node.ctl(&["await_startup"])?;
+        let node = RabbitNode::start(dir, i)?;
+        let name = node.name.clone();
         if i > 1 {
             node.ctl(&["stop_app"])?;
             node.ctl(&["join_cluster", "rabbit1@localhost"])?;
             node.ctl(&["start_app"])?;
         }
-        println!("    {name} up on 127.0.0.1:{port}");
+        println!("    {name} up on 127.0.0.1:{}", node.port);
         nodes.push(node);
     }
     nodes[0].ctl(&[
@@ -538,6 +567,17 @@ pub(crate) fn rabbit_cluster(dir: &Path, size: u16) -> anyhow::Result<Option<Vec
 
 /// Waits until the RabbitMQ queue `name` has `mirrors` synchronised mirrors.
 fn rabbit_synced(node: &RabbitNode, name: &str, mirrors: usize) -> anyhow::Result<Duration> {
+    rabbit_synced_or(node, name, mirrors, false)
+}
+
+/// Waits until the RabbitMQ queue `name` has `mirrors` synchronised mirrors,
+/// or (with `or_gone`) no longer exists.
+pub(crate) fn rabbit_synced_or(
+    node: &RabbitNode,
+    name: &str,
+    mirrors: usize,
+    or_gone: bool,
+) -> anyhow::Result<Duration> {
     eventually(
         &format!("{name} to have {mirrors} synchronised mirrors on RabbitMQ"),
         Duration::from_secs(60),
@@ -549,10 +589,13 @@ fn rabbit_synced(node: &RabbitNode, name: &str, mirrors: usize) -> anyhow::Resul
                 "name",
                 "synchronised_slave_pids",
             ])?;
-            Ok(out.lines().any(|l| {
-                l.split_whitespace().next() == Some(name)
-                    && l.matches("@localhost").count() == mirrors
-            }))
+            let line = out
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name));
+            Ok(match line {
+                Some(l) => l.matches("@localhost").count() == mirrors,
+                None => or_gone,
+            })
         },
     )
 }

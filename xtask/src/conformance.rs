@@ -5,12 +5,16 @@
 //! (`rabbitmq-3.10.json`). `crates/node/tests/conformance.rs` runs the same
 //! scenarios against Warren in CI and compares.
 
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::bench_mirrored::{epmd_pids, rabbit_cluster, stop_new_epmd};
+use crate::bench_mirrored::{
+    RabbitNode, epmd_pids, eventually, rabbit_cluster, rabbit_synced_or, stop_new_epmd,
+};
 
 /// The scenario library and its recorded outcomes, under the workspace root.
 const DIR: &str = "crates/node/tests/conformance";
@@ -32,7 +36,7 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     let epmd_before = epmd_pids();
     let result = (|| -> anyhow::Result<String> {
         println!("==> RabbitMQ: starting 3 nodes ({})", work.display());
-        let nodes = rabbit_cluster(&work, 3)?
+        let mut nodes = rabbit_cluster(&work, 3)?
             .context("rabbitmq-server is not installed (apt-get install rabbitmq-server)")?;
         let policies = Command::new("python3")
             .arg(&script)
@@ -55,17 +59,33 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
         }
         let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
         println!("==> running the scenarios (progress on stderr)");
-        let out = Command::new("python3")
+        let mut child = Command::new("python3")
             .arg(&script)
-            .args(["--urls", &urls.join(",")])
+            .args(["--urls", &urls.join(","), "--failover"])
             .args(&only)
-            .output()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
             .context("running the scenarios")?;
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        if !out.status.success() {
+        let mut answer = child.stdin.take().context("the scenarios' stdin")?;
+        let mut json = String::new();
+        for line in BufReader::new(child.stdout.take().context("the scenarios' stdout")?).lines() {
+            let line = line?;
+            match line.strip_prefix("FAILOVER ") {
+                Some(queue) => {
+                    fail_over(&mut nodes, queue)?;
+                    writeln!(answer, "ok")?;
+                }
+                None => {
+                    json.push_str(&line);
+                    json.push('\n');
+                }
+            }
+        }
+        if !child.wait()?.success() {
             bail!("the scenarios failed");
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(json)
     })();
     stop_new_epmd(&epmd_before);
     let outcomes = result?;
@@ -92,5 +112,33 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     };
     std::fs::write(&file, merged)?;
     println!("==> RabbitMQ's outcomes written to {}", file.display());
+    Ok(())
+}
+
+/// The failover placement's step (see `scenarios.py`): once `queue` has its
+/// two synchronised mirrors, kills node 1 (its master) abruptly, waits for a
+/// mirror to take over and starts node 1 again.
+fn fail_over(nodes: &mut [RabbitNode], queue: &str) -> anyhow::Result<()> {
+    println!("    failover of {queue}: killing rabbit1");
+    // Synchronised first, unless it is gone (an x-expires queue may expire).
+    rabbit_synced_or(&nodes[0], queue, 2, true)?;
+    nodes[0].crash()?;
+    eventually(
+        &format!("a mirror of {queue} to take over"),
+        Duration::from_secs(60),
+        || {
+            let out = nodes[1].ctl(&["list_queues", "-q", "--no-table-headers", "name", "pid"])?;
+            // Taken over, or gone (an x-expires queue may expire meanwhile).
+            let mut pids = out.lines().filter_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(queue)).then(|| f.next().unwrap_or_default().to_owned())
+            });
+            Ok(match pids.next() {
+                Some(pid) => !pid.contains("rabbit1@"),
+                None => true,
+            })
+        },
+    )?;
+    nodes[0].restart(1)?;
     Ok(())
 }

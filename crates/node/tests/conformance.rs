@@ -17,9 +17,10 @@
 mod peers;
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Command, Stdio};
 
-use peers::three;
+use peers::{Peer, eventually, names, three};
 use serde_json::{Value, json};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance");
@@ -60,7 +61,7 @@ fn queue_features_behave_as_in_rabbitmq() {
     )
     .expect("recorded outcomes are JSON");
     let root = peers::test_root();
-    let (_secret, nodes) = three(root.path());
+    let (secret, mut nodes) = three(root.path());
     let policies = Command::new("python3")
         .args([&script, "--policies"])
         .output()
@@ -80,18 +81,33 @@ fn queue_features_behave_as_in_rabbitmq() {
             "policy {name}: {status} {v}"
         );
     }
-    let urls: Vec<String> = nodes.iter().map(peers::Peer::amqp_url).collect();
-    let out = Command::new("python3")
+    let urls: Vec<String> = nodes.iter().map(Peer::amqp_url).collect();
+    let mut child = Command::new("python3")
         .arg(&script)
-        .args(["--urls", &urls.join(",")])
+        .args(["--urls", &urls.join(","), "--failover"])
         .env("PYTHONWARNINGS", "ignore")
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("run the scenarios");
-    let progress = String::from_utf8_lossy(&out.stderr);
-    eprint!("{progress}");
-    assert!(out.status.success(), "the scenarios failed:\n{progress}");
+    let mut answer = child.stdin.take().expect("stdin");
+    let mut json = String::new();
+    for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+        let line = line.expect("the scenarios' output");
+        match line.strip_prefix("FAILOVER ") {
+            Some(queue) => {
+                fail_over(&mut nodes, &secret, queue);
+                writeln!(answer, "ok").expect("answer the scenarios");
+            }
+            None => json.push_str(&line),
+        }
+    }
+    assert!(
+        child.wait().expect("scenarios").success(),
+        "the scenarios failed"
+    );
     let warren: BTreeMap<String, Value> =
-        serde_json::from_slice(&out.stdout).expect("Warren's outcomes are JSON");
+        serde_json::from_str(&json).expect("Warren's outcomes are JSON");
     let known = known_divergences();
     let mut unexpected = Vec::new();
     let mut fixed = Vec::new();
@@ -123,4 +139,35 @@ fn queue_features_behave_as_in_rabbitmq() {
     if !fixed.is_empty() {
         eprintln!("listed as known divergences but as in RabbitMQ this time: {fixed:?}");
     }
+}
+
+/// The failover placement's step: once `queue` has its two synchronised
+/// mirrors, SIGKILLs node 1 (its master), waits for a mirror to take over
+/// and starts node 1 again.
+fn fail_over(nodes: &mut [Peer], secret: &std::path::Path, queue: &str) {
+    let path = format!("/api/queues/%2F/{queue}");
+    let info = |p: &Peer| {
+        let (status, v) = p.http("GET", &path, None);
+        if status == 200 { v } else { Value::Null }
+    };
+    // Synchronised first, unless it is gone (an x-expires queue may expire).
+    eventually("two synchronised mirrors before the failover", || {
+        let q = info(&nodes[0]);
+        q.is_null() || names(&q, "synchronised_slave_nodes").len() == 2
+    });
+    nodes[0].kill();
+    // Taken over, or gone (an x-expires queue may expire meanwhile).
+    eventually("a mirror takes over", || {
+        info(&nodes[1])["node"] != "warren@a"
+    });
+    nodes[0] = nodes[0].restart(secret, &[]);
+    // Back once the others see it (as RabbitMQ's `await_startup`).
+    eventually("the other nodes see node 1 again", || {
+        nodes[1..].iter().all(|n| {
+            n.get("/api/nodes").as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|m| m["name"] == "warren@a" && m["running"] == true)
+            })
+        })
+    });
 }

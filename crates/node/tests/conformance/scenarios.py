@@ -6,15 +6,20 @@ The same script runs against RabbitMQ 3.10 (`cargo xtask conformance
 (`crates/node/tests/conformance.rs` compares Warren's outcomes with the
 recorded ones). Expected results therefore come from RabbitMQ, never by hand.
 
-Each scenario runs in three placements:
-  plain   a queue no mirroring policy matches; client on node 1
-  master  a mirrored queue (policy `ha-all`, `^ha\\.`); client on its master's node
-  mirror  the same, declared through node 1, used through node 2
+Each scenario runs in three placements, four with --failover:
+  plain     a queue no mirroring policy matches; client on node 1
+  master    a mirrored queue (policy `ha-all`, `^ha\\.`); client on its master's node
+  mirror    the same, declared through node 1, used through node 2
+  failover  as mirror, but once its queue is declared, node 1 (the master) is killed:
+            the script prints `FAILOVER <queue>` on stdout and waits for a
+            line on stdin; the harness waits for the queue's synchronised
+            mirrors, kills node 1 abruptly, waits for a mirror to take over,
+            starts node 1 again and answers. Node 3 then stands in for node 1.
 
 The harness sets these policies before running (see POLICIES below, which the
 harnesses read with `--policies`).
 
-Usage: scenarios.py --urls U1,U2,U3 [--only NAME] > outcomes.json
+Usage: scenarios.py --urls U1,U2,U3 [--only NAME] [--failover] > outcomes.json
        scenarios.py --policies      (prints the policies as JSON)
 """
 
@@ -95,10 +100,12 @@ class Ctx:
         self.prefix = f"{kind}."
         self.name = f"{scenario}.{placement}"
         self.conns = []
+        self.failed_over = False
         self.admin = self.connect(0)
-        self.use = self.connect(1 if placement == "mirror" else 0)
+        self.use = self.connect(0 if placement in ("plain", "master") else 1)
 
-    def declare(self, queue, durable=True, arguments=None, auto_delete=False):
+    def declare(self, queue, durable=True, arguments=None, auto_delete=False,
+                fail_over=True):
         """Declares through node 1; in the mirror placement, waits (10 s at
         most) until node 2 knows the queue. RabbitMQ knows it everywhere at
         declare-ok; Warren's other nodes learn it from the replicated
@@ -109,8 +116,23 @@ class Ctx:
             return
         for _ in range(100):
             if isinstance(passive_count(self.use, queue), int):
-                return
+                break
             time.sleep(0.1)
+        if fail_over and queue.startswith(self.prefix):
+            self.fail_over(queue)
+
+    def fail_over(self, queue):
+        """In the failover placement, once per scenario: has the harness
+        kill queue's master (node 1) and start it again; node 3 then serves
+        as the admin connection."""
+        if self.placement != "failover" or self.failed_over:
+            return
+        self.failed_over = True
+        left = signal.alarm(0)
+        print(f"FAILOVER {queue}", flush=True)
+        sys.stdin.readline()
+        self.admin = self.connect(2)
+        signal.alarm(max(left, 1))
 
     def queue(self, feature=""):
         """This scenario's queue name (policies match on `feature`)."""
@@ -318,9 +340,12 @@ def reject_dead_letter(ctx):
 
 def expires_with_consumer(ctx):
     q = ctx.queue("exp.")
-    ctx.declare(q, arguments={"x-expires": 1000})
+    # Failed over with its consumer on: unused for longer than x-expires
+    # during the failover, it would (rightly) be gone.
+    ctx.declare(q, arguments={"x-expires": 1000}, fail_over=False)
     ch = ctx.channel(ctx.use)
     tag = ch.basic_consume(q, lambda *a: None)
+    ctx.fail_over(q)
     ctx.use.process_data_events(time_limit=2.5)
     out = {"with_consumer": passive_count(ctx.admin, q)}
     ch.basic_cancel(tag)
@@ -574,12 +599,15 @@ def main(argv):
         return 0
     urls = argv[argv.index("--urls") + 1].split(",")
     only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    placements = ["plain", "master", "mirror"]
+    if "--failover" in argv:
+        placements.append("failover")
     signal.signal(signal.SIGALRM, on_alarm)
     out = {}
     for s in SCENARIOS:
         if only and s.__name__ != only:
             continue
-        for placement in ["plain", "master", "mirror"]:
+        for placement in placements:
             key = f"{s.__name__}/{placement}"
             started = time.time()
             out[key] = run_one(urls, s, placement)
