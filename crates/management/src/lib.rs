@@ -24,18 +24,20 @@
 
 mod access;
 mod api;
+mod clients;
 mod cluster;
 mod defs;
 mod metrics;
 mod node;
 mod openapi;
 mod process;
+mod rates;
 mod web;
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use warren_broker::Broker;
@@ -107,6 +109,8 @@ pub struct Management {
     cluster: Option<Arc<dyn ClusterControl>>,
     node_control: Option<Arc<dyn NodeControl>>,
     started: Instant,
+    stats_interval: Duration,
+    rates: Arc<Mutex<rates::Rates>>,
 }
 
 impl fmt::Debug for Management {
@@ -132,7 +136,18 @@ impl Management {
             cluster: None,
             node_control: None,
             started: Instant::now(),
+            stats_interval: rates::DEFAULT_INTERVAL,
+            rates: Arc::new(Mutex::new(rates::Rates::new(rates::DEFAULT_INTERVAL))),
         }
+    }
+
+    /// Sets how often [`serve`] samples the counters for the message rates
+    /// (RabbitMQ's `collect_statistics_interval`; 5 s by default).
+    #[must_use]
+    pub fn statistics_interval(mut self, every: Duration) -> Self {
+        self.stats_interval = every;
+        self.rates = Arc::new(Mutex::new(rates::Rates::new(every)));
+        self
     }
 
     /// Sets the AMQP listener's address (shown in `listeners`).
@@ -174,10 +189,15 @@ impl Management {
     fn broker(&self) -> MutexGuard<'_, Broker> {
         lock(&self.broker)
     }
+
+    /// The rate samples. Never held while taking the broker's lock.
+    fn rates(&self) -> MutexGuard<'_, rates::Rates> {
+        lock(&self.rates)
+    }
 }
 
-fn lock(b: &SharedBroker) -> MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The router: `/api/…`, `/api/openapi.json` and the web page at `/`.
@@ -185,8 +205,10 @@ pub fn router(state: Management) -> Router {
     api::routes(state.clone()).merge(web::routes())
 }
 
-/// Serves [`router`] on `listener` until the task is dropped.
+/// Serves [`router`] on `listener`, and samples the message rates, until
+/// the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: Management) -> std::io::Result<()> {
+    let _sampler = rates::AbortOnDrop(tokio::spawn(rates::sample_forever(state.clone())));
     let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await
 }

@@ -1,6 +1,14 @@
 //! Prometheus text exposition at `/metrics`, with RabbitMQ's metric names
 //! (`rabbitmq_queue_messages_ready`, `rabbitmq_global_messages_*`, …)
 //! plus Warren's ring gauges and confirm latency histogram.
+//!
+//! As rabbitmq_prometheus does, each node exports what is its own: the
+//! queues it serves (a mirrored queue's master, a queue not forwarded
+//! elsewhere), its client connections, channels and consumers, its
+//! clients' message counts and its process. Summed over the nodes, each
+//! queue and client counts once. The one cluster-wide figure, the
+//! exchanges (every node holds them all), carries the `node` label of the
+//! node that reports it, as `rabbitmq_identity_info` names it.
 
 use std::fmt::Write as _;
 
@@ -40,7 +48,9 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(s: &Management) -> String {
     let (o, queues) = {
         let b = s.broker();
-        (b.overview(), b.queues(None))
+        let mut queues = b.queues(None);
+        queues.retain(|q| q.served_here);
+        (b.overview(), queues)
     };
     let node = label(&s.node);
     let mut out = String::new();
@@ -63,17 +73,35 @@ pub fn render(s: &Management) -> String {
     for (name, help, v) in [
         (
             "rabbitmq_connections",
-            "Open client connections",
+            "Open client connections of this node",
             o.connections,
         ),
-        ("rabbitmq_channels", "Open channels", o.channels),
-        ("rabbitmq_consumers", "Consumers", o.consumers),
-        ("rabbitmq_queues", "Queues", o.queues),
-        ("rabbitmq_exchanges", "Exchanges", o.exchanges),
+        (
+            "rabbitmq_channels",
+            "Open channels of this node's client connections",
+            o.channels,
+        ),
+        (
+            "rabbitmq_consumers",
+            "Consumers of this node's client connections",
+            o.consumers,
+        ),
+        (
+            "rabbitmq_queues",
+            "Queues served by this node (masters)",
+            queues.len() as u64,
+        ),
     ] {
         family(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
     }
+    family(
+        &mut out,
+        "rabbitmq_exchanges",
+        "gauge",
+        "Exchanges in the cluster, as the node labelled sees them (every node reports them all)",
+    );
+    let _ = writeln!(out, "rabbitmq_exchanges{{node=\"{node}\"}} {}", o.exchanges);
     let per_queue: [(&str, &str, &str, QueueValue); 13] = [
         (
             "rabbitmq_queue_messages_ready",

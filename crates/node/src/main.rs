@@ -310,6 +310,9 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
                 .amqp_addr(amqp_addr)
                 .http_addr(addr)
                 .node_control(app_control.clone());
+            if let Some(ms) = args.settings.stats_interval_ms {
+                api = api.statistics_interval(Duration::from_millis(ms));
+            }
             if let Some(c) = &clustered {
                 api = api.cluster(c.control(app_control)).mirrors(c.mirrors());
             }
