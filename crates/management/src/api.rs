@@ -217,6 +217,10 @@ pub(crate) fn routes(state: Management) -> Router {
             "/api/exchanges/{vhost}/{name}",
             get(exchange_get).put(exchange_put).delete(exchange_delete),
         )
+        .route(
+            "/api/exchanges/{vhost}/{name}/bindings/{side}",
+            get(exchange_bindings),
+        )
         .route("/api/bindings", get(bindings_all))
         .route("/api/bindings/{vhost}", get(bindings_vhost))
         .route(
@@ -316,20 +320,23 @@ fn node_totals(s: &Management, ranges: &Ranges) -> Value {
         let b = s.broker();
         (b.overview(), b.message_stats().0)
     };
-    let mut listeners = Vec::new();
-    if let Some(a) = s.amqp_addr {
-        listeners.push(json!({"node": s.node, "protocol": "amqp", "ip_address": a.ip().to_string(), "port": a.port()}));
-    }
-    if let Some(a) = s.http_addr {
-        listeners.push(json!({"node": s.node, "protocol": "http", "ip_address": a.ip().to_string(), "port": a.port()}));
-    }
-    // Every member's peer listener, as the cluster's membership records it.
+    let listener = |node: &str, protocol: &str, addr: &str| {
+        let (host, port) = host_and_port(addr);
+        json!({"node": node, "protocol": protocol, "ip_address": host, "port": port})
+    };
+    let mut listeners: Vec<Value> = s
+        .listeners
+        .iter()
+        .map(|(p, a)| listener(&s.node, p, &a.to_string()))
+        .collect();
+    // Every member's peer listener, as the cluster's membership records
+    // it, and the other members' listeners, as each recorded them.
     if let Some(c) = &s.cluster {
         for m in c.status().members {
-            let (host, port) = host_and_port(&m.addr);
-            listeners.push(
-                json!({"node": m.name, "protocol": "clustering", "ip_address": host, "port": port}),
-            );
+            listeners.push(listener(&m.name, "clustering", &m.addr));
+            if m.name != s.node {
+                listeners.extend(m.listeners.iter().map(|(p, a)| listener(&m.name, p, a)));
+            }
         }
     }
     let contexts: Vec<Value> = s
@@ -1248,8 +1255,17 @@ fn exchange_json(x: &warren_broker::ExchangeInfo) -> Value {
         "arguments": x.arguments,
         "user_who_performed_action": "",
         "policy": Value::Null,
-        "message_stats": {},
     })
+}
+
+/// An exchange's name as a path gives it (`amq.default` is the default
+/// exchange, `""`).
+fn exchange_name(name: String) -> String {
+    if name == "amq.default" {
+        String::new()
+    } else {
+        name
+    }
 }
 
 fn exchanges_of(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
@@ -1298,11 +1314,7 @@ async fn exchange_get(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let name = if name == "amq.default" {
-        String::new()
-    } else {
-        name
-    };
+    let name = exchange_name(name);
     exchanges_of(&s, Some(&vhost))?
         .into_iter()
         .find(|x| x.get("name").and_then(Value::as_str) == Some(name.as_str()))
@@ -1439,6 +1451,38 @@ fn bindings_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<R
     Ok(ok(Value::Array(u.only_visible(
         b.bindings(vhost).iter().map(binding_json).collect(),
     ))))
+}
+
+/// `GET /api/exchanges/{vhost}/{name}/bindings/source` (bindings from the
+/// exchange) and `…/destination` (bindings to it).
+async fn exchange_bindings(
+    State(s): State<Management>,
+    Path((vhost, name, side)): Path<(String, String, String)>,
+) -> ApiResult<Response> {
+    let name = exchange_name(name);
+    let b = s.broker();
+    if !b.exchanges(Some(&vhost)).iter().any(|x| x.name == name) {
+        return Err(ApiError::not_found());
+    }
+    let to = match side.as_str() {
+        "source" => false,
+        "destination" => true,
+        _ => return Err(ApiError::not_found()),
+    };
+    let keep = |x: &warren_broker::BindingInfo| {
+        if to {
+            x.destination_type == "exchange" && x.destination == name
+        } else {
+            x.source == name
+        }
+    };
+    Ok(ok(Value::Array(
+        b.bindings(Some(&vhost))
+            .iter()
+            .filter(|x| keep(x))
+            .map(binding_json)
+            .collect(),
+    )))
 }
 
 async fn bindings_all(

@@ -103,7 +103,7 @@ impl MirrorSource for SingleNode {
 pub struct Management {
     broker: SharedBroker,
     node: String,
-    amqp_addr: Option<SocketAddr>,
+    listeners: Vec<(String, SocketAddr)>,
     http_addr: Option<SocketAddr>,
     mirrors: Arc<dyn MirrorSource>,
     cluster: Option<Arc<dyn ClusterControl>>,
@@ -117,7 +117,7 @@ impl fmt::Debug for Management {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Management")
             .field("node", &self.node)
-            .field("amqp_addr", &self.amqp_addr)
+            .field("listeners", &self.listeners)
             .field("http_addr", &self.http_addr)
             .finish_non_exhaustive()
     }
@@ -130,7 +130,7 @@ impl Management {
         Self {
             broker,
             node,
-            amqp_addr: None,
+            listeners: Vec::new(),
             http_addr: None,
             mirrors: Arc::new(SingleNode),
             cluster: None,
@@ -150,14 +150,18 @@ impl Management {
         self
     }
 
-    /// Sets the AMQP listener's address (shown in `listeners`).
+    /// Adds one of this node's listeners, shown in the overview's
+    /// `listeners` with RabbitMQ's protocol name (`amqp`, `amqp/ssl`,
+    /// `http`, `http/prometheus`). The other members' come from the
+    /// cluster ([`ClusterMember::listeners`]).
     #[must_use]
-    pub fn amqp_addr(mut self, addr: SocketAddr) -> Self {
-        self.amqp_addr = Some(addr);
+    pub fn listener(mut self, protocol: &str, addr: SocketAddr) -> Self {
+        self.listeners.push((protocol.to_owned(), addr));
         self
     }
 
-    /// Sets the HTTP listener's address (shown in `listeners` and `contexts`).
+    /// Sets the management HTTP listener's address (shown in `contexts`;
+    /// add it with [`listener`](Self::listener) as `http` to list it).
     #[must_use]
     pub fn http_addr(mut self, addr: SocketAddr) -> Self {
         self.http_addr = Some(addr);
