@@ -4,12 +4,16 @@
 //! (`/api/overview`, `/api/nodes`, `/api/vhosts`, `/api/users`,
 //! `/api/permissions`, `/api/policies`, `/api/operator-policies`,
 //! `/api/queues` with the mirror fields, `/api/exchanges`, `/api/bindings`,
-//! `/api/connections`, `/api/consumers`, `/api/definitions`,
-//! `/api/health/checks/…`), Warren's `POST /api/nodes/{name}/stop`,
-//! `/stop_app` and `/start_app` (through a [`NodeControl`]), plus
-//! `/api/openapi.json` describing them, and a
-//! web page at `/` (overview, queues, a queue's page with its ring, Admin →
-//! Policies). [`metrics_router`] serves Prometheus metrics at `/metrics`.
+//! `/api/connections`, `/api/channels`, `/api/consumers`,
+//! `/api/definitions`, `/api/health/checks/…`), Warren's
+//! `POST /api/nodes/{name}/stop`, `/stop_app` and `/start_app` (through a
+//! [`NodeControl`]), plus `/api/openapi.json` describing them, and a web
+//! page at `/` (overview with rates and charts, connections, channels,
+//! exchanges, queues, a queue's page with its ring, Admin → Policies).
+//! [`serve`] also samples the broker's counters for the message rates
+//! (RabbitMQ's `rates_mode: basic`, the `rates` module).
+//! [`metrics_router`] serves Prometheus metrics at `/metrics`: this node's
+//! own queues and clients, as rabbitmq_prometheus does.
 //!
 //! Conventions are RabbitMQ's: HTTP basic auth against the broker's users,
 //! who need the `management`, `policymaker`, `monitoring` or
