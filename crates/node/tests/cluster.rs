@@ -168,14 +168,15 @@ fn metadata_declared_anywhere_is_seen_everywhere() {
     assert!(has(&nodes[1].get("/api/users"), |u| u["name"] == "alice"));
 }
 
-/// The per-queue series of `queue` on a node's `/metrics`.
+/// The series of `queue` itself on a node's `/metrics` (not those of a
+/// replica's view of its ring, which carry the node).
 fn queue_series(p: &Peer, queue: &str) -> Vec<String> {
     let text = ureq::get(&format!("http://{}/metrics", p.metrics))
         .call()
         .unwrap()
         .into_string()
         .unwrap();
-    let label = format!("queue=\"{queue}\"");
+    let label = format!("queue=\"{queue}\"}}");
     text.lines()
         .filter(|l| l.contains(&label))
         .map(str::to_owned)
@@ -234,6 +235,14 @@ fn each_node_exports_the_queues_it_serves_and_lists_every_listener() {
                 n.name
             );
         }
+    }
+    // Each replica of ha.q reports its own view of the ring, with its node.
+    for n in &nodes {
+        let ring = format!(
+            "warren_queue_ring_view{{vhost=\"/\",queue=\"ha.q\",node=\"{}\"}}",
+            n.name
+        );
+        eventually("every replica's ring view", || n.metric(&ring).is_some());
     }
     let queues: Vec<Option<u64>> = nodes.iter().map(|n| n.metric("rabbitmq_queues")).collect();
     assert_eq!(queues, vec![Some(1), Some(1), Some(0)]);
