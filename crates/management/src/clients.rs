@@ -156,13 +156,9 @@ pub(crate) async fn connection_close(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// The channels (of connection `only`, or of all) that `u` sees, each
-/// with its connection.
-fn visible_channels(
-    s: &Management,
-    u: &AuthUser,
-    only: Option<u64>,
-) -> Vec<(ChannelInfo, ConnectionInfo)> {
+/// The channels (of connection `only`, or of all), each with its
+/// connection.
+fn channels_with_conns(s: &Management, only: Option<u64>) -> Vec<(ChannelInfo, ConnectionInfo)> {
     let (conns, channels) = {
         let b = s.broker();
         (b.connections(), b.channels())
@@ -171,10 +167,21 @@ fn visible_channels(
         .into_iter()
         .filter(|ch| only.is_none_or(|id| ch.conn == id))
         .filter_map(|ch| {
-            let conn = conns.iter().find(|c| c.id == ch.conn)?;
-            u.sees_owner(&conn.user).then(|| (ch, conn.clone()))
+            let conn = conns.iter().find(|c| c.id == ch.conn)?.clone();
+            Some((ch, conn))
         })
         .collect()
+}
+
+/// The channels (of connection `only`, or of all) that `u` sees.
+fn visible_channels(
+    s: &Management,
+    u: &AuthUser,
+    only: Option<u64>,
+) -> Vec<(ChannelInfo, ConnectionInfo)> {
+    let mut chs = channels_with_conns(s, only);
+    chs.retain(|(_, conn)| u.sees_owner(&conn.user));
+    chs
 }
 
 /// `channels` as JSON.
@@ -222,10 +229,15 @@ pub(crate) async fn channel_get(
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let found = visible_channels(&s, &u, None)
+    let found = channels_with_conns(&s, None)
         .into_iter()
         .find(|(ch, conn)| channel_name(&connection_name(conn, &s.node), ch.number) == name)
         .ok_or_else(ApiError::not_found)?;
+    if !u.sees_owner(&found.1.user) {
+        return Err(ApiError::unauthorized(
+            "User not authorised to access object",
+        ));
+    }
     let (conns, consumers) = {
         let b = s.broker();
         (b.connections(), b.consumers(None))
