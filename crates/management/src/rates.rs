@@ -390,8 +390,13 @@ pub(crate) async fn sample_forever(s: Management) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let reading = Reading::take(&s.broker());
-        s.rates().record(reading, now_ms());
+        // Timed when read, under the broker's lock (which may have kept
+        // the sampler waiting).
+        let (reading, at) = {
+            let b = s.broker();
+            (Reading::take(&b), now_ms())
+        };
+        s.rates().record(reading, at);
     }
 }
 
