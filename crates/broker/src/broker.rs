@@ -128,15 +128,16 @@ impl BrokerConfig {
 /// Counts shown by the management overview.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overview {
-    /// Open client connections.
+    /// Open client connections (not the forwarding links of other nodes).
     pub connections: u64,
-    /// Open channels.
+    /// Their open channels.
     pub channels: u64,
     /// Queues in all vhosts.
     pub queues: u64,
     /// Exchanges in all vhosts.
     pub exchanges: u64,
-    /// Consumers.
+    /// Consumers of this node's client connections (not those another
+    /// node forwards here).
     pub consumers: u64,
     /// Ready messages in all queues.
     pub messages_ready: u64,
@@ -310,6 +311,8 @@ struct Channel {
     /// Group commits a tx.commit-ok waits for.
     tx_wait: u32,
     last_queue: Option<String>,
+    /// Its client traffic so far (`/api/channels`).
+    counters: stats::MessageCounters,
 }
 
 struct Conn {
@@ -334,6 +337,8 @@ struct Conn {
     counters: stats::MessageCounters,
     /// Its confirm latencies so far.
     latency: stats::LatencyHistogram,
+    /// Bytes read from and written to its socket.
+    octets: stats::Octets,
     /// The queues (of its vhost) this connection's publishes went to lately:
     /// it waits while one of them lags behind its consumers (flow control).
     targets: Vec<Arc<str>>,
@@ -421,6 +426,7 @@ impl Conn {
                 }
                 let at = entry.remove();
                 self.counters.confirmed += 1;
+                ch.counters.confirmed += 1;
                 self.latency.observe(now_ms.saturating_sub(at));
             }
             // Confirmed behind one still pending: acked one by one now, as
@@ -442,16 +448,11 @@ impl Conn {
                 );
                 if let Some(at) = ch.confirm_started.remove(&seq) {
                     self.counters.confirmed += 1;
+                    ch.counters.confirmed += 1;
                     self.latency.observe(now_ms.saturating_sub(at));
                 }
             }
         }
-    }
-
-    /// Counts a message this client connection is sent (deliver or get-ok).
-    pub(crate) fn count_delivery(&mut self, redelivered: bool) {
-        self.counters.delivered += 1;
-        self.counters.redelivered += u64::from(redelivered);
     }
 }
 
@@ -1274,11 +1275,9 @@ impl Broker {
     /// The node's counts.
     #[must_use]
     pub fn overview(&self) -> Overview {
-        let mut o = Overview {
-            connections: self.conns.len() as u64,
-            ..Overview::default()
-        };
-        for c in self.conns.values() {
+        let mut o = Overview::default();
+        for c in self.client_conns() {
+            o.connections += 1;
             o.channels += c.channels.len() as u64;
         }
         for v in self.vhosts.values() {
@@ -1288,7 +1287,7 @@ impl Broker {
                 let s = q.store.stats();
                 o.messages_ready += s.ready;
                 o.messages_unacknowledged += s.unacked;
-                o.consumers += q.consumers.len() as u64;
+                o.consumers += self.client_consumers(q) as u64;
             }
         }
         o
@@ -1323,6 +1322,7 @@ impl Broker {
                 targets: Vec::new(),
                 counters: stats::MessageCounters::default(),
                 latency: stats::LatencyHistogram::default(),
+                octets: stats::Octets::default(),
             },
         );
         id
@@ -1338,7 +1338,9 @@ impl Broker {
             buf.clear();
             return;
         };
+        let before = buf.len();
         c.amqp.handle_bytes(buf);
+        c.octets.received += (before - buf.len()) as u64;
         if !c.publisher && c.amqp.has_published() && c.link.is_none() {
             // A publish has begun (its content may not be here yet): from
             // now on a resource alarm blocks this connection, so partial
@@ -1356,6 +1358,7 @@ impl Broker {
     /// write); returns false once the connection is over (write `dst`, then
     /// close the socket and call [`disconnect`](Self::disconnect)).
     pub fn take_output(&mut self, id: ConnId, dst: &mut BytesMut) -> bool {
+        let start = dst.len();
         let Some(c) = self.conns.get_mut(&id) else {
             return false;
         };
@@ -1376,7 +1379,11 @@ impl Broker {
                 }
             }
         }
-        self.conns.get(&id).is_some_and(|c| !c.closed)
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        c.octets.sent += (dst.len() - start) as u64;
+        !c.closed
     }
 
     /// Hands out again to connection `id`'s consumers, which deliveries
@@ -2413,20 +2420,13 @@ impl Broker {
             }
         }
         if c.link.is_none() {
-            let n = &mut c.counters;
-            n.received += 1;
-            if targets.is_empty() && p.mandatory {
-                n.unroutable_returned += 1;
-            } else if targets.is_empty() {
-                n.unroutable_dropped += 1;
-            } else {
-                n.routed += 1;
-            }
-            if let Some(seq) = p.confirm_seq.filter(|s| *s != TX_COMMIT) {
-                n.received_confirm += 1;
-                if let Some(chan) = c.channels.get_mut(&ch) {
-                    chan.confirm_started.insert(seq, now);
-                }
+            let seq = p.confirm_seq.filter(|s| *s != TX_COMMIT);
+            let (routed, mandatory) = (!targets.is_empty(), p.mandatory);
+            c.count(ch, |n| n.count_publish(routed, mandatory, seq.is_some()));
+            if let Some(seq) = seq
+                && let Some(chan) = c.channels.get_mut(&ch)
+            {
+                chan.confirm_started.insert(seq, now);
             }
         }
         if targets.is_empty() && p.mandatory {
@@ -2494,7 +2494,7 @@ impl Broker {
             }
         };
         if matches!(how, Settle::Ack) && c.link.is_none() {
-            c.counters.acknowledged += taken.len() as u64;
+            c.count(ch, |n| n.acknowledged += taken.len() as u64);
         }
         let mut touched: Vec<Arc<str>> = Vec::new();
         for (_, u) in taken {

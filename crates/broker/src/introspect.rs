@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
-use super::stats::QueueCounters;
+use super::stats::{MessageCounters, Octets, QueueCounters};
 use super::{
     Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, Scope, err, new_vhost, valid_name,
 };
@@ -52,6 +52,9 @@ pub struct QueueInfo {
     pub owner: Option<u64>,
     /// Its traffic, counted where it is served.
     pub counters: QueueCounters,
+    /// This node serves it (it is not forwarded to another node's master):
+    /// `counters` are the queue's.
+    pub served_here: bool,
     /// Its ring, when mirrored.
     pub ring: Option<RingInfo>,
 }
@@ -115,6 +118,33 @@ pub struct ConnectionInfo {
     pub vhost: String,
     /// Open channels.
     pub channels: u64,
+    /// Bytes read from and written to its socket.
+    pub octets: Octets,
+}
+
+/// One channel of a client connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelInfo {
+    /// The broker's id of its connection.
+    pub conn: u64,
+    /// The channel number.
+    pub number: u16,
+    /// `basic.qos` prefetch count per consumer.
+    pub prefetch: u16,
+    /// `basic.qos` prefetch count shared by the channel (`global`).
+    pub global_prefetch: u16,
+    /// In confirm mode.
+    pub confirm: bool,
+    /// In a transaction (`tx.select`).
+    pub transactional: bool,
+    /// Consumers on it.
+    pub consumers: u64,
+    /// Deliveries not yet acked.
+    pub unacked: u64,
+    /// Publishes not yet confirmed.
+    pub unconfirmed: u64,
+    /// Its client traffic so far.
+    pub counters: MessageCounters,
 }
 
 /// One consumer.
@@ -283,6 +313,7 @@ impl Broker {
                     uid: q.uid,
                     owner: q.owner,
                     counters: q.counters,
+                    served_here: q.remote.is_none(),
                     ring: q.store.ring(),
                 });
             }
@@ -370,25 +401,56 @@ impl Broker {
         out
     }
 
-    /// Open client connections, by id.
+    /// Open client connections (not the forwarding links of other nodes),
+    /// by id.
     #[must_use]
     pub fn connections(&self) -> Vec<ConnectionInfo> {
         let mut out: Vec<ConnectionInfo> = self
             .conns
             .iter()
+            .filter(|(_, c)| c.link.is_none())
             .map(|(id, c)| ConnectionInfo {
                 id: *id,
                 peer: c.peer,
                 user: c.user.clone(),
                 vhost: c.vhost.clone(),
                 channels: c.channels.len() as u64,
+                octets: c.octets,
             })
             .collect();
         out.sort_by_key(|c| c.id);
         out
     }
 
-    /// Every consumer (of `vhost`, or of all).
+    /// The channels of open client connections, by connection id and
+    /// channel number.
+    #[must_use]
+    pub fn channels(&self) -> Vec<ChannelInfo> {
+        let mut out: Vec<ChannelInfo> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.link.is_none())
+            .flat_map(|(id, c)| {
+                c.channels.iter().map(|(n, ch)| ChannelInfo {
+                    conn: *id,
+                    number: *n,
+                    prefetch: ch.prefetch,
+                    global_prefetch: ch.global_prefetch,
+                    confirm: ch.confirm,
+                    transactional: ch.tx.is_some(),
+                    consumers: ch.consumers.len() as u64,
+                    unacked: ch.unacked.len() as u64,
+                    unconfirmed: ch.confirm_started.len() as u64,
+                    counters: ch.counters,
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| (c.conn, c.number));
+        out
+    }
+
+    /// Every consumer (of `vhost`, or of all) of this node's client
+    /// connections (one forwarded here is listed on its client's node).
     #[must_use]
     pub fn consumers(&self, vhost: Option<&str>) -> Vec<ConsumerInfo> {
         let mut out = Vec::new();
@@ -397,7 +459,10 @@ impl Broker {
                 continue;
             }
             for q in v.queues.values() {
-                for c in &q.consumers {
+                let client = |c: &&super::Consumer| {
+                    self.conns.get(&c.conn).is_some_and(|c| c.link.is_none())
+                };
+                for c in q.consumers.iter().filter(client) {
                     out.push(ConsumerInfo {
                         vhost: vn.clone(),
                         queue: q.name.to_string(),

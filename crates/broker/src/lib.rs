@@ -29,13 +29,15 @@ pub use broker::alarm::{
     AlarmSet, DiskLimit, MemoryLimit, ResourceSample, ResourceStatus, parse_size,
 };
 pub use broker::introspect::{
-    BindingInfo, ConnectionInfo, ConsumerInfo, ExchangeInfo, QueueInfo, RingInfo, amqp_to_json,
-    json_to_amqp, json_to_table, table_to_json,
+    BindingInfo, ChannelInfo, ConnectionInfo, ConsumerInfo, ExchangeInfo, QueueInfo, RingInfo,
+    amqp_to_json, json_to_amqp, json_to_table, table_to_json,
 };
 pub use broker::link::LinkMsg;
 pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaEnd, ReplicaStart};
 pub use broker::policies::policy_set;
-pub use broker::stats::{LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, QueueCounters};
+pub use broker::stats::{
+    LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, Octets, QueueCounters, QueueSample,
+};
 pub use broker::{Broker, BrokerConfig, ConnId, Departed, Overview, SyncBatch, Waker};
 
 /// An error opening or configuring a broker.

@@ -305,7 +305,7 @@ impl Conn {
                 if let ContentMethod::Deliver { redelivered, .. }
                 | ContentMethod::GetOk { redelivered, .. } = method
                 {
-                    self.count_delivery(*redelivered);
+                    self.count_delivery(ch, *redelivered);
                 }
                 self.amqp.send_content(ch, method, props, body);
             }
@@ -350,7 +350,7 @@ impl Conn {
     pub(crate) fn send_get_empty(&mut self, ch: ChannelId) {
         match &mut self.link {
             None => {
-                self.counters.get_empty += 1;
+                self.count(ch, |n| n.get_empty += 1);
                 self.amqp.reply(ch, Reply::BasicGetEmpty);
             }
             Some(l) => {
@@ -919,6 +919,7 @@ impl Broker {
                 targets: Vec::new(),
                 counters: super::stats::MessageCounters::default(),
                 latency: super::stats::LatencyHistogram::default(),
+                octets: super::stats::Octets::default(),
                 link: Some(Link {
                     node: from.to_owned(),
                     out: Vec::new(),
@@ -1196,7 +1197,7 @@ impl Broker {
                     );
                 }
                 let m = decode_meta(&meta);
-                c.count_delivery(redelivered);
+                c.count_delivery(ch, redelivered);
                 c.amqp.send_content(
                     ch,
                     &ContentMethod::GetOk {
@@ -1252,7 +1253,7 @@ impl Broker {
                 );
             }
             let m = decode_meta(meta);
-            c.count_delivery(redelivered);
+            c.count_delivery(rc.channel, redelivered);
             c.amqp.send_content(
                 rc.channel,
                 &ContentMethod::Deliver {

@@ -1,8 +1,9 @@
 //! Message counters and the confirm latency histogram that `/metrics` and
 //! the management API show (RabbitMQ's `rabbitmq_global_messages_*` and
-//! per-queue message stats). Counting is plain integer arithmetic under
-//! the broker lock; client connections keep their own counts, folded into
-//! the node's totals when they close.
+//! per-queue, per-connection and per-channel message stats; the API
+//! samples them for its rates). Counting is plain integer arithmetic under
+//! the broker lock; client connections and their channels keep their own
+//! counts, a connection's folded into the node's totals when it closes.
 
 /// Node-wide counts of client traffic since the node started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,6 +31,20 @@ pub struct MessageCounters {
 }
 
 impl MessageCounters {
+    /// Counts one publish: `routed` to a queue, else returned if
+    /// `mandatory` or dropped; `confirm` if on a channel in confirm mode.
+    pub fn count_publish(&mut self, routed: bool, mandatory: bool, confirm: bool) {
+        self.received += 1;
+        self.received_confirm += u64::from(confirm);
+        if routed {
+            self.routed += 1;
+        } else if mandatory {
+            self.unroutable_returned += 1;
+        } else {
+            self.unroutable_dropped += 1;
+        }
+    }
+
     /// Adds `other` to these counts.
     pub fn add(&mut self, other: &Self) {
         self.received += other.received;
@@ -43,6 +58,15 @@ impl MessageCounters {
         self.acknowledged += other.acknowledged;
         self.get_empty += other.get_empty;
     }
+}
+
+/// Bytes of one client connection's socket since it opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Octets {
+    /// Read from the client (and consumed as frames).
+    pub received: u64,
+    /// Written to the client.
+    pub sent: u64,
 }
 
 /// Counts of one queue's traffic, on the node that serves it (its master).
@@ -114,16 +138,90 @@ impl LatencyHistogram {
     }
 }
 
+/// One queue's counters and lengths, as the management API samples them
+/// for its rates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSample {
+    /// Its vhost.
+    pub vhost: String,
+    /// Its name.
+    pub name: String,
+    /// This node serves it (it is not forwarded to another node's master):
+    /// its counters are the queue's.
+    pub served_here: bool,
+    /// Its traffic, counted where it is served.
+    pub counters: QueueCounters,
+    /// Messages ready for delivery.
+    pub ready: u64,
+    /// Messages delivered and not yet acked.
+    pub unacked: u64,
+}
+
+impl super::Conn {
+    /// Counts on this connection and on its channel `ch`.
+    pub(super) fn count(&mut self, ch: super::ChannelId, f: impl Fn(&mut MessageCounters)) {
+        f(&mut self.counters);
+        if let Some(c) = self.channels.get_mut(&ch) {
+            f(&mut c.counters);
+        }
+    }
+
+    /// Counts a message this client connection is sent on channel `ch`
+    /// (deliver or get-ok).
+    pub(super) fn count_delivery(&mut self, ch: super::ChannelId, redelivered: bool) {
+        self.count(ch, |n| {
+            n.delivered += 1;
+            n.redelivered += u64::from(redelivered);
+        });
+    }
+}
+
 impl crate::Broker {
     /// Client traffic counts and confirm latencies since the node started.
     #[must_use]
     pub fn message_stats(&self) -> (MessageCounters, LatencyHistogram) {
         let (mut n, mut h) = (self.retired_counters, self.retired_latency);
-        for c in self.conns.values().filter(|c| c.link.is_none()) {
+        for c in self.client_conns() {
             n.add(&c.counters);
             h.add(&c.latency);
         }
         (n, h)
+    }
+
+    /// The connections of clients of this node (not the forwarding links
+    /// other nodes' brokers open here).
+    pub(super) fn client_conns(&self) -> impl Iterator<Item = &super::Conn> {
+        self.conns.values().filter(|c| c.link.is_none())
+    }
+
+    /// How many of `q`'s consumers are on this node's client connections
+    /// (a consumer forwarded here is counted on its client's node).
+    pub(super) fn client_consumers(&self, q: &super::Queue) -> usize {
+        q.consumers
+            .iter()
+            .filter(|c| self.conns.get(&c.conn).is_some_and(|c| c.link.is_none()))
+            .count()
+    }
+
+    /// Every queue's counters and lengths, cheaply (no arguments, no
+    /// policies), for sampling rates.
+    #[must_use]
+    pub fn queue_samples(&self) -> Vec<QueueSample> {
+        let mut out = Vec::new();
+        for (vn, v) in &self.vhosts {
+            for q in v.queues.values() {
+                let s = q.store.stats();
+                out.push(QueueSample {
+                    vhost: vn.clone(),
+                    name: q.name.to_string(),
+                    served_here: q.remote.is_none(),
+                    counters: q.counters,
+                    ready: s.ready,
+                    unacked: s.unacked,
+                });
+            }
+        }
+        out
     }
 }
 

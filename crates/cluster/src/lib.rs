@@ -126,7 +126,7 @@ pub use cluster::{Cluster, ClusterConfig, ClusterStatus, MemberStatus, NodeEvent
 pub use error::ClusterError;
 pub use state::{
     ArgValue, Arguments, BindingRecord, Command, CommandResponse, DestinationKind, ExchangeRecord,
-    LogIndex, Metadata, NodeRecord, Outcome, Permissions, PolicyRecord, QueueRecord, QueueView,
-    Rejection, UserRecord,
+    Listener, LogIndex, Metadata, NodeRecord, Outcome, Permissions, PolicyRecord, QueueRecord,
+    QueueView, Rejection, UserRecord,
 };
 pub use types::{NodeId, PeerNode, TypeConfig, node_id};

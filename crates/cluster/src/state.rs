@@ -92,6 +92,21 @@ pub struct NodeRecord {
     /// links run: a Warren node's peer address, where they share the port).
     #[serde(default)]
     pub link_addr: Option<String>,
+    /// Its client-facing listeners (AMQP, AMQPS, management HTTP,
+    /// Prometheus), as the node recorded them once listening; what the
+    /// management API lists for the whole cluster.
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+}
+
+/// One client-facing listener of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listener {
+    /// RabbitMQ's protocol name: `amqp`, `amqp/ssl`, `http`,
+    /// `http/prometheus`.
+    pub protocol: String,
+    /// The address it is bound to, `IP:PORT`.
+    pub addr: String,
 }
 
 /// A user.
@@ -358,6 +373,13 @@ pub enum Command {
         ring_addr: String,
         /// Its forwarding listener's address.
         link_addr: String,
+    },
+    /// Records a member node's client-facing listeners.
+    SetNodeListeners {
+        /// The node.
+        node: String,
+        /// Its listeners.
+        listeners: Vec<Listener>,
     },
 }
 
@@ -758,6 +780,14 @@ impl Metadata {
                 }
                 None => Err(Rejection::NoNode(node.clone())),
             },
+            Command::SetNodeListeners { node, listeners } => match self.nodes.get_mut(node) {
+                Some(n) if n.listeners == *listeners => Ok(Outcome::Unchanged),
+                Some(n) => {
+                    n.listeners.clone_from(listeners);
+                    Ok(Outcome::Done)
+                }
+                None => Err(Rejection::NoNode(node.clone())),
+            },
         }
     }
 
@@ -791,6 +821,7 @@ impl Metadata {
                     joined_at: index,
                     ring_addr: None,
                     link_addr: None,
+                    listeners: Vec::new(),
                 });
         }
         let gone: Vec<String> = self
@@ -875,6 +906,29 @@ mod tests {
         let mut m = Metadata::default();
         m.apply(&Command::PutVhost { name: "/".into() });
         m
+    }
+
+    #[test]
+    fn node_listeners_are_recorded_for_members_only() {
+        let mut m = md();
+        let members = BTreeMap::from([("a".to_owned(), "127.0.0.1:25672".to_owned())]);
+        m.apply_membership(1, &members);
+        let set = |node: &str| Command::SetNodeListeners {
+            node: node.into(),
+            listeners: vec![Listener {
+                protocol: "amqp".into(),
+                addr: "127.0.0.1:5672".into(),
+            }],
+        };
+        assert_eq!(m.apply(&set("a")).result, Ok(Outcome::Done));
+        assert_eq!(m.apply(&set("a")).result, Ok(Outcome::Unchanged));
+        assert_eq!(m.nodes["a"].listeners[0].protocol, "amqp");
+        assert_eq!(
+            m.apply(&set("b")).result,
+            Err(Rejection::NoNode("b".into()))
+        );
+        let bytes = postcard::to_stdvec(&set("a")).unwrap();
+        assert_eq!(postcard::from_bytes::<Command>(&bytes).unwrap(), set("a"));
     }
 
     #[test]

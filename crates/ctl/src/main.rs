@@ -1078,7 +1078,9 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
             let proto = l.get("protocol").and_then(Value::as_str).unwrap_or("");
             let purpose = match proto {
                 "amqp" => "AMQP 0-9-1",
+                "amqp/ssl" => "AMQP 0-9-1 over TLS",
                 "http" => "HTTP API",
+                "http/prometheus" => "Prometheus exporter API over HTTP",
                 "clustering" => "inter-node communication",
                 _ => "",
             };

@@ -119,6 +119,17 @@ fn each_tag_sees_the_connections_consumers_and_vhosts_rabbitmq_shows_it() {
     let (status, cs) = alice("/api/connections");
     assert_eq!(status, 200);
     assert_eq!(column(&cs, "user"), ["alice"]);
+    assert_eq!(column(&alice("/api/channels").1, "user"), ["alice"]);
+    // Another user's channel and its connection's channels: refused.
+    let all = n.http("GET", "/api/channels", None).1;
+    let bobs = all
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["user"] == "bob"))
+        .and_then(|c| c["name"].as_str())
+        .expect("bob's channel")
+        .to_owned();
+    let enc = |s: &str| s.replace(' ', "%20").replace('>', "%3E");
+    assert_eq!(alice(&format!("/api/channels/{}", enc(&bobs))).0, 401);
     assert_eq!(
         column(&alice("/api/consumers").1, "consumer_tag"),
         ["alice-c"]
@@ -161,6 +172,10 @@ fn each_tag_sees_the_connections_consumers_and_vhosts_rabbitmq_shows_it() {
     let mona = |path: &str| n.http_as("mona", "pw", "GET", path, None);
     assert_eq!(
         column(&mona("/api/connections").1, "user"),
+        ["alice", "bob", "guest"]
+    );
+    assert_eq!(
+        column(&mona("/api/channels").1, "user"),
         ["alice", "bob", "guest"]
     );
     assert_eq!(

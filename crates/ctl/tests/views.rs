@@ -85,6 +85,23 @@ fn cluster_status_and_nodes_show_true_values() {
         );
         assert!(text.contains(&line), "{line:?} in {text}");
     }
+    // The other members' client listeners, as they recorded them.
+    for (name, n) in [("warren@b", &b), ("warren@c", &c)] {
+        let lines = [
+            format!(
+                "Node: {name}, interface: 127.0.0.1, port: {}, protocol: amqp, purpose: AMQP 0-9-1\n",
+                n.amqp_port
+            ),
+            format!(
+                "Node: {name}, interface: 127.0.0.1, port: {}, protocol: http/prometheus, purpose: Prometheus exporter API over HTTP\n",
+                port(&n.metrics)
+            ),
+        ];
+        eventually("every member's listeners in cluster_status", || {
+            let text = a.ctl(&["cluster_status"]).ok().to_owned();
+            lines.iter().all(|l| text.contains(l.as_str()))
+        });
+    }
     let json: Value =
         serde_json::from_str(b.ctl(&["--formatter", "json", "cluster_status"]).ok()).unwrap();
     let clustering = json["listeners"]

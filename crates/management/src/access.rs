@@ -119,7 +119,10 @@ fn rule(template: &str, method: &Method) -> Rule {
     if template == "/api/policies/{vhost}/{name}" {
         return Rule::Policies;
     }
-    if template == "/api/connections/{name}" {
+    if matches!(
+        template,
+        "/api/connections/{name}" | "/api/connections/{name}/channels" | "/api/channels/{name}"
+    ) {
         // Whose connection it is decides, in the handler.
         return Rule::Anyone;
     }
@@ -132,6 +135,7 @@ fn rule(template: &str, method: &Method) -> Rule {
         | "/api/cluster-name"
         | "/api/vhosts"
         | "/api/connections"
+        | "/api/channels"
         | "/api/consumers"
         | "/api/consumers/{vhost}"
         | "/api/{*rest}" => Rule::Anyone,

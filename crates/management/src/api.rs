@@ -12,11 +12,13 @@ use axum::{Extension, Router};
 use serde_json::{Map, Value, json};
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::PolicyDef;
-use warren_broker::{Broker, ConnectionInfo, ConsumerInfo, QueueInfo, json_to_table};
+use warren_broker::{ConnectionInfo, QueueInfo, json_to_table};
 use warren_policy::{Policy, PolicyKind, PolicySet, PolicySpec};
 
 use crate::access::{self, AuthUser};
-use crate::{Management, QueueMirrors, defs, process};
+use crate::clients::consumer_json;
+use crate::rates::{self, Ranges, Rates};
+use crate::{Management, QueueMirrors, clients, defs, process};
 
 /// An API error: status plus RabbitMQ's `{"error":…,"reason":…}` body.
 #[derive(Debug)]
@@ -94,7 +96,7 @@ impl From<warren_broker::BrokerError> for ApiError {
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-fn ok(v: Value) -> Response {
+pub(crate) fn ok(v: Value) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
@@ -215,19 +217,29 @@ pub(crate) fn routes(state: Management) -> Router {
             "/api/exchanges/{vhost}/{name}",
             get(exchange_get).put(exchange_put).delete(exchange_delete),
         )
+        .route(
+            "/api/exchanges/{vhost}/{name}/bindings/{side}",
+            get(exchange_bindings),
+        )
         .route("/api/bindings", get(bindings_all))
         .route("/api/bindings/{vhost}", get(bindings_vhost))
         .route(
             "/api/bindings/{vhost}/e/{source}/{kind}/{destination}",
             get(bindings_between).post(binding_post),
         )
-        .route("/api/connections", get(connections))
+        .route("/api/connections", get(clients::connections))
         .route(
             "/api/connections/{name}",
-            get(connection_get).delete(connection_close),
+            get(clients::connection_get).delete(clients::connection_close),
         )
-        .route("/api/consumers", get(consumers_all))
-        .route("/api/consumers/{vhost}", get(consumers_vhost))
+        .route(
+            "/api/connections/{name}/channels",
+            get(clients::connection_channels),
+        )
+        .route("/api/channels", get(clients::channels))
+        .route("/api/channels/{name}", get(clients::channel_get))
+        .route("/api/consumers", get(clients::consumers_all))
+        .route("/api/consumers/{vhost}", get(clients::consumers_vhost))
         .route(
             "/api/definitions",
             get(defs::export_all).post(defs::import_all),
@@ -267,11 +279,15 @@ async fn openapi() -> Response {
 
 // ---------------------------------------------------------------- overview
 
-async fn overview(State(s): State<Management>, Extension(u): Extension<AuthUser>) -> Response {
-    let b = s.broker();
+async fn overview(
+    State(s): State<Management>,
+    Extension(u): Extension<AuthUser>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let ranges = Ranges::from_query(&q);
     let mut v = json!({
         "management_version": env!("CARGO_PKG_VERSION"),
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "rabbitmq_version": "3.13.7",
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
@@ -279,9 +295,9 @@ async fn overview(State(s): State<Management>, Extension(u): Extension<AuthUser>
         "erlang_version": "none (Rust)",
     });
     let totals = if u.is_monitor() {
-        node_totals(&s, &b)
+        node_totals(&s, &ranges)
     } else {
-        user_totals(&b, &u)
+        user_totals(&s, &u)
     };
     if let (Value::Object(o), Value::Object(t)) = (&mut v, totals) {
         o.extend(t);
@@ -298,24 +314,29 @@ fn queue_totals(ready: u64, unacked: u64) -> Value {
 }
 
 /// The overview's node-wide part, for monitors: this node, its listeners,
-/// and the totals of every vhost and connection.
-fn node_totals(s: &Management, b: &Broker) -> Value {
-    let o = b.overview();
-    let (n, _) = b.message_stats();
-    let mut listeners = Vec::new();
-    if let Some(a) = s.amqp_addr {
-        listeners.push(json!({"node": s.node, "protocol": "amqp", "ip_address": a.ip().to_string(), "port": a.port()}));
-    }
-    if let Some(a) = s.http_addr {
-        listeners.push(json!({"node": s.node, "protocol": "http", "ip_address": a.ip().to_string(), "port": a.port()}));
-    }
-    // Every member's peer listener, as the cluster's membership records it.
+/// and the totals of every vhost and connection, with their rates.
+fn node_totals(s: &Management, ranges: &Ranges) -> Value {
+    let (o, n) = {
+        let b = s.broker();
+        (b.overview(), b.message_stats().0)
+    };
+    let listener = |node: &str, protocol: &str, addr: &str| {
+        let (host, port) = host_and_port(addr);
+        json!({"node": node, "protocol": protocol, "ip_address": host, "port": port})
+    };
+    let mut listeners: Vec<Value> = s
+        .listeners
+        .iter()
+        .map(|(p, a)| listener(&s.node, p, &a.to_string()))
+        .collect();
+    // Every member's peer listener, as the cluster's membership records
+    // it, and the other members' listeners, as each recorded them.
     if let Some(c) = &s.cluster {
         for m in c.status().members {
-            let (host, port) = host_and_port(&m.addr);
-            listeners.push(
-                json!({"node": m.name, "protocol": "clustering", "ip_address": host, "port": port}),
-            );
+            listeners.push(listener(&m.name, "clustering", &m.addr));
+            if m.name != s.node {
+                listeners.extend(m.listeners.iter().map(|(p, a)| listener(&m.name, p, a)));
+            }
         }
     }
     let contexts: Vec<Value> = s
@@ -323,6 +344,13 @@ fn node_totals(s: &Management, b: &Broker) -> Value {
         .map(|a| json!({"node": s.node, "description": "Warren Management", "path": "/", "port": a.port().to_string()}))
         .into_iter()
         .collect();
+    let r = s.rates();
+    let series = Some(r.node());
+    let message_stats = r.counters(series, rates::NODE, &rates::message_values(&n), ranges);
+    let mut totals = queue_totals(o.messages_ready, o.messages_unacknowledged);
+    if let Value::Object(t) = &mut totals {
+        r.gauges(t, series, rates::NODE, ranges);
+    }
     json!({
         "node": s.node,
         "listeners": listeners,
@@ -334,38 +362,49 @@ fn node_totals(s: &Management, b: &Broker) -> Value {
             "queues": o.queues,
             "consumers": o.consumers,
         },
-        "queue_totals": queue_totals(o.messages_ready, o.messages_unacknowledged),
-        "message_stats": {
-            "publish": n.received,
-            "confirm": n.confirmed,
-            "deliver_get": n.delivered,
-            "redeliver": n.redelivered,
-            "ack": n.acknowledged,
-            "get_empty": n.get_empty,
-            "return_unroutable": n.unroutable_returned,
-            "drop_unroutable": n.unroutable_dropped,
-        },
+        "queue_totals": totals,
+        "message_stats": message_stats,
     })
 }
 
 /// The overview's part for a user who is not a monitor, as RabbitMQ
 /// scopes it: queues, exchanges and message counts of the vhosts the user
-/// has permissions in (message stats summed over their queues), the
-/// user's own connections and channels, and no consumer count.
-fn user_totals(b: &Broker, u: &AuthUser) -> Value {
-    let vhosts: Vec<String> = b
-        .vhost_names()
-        .into_iter()
-        .filter(|v| u.lists_vhost(v))
-        .collect();
-    let queues: Vec<QueueInfo> = vhosts.iter().flat_map(|v| b.queues(Some(v))).collect();
-    let exchanges: usize = vhosts.iter().map(|v| b.exchanges(Some(v)).len()).sum();
-    let conns: Vec<ConnectionInfo> = b
-        .connections()
-        .into_iter()
-        .filter(|c| u.sees_owner(&c.user))
-        .collect();
+/// has permissions in (message stats and their rates summed over the
+/// queues this node serves), the user's own connections and channels, and
+/// no consumer count.
+fn user_totals(s: &Management, u: &AuthUser) -> Value {
+    let (queues, exchanges, conns) = {
+        let b = s.broker();
+        let vhosts: Vec<String> = b
+            .vhost_names()
+            .into_iter()
+            .filter(|v| u.lists_vhost(v))
+            .collect();
+        let queues: Vec<QueueInfo> = vhosts.iter().flat_map(|v| b.queues(Some(v))).collect();
+        let exchanges: usize = vhosts.iter().map(|v| b.exchanges(Some(v)).len()).sum();
+        let conns: Vec<ConnectionInfo> = b
+            .connections()
+            .into_iter()
+            .filter(|c| u.sees_owner(&c.user))
+            .collect();
+        (queues, exchanges, conns)
+    };
     let sum = |f: fn(&QueueInfo) -> u64| queues.iter().map(f).sum::<u64>();
+    let served: Vec<&QueueInfo> = queues.iter().filter(|q| q.served_here).collect();
+    let mut message_stats = Map::new();
+    let r = s.rates();
+    for (i, field) in rates::QUEUE.counters.iter().enumerate() {
+        let total: u64 = served
+            .iter()
+            .map(|q| rates::queue_values(&q.counters, 0, 0)[i])
+            .sum();
+        let rate: f64 = served
+            .iter()
+            .map(|q| r.rate(r.queue(&q.vhost, &q.name), i))
+            .sum();
+        message_stats.insert((*field).to_owned(), json!(total));
+        message_stats.insert(format!("{field}_details"), json!({"rate": rate}));
+    }
     json!({
         "object_totals": {
             "connections": conns.len(),
@@ -374,12 +413,7 @@ fn user_totals(b: &Broker, u: &AuthUser) -> Value {
             "queues": queues.len(),
         },
         "queue_totals": queue_totals(sum(|q| q.messages_ready), sum(|q| q.messages_unacknowledged)),
-        "message_stats": {
-            "publish": sum(|q| q.counters.published),
-            "deliver_get": sum(|q| q.counters.delivered),
-            "redeliver": sum(|q| q.counters.redelivered),
-            "ack": sum(|q| q.counters.acked),
-        },
+        "message_stats": message_stats,
     })
 }
 
@@ -410,7 +444,7 @@ fn node_json(s: &Management) -> Value {
         "uptime": u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "partitions": [],
         "cluster_links": cluster_links(s),
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "being_drained": false,
     });
     // What cannot be read is left out, not shown as 0.
@@ -916,12 +950,14 @@ async fn op_policy_delete(
     delete_policy(&s, &vhost, &name, true)
 }
 
-/// A queue as `/api/queues` shows it.
+/// A queue as `/api/queues` shows it. Its message stats and rates are
+/// shown by the node that serves it (elsewhere they are not known).
 pub(crate) fn queue_json(
     node: &str,
     q: &QueueInfo,
     set: &PolicySet,
     m: Option<QueueMirrors>,
+    (r, ranges): (&Rates, &Ranges),
 ) -> Value {
     let eff = set.effective_for_queue(&q.vhost, &q.name, q.exclusive);
     let m = m.unwrap_or_else(|| QueueMirrors {
@@ -960,20 +996,23 @@ pub(crate) fn queue_json(
         "message_bytes": q.message_bytes_ready + q.message_bytes_unacknowledged,
         "message_bytes_ready": q.message_bytes_ready,
         "message_bytes_unacknowledged": q.message_bytes_unacknowledged,
-        "message_stats": {
-            "publish": q.counters.published,
-            "deliver_get": q.counters.delivered,
-            "redeliver": q.counters.redelivered,
-            "ack": q.counters.acked,
-        },
     });
-    if let (Some(n), Value::Object(o)) = (m.syncing, &mut v) {
-        o.insert("sync_messages".into(), json!(n));
+    if let Value::Object(o) = &mut v {
+        if let Some(n) = m.syncing {
+            o.insert("sync_messages".into(), json!(n));
+        }
+        if q.served_here {
+            let series = r.queue(&q.vhost, &q.name);
+            let values = rates::queue_values(&q.counters, 0, 0);
+            let stats = r.counters(series, rates::QUEUE, &values, ranges);
+            o.insert("message_stats".into(), Value::Object(stats));
+            r.gauges(o, series, rates::QUEUE, ranges);
+        }
     }
     v
 }
 
-fn all_queues_json(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
+fn all_queues_json(s: &Management, vhost: Option<&str>, ranges: &Ranges) -> ApiResult<Vec<Value>> {
     let (qs, defs) = {
         let b = s.broker();
         if let Some(v) = vhost
@@ -984,14 +1023,18 @@ fn all_queues_json(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>>
         (b.queues(vhost), b.policies())
     };
     let set = warren_broker::policy_set(&defs);
+    let r = s.rates();
     Ok(qs
         .iter()
-        .map(|q| queue_json(&s.node, q, &set, s.mirrors.mirrors(&q.vhost, &q.name)))
+        .map(|q| {
+            let m = s.mirrors.mirrors(&q.vhost, &q.name);
+            queue_json(&s.node, q, &set, m, (&r, ranges))
+        })
         .collect())
 }
 
 /// RabbitMQ's pagination (`page`, `page_size`) and `name` filter for list endpoints.
-fn paged(items: Vec<Value>, q: &HashMap<String, String>) -> Value {
+pub(crate) fn paged(items: Vec<Value>, q: &HashMap<String, String>) -> Value {
     let total = items.len();
     let filtered: Vec<Value> = match q.get("name").filter(|n| !n.is_empty()) {
         Some(n) => {
@@ -1048,7 +1091,11 @@ async fn queues_all(
     Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    Ok(ok(paged(u.only_visible(all_queues_json(&s, None)?), &q)))
+    let ranges = Ranges::from_query(&q);
+    Ok(ok(paged(
+        u.only_visible(all_queues_json(&s, None, &ranges)?),
+        &q,
+    )))
 }
 
 async fn queues_vhost(
@@ -1057,13 +1104,14 @@ async fn queues_vhost(
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
+    let ranges = Ranges::from_query(&q);
     Ok(ok(paged(
-        u.only_visible(all_queues_json(&s, Some(&vhost))?),
+        u.only_visible(all_queues_json(&s, Some(&vhost), &ranges)?),
         &q,
     )))
 }
 
-fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
+fn one_queue(s: &Management, vhost: &str, name: &str, ranges: &Ranges) -> ApiResult<Value> {
     let (q, defs) = {
         let b = s.broker();
         let q = b
@@ -1074,7 +1122,8 @@ fn one_queue(s: &Management, vhost: &str, name: &str) -> ApiResult<Value> {
         (q, b.policies())
     };
     let set = warren_broker::policy_set(&defs);
-    let mut v = queue_json(&s.node, &q, &set, s.mirrors.mirrors(vhost, name));
+    let m = s.mirrors.mirrors(vhost, name);
+    let mut v = queue_json(&s.node, &q, &set, m, (&s.rates(), ranges));
     let consumers: Vec<Value> = {
         let b = s.broker();
         let conns = b.connections();
@@ -1095,7 +1144,7 @@ async fn queue_get(
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let mut v = one_queue(&s, &vhost, &name)?;
+    let mut v = one_queue(&s, &vhost, &name, &Ranges::from_query(&q))?;
     // `?digest=true`: this node's copy's digest, to compare replicas (a
     // Warren extension). Asked for only: it reads every message held,
     // under the broker's lock.
@@ -1206,8 +1255,17 @@ fn exchange_json(x: &warren_broker::ExchangeInfo) -> Value {
         "arguments": x.arguments,
         "user_who_performed_action": "",
         "policy": Value::Null,
-        "message_stats": {},
     })
+}
+
+/// An exchange's name as a path gives it (`amq.default` is the default
+/// exchange, `""`).
+fn exchange_name(name: String) -> String {
+    if name == "amq.default" {
+        String::new()
+    } else {
+        name
+    }
 }
 
 fn exchanges_of(s: &Management, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
@@ -1256,11 +1314,7 @@ async fn exchange_get(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let name = if name == "amq.default" {
-        String::new()
-    } else {
-        name
-    };
+    let name = exchange_name(name);
     exchanges_of(&s, Some(&vhost))?
         .into_iter()
         .find(|x| x.get("name").and_then(Value::as_str) == Some(name.as_str()))
@@ -1397,6 +1451,38 @@ fn bindings_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<R
     ))))
 }
 
+/// `GET /api/exchanges/{vhost}/{name}/bindings/source` (bindings from the
+/// exchange) and `…/destination` (bindings to it).
+async fn exchange_bindings(
+    State(s): State<Management>,
+    Path((vhost, name, side)): Path<(String, String, String)>,
+) -> ApiResult<Response> {
+    let name = exchange_name(name);
+    let b = s.broker();
+    if !b.exchanges(Some(&vhost)).iter().any(|x| x.name == name) {
+        return Err(ApiError::not_found());
+    }
+    let to = match side.as_str() {
+        "source" => false,
+        "destination" => true,
+        _ => return Err(ApiError::not_found()),
+    };
+    let keep = |x: &warren_broker::BindingInfo| {
+        if to {
+            x.destination_type == "exchange" && x.destination == name
+        } else {
+            x.source == name
+        }
+    };
+    Ok(ok(Value::Array(
+        b.bindings(Some(&vhost))
+            .iter()
+            .filter(|x| keep(x))
+            .map(binding_json)
+            .collect(),
+    )))
+}
+
 async fn bindings_all(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
@@ -1410,159 +1496,6 @@ async fn bindings_vhost(
     Path(vhost): Path<String>,
 ) -> ApiResult<Response> {
     bindings_of(&s, &u, Some(&vhost))
-}
-
-// ------------------------------------------------ connections and consumers
-
-fn connection_name(c: &ConnectionInfo, node: &str) -> String {
-    format!("{} -> {node}", c.peer)
-}
-
-fn connection_json(node: &str, c: &ConnectionInfo) -> Value {
-    json!({
-        "name": connection_name(c, node),
-        "node": node,
-        "user": c.user,
-        "vhost": c.vhost,
-        "peer_host": c.peer.ip().to_string(),
-        "peer_port": c.peer.port(),
-        "state": "running",
-        "channels": c.channels,
-        "protocol": "AMQP 0-9-1",
-        "ssl": false,
-        "auth_mechanism": "PLAIN",
-        "type": "network",
-    })
-}
-
-async fn connections(
-    State(s): State<Management>,
-    Extension(u): Extension<AuthUser>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Response {
-    let cs = s.broker().connections();
-    ok(paged(
-        cs.iter()
-            .filter(|c| u.sees_owner(&c.user))
-            .map(|c| connection_json(&s.node, c))
-            .collect(),
-        &q,
-    ))
-}
-
-/// The connection of this node named `name`, if the user may see it.
-fn find_connection(s: &Management, u: &AuthUser, name: &str) -> ApiResult<ConnectionInfo> {
-    let c = s
-        .broker()
-        .connections()
-        .into_iter()
-        .find(|c| connection_name(c, &s.node) == name)
-        .ok_or_else(ApiError::not_found)?;
-    if !u.sees_owner(&c.user) {
-        return Err(ApiError::unauthorized(
-            "User not authorised to access object",
-        ));
-    }
-    Ok(c)
-}
-
-/// `GET /api/connections/{name}`.
-async fn connection_get(
-    State(s): State<Management>,
-    Extension(u): Extension<AuthUser>,
-    Path(name): Path<String>,
-) -> ApiResult<Response> {
-    let c = find_connection(&s, &u, &name)?;
-    Ok(ok(connection_json(&s.node, &c)))
-}
-
-/// `DELETE /api/connections/{name}`: the client gets connection.close 320
-/// CONNECTION_FORCED with the `X-Reason` header's text (RabbitMQ's default
-/// when there is none).
-async fn connection_close(
-    State(s): State<Management>,
-    Extension(u): Extension<AuthUser>,
-    Path(name): Path<String>,
-    headers: axum::http::HeaderMap,
-) -> ApiResult<Response> {
-    let c = find_connection(&s, &u, &name)?;
-    if !u.may_close(&c.user) {
-        return Err(ApiError::unauthorized(
-            "User not authorised to access object",
-        ));
-    }
-    let reason = headers
-        .get("x-reason")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("Closed via management plugin");
-    if !s.broker().close_connection(c.id, reason) {
-        return Err(ApiError::not_found());
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-fn consumer_json(node: &str, c: &ConsumerInfo, conns: &[ConnectionInfo]) -> Value {
-    let conn = conns.iter().find(|x| x.id == c.conn);
-    let conn_name = conn.map_or_else(String::new, |x| connection_name(x, node));
-    json!({
-        "queue": {"name": c.queue, "vhost": c.vhost},
-        "consumer_tag": c.tag,
-        "channel_details": {
-            "name": format!("{conn_name} ({})", c.channel),
-            "number": c.channel,
-            "connection_name": conn_name,
-            "node": node,
-            "peer_host": conn.map(|x| x.peer.ip().to_string()),
-            "peer_port": conn.map(|x| x.peer.port()),
-            "user": conn.map(|x| x.user.clone()),
-        },
-        "ack_required": c.ack_required,
-        "exclusive": c.exclusive,
-        "prefetch_count": c.prefetch,
-        "active": true,
-        "activity_status": "up",
-        "arguments": {},
-    })
-}
-
-/// The consumers (of `vhost`, or of all) that `u` sees: monitors every
-/// one, other users those on their own connections.
-fn consumers_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<Response> {
-    let b = s.broker();
-    if let Some(v) = vhost
-        && !b.has_vhost(v)
-    {
-        return Err(ApiError::not_found());
-    }
-    let conns = b.connections();
-    let owner = |c: &ConsumerInfo| {
-        conns
-            .iter()
-            .find(|x| x.id == c.conn)
-            .map_or("", |x| x.user.as_str())
-    };
-    Ok(ok(Value::Array(
-        b.consumers(vhost)
-            .iter()
-            .filter(|c| u.sees_owner(owner(c)))
-            .map(|c| consumer_json(&s.node, c, &conns))
-            .collect(),
-    )))
-}
-
-async fn consumers_all(
-    State(s): State<Management>,
-    Extension(u): Extension<AuthUser>,
-) -> ApiResult<Response> {
-    consumers_of(&s, &u, None)
-}
-
-async fn consumers_vhost(
-    State(s): State<Management>,
-    Extension(u): Extension<AuthUser>,
-    Path(vhost): Path<String>,
-) -> ApiResult<Response> {
-    consumers_of(&s, &u, Some(&vhost))
 }
 
 // ------------------------------------------------------------------ health
@@ -1609,7 +1542,7 @@ async fn health_ok() -> Response {
 }
 
 async fn mirror_sync_critical(State(s): State<Management>) -> ApiResult<Response> {
-    let queues = all_queues_json(&s, None)?;
+    let queues = all_queues_json(&s, None, &Ranges::default())?;
     let critical: Vec<Value> = queues
         .into_iter()
         .filter(|q| {

@@ -47,6 +47,9 @@ pub struct ClusterMember {
     pub voter: bool,
     /// Whether it is running as the answering node sees it.
     pub running: bool,
+    /// Its client-facing listeners as it recorded them: (RabbitMQ's
+    /// protocol name, `IP:PORT`).
+    pub listeners: Vec<(String, String)>,
 }
 
 /// What `cluster_status` shows.
@@ -104,6 +107,7 @@ fn info_json(s: &Management) -> Value {
                 addr: String::new(),
                 voter: true,
                 running: true,
+                listeners: Vec::new(),
             }],
         },
         |c| c.status(),

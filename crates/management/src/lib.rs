@@ -4,12 +4,16 @@
 //! (`/api/overview`, `/api/nodes`, `/api/vhosts`, `/api/users`,
 //! `/api/permissions`, `/api/policies`, `/api/operator-policies`,
 //! `/api/queues` with the mirror fields, `/api/exchanges`, `/api/bindings`,
-//! `/api/connections`, `/api/consumers`, `/api/definitions`,
-//! `/api/health/checks/…`), Warren's `POST /api/nodes/{name}/stop`,
-//! `/stop_app` and `/start_app` (through a [`NodeControl`]), plus
-//! `/api/openapi.json` describing them, and a
-//! web page at `/` (overview, queues, a queue's page with its ring, Admin →
-//! Policies). [`metrics_router`] serves Prometheus metrics at `/metrics`.
+//! `/api/connections`, `/api/channels`, `/api/consumers`,
+//! `/api/definitions`, `/api/health/checks/…`), Warren's
+//! `POST /api/nodes/{name}/stop`, `/stop_app` and `/start_app` (through a
+//! [`NodeControl`]), plus `/api/openapi.json` describing them, and a web
+//! page at `/` (overview with rates and charts, connections, channels,
+//! exchanges, queues, a queue's page with its ring, Admin → Policies).
+//! [`serve`] also samples the broker's counters for the message rates
+//! (RabbitMQ's `rates_mode: basic`, the `rates` module).
+//! [`metrics_router`] serves Prometheus metrics at `/metrics`: this node's
+//! own queues and clients, as rabbitmq_prometheus does.
 //!
 //! Conventions are RabbitMQ's: HTTP basic auth against the broker's users,
 //! who need the `management`, `policymaker`, `monitoring` or
@@ -24,18 +28,20 @@
 
 mod access;
 mod api;
+mod clients;
 mod cluster;
 mod defs;
 mod metrics;
 mod node;
 mod openapi;
 mod process;
+mod rates;
 mod web;
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use warren_broker::Broker;
@@ -101,19 +107,21 @@ impl MirrorSource for SingleNode {
 pub struct Management {
     broker: SharedBroker,
     node: String,
-    amqp_addr: Option<SocketAddr>,
+    listeners: Vec<(String, SocketAddr)>,
     http_addr: Option<SocketAddr>,
     mirrors: Arc<dyn MirrorSource>,
     cluster: Option<Arc<dyn ClusterControl>>,
     node_control: Option<Arc<dyn NodeControl>>,
     started: Instant,
+    stats_interval: Duration,
+    rates: Arc<Mutex<rates::Rates>>,
 }
 
 impl fmt::Debug for Management {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Management")
             .field("node", &self.node)
-            .field("amqp_addr", &self.amqp_addr)
+            .field("listeners", &self.listeners)
             .field("http_addr", &self.http_addr)
             .finish_non_exhaustive()
     }
@@ -126,23 +134,38 @@ impl Management {
         Self {
             broker,
             node,
-            amqp_addr: None,
+            listeners: Vec::new(),
             http_addr: None,
             mirrors: Arc::new(SingleNode),
             cluster: None,
             node_control: None,
             started: Instant::now(),
+            stats_interval: rates::DEFAULT_INTERVAL,
+            rates: Arc::new(Mutex::new(rates::Rates::new(rates::DEFAULT_INTERVAL))),
         }
     }
 
-    /// Sets the AMQP listener's address (shown in `listeners`).
+    /// Sets how often [`serve`] samples the counters for the message rates
+    /// (RabbitMQ's `collect_statistics_interval`; 5 s by default).
     #[must_use]
-    pub fn amqp_addr(mut self, addr: SocketAddr) -> Self {
-        self.amqp_addr = Some(addr);
+    pub fn statistics_interval(mut self, every: Duration) -> Self {
+        self.stats_interval = every;
+        self.rates = Arc::new(Mutex::new(rates::Rates::new(every)));
         self
     }
 
-    /// Sets the HTTP listener's address (shown in `listeners` and `contexts`).
+    /// Adds one of this node's listeners, shown in the overview's
+    /// `listeners` with RabbitMQ's protocol name (`amqp`, `amqp/ssl`,
+    /// `http`, `http/prometheus`). The other members' come from the
+    /// cluster ([`ClusterMember::listeners`]).
+    #[must_use]
+    pub fn listener(mut self, protocol: &str, addr: SocketAddr) -> Self {
+        self.listeners.push((protocol.to_owned(), addr));
+        self
+    }
+
+    /// Sets the management HTTP listener's address (shown in `contexts`;
+    /// add it with [`listener`](Self::listener) as `http` to list it).
     #[must_use]
     pub fn http_addr(mut self, addr: SocketAddr) -> Self {
         self.http_addr = Some(addr);
@@ -174,10 +197,15 @@ impl Management {
     fn broker(&self) -> MutexGuard<'_, Broker> {
         lock(&self.broker)
     }
+
+    /// The rate samples. Never held while taking the broker's lock.
+    fn rates(&self) -> MutexGuard<'_, rates::Rates> {
+        lock(&self.rates)
+    }
 }
 
-fn lock(b: &SharedBroker) -> MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The router: `/api/…`, `/api/openapi.json` and the web page at `/`.
@@ -185,8 +213,10 @@ pub fn router(state: Management) -> Router {
     api::routes(state.clone()).merge(web::routes())
 }
 
-/// Serves [`router`] on `listener` until the task is dropped.
+/// Serves [`router`] on `listener`, and samples the message rates, until
+/// the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: Management) -> std::io::Result<()> {
+    let _sampler = rates::AbortOnDrop(tokio::spawn(rates::sample_forever(state.clone())));
     let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await
 }

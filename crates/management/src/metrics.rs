@@ -1,6 +1,17 @@
 //! Prometheus text exposition at `/metrics`, with RabbitMQ's metric names
 //! (`rabbitmq_queue_messages_ready`, `rabbitmq_global_messages_*`, …)
 //! plus Warren's ring gauges and confirm latency histogram.
+//!
+//! As rabbitmq_prometheus does, each node exports what is its own: the
+//! queues it serves (a mirrored queue's master, a queue not forwarded
+//! elsewhere), its client connections, channels and consumers, its
+//! clients' message counts and its process. Summed over the nodes, each
+//! queue and client counts once. What several nodes report of one thing
+//! carries the `node` label of the node that reports it, as
+//! `rabbitmq_identity_info` names it: the exchanges (every node holds them
+//! all) and each replica's own view of its queue's ring
+//! (`warren_queue_ring_view`, `warren_queue_ring_pending`, from the master
+//! and every mirror).
 
 use std::fmt::Write as _;
 
@@ -23,6 +34,16 @@ struct Row {
 
 /// Reads one per-queue value (`None`: the queue has none, e.g. no ring).
 type QueueValue = fn(&Row) -> Option<u64>;
+
+/// Which queues a per-queue family covers on this node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// The queues this node serves: the queue's own figures.
+    Served,
+    /// Every replica this node holds (master or mirror), labelled with
+    /// the node: what each replica sees of its ring.
+    Replica,
+}
 
 /// Escapes a label value.
 fn label(v: &str) -> String {
@@ -63,94 +84,125 @@ pub fn render(s: &Management) -> String {
     for (name, help, v) in [
         (
             "rabbitmq_connections",
-            "Open client connections",
+            "Open client connections of this node",
             o.connections,
         ),
-        ("rabbitmq_channels", "Open channels", o.channels),
-        ("rabbitmq_consumers", "Consumers", o.consumers),
-        ("rabbitmq_queues", "Queues", o.queues),
-        ("rabbitmq_exchanges", "Exchanges", o.exchanges),
+        (
+            "rabbitmq_channels",
+            "Open channels of this node's client connections",
+            o.channels,
+        ),
+        (
+            "rabbitmq_consumers",
+            "Consumers of this node's client connections",
+            o.consumers,
+        ),
+        (
+            "rabbitmq_queues",
+            "Queues served by this node (masters)",
+            queues.iter().filter(|q| q.served_here).count() as u64,
+        ),
     ] {
         family(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
     }
-    let per_queue: [(&str, &str, &str, QueueValue); 13] = [
+    family(
+        &mut out,
+        "rabbitmq_exchanges",
+        "gauge",
+        "Exchanges in the cluster, as the node labelled sees them (every node reports them all)",
+    );
+    let _ = writeln!(out, "rabbitmq_exchanges{{node=\"{node}\"}} {}", o.exchanges);
+    let per_queue: [(&str, &str, &str, Scope, QueueValue); 13] = [
         (
             "rabbitmq_queue_messages_ready",
             "gauge",
             "Messages ready to be delivered",
+            Scope::Served,
             |r| Some(r.q.messages_ready),
         ),
         (
             "rabbitmq_queue_messages_unacked",
             "gauge",
             "Messages delivered and not yet acknowledged",
+            Scope::Served,
             |r| Some(r.q.messages_unacknowledged),
         ),
         (
             "rabbitmq_queue_messages",
             "gauge",
             "Ready and unacknowledged messages",
+            Scope::Served,
             |r| Some(r.q.messages_ready + r.q.messages_unacknowledged),
         ),
         (
             "rabbitmq_queue_messages_bytes",
             "gauge",
             "Bytes of ready and unacknowledged messages",
+            Scope::Served,
             |r| Some(r.q.message_bytes_ready + r.q.message_bytes_unacknowledged),
         ),
         (
             "rabbitmq_queue_consumers",
             "gauge",
             "Consumers of the queue",
+            Scope::Served,
             |r| Some(r.q.consumers),
         ),
         (
             "rabbitmq_queue_messages_published_total",
             "counter",
             "Messages published into the queue (on the node serving it)",
+            Scope::Served,
             |r| Some(r.q.counters.published),
         ),
         (
             "rabbitmq_queue_messages_delivered_total",
             "counter",
             "Messages delivered or fetched from the queue (on the node serving it)",
+            Scope::Served,
             |r| Some(r.q.counters.delivered),
         ),
         (
             "rabbitmq_queue_messages_redelivered_total",
             "counter",
             "Of those, redelivered",
+            Scope::Served,
             |r| Some(r.q.counters.redelivered),
         ),
         (
             "rabbitmq_queue_messages_acked_total",
             "counter",
             "Deliveries from the queue acknowledged (on the node serving it)",
+            Scope::Served,
             |r| Some(r.q.counters.acked),
         ),
         (
             "warren_queue_ring_view",
             "gauge",
             "The view version (epoch) of the queue's ring, as this node's replica has it",
+            Scope::Replica,
             |r| r.q.ring.map(|g| g.view),
         ),
         (
             "warren_queue_ring_pending",
             "gauge",
             "Publishes and fetches sent around the queue's ring not yet held by every member (GM's pending buffer)",
+            Scope::Replica,
             |r| r.q.ring.map(|g| g.pending),
         ),
         (
             "warren_queue_ring_members",
             "gauge",
             "Members of the queue's ring view (master and mirrors)",
+            Scope::Served,
             |r| Some(r.members),
         ),
         (
             "warren_queue_synchronised_mirrors",
             "gauge",
             "Synchronised mirrors of the queue",
+            Scope::Served,
             |r| Some(r.synced),
         ),
     ];
@@ -165,12 +217,19 @@ pub fn render(s: &Management) -> String {
             }
         })
         .collect();
-    for (name, kind, help, f) in per_queue {
+    for (name, kind, help, scope, f) in per_queue {
         family(&mut out, name, kind, help);
-        for r in &rows {
+        for r in rows
+            .iter()
+            .filter(|r| scope == Scope::Replica || r.q.served_here)
+        {
             if let Some(v) = f(r) {
                 let (vh, qn) = (label(&r.q.vhost), label(&r.q.name));
-                let _ = writeln!(out, "{name}{{vhost=\"{vh}\",queue=\"{qn}\"}} {v}");
+                let at = match scope {
+                    Scope::Served => String::new(),
+                    Scope::Replica => format!(",node=\"{node}\""),
+                };
+                let _ = writeln!(out, "{name}{{vhost=\"{vh}\",queue=\"{qn}\"{at}}} {v}");
             }
         }
     }

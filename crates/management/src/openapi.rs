@@ -7,7 +7,7 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
     (
         "/api/overview",
         &["get"],
-        "Node overview: versions, listeners, object and message totals",
+        "Node overview: versions, every node's listeners, object and message totals with their rates (rates_mode basic; samples with msg_rates_age/msg_rates_incr and lengths_age/lengths_incr, in seconds)",
     ),
     ("/api/whoami", &["get"], "The authenticated user and tags"),
     ("/api/cluster-name", &["get"], "The cluster's name"),
@@ -106,6 +106,16 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         &["get"],
         "One exchange (amq.default is the default exchange)",
     ),
+    (
+        "/api/exchanges/{vhost}/{name}/bindings/source",
+        &["get"],
+        "Bindings from an exchange",
+    ),
+    (
+        "/api/exchanges/{vhost}/{name}/bindings/destination",
+        &["get"],
+        "Bindings to an exchange",
+    ),
     ("/api/bindings", &["get"], "Bindings"),
     ("/api/bindings/{vhost}", &["get"], "Bindings of a vhost"),
     (
@@ -113,7 +123,31 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         &["get", "post"],
         "Bindings from an exchange to a queue (kind q) or exchange (kind e); POST: routing_key, arguments (201, Location: props)",
     ),
-    ("/api/connections", &["get"], "Client connections"),
+    (
+        "/api/connections",
+        &["get"],
+        "This node's client connections, with recv_oct/send_oct and their rates",
+    ),
+    (
+        "/api/connections/{name}",
+        &["get", "delete"],
+        "One connection; DELETE closes it (X-Reason header: the text the client gets)",
+    ),
+    (
+        "/api/connections/{name}/channels",
+        &["get"],
+        "A connection's channels",
+    ),
+    (
+        "/api/channels",
+        &["get"],
+        "This node's client channels, with message_stats and their rates",
+    ),
+    (
+        "/api/channels/{name}",
+        &["get"],
+        "One channel, with its consumer_details",
+    ),
     ("/api/consumers", &["get"], "Consumers"),
     ("/api/consumers/{vhost}", &["get"], "Consumers of a vhost"),
     (

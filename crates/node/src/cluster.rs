@@ -1051,6 +1051,29 @@ impl Clustered {
         })
     }
 
+    /// Records this node's client-facing listeners (RabbitMQ's protocol
+    /// name, address) in the cluster, for the other members' management
+    /// APIs to list; retried in the background while there is no majority.
+    pub(crate) fn record_listeners(&self, listeners: &[(&str, SocketAddr)]) {
+        let cmd = Command::SetNodeListeners {
+            node: self.cluster.node().as_str().to_owned(),
+            listeners: listeners
+                .iter()
+                .map(|(protocol, addr)| warren_cluster::Listener {
+                    protocol: (*protocol).to_owned(),
+                    addr: addr.to_string(),
+                })
+                .collect(),
+        };
+        let c = self.cluster.clone();
+        self.rt.spawn(async move {
+            while let Err(e) = c.write(cmd.clone()).await {
+                tracing::debug!(error = %e, "recording the listeners failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
+
     /// Where the management API reads a queue's master and mirrors.
     pub(crate) fn mirrors(&self) -> Arc<dyn warren_management::MirrorSource> {
         Arc::new(Records {
@@ -1209,6 +1232,7 @@ struct Control {
 impl warren_management::ClusterControl for Control {
     fn status(&self) -> warren_management::ClusterInfo {
         let s = self.cluster.cluster_status();
+        let meta = self.cluster.local();
         warren_management::ClusterInfo {
             node: s.node,
             leader: s.leader,
@@ -1216,6 +1240,12 @@ impl warren_management::ClusterControl for Control {
                 .members
                 .into_iter()
                 .map(|m| warren_management::ClusterMember {
+                    listeners: meta.nodes.get(&m.name).map_or_else(Vec::new, |n| {
+                        n.listeners
+                            .iter()
+                            .map(|l| (l.protocol.clone(), l.addr.clone()))
+                            .collect()
+                    }),
                     name: m.name,
                     addr: m.addr,
                     voter: m.voter,

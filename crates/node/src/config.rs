@@ -46,6 +46,10 @@ pub(crate) const ENV_KEYS: &[(&str, &str)] = &[
     ("WARREN_DEFAULT_USER", "default_user"),
     ("WARREN_DEFAULT_PASS", "default_pass"),
     ("WARREN_LOG_LEVEL", "log.console.level"),
+    (
+        "WARREN_COLLECT_STATISTICS_INTERVAL",
+        "collect_statistics_interval",
+    ),
 ];
 
 /// A refused configuration: where, and why.
@@ -128,6 +132,9 @@ pub(crate) struct Settings {
     pub default_pass: Option<String>,
     /// `log.console.level`, as a tracing filter (`error`, `warn`, `info`, `debug`).
     pub log_level: Option<String>,
+    /// `collect_statistics_interval`, milliseconds: how often the
+    /// management API samples the message rates.
+    pub stats_interval_ms: Option<u64>,
     /// `listeners.ssl.default` and `ssl_options.*`.
     pub tls: Tls,
 }
@@ -225,6 +232,12 @@ impl Settings {
                 self.net_ticktime = Some(match v.parse() {
                     Ok(n) if n > 0 => n,
                     _ => return Err(format!("{v:?} is not a positive number of seconds")),
+                });
+            }
+            "collect_statistics_interval" => {
+                self.stats_interval_ms = Some(match v.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(format!("{v:?} is not a positive number of milliseconds")),
                 });
             }
             "vm_memory_high_watermark.relative" => {
@@ -413,6 +426,7 @@ impl Settings {
             default_user: self.default_user.or(lower.default_user),
             default_pass: self.default_pass.or(lower.default_pass),
             log_level: self.log_level.or(lower.log_level),
+            stats_interval_ms: self.stats_interval_ms.or(lower.stats_interval_ms),
             tls: Tls {
                 listener: self.tls.listener.or(lower.tls.listener),
                 certfile: self.tls.certfile.or(lower.tls.certfile),
@@ -596,6 +610,7 @@ mod tests {
              default_user = admin\n\
              default_pass = s3cret = yes\n\
              log.console.level = warning\n\
+             collect_statistics_interval = 1000\n\
              listeners.ssl.default = 5671\n\
              ssl_options.certfile = {cert}\n\
              ssl_options.keyfile = {key}\n\
@@ -624,6 +639,7 @@ mod tests {
         assert_eq!(s.ca_dir, Some(PathBuf::from("/etc/warren/ca")));
         assert_eq!(s.boot_wait, Some(30));
         assert_eq!(s.net_ticktime, Some(15));
+        assert_eq!(s.stats_interval_ms, Some(1000));
         assert_eq!(s.memory_high_watermark, Some(MemoryLimit::Relative(0.6)));
         assert_eq!(s.disk_free_limit, Some(DiskLimit::Absolute(2_000_000_000)));
         assert_eq!(s.default_user.as_deref(), Some("admin"));

@@ -303,52 +303,77 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     // After `join_cluster` the app waits for `start_app`, as in RabbitMQ.
     let (mut app, mut requests, app_control) = app::App::new(listener, rejoin.is_none())?;
     let amqp_addr = app.addr();
-    let http = match TcpListener::bind(&args.http_addr).await {
-        Ok(l) => {
-            let addr = l.local_addr()?;
-            let mut api = warren_management::Management::new(broker.clone())
-                .amqp_addr(amqp_addr)
-                .http_addr(addr)
-                .node_control(app_control.clone());
-            if let Some(c) = &clustered {
-                api = api.cluster(c.control(app_control)).mirrors(c.mirrors());
+    let amqps_addr = match &args.settings.tls.listener {
+        Some(addr) => Some(
+            amqps::start(*addr, &args.settings.tls, broker.clone(), app.running())
+                .await
+                .context("starting the AMQPS listener")?,
+        ),
+        None => None,
+    };
+    let bind = |addr: &str, what: &'static str| {
+        let addr = addr.to_owned();
+        async move {
+            match TcpListener::bind(&addr).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(%addr, error = %e, "{what} disabled: cannot listen");
+                    None
+                }
             }
-            tokio::spawn(warren_management::serve(l, api));
-            Some(addr)
-        }
-        Err(e) => {
-            tracing::warn!(addr = %args.http_addr, error = %e, "HTTP API disabled: cannot listen");
-            None
         }
     };
-    let mut metrics = warren_management::Management::new(broker.clone()).amqp_addr(amqp_addr);
+    let http_listener = bind(&args.http_addr, "HTTP API").await;
+    let metrics_listener = bind(&args.prometheus_addr, "metrics").await;
+    let http = http_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    // Every client-facing listener, as the overview lists them (the other
+    // members' management APIs too, from the cluster).
+    let listeners: Vec<(&str, std::net::SocketAddr)> = [
+        ("amqp", Some(amqp_addr)),
+        ("amqp/ssl", amqps_addr),
+        ("http", http),
+        ("http/prometheus", metrics_addr),
+    ]
+    .into_iter()
+    .filter_map(|(protocol, addr)| Some((protocol, addr?)))
+    .collect();
     if let Some(c) = &clustered {
-        // The ring gauges read the queue records' mirrors.
-        metrics = metrics.mirrors(c.mirrors());
+        c.record_listeners(&listeners);
     }
-    let metrics_addr = match TcpListener::bind(&args.prometheus_addr).await {
-        Ok(l) => {
-            let addr = l.local_addr()?;
-            tokio::spawn(warren_management::serve_metrics(l, metrics));
-            Some(addr)
+    if let (Some(l), Some(addr)) = (http_listener, http) {
+        let mut api = warren_management::Management::new(broker.clone())
+            .http_addr(addr)
+            .node_control(app_control.clone());
+        for (protocol, a) in &listeners {
+            api = api.listener(protocol, *a);
         }
-        Err(e) => {
-            tracing::warn!(addr = %args.prometheus_addr, error = %e, "metrics disabled: cannot listen");
-            None
+        if let Some(ms) = args.settings.stats_interval_ms {
+            api = api.statistics_interval(Duration::from_millis(ms));
         }
-    };
+        if let Some(c) = &clustered {
+            api = api.cluster(c.control(app_control)).mirrors(c.mirrors());
+        }
+        tokio::spawn(warren_management::serve(l, api));
+    }
+    if let Some(l) = metrics_listener {
+        let mut metrics = warren_management::Management::new(broker.clone());
+        if let Some(c) = &clustered {
+            // The ring gauges read the queue records' mirrors.
+            metrics = metrics.mirrors(c.mirrors());
+        }
+        tokio::spawn(warren_management::serve_metrics(l, metrics));
+    }
     let metrics_text = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
     let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, metrics = %metrics_text, "ready");
-    let amqps_text = match &args.settings.tls.listener {
-        Some(addr) => {
-            let a = amqps::start(*addr, &args.settings.tls, broker.clone(), app.running())
-                .await
-                .context("starting the AMQPS listener")?;
-            format!(", AMQPS on {a}")
-        }
-        None => String::new(),
-    };
+    let amqps_text = amqps_addr.map_or_else(String::new, |a| format!(", AMQPS on {a}"));
     let peers_text = clustered
         .as_ref()
         .map_or_else(String::new, |c| format!(", peers on {}", c.peer_addr()));

@@ -1,21 +1,23 @@
 //! Clustered `warren` processes on 127.0.0.1: forming a cluster with
 //! `--join`, metadata declared on one node visible on every node, cluster
 //! status, `forget_cluster_node` after a SIGKILL, a graceful stop and
-//! restart, and the command line's refusals.
+//! restart, each node's metrics and listeners, and the command line's
+//! refusals.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 
 use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use serde_json::json;
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use serde_json::{Value, json};
 
 mod peers;
 
-use peers::{Peer, eventually, field, has, names, three};
+use peers::{Peer, declare_durable, eventually, field, has, names, set_ha_all, three};
 
 #[test]
 fn metadata_declared_anywhere_is_seen_everywhere() {
@@ -166,6 +168,119 @@ fn metadata_declared_anywhere_is_seen_everywhere() {
     assert!(has(&nodes[1].get("/api/users"), |u| u["name"] == "alice"));
 }
 
+/// The series of `queue` itself on a node's `/metrics` (not those of a
+/// replica's view of its ring, which carry the node).
+fn queue_series(p: &Peer, queue: &str) -> Vec<String> {
+    let text = ureq::get(&format!("http://{}/metrics", p.metrics))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let label = format!("queue=\"{queue}\"}}");
+    text.lines()
+        .filter(|l| l.contains(&label))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn each_node_exports_the_queues_it_serves_and_lists_every_listener() {
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // ha.q mirrored everywhere with its master on a; plain on b alone.
+    declare_durable(&rt, &nodes[0], "ha.q");
+    declare_durable(&rt, &nodes[1], "plain");
+    // Five messages into each through c, which serves neither.
+    rt.block_on(async {
+        let conn = Connection::connect(&nodes[2].amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for q in ["ha.q", "plain"] {
+            for _ in 0..5 {
+                ch.basic_publish(
+                    "".into(),
+                    q.into(),
+                    BasicPublishOptions::default(),
+                    b"m",
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            }
+        }
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+    let published =
+        |q: &str| format!("rabbitmq_queue_messages_published_total{{vhost=\"/\",queue=\"{q}\"}}");
+    eventually("the masters count the publishes", || {
+        nodes[0].metric(&published("ha.q")) == Some(5)
+            && nodes[1].metric(&published("plain")) == Some(5)
+    });
+    // Each queue once in the cluster: on its master's node only.
+    for (q, master) in [("ha.q", 0), ("plain", 1)] {
+        for (i, n) in nodes.iter().enumerate() {
+            let series = queue_series(n, q);
+            assert_eq!(
+                !series.is_empty(),
+                i == master,
+                "{q} on {}: {series:?}",
+                n.name
+            );
+        }
+    }
+    // Each replica of ha.q reports its own view of the ring, with its node.
+    for n in &nodes {
+        let ring = format!(
+            "warren_queue_ring_view{{vhost=\"/\",queue=\"ha.q\",node=\"{}\"}}",
+            n.name
+        );
+        eventually("every replica's ring view", || n.metric(&ring).is_some());
+    }
+    let queues: Vec<Option<u64>> = nodes.iter().map(|n| n.metric("rabbitmq_queues")).collect();
+    assert_eq!(queues, vec![Some(1), Some(1), Some(0)]);
+    let exchanges = |n: &Peer| n.metric(&format!("rabbitmq_exchanges{{node=\"{}\"}}", n.name));
+    assert!(nodes.iter().all(|n| exchanges(n).is_some()));
+    // The API shows a queue's message stats where it is served.
+    assert_eq!(
+        nodes[1].get("/api/queues/%2F/plain")["message_stats"]["publish"],
+        5
+    );
+    assert!(
+        nodes[2]
+            .get("/api/queues/%2F/plain")
+            .get("message_stats")
+            .is_none()
+    );
+
+    // Every node's overview lists every node's listeners.
+    for n in &nodes {
+        let listed = |o: &Value, node: &str, protocol: &str| -> Option<String> {
+            o["listeners"].as_array()?.iter().find_map(|l| {
+                let ip = l["ip_address"].as_str()?;
+                (l["node"] == node && l["protocol"] == protocol)
+                    .then(|| format!("{ip}:{}", l["port"]))
+            })
+        };
+        eventually("every member's listeners in the overview", || {
+            let o = n.get("/api/overview");
+            nodes.iter().all(|m| {
+                listed(&o, &m.name, "amqp") == Some(format!("{}:{}", m.ip, m.amqp))
+                    && listed(&o, &m.name, "http").as_deref() == Some(m.http.as_str())
+                    && listed(&o, &m.name, "http/prometheus").as_deref() == Some(m.metrics.as_str())
+                    && listed(&o, &m.name, "clustering").as_deref() == Some(m.peers.as_str())
+            })
+        });
+    }
+}
+
 #[test]
 fn forms_a_cluster_over_quic_and_sees_a_sigkilled_member_down_at_once() {
     let root = tempfile::tempdir().unwrap();
@@ -266,14 +381,14 @@ fn a_single_node_becomes_the_first_cluster_member_with_its_queues() {
         ch.queue_declare("kept".into(), q, FieldTable::default())
             .await
             .unwrap();
-        ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+        ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
-        let props = lapin::BasicProperties::default().with_delivery_mode(2);
+        let props = BasicProperties::default().with_delivery_mode(2);
         ch.basic_publish(
             "".into(),
             "kept".into(),
-            lapin::options::BasicPublishOptions::default(),
+            BasicPublishOptions::default(),
             b"still here",
             props,
         )

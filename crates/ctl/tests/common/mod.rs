@@ -67,9 +67,16 @@ fn addr_after<'a>(line: &'a str, key: &str) -> &'a str {
 impl Node {
     /// Starts a node on free ports with data in `data_dir`.
     pub fn start(data_dir: &Path) -> Self {
+        Self::start_with_env(data_dir, &[])
+    }
+
+    /// Starts a node as [`Node::start`] does, with the environment
+    /// variables `env` set (`WARREN_*` settings).
+    pub fn start_with_env(data_dir: &Path, env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(warren_bin());
         cmd.args(["--node-name", "warren@testhost"])
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stderr(Stdio::null());
         Self::spawn(cmd, data_dir)
     }

@@ -2,7 +2,11 @@
 protocol: log in, create the seed's mirroring policy in Admin -> Policies,
 see the inline validation error for a bad one, see the queue take the policy
 in the queues list and on its page (node, mirrors, ring), press the sync
-actions through the API the page uses, and take screenshots.
+actions through the API the page uses; then, while a client publishes, gets
+and acks, see the rates and charts on the overview and the queue's page, the
+every listener in Ports and contexts, the Connections, Channels and
+Exchanges views and their pages (no NaN, no undefined), close the client's
+connection with Force close, and take screenshots of each.
 
 Usage: web_check.py HTTP_ADDR OUT_DIR   (exits non-zero on a failed check)
 """
@@ -131,6 +135,83 @@ try:
                     headers: {'Authorization': 'Basic ' + sessionStorage.getItem('auth'), 'Content-Type': 'application/json'},
                     body: JSON.stringify({action: 'sync'})}).then(r => r.status)""")
     assert status == 204, status
+
+    def clean(view):
+        text = ev("document.getElementById('main').innerText")
+        assert "NaN" not in text and "undefined" not in text, f"{view}: {text}"
+        return text
+
+    def some_rate(cells, what):
+        # A rate cell reads "12.3/s" or "1.2 KiB/s"; a dash is no rate.
+        wait_for(f"[...document.querySelectorAll({json.dumps(cells)})].some(td => parseFloat(td.textContent) > 0)", what)
+
+    # Overview: the client's rates, then charts of the last samples (taken
+    # every second here; the page refreshes every 5 s).
+    ev("location.hash = '#/'")
+    some_rate("#rates td", "a non-zero rate on the overview")
+    wait_for("!!document.querySelector('#chart-rates polyline') && !!document.querySelector('#chart-queued polyline')",
+             "the overview's charts")
+    protocols = ev("[...document.querySelectorAll('#listeners tr td:first-child')].map(td => td.textContent).join(',')")
+    for p in ["amqp", "http", "http/prometheus"]:
+        assert p in protocols.split(","), protocols
+    clean("overview")
+    shot("overview-rates")
+
+    # The queue the client uses: its rates in the list and on its page.
+    ev("location.hash = '#/queues'")
+    wait_for("[...document.querySelectorAll('#queues td a')].some(a => a.textContent === 'rated')", "the rated queue")
+    clean("queues")
+    ev("location.hash = '#/queues/%2F/rated'")
+    some_rate("#q-rates td", "the queue's rates")
+    wait_for("!!document.querySelector('#chart-q-rates polyline')", "the queue's rate chart")
+    clean("queue")
+    shot("queue-rates")
+
+    # Connections: the client's, with its data rates; its page and channel.
+    ev("location.hash = '#/connections'")
+    some_rate("#connections td:nth-child(8)", "the connection's data rate from the client")
+    clean("connections")
+    shot("connections")
+    ev("document.querySelector('#connections a').click()")
+    wait_for("document.querySelectorAll('#conn-channels tr').length > 1", "the connection's channel")
+    wait_for("!!document.querySelector('#chart-octets polyline')", "the connection's data rate chart")
+    clean("connection")
+    shot("connection")
+
+    # Channels: the client's confirm-mode channel, its rates and page.
+    ev("location.hash = '#/channels'")
+    some_rate("#channels td:nth-child(10)", "the channel's publish rate")
+    assert ev("document.querySelector('#channels tr:nth-child(2) td:nth-child(5)').textContent") == "C"
+    clean("channels")
+    shot("channels")
+    ev("document.querySelector('#channels a').click()")
+    some_rate("#chan-rates td", "the channel page's rates")
+    clean("channel")
+    shot("channel")
+
+    # Exchanges: the list, one exchange's bindings, the default exchange.
+    ev("location.hash = '#/exchanges'")
+    wait_for("[...document.querySelectorAll('#exchanges td a')].some(a => a.textContent === 'hello.x')", "the exchange list")
+    clean("exchanges")
+    shot("exchanges")
+    ev("[...document.querySelectorAll('#exchanges td a')].find(a => a.textContent === 'hello.x').click()")
+    wait_for("[...document.querySelectorAll('#x-from td')].some(td => td.textContent === 'hello.world')", "the exchange's binding")
+    clean("exchange")
+    shot("exchange")
+    ev("location.hash = '#/exchanges/%2F/amq.default'")
+    wait_for("(document.getElementById('x-name') || {}).textContent === '(AMQP default)'", "the default exchange")
+    clean("default exchange")
+
+    # Force close the client's connection from its page.
+    ev("location.hash = '#/connections'")
+    wait_for("!!document.querySelector('#connections a')", "the connection list")
+    ev("document.querySelector('#connections a').click()")
+    wait_for("!!document.getElementById('close-conn')", "the close button")
+    ev("document.getElementById('close-reason').value = 'closed by the web test'; document.getElementById('close-conn').click()")
+    wait_for("document.getElementById('close-msg').textContent.includes('Closed.')", "the connection closed")
+    shot("connection-closed")
+    ev("location.hash = '#/connections'")
+    wait_for("document.querySelectorAll('#connections tr').length === 1", "no connection left")
     print("OK", file=sys.stderr)
 finally:
     chrome.kill()

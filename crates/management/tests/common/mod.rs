@@ -1,14 +1,20 @@
 //! An in-process broker behind the served router, and plain HTTP/1.1
-//! requests to it over TCP.
+//! requests to it over TCP; [`amqp`] serves the broker to AMQP clients as
+//! the node's shell does (without its flow control and group commits:
+//! transient messages only).
 
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
+use bytes::BytesMut;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use warren_broker::meta::MemoryStore;
 use warren_broker::{Broker, BrokerConfig};
 use warren_management::Management;
@@ -56,4 +62,62 @@ pub async fn request_as(
         .unwrap_or("")
         .to_owned();
     (status, body)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Serves `broker` to AMQP clients on a free loopback port; the URL to
+/// connect to as guest.
+pub async fn amqp(broker: Arc<Mutex<Broker>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ticked = broker.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            ticked.lock().unwrap().tick(now_ms());
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((stream, peer)) = listener.accept().await {
+            tokio::spawn(client(broker.clone(), stream, peer));
+        }
+    });
+    format!("amqp://guest:guest@{addr}/%2F")
+}
+
+/// One client connection: bytes in, the turn's output out in one write.
+async fn client(broker: Arc<Mutex<Broker>>, stream: TcpStream, peer: SocketAddr) {
+    let notify = Arc::new(Notify::new());
+    let id = {
+        let n = notify.clone();
+        broker
+            .lock()
+            .unwrap()
+            .connect(peer, Arc::new(move || n.notify_one()))
+    };
+    let (mut rd, mut wr) = stream.into_split();
+    let (mut input, mut output) = (BytesMut::with_capacity(65_536), BytesMut::new());
+    loop {
+        let open = tokio::select! {
+            r = rd.read_buf(&mut input) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let mut b = broker.lock().unwrap();
+                    b.handle_input(id, &mut input, now_ms());
+                    b.take_output(id, &mut output)
+                }
+            },
+            () = notify.notified() => broker.lock().unwrap().take_output(id, &mut output),
+        };
+        if wr.write_all(&output).await.is_err() || !open {
+            break;
+        }
+        output.clear();
+    }
+    drop(broker.lock().unwrap().disconnect(id, now_ms()));
 }

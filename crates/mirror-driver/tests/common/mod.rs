@@ -255,6 +255,7 @@ impl Net {
                         joined_at,
                         ring_addr: None,
                         link_addr: None,
+                        listeners: Vec::new(),
                     },
                 );
             });
