@@ -1454,7 +1454,8 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&id) else {
             return false;
         };
-        if c.link.is_some() {
+        // Forwarding links are not clients; one already closing is gone.
+        if c.link.is_some() || c.amqp.is_closing() {
             return false;
         }
         tracing::info!(peer = %c.peer, user = %c.user, %reason, "closing connection on request");
