@@ -295,11 +295,11 @@ fn check_lanes(got: &[Bytes], want: &[Bytes]) {
     }
 }
 
-/// Frames over one chunk (16 MiB) up to the maximum arrive whole, both ways,
-/// among whole frames fed before and after them; a frame over the maximum
-/// is refused when fed.
+/// Frames over one chunk (16 MiB) up to the maximum (here two chunks and a
+/// byte: three pieces) arrive whole, both ways, among whole frames fed
+/// before and after them; a frame over the maximum is refused when fed.
 pub async fn frames_over_one_chunk_arrive_whole(h: &dyn Harness) {
-    let max = 40 << 20;
+    let max = 2 * crate::MAX_CHUNK_LEN + 1;
     let mut l = listen(h, "server@suite", max).await;
     let (mut client, mut server) = dial(h, l.as_mut(), config("client@suite", SECRET, max)).await;
     let err = client
