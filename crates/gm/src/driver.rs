@@ -96,6 +96,21 @@ impl NodeConfig {
     }
 }
 
+/// A frame for a peer node and the transport lane it goes on.
+type Outgoing = (u64, Bytes);
+
+/// The transport lane of the heartbeats; rings' lanes are odd ([`lane`]).
+const HEARTBEAT_LANE: u64 = 0;
+
+/// The transport lane of a ring's frames: they stay in order, and may be
+/// overtaken by other rings' frames and heartbeats while one is long.
+fn lane(ring: &str) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    ring.hash(&mut h);
+    h.finish() | 1
+}
+
 /// Most ring views the driver's safety-net poll reads in one tick.
 const MAX_VIEW_POLLS_PER_TICK: usize = 10;
 
@@ -179,18 +194,26 @@ impl<T> Handoff<T> {
         self.notify.notify_one();
     }
 
+    /// Takes every item there is without waiting; `false` (taking
+    /// nothing) once closed.
+    fn try_take(&self, out: &mut Vec<T>) -> bool {
+        let mut g = self.lock();
+        if g.1 {
+            return false;
+        }
+        out.extend(g.0.drain(..));
+        true
+    }
+
     /// Waits for items and takes them all; `false` once closed.
     async fn take(&self, out: &mut Vec<T>) -> bool {
         loop {
-            {
-                let mut g = self.lock();
-                if g.1 {
-                    return false;
-                }
-                if !g.0.is_empty() {
-                    out.extend(g.0.drain(..));
-                    return true;
-                }
+            let before = out.len();
+            if !self.try_take(out) {
+                return false;
+            }
+            if out.len() > before {
+                return true;
             }
             self.notify.notified().await;
         }
@@ -489,7 +512,7 @@ struct Peer {
     /// node listens elsewhere).
     addr: Option<watch::Sender<PeerAddr>>,
     conn: u64,
-    outbox: Option<Arc<Handoff<Bytes>>>,
+    outbox: Option<Arc<Handoff<Outgoing>>>,
     dialing: bool,
     /// When the current connection last carried a frame.
     heard: Instant,
@@ -864,7 +887,7 @@ impl NodeTask {
         if self.detector.heartbeat_due(now) {
             self.hb_seq += 1;
             let hb = encode_message(&PeerFrame::Heartbeat { seq: self.hb_seq })
-                .map(Bytes::from)
+                .map(|hb| (HEARTBEAT_LANE, Bytes::from(hb)))
                 .ok();
             if let Some(hb) = hb {
                 let names: Vec<NodeName> = self.peers.keys().cloned().collect();
@@ -1139,13 +1162,14 @@ impl NodeTask {
         self.run_loopback();
     }
 
-    fn ring_frame(&self, ring: &str, msg: &RingMsg) -> Option<Bytes> {
-        encode_ring_frame(ring, msg).ok().map(Bytes::from)
+    fn ring_frame(&self, ring: &str, msg: &RingMsg) -> Option<Outgoing> {
+        let bytes = encode_ring_frame(ring, msg).ok()?;
+        Some((lane(ring), Bytes::from(bytes)))
     }
 
-    fn push_to(&mut self, node: &NodeName, bytes: Bytes) {
+    fn push_to(&mut self, node: &NodeName, frame: Outgoing) {
         if let Some(outbox) = self.peers.get(node).and_then(|p| p.outbox.as_ref()) {
-            outbox.extend([bytes]);
+            outbox.extend([frame]);
             self.woken.insert(node.clone());
         }
     }
@@ -1242,16 +1266,29 @@ impl NodeTask {
     }
 }
 
-/// Writes batches from the outbox until the connection fails or a newer one replaces it.
-async fn write_loop(mut sender: Box<dyn FrameSender>, outbox: Arc<Handoff<Bytes>>) {
+/// Writes batches from the outbox until the connection fails or a newer one
+/// replaces it. A frame in pieces (a long one: a large message) goes a piece
+/// at a time, and what reaches the outbox meanwhile goes between its pieces
+/// but for its own ring's frames, which follow it: one large message holds
+/// back neither the other rings nor the heartbeats that keep the connection
+/// from counting as silent.
+async fn write_loop(mut sender: Box<dyn FrameSender>, outbox: Arc<Handoff<Outgoing>>) {
     let mut batch = Vec::new();
-    while outbox.take(&mut batch).await {
-        for frame in batch.drain(..) {
-            if sender.feed(frame).is_err() {
+    loop {
+        let open = if sender.buffered() > 0 {
+            outbox.try_take(&mut batch)
+        } else {
+            outbox.take(&mut batch).await
+        };
+        if !open {
+            return;
+        }
+        for (lane, frame) in batch.drain(..) {
+            if sender.feed_lane(lane, frame).is_err() {
                 return;
             }
         }
-        if sender.flush().await.is_err() {
+        if sender.flush_some().await.is_err() {
             return;
         }
     }

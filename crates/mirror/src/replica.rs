@@ -34,6 +34,12 @@ impl RecordView {
     }
 }
 
+/// Bytes of message bodies and properties a ring message gathers before it
+/// takes no more messages: one carries at most this and one message more
+/// (a broadcast of one turn's ops as a sync batch), so that however many
+/// large messages a turn publishes or a sync sends, each fits a peer frame.
+const RING_MSG_BYTES: usize = 4 << 20;
+
 /// The mirroring settings of one queue (from its effective `ha-*` policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -309,6 +315,8 @@ pub struct Replica {
     // Master.
     out_ops: Vec<Op>,
     out_pubs: Vec<PublishId>,
+    /// Bytes of the messages published into `out_ops`.
+    out_bytes: usize,
     confirms: VecDeque<PendingConfirm>,
     fetches: VecDeque<PendingFetch>,
     next_token: u64,
@@ -430,6 +438,7 @@ impl Replica {
             synced_members: BTreeSet::new(),
             out_ops: Vec::new(),
             out_pubs: Vec::new(),
+            out_bytes: 0,
             confirms: VecDeque::new(),
             fetches: VecDeque::new(),
             next_token: 1,
@@ -607,8 +616,13 @@ impl Replica {
         if self.isolated && self.role == Role::Master {
             return Err(MirrorError::Isolated);
         }
+        if self.out_bytes >= RING_MSG_BYTES {
+            self.flush_ops();
+        }
+        let len = msg.props.len() + msg.body.len();
         let published = self.master_bq()?.publish(now_ms, msg)?;
         self.collect_ops();
+        self.out_bytes += len;
         self.out_pubs.push(id);
         note_held(&mut self.held, id);
         self.confirms.push_back(PendingConfirm {
@@ -1088,6 +1102,7 @@ impl Replica {
         }
         let ops = std::mem::take(&mut self.out_ops);
         let publishes = std::mem::take(&mut self.out_pubs);
+        self.out_bytes = 0;
         self.push_msg(Body::Ops { ops, publishes });
         let seq = self.broadcasts;
         for c in self.confirms.iter_mut().rev() {
@@ -1333,7 +1348,18 @@ impl Replica {
         };
         let n = (self.settings.sync_batch_size as usize).max(1);
         if !run.rest.is_empty() {
-            let take = n.min(run.rest.len());
+            // `ha-sync-batch-size` messages, fewer when they are large.
+            let mut bytes = 0;
+            let take = run
+                .rest
+                .iter()
+                .take(n)
+                .take_while(|m| {
+                    let fits = bytes < RING_MSG_BYTES;
+                    bytes += m.props.len() + m.body.len();
+                    fits
+                })
+                .count();
             let msgs: Vec<SnapshotMessage> = run.rest.drain(..take).collect();
             run.sent += msgs.len() as u64;
             let sync = run.id;

@@ -92,6 +92,10 @@ struct Sim {
     /// then also wait for every synchronised replica's fsync, run at random
     /// steps ([`Sim::sync_disk`]). `None`: in-memory queues.
     disk: Option<tempfile::TempDir>,
+    /// Bytes added to every published body (large messages).
+    padding: usize,
+    /// The largest payload a replica broadcast.
+    largest_broadcast: usize,
     check: Checker,
 }
 
@@ -122,6 +126,8 @@ impl Sim {
             lazy_views: false,
             publish_target: None,
             disk: disk.then(|| tempfile::tempdir().expect("a temporary directory")),
+            padding: 0,
+            largest_broadcast: 0,
             check: Checker::default(),
         };
         sim.add_node(true);
@@ -374,6 +380,7 @@ impl Sim {
     fn on_output(&mut self, i: usize, o: Output) {
         match o {
             Output::Broadcast(b) => {
+                self.largest_broadcast = self.largest_broadcast.max(b.len());
                 self.nodes[i]
                     .member
                     .broadcast(b)
@@ -533,7 +540,9 @@ impl Sim {
         self.next_msg += 1;
         let id = PublishId { publisher: 1, seq };
         let persistent = self.disk.is_some();
-        let msg = NewMessage::new(seq, format!("m{seq}").into_bytes(), persistent);
+        let mut body = format!("m{seq}").into_bytes();
+        body.resize(body.len() + self.padding, b'.');
+        let msg = NewMessage::new(seq, body, persistent);
         let now = self.now_ms;
         if self.nodes[m].replica.publish(now, id, msg).is_ok() {
             self.check.pending.insert(seq);
@@ -1154,6 +1163,41 @@ fn sync_under_load_with_progress_and_cancel() {
     sim.quiesce();
     assert!(sim.nodes[1].replica.status().synchronised);
     assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+/// Large messages published in one turn go round the ring in several
+/// broadcasts, and a sync of them in several batches, each of a few MiB and
+/// one message at most (so each fits a peer frame), and nothing is lost.
+#[test]
+fn large_messages_go_in_broadcasts_and_sync_batches_of_bounded_size() {
+    const MSG: usize = 3 << 20;
+    let bound = (4 << 20) + MSG + 4096;
+    let mut sim = Sim::new(11, settings(SyncMode::Automatic, 4096));
+    sim.padding = MSG;
+    sim.add_node(false);
+    sim.quiesce();
+    // Six in one turn: no flush between them.
+    for _ in 0..6 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert!(
+        (MSG..=bound).contains(&sim.largest_broadcast),
+        "a broadcast of {} bytes",
+        sim.largest_broadcast
+    );
+    assert!(sim.check.pending.is_empty(), "every publish confirmed");
+    // A new mirror gets the six in batches as small.
+    sim.largest_broadcast = 0;
+    let n = sim.add_node(false);
+    sim.quiesce();
+    assert!(sim.nodes[n].replica.status().synchronised);
+    assert!(
+        (MSG..=bound).contains(&sim.largest_broadcast),
+        "a sync batch of {} bytes",
+        sim.largest_broadcast
+    );
     sim.check_end();
 }
 

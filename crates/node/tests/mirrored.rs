@@ -15,8 +15,8 @@ use lapin::options::{
     BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
-use peers::{Peer, declare_durable, eventually, names, set_ha_all, three};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use peers::{Peer, declare_durable, eventually, names, set_ha_all, three, three_with};
 use serde_json::{Value, json};
 
 const QUEUE: &str = "ha.orders";
@@ -29,7 +29,15 @@ fn queue(p: &Peer) -> Value {
 /// Three nodes with the `ha-all` policy and the durable queue [`QUEUE`]
 /// declared on A, once both other nodes hold synchronised mirrors.
 fn mirrored_three(root: &Path) -> (PathBuf, Vec<Peer>, tokio::runtime::Runtime) {
-    let (secret, nodes) = three(root);
+    mirrored_three_with(root, &[])
+}
+
+/// [`mirrored_three`], each node started with the `extra` arguments.
+fn mirrored_three_with(
+    root: &Path,
+    extra: &[&str],
+) -> (PathBuf, Vec<Peer>, tokio::runtime::Runtime) {
+    let (secret, nodes) = three_with(root, extra);
     set_ha_all(&nodes[0]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     declare_durable(&rt, &nodes[0], QUEUE);
@@ -61,13 +69,39 @@ async fn connect(p: &Peer) -> Connection {
         .expect("connect")
 }
 
-/// Publishes `n` persistent messages with confirms; returns the bodies acked.
-async fn publish_confirmed(p: &Peer, from: usize, n: usize) -> BTreeSet<String> {
+/// A connection through `p` and a channel on it in confirm mode.
+async fn confirming(p: &Peer) -> (Connection, Channel) {
     let conn = connect(p).await;
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
+    (conn, ch)
+}
+
+/// A consumer of [`QUEUE`] through `p` tagged `tag`, with manual acks and
+/// at most `prefetch` unacked, and the connection and channel it lives on.
+async fn consumer(p: &Peer, tag: &str, prefetch: u16) -> (Connection, Channel, Consumer) {
+    let conn = connect(p).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let consumer = ch
+        .basic_consume(
+            QUEUE.into(),
+            tag.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (conn, ch, consumer)
+}
+
+/// Publishes `n` persistent messages with confirms; returns the bodies acked.
+async fn publish_confirmed(p: &Peer, from: usize, n: usize) -> BTreeSet<String> {
+    let (conn, ch) = confirming(p).await;
     let mut pending = Vec::new();
     for i in from..from + n {
         let body = format!("m{i}");
@@ -112,18 +146,7 @@ fn drain_missing(
 /// Consumes (acking) until `want` are all seen or nothing came for 3 s;
 /// returns every body seen.
 async fn consume_all(p: &Peer, want: &BTreeSet<String>) -> Vec<String> {
-    let conn = connect(p).await;
-    let ch = conn.create_channel().await.unwrap();
-    ch.basic_qos(100, BasicQosOptions::default()).await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            QUEUE.into(),
-            "checker".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (conn, _ch, mut consumer) = consumer(p, "checker", 100).await;
     let mut seen = Vec::new();
     loop {
         let seen_all = want.iter().all(|w| seen.iter().any(|s: &String| s == w));
@@ -435,9 +458,14 @@ fn consumers_that_ask_are_cancelled_on_failover() {
 }
 
 fn set_policy(p: &Peer, definition: Value) {
+    set_named_policy(p, "ha", definition);
+}
+
+/// Sets the policy `name` for the queues named `ha.*` through `p`.
+fn set_named_policy(p: &Peer, name: &str, definition: Value) {
     let (status, v) = p.http(
         "PUT",
-        "/api/policies/%2F/ha",
+        &format!("/api/policies/%2F/{name}"),
         Some(&json!({"pattern": "^ha\\.", "apply-to": "queues", "definition": definition})),
     );
     assert!(status == 201 || status == 204, "set policy: {status} {v}");
@@ -913,11 +941,7 @@ fn a_consumer_on_another_node_receives_more_than_the_output_limit() {
     let (_secret, nodes, rt) = mirrored_three(root.path());
     const N: usize = 6_000;
     rt.block_on(async {
-        let conn = connect(&nodes[0]).await;
-        let ch = conn.create_channel().await.unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        let (conn, ch) = confirming(&nodes[0]).await;
         let mut body = vec![b'x'; 1024];
         let mut pending = Vec::new();
         for i in 0..N {
@@ -939,18 +963,7 @@ fn a_consumer_on_another_node_receives_more_than_the_output_limit() {
         }
         let _ = conn.close(200, "bye".into()).await;
         // 6 MiB through node b's consumer, with manual acks.
-        let conn = connect(&nodes[1]).await;
-        let ch = conn.create_channel().await.unwrap();
-        ch.basic_qos(200, BasicQosOptions::default()).await.unwrap();
-        let mut consumer = ch
-            .basic_consume(
-                QUEUE.into(),
-                "far".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (conn, _ch, mut consumer) = consumer(&nodes[1], "far", 200).await;
         let mut seen = vec![false; N];
         let mut got = 0;
         while got < N {
@@ -1421,4 +1434,161 @@ fn master_locators_spread_new_queues_over_the_nodes() {
         assert_eq!(got.delivery.data, b"placed");
         conn.close(200, "bye".into()).await.unwrap();
     });
+}
+
+/// `len` bytes that differ with `seed` and along the body (a misplaced or
+/// lost chunk shows).
+fn patterned(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i % 251) as u8 ^ (i >> 20) as u8 ^ seed)
+        .collect()
+}
+
+/// Publishes small persistent messages to `queue` through `p` with
+/// confirms, 10 in flight, counting confirms in `confirmed`, until `stop`.
+async fn publish_small_until(
+    p: &Peer,
+    queue: &str,
+    confirmed: &std::sync::atomic::AtomicU64,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    let (conn, ch) = confirming(p).await;
+    let mut pending = std::collections::VecDeque::new();
+    while !stop.load(Ordering::Relaxed) {
+        while pending.len() < 10 {
+            pending.push_back(
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    b"small",
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap(),
+            );
+        }
+        let confirm = pending.pop_front().expect("ten in flight");
+        assert!(confirm.await.unwrap().is_ack(), "a small message nacked");
+        confirmed.fetch_add(1, Ordering::Relaxed);
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+#[test]
+fn messages_up_to_the_maximum_size_are_confirmed_replicated_and_forwarded_over_tcp() {
+    large_messages(&[]);
+}
+
+#[test]
+fn messages_up_to_the_maximum_size_are_confirmed_replicated_and_forwarded_over_quic() {
+    large_messages(&["--transport", "quic"]);
+}
+
+/// Messages larger than a peer frame (16 MiB), up to the default
+/// `max_message_size` (128 MiB), are confirmed, held alike by every replica
+/// and delivered through a node that is not the master (the forwarding
+/// link), published through the master and through another node, and a
+/// mirror placed again is synchronised with them; meanwhile a publisher of
+/// small messages into another mirrored queue, whose ring shares the
+/// connections between the nodes, keeps getting confirms. The nodes run
+/// with the `extra` arguments.
+fn large_messages(extra: &[&str]) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const SMALL: &str = "ha.small";
+    let root = peers::test_root();
+    let (_secret, nodes, rt) = mirrored_three_with(root.path(), extra);
+    declare_durable(&rt, &nodes[1], SMALL);
+    eventually("two synchronised mirrors of the small queue", || {
+        let (_, q) = nodes[1].http("GET", &format!("/api/queues/%2F/{SMALL}"), None);
+        names(&q, "synchronised_slave_nodes").len() == 2
+    });
+    let bodies = [patterned(20 << 20, 1), patterned(128 << 20, 2)];
+    let confirmed = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    rt.block_on(async {
+        let small = publish_small_until(&nodes[1], SMALL, &confirmed, &stop);
+        let big = async {
+            while confirmed.load(Ordering::Relaxed) < 10 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // The 20 MiB message through the master, the 128 MiB one
+            // through node c (forwarded to the master over the link).
+            let mut confirms = Vec::new();
+            for (body, via) in bodies.iter().zip([&nodes[0], &nodes[2]]) {
+                let (conn, ch) = confirming(via).await;
+                let confirm = ch
+                    .basic_publish(
+                        "".into(),
+                        QUEUE.into(),
+                        BasicPublishOptions::default(),
+                        body,
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                    .unwrap();
+                confirms.push((conn, ch, confirm));
+            }
+            let before = confirmed.load(Ordering::Relaxed);
+            for (conn, _ch, confirm) in confirms {
+                let confirm = tokio::time::timeout(Duration::from_secs(180), confirm)
+                    .await
+                    .expect("a large message confirmed");
+                assert!(confirm.unwrap().is_ack(), "a large message nacked");
+                let _ = conn.close(200, "bye".into()).await;
+            }
+            let after = confirmed.load(Ordering::Relaxed);
+            // And they go on.
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while confirmed.load(Ordering::Relaxed) < after + 10 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .expect("small messages confirmed after the large ones");
+            stop.store(true, Ordering::Relaxed);
+            after - before
+        };
+        let ((), during) = tokio::join!(small, big);
+        assert!(
+            during > 0,
+            "no small message was confirmed while the large ones moved"
+        );
+    });
+    replicas_agree(&[&nodes[0], &nodes[1], &nodes[2]]);
+    // A mirror dropped (exactly 2) and placed again (all) is synchronised:
+    // the large messages in sync batches.
+    let policy = |definition| set_named_policy(&nodes[0], "ha-all", definition);
+    policy(json!({"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}));
+    eventually("exactly 2: one mirror", || {
+        names(&queue(&nodes[0]), "slave_nodes").len() == 1
+    });
+    policy(json!({"ha-mode": "all", "ha-sync-mode": "automatic"}));
+    eventually("all: two synchronised mirrors again", || {
+        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
+    });
+    replicas_agree(&[&nodes[0], &nodes[1], &nodes[2]]);
+    // Both through node b's consumer: the master's deliveries cross the link.
+    let got = rt.block_on(async {
+        let (conn, _ch, mut consumer) = consumer(&nodes[1], "far", 1).await;
+        let mut got = Vec::new();
+        while got.len() < bodies.len() {
+            let next = tokio::time::timeout(Duration::from_secs(60), consumer.next()).await;
+            let Ok(Some(Ok(d))) = next else {
+                panic!("deliveries stopped after {} large messages", got.len());
+            };
+            d.ack(BasicAckOptions::default()).await.unwrap();
+            got.push(d.data);
+        }
+        let _ = conn.close(200, "bye".into()).await;
+        got
+    });
+    let mut got: Vec<&Vec<u8>> = got.iter().collect();
+    got.sort_by_key(|b| b.len());
+    assert_eq!(got.len(), 2);
+    for (got, want) in got.into_iter().zip(&bodies) {
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "a message of {} bytes corrupted", want.len());
+    }
 }

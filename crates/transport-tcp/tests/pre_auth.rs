@@ -29,9 +29,10 @@ fn transport(cfg: TransportConfig, tls: bool) -> TcpTransport {
 }
 
 /// A listener whose handshakes never time out within a test (so a refusal
-/// seen here comes from something else), with `slots` handshake slots.
+/// seen here comes from something else), with `slots` handshake slots and
+/// frames up to 512 MiB once authenticated.
 async fn listener(tls: bool, slots: usize) -> Box<dyn Listener> {
-    let mut cfg = config("server@pre-auth", SECRET, 1 << 20);
+    let mut cfg = config("server@pre-auth", SECRET, 512 << 20);
     cfg.handshake_timeout = Duration::from_secs(600);
     cfg.max_pending_handshakes = slots;
     transport(cfg, tls)
@@ -67,16 +68,26 @@ async fn a_member_connects(l: &mut dyn Listener, tls: bool) {
     assert_eq!(conn.peer_node().as_str(), "server@pre-auth");
 }
 
-/// A stranger announcing a frame larger than any handshake message is cut
-/// off at its length prefix, not after the listener buffered the frame
-/// (16 MiB fits the configured maximum: only the pre-authentication limit
-/// refuses it).
+/// A stranger announcing a frame larger than any handshake message, whole
+/// or split into pieces, is cut off at its length prefix, not after the
+/// listener buffered the frame (16 MiB and 256 MiB fit the maximum after
+/// authentication: only the pre-authentication limit refuses them).
 #[tokio::test]
 async fn a_huge_frame_before_the_handshake_is_refused_at_its_prefix() {
     let mut l = listener(false, 64).await;
-    for len in [16u32 << 20, HANDSHAKE_MAX_FRAME_LEN as u32 + 1] {
+    // The first piece of a split frame: its length (4 bytes), then 4 more.
+    let split = [
+        ((1u32 << 31) | 8).to_be_bytes(),
+        (256u32 << 20).to_be_bytes(),
+    ]
+    .concat();
+    for prefix in [
+        (16u32 << 20).to_be_bytes().to_vec(),
+        (HANDSHAKE_MAX_FRAME_LEN as u32 + 1).to_be_bytes().to_vec(),
+        split,
+    ] {
         let mut s = raw(l.as_ref()).await;
-        s.write_all(&len.to_be_bytes()).await.expect("prefix");
+        s.write_all(&prefix).await.expect("prefix");
         closed_by_listener(&mut s).await;
     }
     a_member_connects(l.as_mut(), false).await;

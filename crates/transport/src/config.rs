@@ -4,7 +4,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use warren_wire::{ClusterSecret, DEFAULT_MAX_FRAME_LEN, NodeName};
+use warren_wire::{ClusterSecret, DEFAULT_MAX_FRAME_LEN, MAX_CHUNK_LEN, NodeName};
 
 /// How many connections a listener authenticates at once by default.
 const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 64;
@@ -58,6 +58,10 @@ pub struct TransportConfig {
     pub secret: ClusterSecret,
     /// The largest frame sent or accepted, in bytes.
     pub max_frame_len: usize,
+    /// Frames longer than this go on byte streams in pieces of at most this
+    /// many bytes (at most, and by default, [`MAX_CHUNK_LEN`]), and frames
+    /// of other lanes between them; shorter frames go whole.
+    pub chunk_len: usize,
     /// How long dialing may take before it fails.
     pub connect_timeout: Duration,
     /// How long the handshake may take before it fails (for TCP with TLS,
@@ -73,13 +77,14 @@ pub struct TransportConfig {
 }
 
 impl TransportConfig {
-    /// Defaults: 16 MiB frames, 5 s connect and handshake timeouts, 64
-    /// handshakes at once per listener, OS-chosen source address.
+    /// Defaults: 257 MiB frames in 16 MiB pieces, 5 s connect and handshake
+    /// timeouts, 64 handshakes at once per listener, OS-chosen source address.
     pub fn new(node: NodeName, secret: ClusterSecret) -> Self {
         Self {
             node,
             secret,
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            chunk_len: MAX_CHUNK_LEN,
             connect_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,

@@ -250,6 +250,113 @@ pub async fn frames_from_empty_to_max(h: &dyn Harness) {
     }
 }
 
+/// `len` bytes that start with `tag` and differ along the frame (a lost,
+/// repeated or misplaced piece shows).
+fn patterned(tag: u64, len: usize) -> Bytes {
+    let mut v = tag.to_be_bytes().to_vec();
+    v.extend((8..len.max(8)).map(|i| (i % 251) as u8 ^ (i >> 16) as u8 ^ tag as u8));
+    Bytes::from(v)
+}
+
+/// The next `n` frames on `rx`.
+async fn recv_n(rx: &mut Connection, n: usize) -> Vec<Bytes> {
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        let f = within("recv", rx.recv())
+            .await
+            .expect("recv")
+            .expect("a frame");
+        got.push(f);
+    }
+    got
+}
+
+/// Checks that `got` are `want`'s frames, each lane's in order (a frame's
+/// lane is its first byte).
+fn check_lanes(got: &[Bytes], want: &[Bytes]) {
+    assert_eq!(got.len(), want.len(), "frames lost or repeated");
+    let lanes: std::collections::BTreeSet<u8> = want.iter().map(|f| f[0]).collect();
+    for lane in lanes {
+        let of_lane = |fs: &[Bytes]| -> Vec<Bytes> {
+            fs.iter()
+                .filter(|f| f.first() == Some(&lane))
+                .cloned()
+                .collect()
+        };
+        let (g, w) = (of_lane(got), of_lane(want));
+        assert_eq!(g.len(), w.len(), "lane {lane}: frames lost or repeated");
+        for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                g == w,
+                "lane {lane}: frame {i} of {} bytes corrupted or out of order",
+                w.len()
+            );
+        }
+    }
+}
+
+/// Frames over one chunk (16 MiB) up to the maximum (here two chunks and a
+/// byte: three pieces) arrive whole, both ways, among whole frames fed
+/// before and after them; a frame over the maximum is refused when fed.
+pub async fn frames_over_one_chunk_arrive_whole(h: &dyn Harness) {
+    let max = 2 * crate::MAX_CHUNK_LEN + 1;
+    let mut l = listen(h, "server@suite", max).await;
+    let (mut client, mut server) = dial(h, l.as_mut(), config("client@suite", SECRET, max)).await;
+    let err = client
+        .feed(Bytes::from(vec![0u8; max + 1]))
+        .expect_err("over the maximum");
+    assert!(matches!(err, TransportError::FrameTooLarge(_)), "{err:?}");
+    let frames = [
+        patterned(0, 100),
+        patterned(1, crate::MAX_CHUNK_LEN + 1),
+        patterned(2, 100),
+        patterned(3, max),
+        patterned(4, 8),
+    ];
+    for turn in 0..2 {
+        let (from, to) = if turn == 0 {
+            (&mut client, &mut server)
+        } else {
+            (&mut server, &mut client)
+        };
+        for f in &frames {
+            from.feed(f.clone()).expect("feed");
+        }
+        let (got, sent) = tokio::join!(recv_n(to, frames.len()), within("flush", from.flush()));
+        sent.expect("flush");
+        check_lanes(&got, &frames);
+    }
+}
+
+/// Frames of other lanes fed between the pieces of a long frame arrive
+/// whole, each lane in order, and the long frame whole after them (here in
+/// pieces of 4 KiB).
+pub async fn lanes_interleave_with_a_long_frame(h: &dyn Harness) {
+    let mut l = listen(h, "server@suite", MAX).await;
+    let mut cfg = config("client@suite", SECRET, MAX);
+    cfg.chunk_len = 4096;
+    let (client, mut server) = dial(h, l.as_mut(), cfg).await;
+    let (mut tx, _rx) = client.split();
+    // Lane 1: a long frame, then a short one that must wait for it; lane 2:
+    // short frames, one after each write of a piece.
+    let mut want = vec![patterned(1 << 56, MAX), patterned(1 << 56 | 1, 10)];
+    for f in &want {
+        tx.feed_lane(1, f.clone()).expect("feed");
+    }
+    let sending = async {
+        for i in 0..300u64 {
+            let f = patterned(2 << 56 | i, len_of(i));
+            tx.feed_lane(2, f.clone()).expect("feed");
+            within("flush some", tx.flush_some()).await.expect("flush");
+            want.push(f);
+        }
+        within("flush", tx.flush()).await.expect("flush");
+        want
+    };
+    let (want, got) = tokio::join!(sending, recv_n(&mut server, 302));
+    check_lanes(&got, &want);
+}
+
 /// Many peers send to one listener at once; each peer's frames stay in order.
 pub async fn many_concurrent_senders(h: &dyn Harness) {
     let mut l = listen(h, "server@suite", MAX).await;
@@ -374,21 +481,27 @@ pub async fn intruder_refused_by_tls(h: &dyn Harness, intruder: &dyn Transport) 
 pub async fn oversized_frame_refused(h: &dyn Harness) {
     let small = 4096;
     let mut l = listen(h, "server@suite", small).await;
-    let (mut client, mut server) = dial(h, l.as_mut(), config("client@suite", SECRET, MAX)).await;
+    let (mut client, _server) = dial(h, l.as_mut(), config("client@suite", SECRET, MAX)).await;
     // The sender refuses frames over its own maximum.
     let err = client
         .feed(Bytes::from(vec![0u8; MAX + 1]))
         .expect_err("over the sender's maximum");
     assert!(matches!(err, TransportError::FrameTooLarge(_)), "{err:?}");
-    // The receiver refuses frames over its smaller maximum.
-    within("send", client.send(Bytes::from(vec![1u8; small + 1])))
-        .await
-        .expect("the sender's maximum allows it");
-    let err = within("recv", server.recv())
-        .await
-        .expect_err("over the receiver's maximum");
-    assert!(matches!(err, TransportError::FrameTooLarge(_)), "{err:?}");
-    assert!(err.to_string().contains("maximum frame size"), "{err}");
+    // The receiver refuses frames over its smaller maximum, whole or (in
+    // pieces of 1 KiB, each under its maximum) split.
+    for chunk_len in [MAX, 1024] {
+        let mut cfg = config("client@suite", SECRET, MAX);
+        cfg.chunk_len = chunk_len;
+        let (mut client, mut server) = dial(h, l.as_mut(), cfg).await;
+        within("send", client.send(Bytes::from(vec![1u8; small + 1])))
+            .await
+            .expect("the sender's maximum allows it");
+        let err = within("recv", server.recv())
+            .await
+            .expect_err("over the receiver's maximum");
+        assert!(matches!(err, TransportError::FrameTooLarge(_)), "{err:?}");
+        assert!(err.to_string().contains("maximum frame size"), "{err}");
+    }
 }
 
 /// Expands to one `#[tokio::test]` per conformance property for the harness `$h`.
@@ -403,7 +516,9 @@ macro_rules! conformance_tests {
             close_and_reconnect,
             connect_to_dead_address,
             wrong_secret_refused,
-            oversized_frame_refused
+            oversized_frame_refused,
+            frames_over_one_chunk_arrive_whole,
+            lanes_interleave_with_a_long_frame
         );
     };
     (@each $h:expr; $($name:ident),*) => {

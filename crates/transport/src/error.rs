@@ -48,6 +48,10 @@ pub enum TransportError {
     /// A frame is over the maximum frame size (ours, or announced by the peer).
     #[error("frame refused: {0}")]
     FrameTooLarge(WireError),
+    /// The peer's bytes broke the framing (the pieces of a split frame out
+    /// of sequence).
+    #[error("frames refused: {0}")]
+    Malformed(WireError),
     /// Listening on an address failed.
     #[error("could not listen on {addr}: {source}")]
     Listen {

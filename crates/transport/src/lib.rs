@@ -9,7 +9,11 @@
 //!
 //! - A [`Connection`] is authenticated: both ends ran the cluster handshake
 //!   ([`warren_wire::handshake`]) and know each other's [`NodeName`].
-//! - Frames arrive whole, in the order they were sent, at most once.
+//! - Frames arrive whole, in the order they were sent on their lane, at most
+//!   once. [`FrameSender::feed`] sends on lane 0; a transport may let a
+//!   frame of another lane ([`FrameSender::feed_lane`]) overtake a long one
+//!   still on its way (the byte-stream transports do, for frames over one
+//!   chunk, [`TransportConfig::chunk_len`]), or keep every frame in order.
 //! - Any error, or `Ok(None)` from `recv`, means the connection is down; frames
 //!   in flight at that moment may be lost. Callers reconnect.
 //! - No wait is unbounded: connecting and the handshake time out.
@@ -18,15 +22,20 @@
 //!   until the peer has proven the secret ([`stream::establish`]), and a
 //!   listener authenticates at most [`TransportConfig::max_pending_handshakes`]
 //!   connections at once, closing the others ([`HandshakeSlots`]).
-//! - Frames over the configured maximum are refused: locally when feeding
+//! - Frames over the configured maximum ([`TransportConfig::max_frame_len`],
+//!   257 MiB by default) are refused: locally when feeding
 //!   ([`TransportError::FrameTooLarge`]) and by a receiver whose maximum is
-//!   smaller (the connection is then closed).
+//!   smaller (the connection is then closed). Byte-stream transports carry a
+//!   frame over one chunk (16 MiB by default) in pieces that the receiver
+//!   joins ([`warren_wire::frame`]); memory stays bounded by the maximum.
 //!
 //! # Batching
 //!
 //! [`FrameSender::feed`] only buffers; [`FrameSender::flush`] writes every
 //! buffered frame in as few writes as possible. Feed everything produced in one
 //! turn of an event loop, then flush once: that is what makes small frames cheap.
+//! [`FrameSender::flush_some`] writes at most one piece of a long frame, so
+//! that a writer can feed frames of other lanes between its pieces.
 
 mod config;
 #[cfg(feature = "conformance")]
@@ -49,7 +58,7 @@ pub use error::TransportError;
 pub use handshake::run_handshake;
 pub use listener::ChannelListener;
 pub use slots::{HandshakeSlot, HandshakeSlots};
-pub use warren_wire::{ClusterSecret, HANDSHAKE_MAX_FRAME_LEN, NodeName, Role};
+pub use warren_wire::{ClusterSecret, HANDSHAKE_MAX_FRAME_LEN, MAX_CHUNK_LEN, NodeName, Role};
 
 /// A way to reach other nodes: listen for them and dial them.
 #[async_trait]
@@ -90,14 +99,28 @@ pub trait Listener: Send + fmt::Debug {
 /// The sending half of a connection.
 #[async_trait]
 pub trait FrameSender: Send + fmt::Debug {
-    /// Buffers one frame. Never blocks; refuses a frame over the maximum size.
+    /// Buffers one frame on lane 0. Never blocks; refuses a frame over the
+    /// maximum size.
     fn feed(&mut self, frame: Bytes) -> Result<(), TransportError>;
+
+    /// Buffers one frame on `lane`: it arrives after the frames fed before
+    /// it on that lane, and may arrive before those of other lanes.
+    fn feed_lane(&mut self, _lane: u64, frame: Bytes) -> Result<(), TransportError> {
+        self.feed(frame)
+    }
 
     /// Bytes buffered by `feed` and not yet flushed.
     fn buffered(&self) -> usize;
 
     /// Writes every buffered frame; returns when the transport has taken them.
     async fn flush(&mut self) -> Result<(), TransportError>;
+
+    /// Writes the buffered frames but, of a frame in pieces, at most one
+    /// piece: returns with the rest of it still [`buffered`](Self::buffered),
+    /// so that frames fed before the next call can go between its pieces.
+    async fn flush_some(&mut self) -> Result<(), TransportError> {
+        self.flush().await
+    }
 
     /// Flushes, then tells the peer no more frames follow.
     async fn close(&mut self) -> Result<(), TransportError>;

@@ -11,8 +11,9 @@ use crate::{ClusterSecret, FrameDecoder, Handshake, NodeName, PeerFrame, Role, d
 
 /// Feeds `data` to every peer-facing decoder. Never panics on any input.
 pub fn exercise(data: &[u8]) {
-    // As raw frame bytes with a small maximum (exercises the size check).
-    let decoder = FrameDecoder::new(1024);
+    // As raw frame bytes with a small maximum (exercises the size checks
+    // and the joining of split frames).
+    let mut decoder = FrameDecoder::new(1024);
     let mut buf = BytesMut::from(data);
     let mut frames = Vec::new();
     while let Ok(Some(frame)) = decoder.decode(&mut buf) {

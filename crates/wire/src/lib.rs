@@ -3,8 +3,10 @@
 //! Three layers, all sans-IO (no sockets, no clock, no randomness of their own):
 //!
 //! - [`frame`]: the length-prefixed envelope. Every frame on a byte stream is a
-//!   4-byte big-endian length followed by that many bytes. A frame longer than
-//!   the configured maximum is refused with [`WireError::FrameTooLarge`].
+//!   4-byte big-endian length followed by that many bytes, or, when longer
+//!   than one chunk ([`MAX_CHUNK_LEN`], 16 MiB), pieces of at most a chunk
+//!   that the receiver joins. A frame longer than the configured maximum is
+//!   refused with [`WireError::FrameTooLarge`].
 //! - [`handshake`]: the first frames on every new connection. Both sides
 //!   exchange the protocol version, their node name and a nonce, then prove
 //!   they know the cluster secret with an HMAC-SHA256 over both nonces and both
@@ -18,7 +20,9 @@ pub mod handshake;
 pub mod message;
 mod node;
 
-pub use frame::{DEFAULT_MAX_FRAME_LEN, FrameDecoder, LEN_PREFIX, encode_frame};
+pub use frame::{
+    DEFAULT_MAX_FRAME_LEN, FrameDecoder, FrameEncoder, LEN_PREFIX, MAX_CHUNK_LEN, encode_frame,
+};
 pub use handshake::{
     ClusterSecret, HANDSHAKE_MAX_FRAME_LEN, Handshake, HandshakeError, HandshakeStep,
     PROTOCOL_VERSION, RefuseReason, Role,
