@@ -9,6 +9,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 /// An open file of a [`Storage`].
@@ -202,7 +203,20 @@ struct MemFileState {
 }
 
 #[derive(Debug, Default)]
-struct MemFile(Mutex<MemFileState>);
+struct MemFile {
+    state: Mutex<MemFileState>,
+    /// The storage's fault switch ([`MemStorage::set_failing`]).
+    failing: Arc<AtomicBool>,
+}
+
+impl MemFile {
+    fn check(&self) -> io::Result<()> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(io::Error::other("injected storage fault"));
+        }
+        Ok(())
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave the state half-updated in a
@@ -212,7 +226,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl StorageFile for MemFile {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let mut s = lock(&self.0);
+        self.check()?;
+        let mut s = lock(&self.state);
         let end = offset as usize + buf.len();
         if s.current.len() < end {
             s.current.resize(end, 0);
@@ -222,7 +237,7 @@ impl StorageFile for MemFile {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let s = lock(&self.0);
+        let s = lock(&self.state);
         let src = s
             .current
             .get(offset as usize..offset as usize + buf.len())
@@ -232,13 +247,15 @@ impl StorageFile for MemFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        let mut s = lock(&self.0);
+        self.check()?;
+        let mut s = lock(&self.state);
         s.durable = s.current.clone();
         Ok(())
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        lock(&self.0).current.resize(len as usize, 0);
+        self.check()?;
+        lock(&self.state).current.resize(len as usize, 0);
         Ok(())
     }
 }
@@ -249,6 +266,8 @@ struct MemDirs {
     current: BTreeMap<PathBuf, Arc<MemFile>>,
     /// Directory entries that survive a crash.
     durable: BTreeMap<PathBuf, Arc<MemFile>>,
+    /// While set, writes, syncs and creations fail.
+    failing: Arc<AtomicBool>,
 }
 
 /// In-memory files with a crash model (like turmoil's file system): file data
@@ -270,7 +289,7 @@ impl MemStorage {
     pub fn crash(&self) {
         let mut d = lock(&self.0);
         for f in d.durable.values() {
-            let mut s = lock(&f.0);
+            let mut s = lock(&f.state);
             s.current = s.durable.clone();
         }
         d.current = d.durable.clone();
@@ -281,7 +300,13 @@ impl MemStorage {
         lock(&self.0)
             .current
             .get(path)
-            .map(|f| lock(&f.0).current.clone())
+            .map(|f| lock(&f.state).current.clone())
+    }
+
+    /// Makes every write, sync and file creation fail with an I/O error
+    /// (a full or failing disk) while `failing` holds.
+    pub fn set_failing(&self, failing: bool) {
+        lock(&self.0).failing.store(failing, Ordering::Relaxed);
     }
 
     fn get(&self, path: &Path) -> io::Result<Arc<MemFile>> {
@@ -308,7 +333,7 @@ impl Storage for MemStorage {
     }
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        Ok(lock(&self.get(path)?.0).current.clone())
+        Ok(lock(&self.get(path)?.state).current.clone())
     }
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
@@ -317,10 +342,16 @@ impl Storage for MemStorage {
 
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let mut d = lock(&self.0);
+        if d.failing.load(Ordering::Relaxed) {
+            return Err(io::Error::other("injected storage fault"));
+        }
         if d.current.contains_key(path) {
             return Err(io::Error::from(io::ErrorKind::AlreadyExists));
         }
-        let f = Arc::new(MemFile::default());
+        let f = Arc::new(MemFile {
+            state: Mutex::default(),
+            failing: Arc::clone(&d.failing),
+        });
         d.current.insert(path.to_path_buf(), Arc::clone(&f));
         Ok(f)
     }
@@ -345,7 +376,9 @@ impl Storage for MemStorage {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut d = lock(&self.0);
-        let MemDirs { current, durable } = &mut *d;
+        let MemDirs {
+            current, durable, ..
+        } = &mut *d;
         durable.retain(|p, _| p.parent() != Some(dir));
         for (p, f) in current.iter() {
             if p.parent() == Some(dir) {

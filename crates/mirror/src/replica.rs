@@ -746,8 +746,10 @@ impl Replica {
     pub fn sync_storage(&mut self) -> Result<(), MirrorError> {
         if let Some(bq) = self.bq.as_mut()
             && bq.needs_sync()
+            && let Err(e) = bq.sync()
         {
-            bq.sync()?;
+            self.lost_storage();
+            return Err(e.into());
         }
         self.release();
         self.report_stored();
@@ -769,13 +771,28 @@ impl Replica {
     /// confirms it covers.
     pub fn complete_storage_sync(&mut self, job: &SyncJob) -> Result<(), MirrorError> {
         if let Some(bq) = self.bq.as_mut() {
-            bq.complete_sync(job)?;
+            if let Err(e) = bq.complete_sync(job) {
+                self.lost_storage();
+                return Err(e.into());
+            }
             let mut seqs = Vec::new();
             bq.drain_confirmed(&mut seqs);
         }
         self.release();
         self.report_stored();
         Ok(())
+    }
+
+    /// A mirror whose disk failed no longer holds the master's state: it
+    /// drops it and asks for a sync (the master takes it out of the
+    /// synchronised set meanwhile). A master's own failure is its caller's.
+    fn lost_storage(&mut self) {
+        if self.role == Role::Mirror && self.bq.is_some() {
+            tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, "mirror's disk failed: dropping its state and asking for a sync");
+            self.bq = None;
+            self.msync = MirrorSync::Idle;
+            self.ask_sync();
+        }
     }
 
     /// A mirror holding the master's state tells the master how far its disk
@@ -1049,6 +1066,14 @@ impl Replica {
         }
         if let Body::NeedSync = msg.body {
             if self.role == Role::Master {
+                // A mirror that asks for a sync does not hold this state.
+                if self.synced_members.remove(&publisher) {
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, mirror = %publisher, "mirror left the synchronised set");
+                    self.announce_synced();
+                    self.reconcile_record();
+                    // Confirms no longer wait for it.
+                    self.release();
+                }
                 self.sync_awaiting.remove(&publisher);
                 self.maybe_auto_sync();
             }
@@ -1311,8 +1336,8 @@ impl Replica {
     fn start_sync(&mut self, targets: BTreeSet<MemberId>) -> Result<(), MirrorError> {
         // The sync point: everything applied so far goes out first.
         self.flush_ops();
-        let snap = match self.bq.as_mut() {
-            Some(bq) => bq.snapshot()?,
+        let (snap, digest) = match self.bq.as_mut() {
+            Some(bq) => (bq.snapshot()?, bq.digest()),
             None => return Err(MirrorError::Stopped),
         };
         let id = self.next_sync;
@@ -1323,6 +1348,7 @@ impl Replica {
             sync: id,
             targets: targets.iter().copied().collect(),
             total,
+            digest,
         });
         self.sync_run = Some(SyncRun {
             id,
@@ -1433,11 +1459,19 @@ impl Replica {
                 sync,
                 targets,
                 total,
+                digest,
             } => {
-                if targets.contains(&self.member) && matches!(self.msync, MirrorSync::Holding) {
+                let same = self.bq.as_ref().is_some_and(|bq| bq.digest() == digest);
+                if targets.contains(&self.member)
+                    && matches!(self.msync, MirrorSync::Holding)
+                    && same
+                {
                     // Already holding the master's state: nothing to receive.
                     self.push_msg(Body::SyncDone { sync });
                 } else if targets.contains(&self.member) {
+                    if matches!(self.msync, MirrorSync::Holding) {
+                        tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, sync, "mirror differs from its master: receiving its state again");
+                    }
                     self.bq = None;
                     self.msync = MirrorSync::Receiving {
                         sync,
@@ -1485,6 +1519,10 @@ impl Replica {
                     self.bq = None;
                     return;
                 }
+                if self.bq.is_none() {
+                    // An op buffered during the sync failed (it asked again).
+                    return;
+                }
                 self.msync = MirrorSync::Holding;
                 tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync, "mirror holds the master's state");
                 self.push_msg(Body::SyncDone { sync });
@@ -1526,7 +1564,13 @@ impl Replica {
                 Ok(OpOutcome::Published(p)) => self.applied_seq = self.applied_seq.max(p.seq),
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "mirror could not apply the master's op");
+                    // It no longer holds the master's state: out of the
+                    // synchronised set until a sync gives it that state again.
+                    tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "mirror could not apply the master's op: dropping its state and asking for a sync");
+                    self.bq = None;
+                    self.msync = MirrorSync::Idle;
+                    self.ask_sync();
+                    return;
                 }
             }
         }

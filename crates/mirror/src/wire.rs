@@ -59,6 +59,9 @@ pub(crate) enum Body {
         targets: Vec<MemberId>,
         /// Messages to send.
         total: u64,
+        /// The master's state at this point (`BackingQueue::digest`): a
+        /// target that holds the same keeps it, one that differs receives.
+        digest: u64,
     },
     /// Messages of a sync.
     SyncBatch {

@@ -12,7 +12,7 @@ use std::path::Path;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use warren_backing_queue::{BackingQueue, NewMessage, QueueConfig, StoreConfig};
+use warren_backing_queue::{BackingQueue, MemStorage, NewMessage, QueueConfig, StoreConfig};
 use warren_gm::{Action, Config, Frame, InMemoryAuthority, Member, MemberId, ViewChange};
 use warren_mirror::{
     MirrorError, Output, PublishId, RecordView, Replica, Role, Settings, SyncStart,
@@ -33,6 +33,25 @@ fn disk_factory(root: &Path, node: &str) -> warren_mirror::QueueFactory {
     Box::new(move |cfg| {
         let _ = std::fs::remove_dir_all(&dir);
         BackingQueue::open(&dir, cfg, StoreConfig::default()).map(|(bq, _)| bq)
+    })
+}
+
+/// Durable backing queues of a node in `storage` (whose faults a test
+/// switches), each in a fresh directory.
+fn mem_factory(storage: MemStorage, node: &str) -> warren_mirror::QueueFactory {
+    let dir = std::path::PathBuf::from(node);
+    let mut n = 0;
+    Box::new(move |cfg| {
+        n += 1;
+        let shared: std::sync::Arc<dyn warren_backing_queue::Storage> =
+            std::sync::Arc::new(storage.clone());
+        BackingQueue::open_in(
+            shared,
+            &dir.join(n.to_string()),
+            cfg,
+            StoreConfig::default(),
+        )
+        .map(|(bq, _)| bq)
     })
 }
 
@@ -92,6 +111,9 @@ struct Sim {
     /// then also wait for every synchronised replica's fsync, run at random
     /// steps ([`Sim::sync_disk`]). `None`: in-memory queues.
     disk: Option<tempfile::TempDir>,
+    /// Nodes whose durable queues live in a `MemStorage` instead (a test
+    /// makes their writes fail).
+    mem: BTreeMap<String, MemStorage>,
     /// Bytes added to every published body (large messages).
     padding: usize,
     /// The largest payload a replica broadcast.
@@ -126,6 +148,7 @@ impl Sim {
             lazy_views: false,
             publish_target: None,
             disk: disk.then(|| tempfile::tempdir().expect("a temporary directory")),
+            mem: BTreeMap::new(),
             padding: 0,
             largest_broadcast: 0,
             check: Checker::default(),
@@ -227,6 +250,9 @@ impl Sim {
 
     /// Backing queues for a replica on node `name`.
     fn factory(&mut self, name: &str) -> warren_mirror::QueueFactory {
+        if let Some(storage) = self.mem.get(name) {
+            return mem_factory(storage.clone(), name);
+        }
         match &self.disk {
             Some(root) => disk_factory(root.path(), name),
             None => factory(),
@@ -236,10 +262,11 @@ impl Sim {
     /// Runs node `i`'s fsync, if it has anything to sync.
     fn sync_disk(&mut self, i: usize) {
         if self.nodes[i].alive && self.nodes[i].replica.needs_storage_sync() {
-            self.nodes[i]
-                .replica
-                .sync_storage()
-                .expect("fsync in a temporary directory");
+            let synced = self.nodes[i].replica.sync_storage();
+            // A node on a failing MemStorage may fail its fsync.
+            if let Err(e) = synced {
+                assert!(self.mem.contains_key(&self.nodes[i].name), "fsync: {e}");
+            }
             self.drive(i);
         }
     }
@@ -1368,5 +1395,45 @@ fn a_master_cut_off_from_the_majority_nacks_at_once_and_refuses_until_it_is_back
     }
     sim.quiesce();
     assert_eq!(sim.check.confirmed.len(), 15);
+    sim.check_end();
+}
+
+#[test]
+fn a_mirror_whose_writes_fail_leaves_the_synchronised_set_until_a_sync() {
+    let mut sim = Sim::with_disk(21, settings(SyncMode::Manual, 4), true);
+    let disk = MemStorage::new();
+    sim.mem.insert("n1".into(), disk.clone());
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..5 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    // Its disk fails: it cannot hold what the master holds.
+    disk.set_failing(true);
+    for _ in 0..3 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert!(
+        !sim.nodes[1].replica.status().synchronised,
+        "a mirror that failed a write is not synchronised"
+    );
+    assert!(sim.record.synchronised.is_empty(), "nor in the record");
+    assert!(
+        sim.nodes[1].replica.stats().is_none(),
+        "its state is dropped"
+    );
+    // The disk is back: sync_queue makes it a synchronised copy again.
+    disk.set_failing(false);
+    let m = sim.master().expect("a master");
+    sim.nodes[m].replica.sync().expect("a sync starts");
+    sim.drive(m);
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    assert_eq!(sim.nodes[1].replica.digest(), sim.nodes[m].replica.digest());
     sim.check_end();
 }
