@@ -229,6 +229,9 @@ struct Queue {
     dir: Option<PathBuf>,
     /// Its traffic since this node started serving it.
     counters: stats::QueueCounters,
+    /// Its master's figures, when it is served on another node (asked for
+    /// every second: `peek_masters`).
+    remote_figures: Option<link::QueueFigures>,
 }
 
 impl Queue {
@@ -1226,6 +1229,7 @@ impl Broker {
             delivered_at_ms: 0,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),
+            remote_figures: None,
             confirms: VecDeque::new(),
             dir,
             counters: stats::QueueCounters::default(),
@@ -1606,6 +1610,7 @@ impl Broker {
         self.current = 0;
         self.expire_remote_alarms(now_ms);
         self.expire_counts(now_ms);
+        self.peek_masters(now_ms);
         let mut expire = Vec::new();
         let mut delete = Vec::new();
         for (vname, v) in &self.vhosts {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
+use super::link::QueueFigures;
 use super::stats::{MessageCounters, Octets, QueueCounters};
 use super::{
     Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, Scope, err, new_vhost, valid_name,
@@ -297,7 +298,27 @@ impl Broker {
                 continue;
             }
             for q in v.queues.values() {
+                // Served elsewhere: the master's figures, as every RabbitMQ
+                // node shows a queue's (this node's copy may lag or be empty).
+                // A synchronised mirror's copy is the master's, and fresher
+                // than the last figures asked for (its consumers are not).
                 let s = q.store.stats();
+                let local = QueueFigures {
+                    ready: s.ready,
+                    unacked: s.unacked,
+                    ready_bytes: s.ready_bytes,
+                    unacked_bytes: s.unacked_bytes,
+                    consumers: q.consumers.len() as u64,
+                };
+                let synchronised = q.store.mirror_status().is_some_and(|m| m.synchronised);
+                let f = match (&q.remote, q.remote_figures) {
+                    (Some(_), Some(r)) if synchronised => QueueFigures {
+                        consumers: r.consumers,
+                        ..local
+                    },
+                    (Some(_), Some(r)) => r,
+                    _ => local,
+                };
                 out.push(QueueInfo {
                     vhost: vn.clone(),
                     name: q.name.to_string(),
@@ -305,11 +326,11 @@ impl Broker {
                     auto_delete: q.opts.auto_delete,
                     exclusive: q.opts.exclusive,
                     arguments: table_to_json(&q.opts.arguments),
-                    messages_ready: s.ready,
-                    messages_unacknowledged: s.unacked,
-                    message_bytes_ready: s.ready_bytes,
-                    message_bytes_unacknowledged: s.unacked_bytes,
-                    consumers: q.consumers.len() as u64,
+                    messages_ready: f.ready,
+                    messages_unacknowledged: f.unacked,
+                    message_bytes_ready: f.ready_bytes,
+                    message_bytes_unacknowledged: f.unacked_bytes,
+                    consumers: f.consumers,
                     uid: q.uid,
                     owner: q.owner,
                     counters: q.counters,

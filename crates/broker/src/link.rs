@@ -179,7 +179,37 @@ pub enum LinkMsg {
         /// Consumers, of every node.
         consumers: u32,
     },
+    /// Origin → master, every second: the figures of these queues (vhost,
+    /// name), for what the origin's operators see. Not a use (x-expires).
+    Peek {
+        /// The queues this node forwards to the master.
+        queues: Vec<(String, String)>,
+    },
+    /// Master → origin: the answer to a [`LinkMsg::Peek`].
+    Peeked {
+        /// The asked queues it serves (vhost, name), with their figures.
+        counts: Vec<(String, String, QueueFigures)>,
+    },
 }
+
+/// A queue's figures as its master has them ([`LinkMsg::Peeked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct QueueFigures {
+    /// Ready messages.
+    pub ready: u64,
+    /// Delivered, not yet acknowledged.
+    pub unacked: u64,
+    /// Bytes of the ready messages.
+    pub ready_bytes: u64,
+    /// Bytes of the unacknowledged ones.
+    pub unacked_bytes: u64,
+    /// Consumers, of every node.
+    pub consumers: u64,
+}
+
+/// How often a node asks the masters of the queues it forwards for their
+/// figures.
+const PEEK_EVERY_MS: u64 = 1_000;
 
 /// The link state of a master-side internal connection.
 #[derive(Debug)]
@@ -243,6 +273,8 @@ pub(crate) struct Links {
     gets: HashMap<u64, RemoteGet>,
     /// Declares waiting for their queue's counts, by request id.
     counts: HashMap<u64, PendingCount>,
+    /// When the masters were last asked for their queues' figures.
+    peeked_at_ms: u64,
     /// Master-side internal connections by (origin node, vhost).
     conns: HashMap<(String, String), ConnId>,
     waker: Option<Waker>,
@@ -416,6 +448,7 @@ impl Broker {
         q.handed_over = false;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
+        q.remote_figures = None;
         if master.is_none() {
             // A new master's x-expires counts from its takeover (as
             // RabbitMQ's promoted mirror): other nodes' consumers have yet
@@ -658,7 +691,6 @@ impl Broker {
             })
     }
 
-    /// Sends the declare-ok a [`PendingCount`] waited for.
     /// Declares of queue `name` waiting for counts follow its master to
     /// `master` (asked there again), or are answered here if it is this node.
     fn redirect_counts(&mut self, vhost: &str, name: &str, master: Option<&str>) {
@@ -707,6 +739,42 @@ impl Broker {
         }
     }
 
+    /// Asks, once a [`PEEK_EVERY_MS`], the master of every queue this node
+    /// forwards for its figures: what this node's API shows of the queue.
+    pub(crate) fn peek_masters(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.links.peeked_at_ms) < PEEK_EVERY_MS {
+            return;
+        }
+        self.links.peeked_at_ms = now_ms;
+        let mut asks: HashMap<Arc<str>, Vec<(String, String)>> = HashMap::new();
+        for (vn, v) in &self.vhosts {
+            for q in v.queues.values() {
+                if let Some(Elsewhere::Node(m)) = &q.remote {
+                    asks.entry(m.clone())
+                        .or_default()
+                        .push((vn.clone(), q.name.to_string()));
+                }
+            }
+        }
+        for (node, queues) in asks {
+            self.links.send(&node, LinkMsg::Peek { queues });
+        }
+    }
+
+    /// This node's figures of queue `name` (served here, or not).
+    fn figures(&self, vhost: &str, name: &str) -> Option<QueueFigures> {
+        let q = self.vhosts.get(vhost)?.queues.get(name)?;
+        let s = q.store.stats();
+        Some(QueueFigures {
+            ready: s.ready,
+            unacked: s.unacked,
+            ready_bytes: s.ready_bytes,
+            unacked_bytes: s.unacked_bytes,
+            consumers: q.consumers.len() as u64,
+        })
+    }
+
+    /// Sends the declare-ok a [`PendingCount`] waited for.
     fn answer_count(&mut self, p: PendingCount, messages: u64, consumers: u32) {
         if let Some(c) = self.conns.get_mut(&p.conn)
             && c.channels.contains_key(&p.channel)
@@ -1098,6 +1166,32 @@ impl Broker {
                         consumers,
                     },
                 );
+            }
+            LinkMsg::Peek { queues } => {
+                let counts = queues
+                    .into_iter()
+                    .filter_map(|(v, n)| {
+                        let served = self
+                            .vhosts
+                            .get(&v)?
+                            .queues
+                            .get(n.as_str())?
+                            .remote
+                            .is_none();
+                        let f = self.figures(&v, &n)?;
+                        served.then_some((v, n, f))
+                    })
+                    .collect();
+                self.links.send(from, LinkMsg::Peeked { counts });
+            }
+            LinkMsg::Peeked { counts } => {
+                for (v, n, f) in counts {
+                    if let Some(q) = self.queue_mut(&v, &n)
+                        && q.remote.as_ref().is_some_and(|at| at.is(from))
+                    {
+                        q.remote_figures = Some(f);
+                    }
+                }
             }
             // Answers to this node, as the origin.
             LinkMsg::Counted {

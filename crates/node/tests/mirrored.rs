@@ -1592,3 +1592,56 @@ fn large_messages(extra: &[&str]) {
         assert!(got == want, "a message of {} bytes corrupted", want.len());
     }
 }
+
+#[test]
+fn every_node_shows_a_queues_figures_as_its_master_has_them() {
+    // RabbitMQ shows one queue's messages and consumers alike through every
+    // node; a node that forwards the queue shows its master's figures.
+    const Q: &str = "plain.figures";
+    let root = peers::test_root();
+    let (_secret, nodes) = three(root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[0], Q);
+    let _consumer = rt.block_on(async {
+        let conn = connect(&nodes[0]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        for i in 0..5 {
+            ch.basic_publish(
+                "".into(),
+                Q.into(),
+                BasicPublishOptions::default(),
+                format!("f{i}").as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        }
+        assert!(ch.wait_for_confirms().await.unwrap().is_empty());
+        // A consumer on the third node that takes two and holds them.
+        let far = connect(&nodes[2]).await;
+        let fch = far.create_channel().await.unwrap();
+        fch.basic_qos(2, BasicQosOptions::default()).await.unwrap();
+        let consumer = fch
+            .basic_consume(
+                Q.into(),
+                "holder".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        (conn, far, fch, consumer)
+    });
+    for n in &nodes {
+        eventually(&format!("{}'s figures of {Q}", n.name), || {
+            let v = n.get(&format!("/api/queues/%2F/{Q}"));
+            v["messages_ready"] == 3
+                && v["messages_unacknowledged"] == 2
+                && v["messages"] == 5
+                && v["consumers"] == 1
+        });
+    }
+}
