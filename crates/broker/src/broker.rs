@@ -235,6 +235,18 @@ struct Queue {
 }
 
 impl Queue {
+    /// This node's figures of the queue: its store's counts, its consumers here.
+    fn figures(&self) -> link::QueueFigures {
+        let s = self.store.stats();
+        link::QueueFigures {
+            ready: s.ready,
+            unacked: s.unacked,
+            ready_bytes: s.ready_bytes,
+            unacked_bytes: s.unacked_bytes,
+            consumers: self.consumers.len() as u64,
+        }
+    }
+
     /// A message of this queue (in `vhost`) to dead-letter for `reason`;
     /// `None` without a dead-letter exchange.
     fn dead_letter(

@@ -302,14 +302,7 @@ impl Broker {
                 // node shows a queue's (this node's copy may lag or be empty).
                 // A synchronised mirror's copy is the master's, and fresher
                 // than the last figures asked for (its consumers are not).
-                let s = q.store.stats();
-                let local = QueueFigures {
-                    ready: s.ready,
-                    unacked: s.unacked,
-                    ready_bytes: s.ready_bytes,
-                    unacked_bytes: s.unacked_bytes,
-                    consumers: q.consumers.len() as u64,
-                };
+                let local = q.figures();
                 let synchronised = q.store.mirror_status().is_some_and(|m| m.synchronised);
                 let f = match (&q.remote, q.remote_figures) {
                     (Some(_), Some(r)) if synchronised => QueueFigures {

@@ -687,7 +687,8 @@ impl Broker {
             .get(vhost)
             .and_then(|v| v.queues.get(queue))
             .map_or((0, 0), |q| {
-                (q.store.stats().ready, q.consumers.len() as u32)
+                let f = q.figures();
+                (f.ready, u32::try_from(f.consumers).unwrap_or(u32::MAX))
             })
     }
 
@@ -759,19 +760,6 @@ impl Broker {
         for (node, queues) in asks {
             self.links.send(&node, LinkMsg::Peek { queues });
         }
-    }
-
-    /// This node's figures of queue `name` (served here, or not).
-    fn figures(&self, vhost: &str, name: &str) -> Option<QueueFigures> {
-        let q = self.vhosts.get(vhost)?.queues.get(name)?;
-        let s = q.store.stats();
-        Some(QueueFigures {
-            ready: s.ready,
-            unacked: s.unacked,
-            ready_bytes: s.ready_bytes,
-            unacked_bytes: s.unacked_bytes,
-            consumers: q.consumers.len() as u64,
-        })
     }
 
     /// Sends the declare-ok a [`PendingCount`] waited for.
@@ -1171,15 +1159,9 @@ impl Broker {
                 let counts = queues
                     .into_iter()
                     .filter_map(|(v, n)| {
-                        let served = self
-                            .vhosts
-                            .get(&v)?
-                            .queues
-                            .get(n.as_str())?
-                            .remote
-                            .is_none();
-                        let f = self.figures(&v, &n)?;
-                        served.then_some((v, n, f))
+                        let q = self.vhosts.get(&v)?.queues.get(n.as_str())?;
+                        let f = q.figures();
+                        q.remote.is_none().then_some((v, n, f))
                     })
                     .collect();
                 self.links.send(from, LinkMsg::Peeked { counts });
