@@ -936,6 +936,18 @@ async fn connect_live(
 /// The publisher: batches of 20 persistent messages with unique bodies,
 /// each batch's confirms awaited (20 s at most); on a failure it connects
 /// to the next live node and goes on with new bodies.
+/// A client call that gives up after 20 s: a connection to a node that
+/// died under it must not hold the load (and the run) for ever.
+async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match tokio::time::timeout(Duration::from_secs(20), call).await {
+        Ok(r) => Ok(r?),
+        Err(_) => bail!("the broker did not answer within 20 s"),
+    }
+}
+
 async fn publish(
     seed: u64,
     urls: Vec<String>,
@@ -947,8 +959,8 @@ async fn publish(
     let mut n = 0u64;
     while let Some(conn) = connect_live(&urls, &order, &up, &stop).await {
         let session = async {
-            let ch = conn.create_channel().await?;
-            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            let ch = bounded(conn.create_channel()).await?;
+            bounded(ch.confirm_select(ConfirmSelectOptions::default())).await?;
             while !stop.load(Ordering::SeqCst) {
                 let mut batch = Vec::new();
                 for _ in 0..20 {
@@ -959,15 +971,14 @@ async fn publish(
                         .expect("the history")
                         .published
                         .insert(body.clone());
-                    let confirm = ch
-                        .basic_publish(
-                            "".into(),
-                            QUEUE.into(),
-                            BasicPublishOptions::default(),
-                            body.as_bytes(),
-                            BasicProperties::default().with_delivery_mode(2),
-                        )
-                        .await?;
+                    let confirm = bounded(ch.basic_publish(
+                        "".into(),
+                        QUEUE.into(),
+                        BasicPublishOptions::default(),
+                        body.as_bytes(),
+                        BasicProperties::default().with_delivery_mode(2),
+                    ))
+                    .await?;
                     batch.push((body, confirm));
                 }
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -1010,16 +1021,15 @@ async fn consume(
 ) -> anyhow::Result<()> {
     while let Some(conn) = connect_live(&urls, &order, &up, &stop).await {
         let session = async {
-            let ch = conn.create_channel().await?;
-            ch.basic_qos(100, BasicQosOptions::default()).await?;
-            let mut consumer = ch
-                .basic_consume(
-                    QUEUE.into(),
-                    "chaos".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
+            let ch = bounded(conn.create_channel()).await?;
+            bounded(ch.basic_qos(100, BasicQosOptions::default())).await?;
+            let mut consumer = bounded(ch.basic_consume(
+                QUEUE.into(),
+                "chaos".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ))
+            .await?;
             while !stop.load(Ordering::SeqCst) {
                 match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
                     Err(_) => {}
