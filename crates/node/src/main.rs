@@ -99,6 +99,7 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(broker_threads())
         .enable_all()
         .build()
         .context("starting the runtime")?;
@@ -107,6 +108,23 @@ fn main() -> anyhow::Result<()> {
         // `join_cluster`: start again, reset, joining the seed's cluster.
         app::Exit::Rejoin(_) => Err(cluster::restart()),
     }
+}
+
+/// Worker threads of the broker's runtime (connections, the management
+/// API, the mirror driver): `TOKIO_WORKER_THREADS` if set, else one. All
+/// broker work runs under one lock, so a second worker adds no throughput,
+/// only wake-ups: every hand-off between two tasks (a client's turn, its
+/// queue's replica, the ring's writer) woke a parked worker, ~25 µs each.
+/// Measured with lapin (1 KiB persistent, 100 confirms in flight, manual
+/// acks) on 3 mirrored nodes: 105 against 150 µs of CPU per message and
+/// ~30 % more consumed per second with one worker. Raft and the peer port
+/// keep their own runtime (`cluster.rs`).
+fn broker_threads() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
 }
 
 /// Wakes the group-commit thread.

@@ -1565,9 +1565,12 @@ fn large_messages(extra: &[&str]) {
         names(&queue(&nodes[0]), "slave_nodes").len() == 1
     });
     policy(json!({"ha-mode": "all", "ha-sync-mode": "automatic"}));
-    eventually("all: two synchronised mirrors again", || {
-        names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2
-    });
+    // 148 MiB to copy: a debug build beside the other tests took over 30 s.
+    peers::eventually_within(
+        "all: two synchronised mirrors again",
+        Duration::from_secs(120),
+        || names(&queue(&nodes[0]), "synchronised_slave_nodes").len() == 2,
+    );
     replicas_agree(&[&nodes[0], &nodes[1], &nodes[2]]);
     // Both through node b's consumer: the master's deliveries cross the link.
     let got = rt.block_on(async {

@@ -268,8 +268,13 @@ fn log_file(dir: &Path) -> Stdio {
 }
 
 /// Polls `check` until it holds (at most 30 s).
-pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+pub fn eventually(what: &str, check: impl FnMut() -> bool) {
+    eventually_within(what, Duration::from_secs(30), check);
+}
+
+/// As [`eventually`], for work whose size sets the wait (`limit`).
+pub fn eventually_within(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
