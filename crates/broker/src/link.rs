@@ -50,6 +50,15 @@ pub enum LinkMsg {
         /// receiver's forwarded work stands (`Broker::link_peer_restarted`).
         seen: Option<(u64, u64)>,
     },
+    /// The answer on every link connection (handled by the shell), sent
+    /// back by the accepting node at once: its process incarnation. The
+    /// dialer then knows its session reaches that run of the node, so when
+    /// a restarted node's own hello overtakes this session's, the work
+    /// forwarded on the session stands.
+    Welcome {
+        /// The acceptor's process incarnation.
+        incarnation: u64,
+    },
     /// Origin → master: a publish into `queue` (`id` names its confirm).
     Publish {
         /// The vhost.
@@ -991,7 +1000,7 @@ impl Broker {
 
     fn link_one(&mut self, from: &str, m: LinkMsg) {
         match m {
-            LinkMsg::Hello { .. } => {}
+            LinkMsg::Hello { .. } | LinkMsg::Welcome { .. } => {}
             LinkMsg::Publish {
                 vhost,
                 queue,

@@ -46,13 +46,24 @@ pub(crate) async fn start(
         incarnation: incarnation(),
         heard: Arc::new(Mutex::new(HashMap::new())),
         sent: Arc::new(Mutex::new(HashMap::new())),
+        reached: Arc::new(Mutex::new(HashMap::new())),
     };
     {
         let (broker, me) = (broker.clone(), me.clone());
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let peer = conn.peer_node().to_string();
-                let (_tx, rx) = conn.split();
+                let (mut tx, rx) = conn.split();
+                let welcome = LinkMsg::Welcome {
+                    incarnation: me.incarnation,
+                };
+                tokio::spawn(async move {
+                    if let Ok(v) = postcard::to_allocvec(&welcome)
+                        && tx.feed(Bytes::from(v)).is_ok()
+                    {
+                        let _ = tokio::time::timeout(WELCOME_WAIT, tx.flush()).await;
+                    }
+                });
                 tokio::spawn(receive(peer, rx, broker.clone(), me.clone()));
             }
         });
@@ -119,6 +130,9 @@ struct Me {
     heard: Sessions,
     /// This node's current session to each node.
     sent: Sessions,
+    /// The incarnation of each node that this node's current session to it
+    /// reaches (its `Welcome`), if it answered.
+    reached: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl Me {
@@ -211,8 +225,16 @@ async fn receive(
                         // session that carried it); else all of it is lost.
                         let restarted = before.is_some_and(|b| b.0 != incarnation);
                         let ours = Me::get(&me.sent, &peer).map(|(_, s)| (me.incarnation, s));
+                        // Or this node's current session was answered by
+                        // the new run: its hello just came first.
+                        let reaches_new_run = me
+                            .reached
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get(&peer)
+                            == Some(&incarnation);
                         let mut b = lock(&broker);
-                        if restarted && seen.is_some() && seen == ours {
+                        if restarted && ((seen.is_some() && seen == ours) || reaches_new_run) {
                             tracing::info!(%peer, "node restarted: dropping its previous run's link state");
                             b.link_peer_restarted(&peer);
                         } else {
@@ -388,7 +410,19 @@ impl NodeLink {
                 };
                 match c {
                     Some(c) => {
-                        let (mut tx, _rx) = c.split();
+                        let (mut tx, mut rx) = c.split();
+                        let reached = welcome(rx.as_mut()).await;
+                        {
+                            let mut r = self
+                                .me
+                                .reached
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            match reached {
+                                Some(inc) => r.insert(node.clone(), inc),
+                                None => r.remove(node),
+                            };
+                        }
                         let session = self
                             .sessions
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -459,6 +493,23 @@ impl NodeLink {
                 lock(&self.broker).link_down(node, now_ms());
             }
         }
+    }
+}
+
+/// How long a dialer waits for the acceptor's `Welcome` (and an acceptor
+/// tries to send it).
+const WELCOME_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The incarnation a new link connection's acceptor names in its
+/// `Welcome`, if it comes within [`WELCOME_WAIT`].
+async fn welcome(rx: &mut dyn warren_transport::FrameReceiver) -> Option<u64> {
+    let frame = tokio::time::timeout(WELCOME_WAIT, rx.recv())
+        .await
+        .ok()?
+        .ok()??;
+    match postcard::from_bytes::<LinkMsg>(&frame) {
+        Ok(LinkMsg::Welcome { incarnation }) => Some(incarnation),
+        _ => None,
     }
 }
 
