@@ -403,33 +403,45 @@ impl ClusterStore {
         }
     }
 
+    /// Commits `cmds` in order, waiting (the broker's lock held) at most
+    /// [`WRITE_TIMEOUT`], and not at all once this node sees no majority:
+    /// a node cut off from most of the cluster answers a declare with an
+    /// error at once instead of freezing its other clients for the wait.
     fn commit(&self, cmds: Vec<Command>) -> Result<(), MetaError> {
+        const NO_MAJORITY: &str = "no majority of the cluster's nodes is reachable from this node";
+        let mut majority = self.cluster.majority();
+        if !*majority.borrow_and_update() {
+            return Err(MetaError::Cluster(NO_MAJORITY.into()));
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         let cluster = self.cluster.clone();
         self.rt.spawn(async move {
-            let mut result = Ok(());
-            for cmd in cmds {
-                let deleting = is_delete(&cmd);
-                match cluster.write_everywhere(cmd).await {
-                    Ok(_) => {}
-                    // Deleting what is already gone is done.
-                    Err(ClusterError::Rejected(
-                        Rejection::NoVhost(_)
-                        | Rejection::NoUser(_)
-                        | Rejection::NoQueue { .. }
-                        | Rejection::NoExchange { .. },
-                    )) if deleting => {}
-                    Err(e) => {
-                        result = Err(e);
-                        break;
+            let write = async {
+                for cmd in cmds {
+                    let deleting = is_delete(&cmd);
+                    match cluster.write_everywhere(cmd).await {
+                        Ok(_) => {}
+                        // Deleting what is already gone is done.
+                        Err(ClusterError::Rejected(
+                            Rejection::NoVhost(_)
+                            | Rejection::NoUser(_)
+                            | Rejection::NoQueue { .. }
+                            | Rejection::NoExchange { .. },
+                        )) if deleting => {}
+                        Err(e) => return Err(e.to_string()),
                     }
                 }
-            }
+                Ok(())
+            };
+            let result = tokio::select! {
+                r = write => r,
+                Ok(_) = majority.wait_for(|m| !*m) => Err(NO_MAJORITY.to_owned()),
+            };
             let _ = tx.send(result);
         });
         match rx.recv_timeout(WRITE_TIMEOUT) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(MetaError::Cluster(e.to_string())),
+            Ok(Err(e)) => Err(MetaError::Cluster(e)),
             Err(_) => Err(MetaError::Cluster(
                 "the cluster did not answer in time (no majority?)".into(),
             )),
