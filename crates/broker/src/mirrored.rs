@@ -297,10 +297,11 @@ const BACKLOG_LOW: usize = 2_000;
 
 impl Broker {
     /// Whether connection `id` must wait before more of its input is read:
-    /// it publishes, is not closing, and a mirrored queue's ring, or the
-    /// links to other nodes, are behind (flow control; a stopped reader is
-    /// what RabbitMQ's credit flow does too), or a resource alarm is in
-    /// force.
+    /// it publishes, is not closing, and the ring of a mirrored queue it
+    /// publishes into, or the links to other nodes, are behind (flow
+    /// control; a stopped reader is what RabbitMQ's credit flow does too),
+    /// or a resource alarm is in force. One backlogged queue holds back its
+    /// own publishers only.
     #[must_use]
     pub fn input_paused(&self, id: ConnId) -> bool {
         let Some(c) = self
@@ -310,7 +311,11 @@ impl Broker {
         else {
             return false;
         };
-        self.replicas_behind() || self.alarmed() || c.targets.iter().any(|q| self.lags(&c.vhost, q))
+        self.links_behind()
+            || self.alarmed()
+            || c.targets
+                .iter()
+                .any(|q| self.lags(&c.vhost, q) || self.ring_behind(&c.vhost, q))
     }
 
     /// Whether queue `name` holds its publishers back: its consumers are
@@ -328,11 +333,19 @@ impl Broker {
             })
     }
 
-    /// Whether any mirrored queue here, or the links to other nodes, are
-    /// behind: forwarded publishes from other nodes wait too.
+    /// Whether publishes into queue `name` must wait: the queue's ring is
+    /// behind (more than [`BACKLOG_HIGH`] publishes and fetches waiting for
+    /// it, until under [`BACKLOG_LOW`]), or its consumers are (see
+    /// [`Self::lags`]), or the links to other nodes are.
     #[must_use]
-    pub fn replicas_behind(&self) -> bool {
-        !self.backlogged.is_empty() || self.links_behind()
+    pub fn publish_waits(&self, vhost: &str, name: &str) -> bool {
+        self.links_behind() || self.ring_behind(vhost, name) || self.lags(vhost, name)
+    }
+
+    fn ring_behind(&self, vhost: &str, name: &str) -> bool {
+        self.backlogged
+            .iter()
+            .any(|(v, q)| v == vhost && &**q == name)
     }
 
     /// Turns queue `name` of `vhost` into a replica of a mirrored queue: as

@@ -157,10 +157,10 @@ fn held_back(m: &LinkMsg) -> bool {
     )
 }
 
-/// Whether `m` publishes into a queue whose consumers fall behind (it waits,
-/// as this node's own publishers into it do).
-fn lags(b: &warren_broker::Broker, m: &LinkMsg) -> bool {
-    matches!(m, LinkMsg::Publish { vhost, queue, .. } if b.lags(vhost, queue))
+/// Whether `m` publishes into a queue whose ring or consumers fall behind
+/// (it waits, as this node's own publishers into it do).
+fn waits(b: &warren_broker::Broker, m: &LinkMsg) -> bool {
+    matches!(m, LinkMsg::Publish { vhost, queue, .. } if b.publish_waits(vhost, queue))
 }
 
 async fn receive(
@@ -171,18 +171,18 @@ async fn receive(
 ) {
     let mut frames = Vec::new();
     let mut greeted = false;
-    // Flow control: forwarded publishes wait while this node's mirrored
-    // queues catch up (the sender's own publishers then wait too, once this
-    // link stops being read). Acks, consumes and cancels are not held back:
+    // Flow control: a forwarded publish into a queue whose ring or
+    // consumers are behind waits, and every later publish of this link
+    // behind it, in order (the sender's own publishers then wait too, once
+    // this link stops being read). Acks, consumes and cancels are not held back:
     // consumers on the other node keep moving while publishers wait.
     let mut held: std::collections::VecDeque<LinkMsg> = std::collections::VecDeque::new();
     loop {
         if !held.is_empty() {
             let mut b = lock(&broker);
-            let behind = b.replicas_behind();
             let mut msgs = Vec::new();
             while let Some(m) = held.front() {
-                if behind || lags(&b, m) {
+                if waits(&b, m) {
                     break;
                 }
                 msgs.extend(held.pop_front());
@@ -265,11 +265,10 @@ async fn receive(
             }
         }
         let mut b = lock(&broker);
-        let behind = b.replicas_behind();
         let now: Vec<LinkMsg> = msgs
             .into_iter()
             .filter_map(|m| {
-                if held_back(&m) && (behind || !held.is_empty() || lags(&b, &m)) {
+                if held_back(&m) && (!held.is_empty() || waits(&b, &m)) {
                     held.push_back(m);
                     None
                 } else {

@@ -1648,3 +1648,94 @@ fn every_node_shows_a_queues_figures_as_its_master_has_them() {
         });
     }
 }
+
+#[test]
+fn a_backlogged_ring_holds_back_its_own_publishers_only() {
+    // RabbitMQ's credit flow blocks the publishers of the queue that falls
+    // behind; publishers of other queues on the node go on.
+    const FAST: &str = "plain.fast";
+    let root = peers::test_root();
+    let (_secret, nodes, rt) = mirrored_three(root.path());
+    declare_durable(&rt, &nodes[0], FAST);
+    // A mirror stopped (not down: the failure detector waits 60 s): the
+    // ring of the mirrored queue stops moving and its publishes pile up.
+    let stopped = nodes[2].pid().to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &stopped])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let (held, fast_confirmed, after) = rt.block_on(async {
+        let (_slow_conn, slow) = confirming(&nodes[0]).await;
+        let mut slow_confirms = Vec::new();
+        for _ in 0..6_000 {
+            let confirm = slow
+                .basic_publish(
+                    "".into(),
+                    QUEUE.into(),
+                    BasicPublishOptions::default(),
+                    b"slow",
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap();
+            slow_confirms.push(confirm);
+        }
+        // The ring's turns count its backlog as it grows; past 4,000 the
+        // queue holds its publisher back (until the ring drops the stopped
+        // node from its view: its link silent for 3 s).
+        let mut held = 0;
+        for _ in 0..100 {
+            held = queue(&nodes[0])["messages"].as_u64().unwrap_or(0);
+            if held > 4_000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Another publisher on the same node, into a queue with no ring,
+        // one confirm at a time (each publish read after the last confirm),
+        // while the first is still held back.
+        let (_fast_conn, fast) = confirming(&nodes[0]).await;
+        let fast = tokio::time::timeout(Duration::from_secs(20), async {
+            let mut acked = 0;
+            for _ in 0..5 {
+                let confirm = fast
+                    .basic_publish(
+                        "".into(),
+                        FAST.into(),
+                        BasicPublishOptions::default(),
+                        b"fast",
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                    .unwrap();
+                if confirm.await.is_ok_and(|c| c.is_ack()) {
+                    acked += 1;
+                }
+            }
+            acked
+        })
+        .await;
+        let after = queue(&nodes[0])["messages"].as_u64().unwrap_or(0);
+        (held, fast, after)
+    });
+    signal("-CONT");
+    assert!(
+        held > 4_000 && held < 6_000,
+        "the mirrored queue's publisher was not held back ({held} of 6,000 published)"
+    );
+    assert_eq!(
+        fast_confirmed,
+        Ok(5),
+        "a publisher into another queue got no confirms"
+    );
+    // Before the fix the other publisher waited until the ring dropped the
+    // stopped node and the held publisher had gone on.
+    assert!(
+        after < 6_000,
+        "the other publisher's confirms came only after the mirrored queue's backlog cleared"
+    );
+}
