@@ -116,9 +116,10 @@ fn main() -> anyhow::Result<()> {
 /// only wake-ups: every hand-off between two tasks (a client's turn, its
 /// queue's replica, the ring's writer) woke a parked worker, ~25 µs each.
 /// Measured with lapin (1 KiB persistent, 100 confirms in flight, manual
-/// acks) on 3 mirrored nodes: 105 against 150 µs of CPU per message and
-/// ~30 % more consumed per second with one worker. Raft and the peer port
-/// keep their own runtime (`cluster.rs`).
+/// acks) on 3 mirrored nodes: 123 against 172 µs of CPU per message and
+/// ~40 % more consumed per second with one worker (medians of 5 runs;
+/// docs/benchmarks.md). Raft and the peer port keep their own runtime
+/// (`cluster.rs`).
 fn broker_threads() -> usize {
     std::env::var("TOKIO_WORKER_THREADS")
         .ok()
