@@ -55,6 +55,51 @@ async fn cut_breaks_both_ends_and_refuses_new_links_until_healed() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn heal_link_lifts_one_links_faults_and_leaves_the_others() {
+    let net = MemNetwork::new(5);
+    let (_a, mut la) = node(&net, "a").await;
+    let (b, _lb) = node(&net, "b").await;
+    let (c, _lc) = node(&net, "c").await;
+    net.cut(&n("a"), &n("b"));
+    net.cut(&n("a"), &n("c"));
+    net.heal_link(&n("b"), &n("a"));
+    let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
+    on_b.send(Bytes::from_static(b"healed")).await.unwrap();
+    assert_eq!(
+        on_a.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"healed")
+    );
+    let err = c.connect(&PeerAddr::new("a")).await.unwrap_err();
+    assert!(err.to_string().contains("cut"), "{err}");
+    drop(b);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_link_that_lost_frames_to_a_blackhole_breaks_when_it_lifts() {
+    let net = MemNetwork::new(6);
+    let (_a, mut la) = node(&net, "a").await;
+    let (_b, _lb) = node(&net, "b").await;
+    let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
+    let (mut on_b2, mut on_a2) = link(&net, "b", &mut la).await;
+    net.blackhole(&n("b"), &n("a"));
+    on_b.send(Bytes::from_static(b"lost")).await.unwrap();
+    assert!(net.reaches(&n("a"), &n("b")));
+    assert!(!net.reaches(&n("b"), &n("a")));
+    net.heal_link(&n("a"), &n("b"));
+    // The stream cannot carry on past the hole; the other link lost nothing.
+    assert!(matches!(
+        on_a.recv().await,
+        Err(TransportError::ConnectionLost { .. })
+    ));
+    assert!(on_b.send(Bytes::from_static(b"x")).await.is_err());
+    on_b2.send(Bytes::from_static(b"kept")).await.unwrap();
+    assert_eq!(
+        on_a2.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"kept")
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn partition_separates_groups_but_not_members_of_one_group() {
     let net = MemNetwork::new(2);
     let (_a, mut la) = node(&net, "a").await;
