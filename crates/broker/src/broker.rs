@@ -1567,12 +1567,17 @@ impl Broker {
             else {
                 continue;
             };
-            if q.uid != uid || !ok {
+            if q.uid != uid {
                 continue;
             }
             let bq = match &mut q.store {
+                Store::Local(_) if !ok => continue,
                 Store::Local(bq) => bq,
                 Store::Replica(m) => {
+                    // A failed job too: a mirror whose disk failed drops
+                    // its state and asks for a sync at once, instead of
+                    // counting as synchronised (and promotable) until its
+                    // next job.
                     if let Err(e) = m.replica.complete_storage_sync(&job) {
                         tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
                     }
