@@ -134,12 +134,18 @@ struct DeferredWrite {
 type DeferredSlot = Arc<Mutex<Option<DeferredWrite>>>;
 
 /// Writes the slot's buffer if nobody has yet.
+///
+/// A write that fails stays in the slot: the log's next attempt
+/// (`settle_deferred`) writes it again, or is poisoned. Taking it out
+/// first lost it, and the next append went in after a hole of zeros that
+/// recovery refuses as corruption.
 fn write_deferred(slot: &Mutex<Option<DeferredWrite>>) -> Result<(), StoreError> {
     let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(w) = slot.take() {
+    if let Some(w) = slot.as_ref() {
         w.file
             .write_at(&w.data, w.offset)
             .map_err(|e| StoreError::io(&w.path, e))?;
+        *slot = None;
     }
     Ok(())
 }

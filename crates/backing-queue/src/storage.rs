@@ -48,6 +48,8 @@ pub trait Storage: Send + Sync + Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Removes `dir` and everything in it.
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Makes the data of every file durable, as `sync_data` on each would;
     /// one result per file, in order. The default syncs them one by one.
     fn sync_files(&self, files: &[&dyn StorageFile]) -> Vec<io::Result<()>> {
@@ -166,6 +168,10 @@ impl Storage for FsStorage {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::remove_dir_all(dir)
     }
 
     fn sync_files(&self, files: &[&dyn StorageFile]) -> Vec<io::Result<()>> {
@@ -385,6 +391,13 @@ impl Storage for MemStorage {
                 durable.insert(p.clone(), Arc::clone(f));
             }
         }
+        Ok(())
+    }
+
+    /// Removes the files under `dir` as the running process sees them (the
+    /// removal is durable once the directory is synced, as on a disk).
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        lock(&self.0).current.retain(|p, _| !p.starts_with(dir));
         Ok(())
     }
 }

@@ -17,7 +17,8 @@ use warren_amqp::{
     Event, Publish, Reply, ReplyCode,
 };
 use warren_backing_queue::{
-    BackingQueue, DropReason, Dropped, Limits, NewMessage, QueueConfig, SeqId, StoreConfig, SyncJob,
+    BackingQueue, DropReason, Dropped, FsStorage, Limits, NewMessage, QueueConfig, SeqId, Storage,
+    StoreConfig, SyncJob,
 };
 use warren_policy::MasterLocator;
 
@@ -112,6 +113,9 @@ pub struct BrokerConfig {
     pub node_name: String,
     /// Settings of every client connection.
     pub amqp: Config,
+    /// Where durable queues' logs are written: the file system, or a
+    /// `MemStorage` in simulations that inject storage faults.
+    pub storage: Arc<dyn Storage>,
 }
 
 impl BrokerConfig {
@@ -121,6 +125,7 @@ impl BrokerConfig {
             data_dir: data_dir.into(),
             node_name: "warren@localhost".into(),
             amqp: Config::default(),
+            storage: FsStorage::shared(),
         }
     }
 }
@@ -1211,7 +1216,12 @@ impl Broker {
         };
         let (bq, dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
-            let (bq, report) = BackingQueue::open(&dir, qcfg, StoreConfig::default())?;
+            let (bq, report) = BackingQueue::open_in(
+                self.cfg.storage.clone(),
+                &dir,
+                qcfg,
+                StoreConfig::default(),
+            )?;
             if let Some((file, off)) = report.truncated {
                 tracing::warn!(file = %file.display(), offset = off, "cut a torn tail off a queue log");
             }
@@ -1557,12 +1567,17 @@ impl Broker {
             else {
                 continue;
             };
-            if q.uid != uid || !ok {
+            if q.uid != uid {
                 continue;
             }
             let bq = match &mut q.store {
+                Store::Local(_) if !ok => continue,
                 Store::Local(bq) => bq,
                 Store::Replica(m) => {
+                    // A failed job too: a mirror whose disk failed drops
+                    // its state and asks for a sync at once, instead of
+                    // counting as synchronised (and promotable) until its
+                    // next job.
                     if let Err(e) = m.replica.complete_storage_sync(&job) {
                         tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
                     }

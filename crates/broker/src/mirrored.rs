@@ -580,6 +580,13 @@ impl Broker {
         self.vhosts.get(vhost)?.queues.get(name)?.dir.clone()
     }
 
+    /// Where this broker's durable queues keep their logs
+    /// ([`BrokerConfig::storage`](crate::BrokerConfig::storage)).
+    #[must_use]
+    pub fn storage(&self) -> Arc<dyn warren_backing_queue::Storage> {
+        self.cfg.storage.clone()
+    }
+
     /// Queue `name`'s ring, if it is mirrored here.
     #[must_use]
     pub fn replica_ring(&self, vhost: &str, name: &str) -> Option<String> {

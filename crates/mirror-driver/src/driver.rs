@@ -13,7 +13,6 @@
 //!   ([`Broker::take_mirror_io`]), broadcasts and record compare-and-sets.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -405,7 +404,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         };
         let started = {
             let mut b = lock(&self.broker);
-            let factory = fresh_queue(b.queue_dir(vhost, name));
+            let factory = fresh_queue(&b, vhost, name);
             b.start_replica(vhost, name, start, factory)
         };
         if !started {
@@ -565,7 +564,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 };
                 {
                     let mut b = lock(&self.broker);
-                    let mut factory = fresh_queue(b.queue_dir(vhost, name));
+                    let mut factory = fresh_queue(&b, vhost, name);
                     b.end_replica(vhost, name, &mut factory, end);
                 }
                 tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
@@ -673,16 +672,20 @@ async fn claim(
 }
 
 /// Makes a replica's fresh backing queue: an empty log in the queue's
-/// directory (old content deleted), or in memory for a queue without one.
-fn fresh_queue(dir: Option<PathBuf>) -> QueueFactory {
+/// directory on the broker's storage (old content deleted), or in memory for
+/// a queue without one.
+fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
+    let dir = b.queue_dir(vhost, name);
+    let storage = b.storage();
     Box::new(move |cfg: QueueConfig| match &dir {
         Some(dir) => {
-            if let Err(e) = std::fs::remove_dir_all(dir)
+            if let Err(e) = storage.remove_dir_all(dir)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not clear a mirror's old content");
             }
-            BackingQueue::open(dir, cfg, StoreConfig::default()).map(|(bq, _)| bq)
+            BackingQueue::open_in(storage.clone(), dir, cfg, StoreConfig::default())
+                .map(|(bq, _)| bq)
         }
         None => Ok(BackingQueue::in_memory(cfg)),
     })

@@ -333,6 +333,9 @@ pub struct Replica {
     master_stopping: bool,
     promoting: bool,
     asked_sync: bool,
+    /// A sync could not be installed (its disk failed): ask again on the
+    /// next tick, not at once (each sync carries the whole queue).
+    sync_retry: bool,
     /// The ring view in which this mirror last said it waits for a master
     /// (said once per view, not on every check).
     warned_waiting: ViewVersion,
@@ -451,6 +454,7 @@ impl Replica {
             master_stopping: false,
             promoting: false,
             asked_sync: false,
+            sync_retry: false,
             warned_waiting: 0,
             master_node: None,
             applied_seq: 0,
@@ -722,9 +726,12 @@ impl Replica {
         self.release();
     }
 
-    /// Time passes (master: expires messages at the head; mirrors never act
-    /// on their own).
+    /// Time passes (master: expires messages at the head; a mirror that
+    /// could not install a sync asks for one again).
     pub fn tick(&mut self, now_ms: u64) {
+        if self.role == Role::Mirror && std::mem::take(&mut self.sync_retry) && self.bq.is_none() {
+            self.ask_sync();
+        }
         if self.role != Role::Master {
             return;
         }
@@ -761,7 +768,11 @@ impl Replica {
     /// then hand it to [`complete_storage_sync`](Self::complete_storage_sync).
     pub fn prepare_storage_sync(&mut self) -> Result<Option<SyncJob>, MirrorError> {
         match self.bq.as_mut() {
-            Some(bq) if bq.needs_sync() => Ok(bq.prepare_sync()?),
+            Some(bq) if bq.needs_sync() => bq.prepare_sync().map_err(|e| {
+                // (A log poisoned by a failed write or sync.)
+                self.lost_storage();
+                e.into()
+            }),
             _ => Ok(None),
         }
     }
@@ -1515,8 +1526,9 @@ impl Replica {
                     held,
                     buffered,
                 ) {
-                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not install the sync");
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not install the sync; asking again on the next tick");
                     self.bq = None;
+                    self.sync_retry = true;
                     return;
                 }
                 if self.bq.is_none() {

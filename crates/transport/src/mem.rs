@@ -8,7 +8,9 @@
 //! Faults, all between node names and all reversible with [`MemNetwork::heal`]:
 //! [`cut`](MemNetwork::cut) one link, [`partition`](MemNetwork::partition)
 //! the nodes into groups, [`delay`](MemNetwork::delay) a link (with seeded
-//! jitter), [`disconnect`](MemNetwork::disconnect) a node's live connections.
+//! jitter), [`blackhole`](MemNetwork::blackhole) one direction of a link,
+//! [`disconnect`](MemNetwork::disconnect) a node's live connections;
+//! [`heal_link`](MemNetwork::heal_link) lifts the faults of one link alone.
 //! A cut connection fails at once on both ends, and frames in flight on it are
 //! lost, as on a real network. With tokio's paused clock on a current-thread
 //! runtime, a run is a pure function of the network's seed.
@@ -64,10 +66,16 @@ struct LinkShared {
     a: NodeName,
     b: NodeName,
     cut: watch::Sender<bool>,
+    /// A blackhole swallowed frames of this link: once it lifts, the link is
+    /// cut rather than carrying on past the hole (a byte stream never skips).
+    holed: std::sync::atomic::AtomicBool,
 }
 
 struct Batch {
-    deliver_at: Instant,
+    /// When the receiver may take it (the sender's clock); `None` at once.
+    /// Only a delayed link sets it: the two ends may run on runtimes whose
+    /// clocks differ (a simulation pauses one clock per node).
+    deliver_at: Option<Instant>,
     frames: Vec<Bytes>,
 }
 
@@ -102,6 +110,20 @@ impl NetState {
         None
     }
 
+    /// Cuts the live links that lost frames to a blackhole no longer there.
+    fn cut_holed(&mut self) {
+        self.links.retain(|weak| weak.strong_count() > 0);
+        for link in self.links.iter().filter_map(Weak::upgrade) {
+            let (a, b) = (&link.a, &link.b);
+            if link.holed.load(std::sync::atomic::Ordering::SeqCst)
+                && !self.silent.contains(&(a.clone(), b.clone()))
+                && !self.silent.contains(&(b.clone(), a.clone()))
+            {
+                link.cut.send_replace(true);
+            }
+        }
+    }
+
     /// Cuts every live link that the current faults forbid.
     fn enforce(&mut self) {
         self.links.retain(|weak| weak.strong_count() > 0);
@@ -113,19 +135,16 @@ impl NetState {
         }
     }
 
-    fn deliver_at(&mut self, from: &NodeName, to: &NodeName) -> Instant {
-        let now = Instant::now();
-        match self.delays.get(&(from.clone(), to.clone())) {
-            Some(&(delay, jitter)) => {
-                let extra = if jitter.is_zero() {
-                    Duration::ZERO
-                } else {
-                    Duration::from_nanos(self.rng.random_range(0..=jitter.as_nanos() as u64))
-                };
-                now + delay + extra
-            }
-            None => now,
-        }
+    /// When a batch sent now from `from` to `to` arrives, if the link is
+    /// delayed.
+    fn deliver_at(&mut self, from: &NodeName, to: &NodeName) -> Option<Instant> {
+        let &(delay, jitter) = self.delays.get(&(from.clone(), to.clone()))?;
+        let extra = if jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(self.rng.random_range(0..=jitter.as_nanos() as u64))
+        };
+        Some(Instant::now() + delay + extra)
     }
 }
 
@@ -199,18 +218,44 @@ impl MemNetwork {
     /// firewall drops: live connections stay up (nothing tells either end),
     /// and a new connection between the two times out (after the dialer's
     /// connect timeout), whichever end dials. One-way; call it twice for both.
+    /// Once it is lifted ([`heal`](Self::heal), [`heal_link`](Self::heal_link)),
+    /// a connection that lost frames to it breaks: a stream cannot skip them.
     pub fn blackhole(&self, from: &NodeName, to: &NodeName) {
         self.lock().silent.insert((from.clone(), to.clone()));
     }
 
+    /// Removes the faults between `a` and `b` alone: their cut, the delays
+    /// and blackholes of both directions (a partition stays). Connections
+    /// already cut stay down, and so do those that lost frames to a
+    /// blackhole (cut now); new ones succeed.
+    pub fn heal_link(&self, a: &NodeName, b: &NodeName) {
+        let mut st = self.lock();
+        st.cuts.remove(&pair(a, b));
+        for dir in [(a.clone(), b.clone()), (b.clone(), a.clone())] {
+            st.delays.remove(&dir);
+            st.silent.remove(&dir);
+        }
+        st.cut_holed();
+    }
+
     /// Removes every cut, partition, delay and blackhole. Connections
-    /// already cut stay down; new ones succeed.
+    /// already cut stay down, and so do those that lost frames to a
+    /// blackhole (cut now); new ones succeed.
     pub fn heal(&self) {
         let mut st = self.lock();
         st.cuts.clear();
         st.groups = None;
         st.delays.clear();
         st.silent.clear();
+        st.cut_holed();
+    }
+
+    /// Whether frames sent now from `from` reach `to`: no cut, partition or
+    /// blackhole stands between them in that direction (for shells a test
+    /// carries itself, such as a simulation's forwarding links).
+    pub fn reaches(&self, from: &NodeName, to: &NodeName) -> bool {
+        let st = self.lock();
+        st.blocked(from, to).is_none() && !st.silent.contains(&(from.clone(), to.clone()))
     }
 
     /// Whether the dial from `from` to `addr` goes into a blackhole.
@@ -249,6 +294,7 @@ impl MemNetwork {
             a: from.clone(),
             b: to.clone(),
             cut,
+            holed: std::sync::atomic::AtomicBool::new(false),
         });
         st.links.push(Arc::downgrade(&link));
         let (tx_ab, rx_ab) = mpsc::channel(LINK_CAPACITY);
@@ -473,14 +519,23 @@ impl FrameSender for MemSender {
         let deliver_at = {
             let mut st = self.net.lock();
             if st.silent.contains(&(self.from.clone(), self.to.clone())) {
+                self._link
+                    .holed
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 self.buf.clear();
                 self.buffered = 0;
                 return Ok(());
             }
             st.deliver_at(&self.from, &self.to)
+        };
+        // A batch never overtakes an earlier, delayed one.
+        let deliver_at = match deliver_at {
+            Some(at) => Some(at.max(self.last_deliver_at)),
+            None => Some(self.last_deliver_at).filter(|at| *at > Instant::now()),
+        };
+        if let Some(at) = deliver_at {
+            self.last_deliver_at = at;
         }
-        .max(self.last_deliver_at);
-        self.last_deliver_at = deliver_at;
         let batch = Batch {
             deliver_at,
             frames: std::mem::take(&mut self.buf),
@@ -541,9 +596,9 @@ impl MemReceiver {
         let Some(batch) = batch else {
             return Ok(false);
         };
-        if batch.deliver_at > Instant::now() {
+        if let Some(at) = batch.deliver_at.filter(|at| *at > Instant::now()) {
             tokio::select! {
-                () = tokio::time::sleep_until(batch.deliver_at) => {}
+                () = tokio::time::sleep_until(at) => {}
                 _ = cut.wait_for(|c| *c) => return Err(self.lost()),
             }
         }

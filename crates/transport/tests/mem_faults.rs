@@ -31,6 +31,20 @@ async fn link(
     (c.unwrap(), s.unwrap())
 }
 
+/// Checks that a receive failed because the connection was lost.
+fn assert_lost(r: Result<Option<Bytes>, TransportError>) {
+    assert!(
+        matches!(r, Err(TransportError::ConnectionLost { .. })),
+        "{r:?}"
+    );
+}
+
+/// Sends `frame` on `tx` and checks that `rx` receives it.
+async fn carries(tx: &mut Connection, rx: &mut Connection, frame: &'static [u8]) {
+    tx.send(Bytes::from_static(frame)).await.unwrap();
+    assert_eq!(rx.recv().await.unwrap().unwrap(), Bytes::from_static(frame));
+}
+
 #[tokio::test(start_paused = true)]
 async fn cut_breaks_both_ends_and_refuses_new_links_until_healed() {
     let net = MemNetwork::new(1);
@@ -38,20 +52,47 @@ async fn cut_breaks_both_ends_and_refuses_new_links_until_healed() {
     let (b, _lb) = node(&net, "b").await;
     let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
     net.cut(&n("a"), &n("b"));
-    assert!(matches!(
-        on_a.recv().await,
-        Err(TransportError::ConnectionLost { .. })
-    ));
+    assert_lost(on_a.recv().await);
     assert!(on_b.send(Bytes::from_static(b"x")).await.is_err());
     let err = b.connect(&PeerAddr::new("a")).await.unwrap_err();
     assert!(err.to_string().contains("cut"), "{err}");
     net.heal();
     let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
-    on_b.send(Bytes::from_static(b"after heal")).await.unwrap();
-    assert_eq!(
-        on_a.recv().await.unwrap().unwrap(),
-        Bytes::from_static(b"after heal")
-    );
+    carries(&mut on_b, &mut on_a, b"after heal").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn heal_link_lifts_one_links_faults_and_leaves_the_others() {
+    let net = MemNetwork::new(5);
+    let (_a, mut la) = node(&net, "a").await;
+    let (b, _lb) = node(&net, "b").await;
+    let (c, _lc) = node(&net, "c").await;
+    net.cut(&n("a"), &n("b"));
+    net.cut(&n("a"), &n("c"));
+    net.heal_link(&n("b"), &n("a"));
+    let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
+    carries(&mut on_b, &mut on_a, b"healed").await;
+    let err = c.connect(&PeerAddr::new("a")).await.unwrap_err();
+    assert!(err.to_string().contains("cut"), "{err}");
+    drop(b);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_link_that_lost_frames_to_a_blackhole_breaks_when_it_lifts() {
+    let net = MemNetwork::new(6);
+    let (_a, mut la) = node(&net, "a").await;
+    let (_b, _lb) = node(&net, "b").await;
+    let (mut on_b, mut on_a) = link(&net, "b", &mut la).await;
+    let (mut on_b2, mut on_a2) = link(&net, "b", &mut la).await;
+    net.blackhole(&n("b"), &n("a"));
+    on_b.send(Bytes::from_static(b"lost")).await.unwrap();
+    assert!(net.reaches(&n("a"), &n("b")));
+    assert!(!net.reaches(&n("b"), &n("a")));
+    net.heal_link(&n("a"), &n("b"));
+    // The stream cannot carry on past the hole; the other link lost nothing.
+    assert_lost(on_a.recv().await);
+    assert!(on_b.send(Bytes::from_static(b"x")).await.is_err());
+    carries(&mut on_b2, &mut on_a2, b"kept").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -64,11 +105,7 @@ async fn partition_separates_groups_but_not_members_of_one_group() {
     let (mut c_to_b, mut b_from_c) = link(&net, "c", &mut lb).await;
     net.partition(&[&[n("a")], &[n("b"), n("c")]]);
     assert!(a_from_c.recv().await.is_err(), "a is cut off from c");
-    c_to_b.send(Bytes::from_static(b"same side")).await.unwrap();
-    assert_eq!(
-        b_from_c.recv().await.unwrap().unwrap(),
-        Bytes::from_static(b"same side")
-    );
+    carries(&mut c_to_b, &mut b_from_c, b"same side").await;
     let err = c.connect(&PeerAddr::new("a")).await.unwrap_err();
     assert!(err.to_string().contains("partitions"), "{err}");
 }

@@ -152,3 +152,46 @@ fn a_sync_job_run_late_never_overwrites_later_appends() {
     assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [1, 2]);
     assert!(got.iter().all(|d| d.redelivered));
 }
+
+/// A sync job whose write fails (a failing disk) is never completed (the
+/// broker drops it); the appends it carried must not be lost on the way:
+/// the next job writes them first, so the file never has a hole of zeros
+/// that recovery refuses as corruption (a node could not restart).
+#[test]
+fn a_failed_sync_jobs_appends_are_written_by_the_next_one() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let dir = Path::new("/node/failing");
+    let open = || {
+        BackingQueue::open_in(
+            Arc::clone(&storage),
+            dir,
+            QueueConfig::default(),
+            StoreConfig::default(),
+        )
+        .expect("open (no corrupt segment)")
+        .0
+    };
+    let mut q = open();
+    q.publish(0, NewMessage::new(1, vec![1; 100], true))
+        .expect("publish");
+    let mut failed = q.prepare_sync().expect("prepare").expect("durable");
+    mem.set_failing(true);
+    assert!(failed.run().is_err(), "the disk fails");
+    mem.set_failing(false);
+    q.publish(0, NewMessage::new(2, vec![2; 100], true))
+        .expect("publish");
+    let mut next = q.prepare_sync().expect("prepare").expect("durable");
+    next.run().expect("the disk works again");
+    // The failed job was never completed: the log is poisoned now.
+    assert!(q.complete_sync(&next).is_err());
+    drop(q);
+    for crash in [false, true] {
+        if crash {
+            mem.crash();
+        }
+        let mut q = open();
+        let got = drain(&mut q, 0);
+        assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [1, 2]);
+    }
+}

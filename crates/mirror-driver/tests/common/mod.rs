@@ -2,6 +2,13 @@
 //! `warren_broker::Broker` (fed AMQP frames by [`Client`]), the production
 //! [`MirrorDriver`] on a runtime of its own (killing the node shuts that
 //! runtime down), all over one `MemNetwork` and one [`MemMetadata`].
+//!
+//! Two ways to run them: on real multi-thread runtimes under an async test
+//! ([`Net::new`], [`Net::start`]), or simulated ([`Net::simulated`],
+//! [`Net::start_now`]): each node on a current-thread runtime with a paused
+//! clock, driven one after the other by [`Net::step`] from a plain test
+//! thread, its queues' logs in a `MemStorage`, and the forwarding links
+//! between the brokers (the node's `links.rs`) carried by the step itself.
 
 #![allow(dead_code)]
 
@@ -18,6 +25,7 @@ use amq_protocol::protocol::{
 use amq_protocol::types::FieldTable;
 use bytes::BytesMut;
 use tempfile::TempDir;
+use warren_backing_queue::MemStorage;
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::FileStore;
 use warren_broker::{Broker, BrokerConfig, ConnId};
@@ -102,14 +110,91 @@ pub fn transport(mem: &MemNetwork, n: &str) -> Arc<warren_transport::mem::MemTra
     )))
 }
 
-/// Logs to the test's output (`RUST_LOG`, `warn` by default).
+/// Logs to the test's output (`RUST_LOG`; by default `warn`, or `info`
+/// when a simulation seed is replayed, `WARREN_SIM_SEED`).
 pub fn init_tracing() {
+    let default = if std::env::var_os("WARREN_SIM_SEED").is_some() {
+        "info"
+    } else {
+        "warn"
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default.into()),
         )
         .with_test_writer()
         .try_init();
+}
+
+/// A simulated node's runtime: one thread (the test's), its clock paused
+/// (it moves only as [`Net::step`] drives it).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Node `n`'s broker with its data in `dir` (its queues' logs in `storage`
+/// if given): guest, vhost `/` and the queue declared (as the node's
+/// metadata replay does).
+pub fn open_broker(n: &str, dir: &Path, storage: Option<&MemStorage>) -> Shared {
+    let mut cfg = BrokerConfig::new(dir);
+    cfg.node_name = n.to_owned();
+    if let Some(storage) = storage {
+        cfg.storage = Arc::new(storage.clone());
+    }
+    let store = FileStore::open(dir.join("metadata.json")).unwrap();
+    let mut broker = Broker::open(cfg, Box::new(store)).unwrap();
+    broker.add_vhost("/").unwrap();
+    broker
+        .put_user(UserDef {
+            name: "guest".into(),
+            password_hash: hash_password("guest"),
+            tags: vec!["administrator".into()],
+            loopback_only: true,
+        })
+        .unwrap();
+    broker
+        .set_permissions(PermissionDef {
+            user: "guest".into(),
+            vhost: "/".into(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        })
+        .unwrap();
+    let broker: Shared = Arc::new(Mutex::new(broker));
+    Client::connect(&broker).declare(QUEUE);
+    broker
+}
+
+/// The driver's settings of node `n` in these tests (short intervals).
+fn driver_config(n: &str) -> DriverConfig {
+    let mut gm = NodeConfig::new(name(n), PeerAddr::new(format!("gm-{n}")));
+    gm.tick_interval = Duration::from_millis(5);
+    gm.redial_interval = Duration::from_millis(30);
+    let mut config = DriverConfig::new(gm, format!("link-{n}"));
+    config.replica_tick = Duration::from_millis(20);
+    config.reconcile_interval = Duration::from_millis(100);
+    config
+}
+
+/// The node's broker loops, on the current runtime: its ticker and its
+/// group commits.
+async fn broker_loops(b: Shared) {
+    let mut iv = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        iv.tick().await;
+        lock(&b).tick(now_ms());
+        let mut batch = lock(&b).prepare_sync();
+        if !batch.is_empty() {
+            batch.run();
+            lock(&b).complete_sync(batch, now_ms());
+        }
+    }
 }
 
 impl<S: MetadataSource> Node<S> {
@@ -124,57 +209,39 @@ impl<S: MetadataSource> Node<S> {
         dir: &Path,
         source: S,
     ) -> Self {
-        let mut cfg = BrokerConfig::new(dir);
-        cfg.node_name = n.to_owned();
-        let store = FileStore::open(dir.join("metadata.json")).unwrap();
-        let mut broker = Broker::open(cfg, Box::new(store)).unwrap();
-        broker.add_vhost("/").unwrap();
-        broker
-            .put_user(UserDef {
-                name: "guest".into(),
-                password_hash: hash_password("guest"),
-                tags: vec!["administrator".into()],
-                loopback_only: true,
-            })
-            .unwrap();
-        broker
-            .set_permissions(PermissionDef {
-                user: "guest".into(),
-                vhost: "/".into(),
-                configure: ".*".into(),
-                write: ".*".into(),
-                read: ".*".into(),
-            })
-            .unwrap();
-        let broker: Shared = Arc::new(Mutex::new(broker));
-        Client::connect(&broker).declare(QUEUE);
+        let broker = open_broker(n, dir, None);
         let transport = transport(mem, n);
-        let mut gm = NodeConfig::new(name(n), PeerAddr::new(format!("gm-{n}")));
-        gm.tick_interval = Duration::from_millis(5);
-        gm.redial_interval = Duration::from_millis(30);
-        let mut config = DriverConfig::new(gm, format!("link-{n}"));
-        config.replica_tick = Duration::from_millis(20);
-        config.reconcile_interval = Duration::from_millis(100);
-        let b = broker.clone();
+        let (b, config) = (broker.clone(), driver_config(n));
         let driver = rt
             .spawn(async move { MirrorDriver::start(source, transport, b, config).await })
             .await
             .unwrap()
             .unwrap();
-        // The node's broker loops: its ticker and its group commits.
-        let b = broker.clone();
-        rt.spawn(async move {
-            let mut iv = tokio::time::interval(Duration::from_millis(20));
-            loop {
-                iv.tick().await;
-                lock(&b).tick(now_ms());
-                let mut batch = lock(&b).prepare_sync();
-                if !batch.is_empty() {
-                    batch.run();
-                    lock(&b).complete_sync(batch, now_ms());
-                }
-            }
-        });
+        rt.spawn(broker_loops(broker.clone()));
+        Self { broker, driver, rt }
+    }
+
+    /// [`start`](Self::start) from outside any runtime, on `rt` (a paused
+    /// one: the simulation), the queues' logs in `storage`.
+    pub fn start_now(
+        rt: tokio::runtime::Runtime,
+        mem: &MemNetwork,
+        n: &str,
+        dir: &Path,
+        source: S,
+        storage: &MemStorage,
+    ) -> Self {
+        let broker = open_broker(n, dir, Some(storage));
+        let transport = transport(mem, n);
+        let driver = rt
+            .block_on(MirrorDriver::start(
+                source,
+                transport,
+                broker.clone(),
+                driver_config(n),
+            ))
+            .unwrap();
+        rt.spawn(broker_loops(broker.clone()));
         Self { broker, driver, rt }
     }
 
@@ -214,6 +281,13 @@ pub struct Net {
     pub nodes: BTreeMap<String, Node>,
     dirs: BTreeMap<String, TempDir>,
     joined: u64,
+    /// Simulated ([`Net::simulated`]): each node's queue logs, kept across
+    /// its restarts.
+    pub storage: BTreeMap<String, MemStorage>,
+    /// Simulated: the node pairs whose forwarding link is up.
+    links: BTreeSet<(String, String)>,
+    /// Simulated: the virtual time [`Net::step`] has run.
+    pub elapsed: Duration,
 }
 
 impl Net {
@@ -231,12 +305,21 @@ impl Net {
             nodes: BTreeMap::new(),
             dirs: BTreeMap::new(),
             joined: 0,
+            storage: BTreeMap::new(),
+            links: BTreeSet::new(),
+            elapsed: Duration::ZERO,
         }
     }
 
-    /// Starts node `n` (again, on its old data directory, after a kill):
-    /// its broker with the queue declared, and its mirror driver.
-    pub async fn start(&mut self, n: &str) {
+    /// The same cluster, simulated: start its nodes with
+    /// [`start_now`](Self::start_now) and run it with [`step`](Self::step).
+    pub fn simulated(seed: u64, batch: u64) -> Self {
+        Self::new(seed, batch)
+    }
+
+    /// Node `n`'s data directory and metadata handle, entering it in the
+    /// cluster's node list the first time.
+    fn admit(&mut self, n: &str) -> (PathBuf, MemMetadata) {
         let dir: PathBuf = self
             .dirs
             .entry(n.to_owned())
@@ -260,12 +343,39 @@ impl Net {
                 );
             });
         }
-        let source = self.meta.for_node(name(n));
-        let node = Node::start(runtime(), &self.mem, n, &dir, source).await;
+        (dir, self.meta.for_node(name(n)))
+    }
+
+    /// Node `n` runs: the cluster sees it up.
+    fn running(&mut self, n: &str, node: Node) {
         let mut up = self.up();
         up.insert(name(n));
         self.meta.set_up(up);
         self.nodes.insert(n.to_owned(), node);
+    }
+
+    /// Starts node `n` (again, on its old data directory, after a kill):
+    /// its broker with the queue declared, and its mirror driver.
+    pub async fn start(&mut self, n: &str) {
+        let (dir, source) = self.admit(n);
+        let node = Node::start(runtime(), &self.mem, n, &dir, source).await;
+        self.running(n, node);
+    }
+
+    /// [`start`](Self::start) in a simulated cluster: on a paused runtime,
+    /// the queues' logs in the node's `MemStorage` (what a restart finds).
+    pub fn start_now(&mut self, n: &str) {
+        let (dir, source) = self.admit(n);
+        let storage = self.storage.entry(n.to_owned()).or_default().clone();
+        let node = Node::start_now(paused_runtime(), &self.mem, n, &dir, source, &storage);
+        // Served by its master from the start, as the node's replay of the
+        // metadata does for a queue it declares: until the reconciler's first
+        // pass, the copy the broker recovered (a mirror's, stale) would serve
+        // clients. (The node does not do it for a queue its broker recovered
+        // itself: see the simulation's note on seed 36.)
+        let master = self.record().master;
+        lock(&node.broker).set_queue_master("/", QUEUE, (master != n).then_some(master.as_str()));
+        self.running(n, node);
     }
 
     fn up(&self) -> BTreeSet<NodeName> {
@@ -282,6 +392,86 @@ impl Net {
         let mut up = self.up();
         up.remove(&name(n));
         self.meta.set_up(up);
+    }
+
+    /// Simulated: runs every node for `d` of virtual time, one after the
+    /// other (in name order), then carries the forwarding links' messages.
+    pub fn step(&mut self, d: Duration) {
+        for node in self.nodes.values() {
+            node.rt.block_on(async { tokio::time::sleep(d).await });
+        }
+        self.elapsed += d;
+        self.carry_links();
+    }
+
+    /// Simulated: steps (`step` each time) until `ok`, failing after
+    /// `limit` of virtual time.
+    pub fn step_until(
+        &mut self,
+        what: &str,
+        step: Duration,
+        limit: Duration,
+        mut ok: impl FnMut(&Self) -> bool,
+    ) {
+        let until = self.elapsed + limit;
+        while !ok(self) {
+            assert!(
+                self.elapsed < until,
+                "gave up waiting {limit:?} (virtual) for: {what}"
+            );
+            self.step(step);
+        }
+    }
+
+    /// The forwarding links between the brokers, as the node's `links.rs`
+    /// keeps them: a pair's link is up while both nodes run and the network
+    /// carries frames both ways; when it goes down both ends drop what went
+    /// through it (`link_down`) and what is on its way is lost; when it
+    /// comes back (a new session) each end asks the other again for its
+    /// consumers' deliveries (`resubscribe`). Messages go in node order.
+    fn carry_links(&mut self) {
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        let mut now_up = BTreeSet::new();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                if self.mem.reaches(&name(a), &name(b)) && self.mem.reaches(&name(b), &name(a)) {
+                    now_up.insert((a.clone(), b.clone()));
+                }
+            }
+        }
+        for (a, b) in self.links.difference(&now_up) {
+            for (me, peer) in [(a, b), (b, a)] {
+                if let Some(node) = self.nodes.get(me) {
+                    tracing::info!(node = %me, %peer, "sim: forwarding link down");
+                    lock(&node.broker).link_down(peer, now_ms());
+                }
+            }
+        }
+        for (a, b) in now_up.difference(&self.links) {
+            for (me, peer) in [(a, b), (b, a)] {
+                tracing::info!(node = %me, %peer, "sim: forwarding link up");
+                lock(&self.nodes[me].broker).resubscribe(peer);
+            }
+        }
+        self.links = now_up;
+        for from in &names {
+            let mut out = lock(&self.nodes[from].broker).take_link_out();
+            out.sort_by(|x, y| x.0.cmp(&y.0));
+            for (to, msgs) in out {
+                let pair = if *from < to {
+                    (from.clone(), to.clone())
+                } else {
+                    (to.clone(), from.clone())
+                };
+                if self.links.contains(&pair) {
+                    lock(&self.nodes[&to].broker).link_input(from, msgs, now_ms());
+                } else {
+                    // A batch that cannot be sent fails the node's
+                    // forwarded work (as `links.rs` does).
+                    lock(&self.nodes[from].broker).link_down(&to, now_ms());
+                }
+            }
+        }
     }
 
     /// The queue's record.
@@ -342,8 +532,11 @@ pub struct Client {
     pub nacked: BTreeSet<u64>,
     /// Answers to `basic.get`, in order (`None`: empty).
     gets: VecDeque<Option<Got>>,
-    /// A get-ok waiting for its content.
-    partial: Option<(u64, bool)>,
+    /// Deliveries to this client's consumer, in order.
+    deliveries: VecDeque<Got>,
+    /// A get-ok (false) or deliver (true) waiting for its content: tag,
+    /// redelivered, pushed.
+    partial: Option<(u64, bool, bool)>,
     closed: Option<String>,
 }
 
@@ -361,6 +554,7 @@ impl Client {
             acked: BTreeSet::new(),
             nacked: BTreeSet::new(),
             gets: VecDeque::new(),
+            deliveries: VecDeque::new(),
             partial: None,
             closed: None,
         };
@@ -481,19 +675,27 @@ impl Client {
                 self.settle(n.delivery_tag, n.multiple, false);
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetOk(g))) => {
-                self.partial = Some((g.delivery_tag, g.redelivered));
+                self.partial = Some((g.delivery_tag, g.redelivered, false));
+            }
+            AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                self.partial = Some((d.delivery_tag, d.redelivered, true));
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))) => {
                 self.gets.push_back(None);
             }
             AMQPFrame::Body(_, body) => {
-                if let Some((tag, redelivered)) = self.partial.take() {
+                if let Some((tag, redelivered, pushed)) = self.partial.take() {
                     let seq = String::from_utf8_lossy(&body).parse().unwrap();
-                    self.gets.push_back(Some(Got {
+                    let got = Got {
                         tag,
                         redelivered,
                         seq,
-                    }));
+                    };
+                    if pushed {
+                        self.deliveries.push_back(got);
+                    } else {
+                        self.gets.push_back(Some(got));
+                    }
                 }
             }
             AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
@@ -542,6 +744,20 @@ impl Client {
 
     /// `basic.get` (to be acked); `None` if the queue is empty.
     pub async fn get(&mut self) -> Option<Got> {
+        self.request_get();
+        for _ in 0..6_000 {
+            if let Some(g) = self.take_get() {
+                return g;
+            }
+            assert!(self.closed.is_none(), "get refused: {:?}", self.closed);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("basic.get never answered");
+    }
+
+    /// Sends a `basic.get` (to be acked); its answer comes with
+    /// [`take_get`](Self::take_get).
+    pub fn request_get(&mut self) {
         self.send(&method(
             1,
             AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
@@ -549,15 +765,58 @@ impl Client {
                 no_ack: false,
             })),
         ));
-        for _ in 0..6_000 {
-            self.poll();
-            if let Some(g) = self.gets.pop_front() {
-                return g;
-            }
-            assert!(self.closed.is_none(), "get refused: {:?}", self.closed);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        panic!("basic.get never answered");
+    }
+
+    /// The oldest answer to a `basic.get` not taken yet (`Some(None)`: the
+    /// queue was empty), after reading what the broker wrote.
+    pub fn take_get(&mut self) -> Option<Option<Got>> {
+        self.poll();
+        self.gets.pop_front()
+    }
+
+    /// Starts a consumer of the queue (deliveries to be acked, at most
+    /// `prefetch` unacked); its deliveries come with
+    /// [`take_delivery`](Self::take_delivery).
+    pub fn consume(&mut self, prefetch: u16) {
+        let mut bytes = method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: prefetch,
+                global: false,
+            })),
+        );
+        bytes.extend(method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                queue: QUEUE.into(),
+                consumer_tag: "c".into(),
+                no_local: false,
+                no_ack: false,
+                exclusive: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        ));
+        self.send(&bytes);
+    }
+
+    /// The oldest delivery to this client's consumer not taken yet, after
+    /// reading what the broker wrote.
+    pub fn take_delivery(&mut self) -> Option<Got> {
+        self.poll();
+        self.deliveries.pop_front()
+    }
+
+    /// Closes the connection as a client going away does (its unacked
+    /// deliveries are requeued, its consumer goes).
+    pub fn disconnect(self) {
+        let departed = lock(&self.broker).disconnect(self.id, now_ms());
+        drop(departed);
+    }
+
+    /// Why the broker closed the channel or connection, if it did.
+    pub fn closed(&self) -> Option<&str> {
+        self.closed.as_deref()
     }
 
     /// Publishes `seqs` and returns the confirmed ones once every one is
@@ -591,6 +850,17 @@ impl Client {
             AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
                 delivery_tag: tag,
                 multiple: false,
+            })),
+        ));
+    }
+
+    /// Rejects one delivery, requeued.
+    pub fn requeue(&mut self, tag: u64) {
+        self.send(&method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Reject(basic::Reject {
+                delivery_tag: tag,
+                requeue: true,
             })),
         ));
     }
