@@ -3563,5 +3563,11 @@ impl Broker {
 
 fn meta_err(e: crate::meta::MetaError) -> AmqpError {
     tracing::error!(error = %e, "metadata store failed");
-    err(ReplyCode::InternalError, "metadata store failed")
+    match e {
+        // Why the cluster refused (no majority, a timeout) is the client's
+        // to know: it tells it to try another node.
+        crate::meta::MetaError::Cluster(_) => err(ReplyCode::InternalError, e.to_string()),
+        // A local file's path and error stay in the node's log.
+        _ => err(ReplyCode::InternalError, "metadata store failed"),
+    }
 }

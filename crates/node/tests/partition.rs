@@ -319,7 +319,8 @@ fn isolating_the_master_loses_no_confirmed_message() {
                     FieldTable::default(),
                 )
                 .await
-                .is_ok(),
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             )
         })
         .await
@@ -328,8 +329,11 @@ fn isolating_the_master_loses_no_confirmed_message() {
     ns.iptables(&["-F", "INPUT"]).unwrap();
     let healed_at = Instant::now();
     match declare {
-        Ok(Some(false)) => {}
-        Ok(Some(true)) => panic!("a node without a majority declared a queue"),
+        Ok(Some(Err(e))) => assert!(
+            e.contains("no majority"),
+            "the declare's error does not say why: {e}"
+        ),
+        Ok(Some(Ok(()))) => panic!("a node without a majority declared a queue"),
         Ok(None) => panic!("no connection to the cut-off node"),
         Err(_) => panic!(
             "a declare through the cut-off node was not answered within {:?}",
