@@ -549,6 +549,10 @@ pub struct Broker {
     next_msg_id: u64,
     next_uid: u64,
     now: u64,
+    /// When [`Self::tick`] last ran (0: never).
+    last_tick_ms: u64,
+    /// Whether the last tick ended a stall (and expired no queue).
+    tick_stalled: bool,
     current: ConnId,
     sync_waker: Option<Waker>,
     sync_wanted: bool,
@@ -1096,6 +1100,8 @@ impl Broker {
             next_msg_id: 1,
             next_uid: 1,
             now: 0,
+            last_tick_ms: 0,
+            tick_stalled: false,
             current: 0,
             sync_waker: None,
             sync_wanted: false,
@@ -1635,6 +1641,17 @@ impl Broker {
     pub fn tick(&mut self, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
+        // After a stall (this node's work held up: a slow disk under the
+        // lock, an overloaded machine), the clients' input that waited
+        // meanwhile — a consume, a declare — goes first: no queue is
+        // expired as unused on the tick that ends a stall.
+        // (Never two ticks in a row: a node whose every tick is late still
+        // expires its queues.)
+        let stalled = self.last_tick_ms != 0
+            && now_ms.saturating_sub(self.last_tick_ms) > STALL_MS
+            && !self.tick_stalled;
+        self.tick_stalled = stalled;
+        self.last_tick_ms = now_ms;
         self.expire_remote_alarms(now_ms);
         self.expire_counts(now_ms);
         self.peek_masters(now_ms);
@@ -1648,6 +1665,7 @@ impl Broker {
                 // Only the node that serves the queue knows every consumer
                 // (other nodes' come to it over their links) and every use.
                 if let Some(exp) = q.expires_ms
+                    && !stalled
                     && q.remote.is_none()
                     && q.consumers.is_empty()
                     && now_ms.saturating_sub(q.last_used_ms) >= exp
@@ -3560,6 +3578,10 @@ impl Broker {
         }
     }
 }
+
+/// A gap between two [`Broker::tick`]s longer than this (they run every
+/// 50 ms) is a stall.
+const STALL_MS: u64 = 250;
 
 fn meta_err(e: crate::meta::MetaError) -> AmqpError {
     tracing::error!(error = %e, "metadata store failed");
