@@ -1649,6 +1649,19 @@ fn every_node_shows_a_queues_figures_as_its_master_has_them() {
     }
 }
 
+/// Publishes `body` persistent into `queue` on `ch`; its confirm to await.
+async fn publish_persistent(ch: &Channel, queue: &str, body: &[u8]) -> lapin::PublisherConfirm {
+    ch.basic_publish(
+        "".into(),
+        queue.into(),
+        BasicPublishOptions::default(),
+        body,
+        BasicProperties::default().with_delivery_mode(2),
+    )
+    .await
+    .unwrap()
+}
+
 #[test]
 fn a_backlogged_ring_holds_back_its_own_publishers_only() {
     // RabbitMQ's credit flow blocks the publishers of the queue that falls
@@ -1672,16 +1685,7 @@ fn a_backlogged_ring_holds_back_its_own_publishers_only() {
         let (_slow_conn, slow) = confirming(&nodes[0]).await;
         let mut slow_confirms = Vec::new();
         for _ in 0..6_000 {
-            let confirm = slow
-                .basic_publish(
-                    "".into(),
-                    QUEUE.into(),
-                    BasicPublishOptions::default(),
-                    b"slow",
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-                .unwrap();
+            let confirm = publish_persistent(&slow, QUEUE, b"slow").await;
             slow_confirms.push(confirm);
         }
         // The ring's turns count its backlog as it grows; past 4,000 the
@@ -1702,16 +1706,7 @@ fn a_backlogged_ring_holds_back_its_own_publishers_only() {
         let fast = tokio::time::timeout(Duration::from_secs(20), async {
             let mut acked = 0;
             for _ in 0..5 {
-                let confirm = fast
-                    .basic_publish(
-                        "".into(),
-                        FAST.into(),
-                        BasicPublishOptions::default(),
-                        b"fast",
-                        BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await
-                    .unwrap();
+                let confirm = publish_persistent(&fast, FAST, b"fast").await;
                 if confirm.await.is_ok_and(|c| c.is_ack()) {
                     acked += 1;
                 }
