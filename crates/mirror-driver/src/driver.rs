@@ -48,6 +48,10 @@ fn now_ms() -> u64 {
 /// keeps both kinds in one map).
 const OPERATOR_PREFIX: &str = "operator-policy:";
 
+/// How long a starting driver waits for a majority to confirm the queue
+/// records it points the broker's queues with (then it uses its own).
+const FIRST_READ: Duration = Duration::from_secs(2);
+
 /// How a node's [`MirrorDriver`] runs.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -154,6 +158,16 @@ impl<S: MetadataSource> MirrorDriver<S> {
             stop_all: Notify::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
         });
+        // Before the node takes clients: its broker serves the queues it
+        // recovered from its own disk, and a mirror's copy is stale. Point
+        // them at their masters as the cluster has them now (as of a
+        // linearizable read when a majority answers soon, else as this node
+        // applied them), not at the reconciler's first pass.
+        let meta = match tokio::time::timeout(FIRST_READ, me.source.read_linearizable()).await {
+            Ok(Ok(meta)) => meta,
+            _ => me.source.local(),
+        };
+        me.point_queues(&meta);
         tokio::spawn(me.clone().register(addr, config.link_addr));
         tokio::spawn(me.clone().reconcile_loop());
         Ok(me)
@@ -214,18 +228,21 @@ impl<S: MetadataSource> MirrorDriver<S> {
         }
     }
 
+    /// Tells the broker which node serves each queue of `meta`.
+    fn point_queues(&self, meta: &Metadata) {
+        let mut b = lock(&self.broker);
+        for ((vhost, name), q) in &meta.queues {
+            if q.exclusive_owner.is_none() {
+                let master = (q.master != self.node).then_some(q.master.as_str());
+                b.set_queue_master(vhost, name, master);
+            }
+        }
+    }
+
     /// One pass: point the broker's queues at their masters, and start and
     /// stop this node's replicas to match the metadata.
     fn reconcile(self: &Arc<Self>, meta: &Metadata, running: &[String]) {
-        {
-            let mut b = lock(&self.broker);
-            for ((vhost, name), q) in &meta.queues {
-                if q.exclusive_owner.is_none() {
-                    let master = (q.master != self.node).then_some(q.master.as_str());
-                    b.set_queue_master(vhost, name, master);
-                }
-            }
-        }
+        self.point_queues(meta);
         let policies = policy_set(meta);
         let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
         let mut wanted: BTreeMap<(String, String), (bool, Settings)> = BTreeMap::new();

@@ -368,13 +368,6 @@ impl Net {
         let (dir, source) = self.admit(n);
         let storage = self.storage.entry(n.to_owned()).or_default().clone();
         let node = Node::start_now(paused_runtime(), &self.mem, n, &dir, source, &storage);
-        // Served by its master from the start, as the node's replay of the
-        // metadata does for a queue it declares: until the reconciler's first
-        // pass, the copy the broker recovered (a mirror's, stale) would serve
-        // clients. (The node does not do it for a queue its broker recovered
-        // itself: see the simulation's note on seed 36.)
-        let master = self.record().master;
-        lock(&node.broker).set_queue_master("/", QUEUE, (master != n).then_some(master.as_str()));
         self.running(n, node);
     }
 
