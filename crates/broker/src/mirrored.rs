@@ -87,6 +87,9 @@ pub struct MirrorIo {
     /// Whether the replica has stopped (deposed, removed, or stop requested):
     /// leave the ring once `broadcasts` are sent.
     pub stopped: bool,
+    /// Whether it was a master that stopped because its disk failed
+    /// ([`Replica::storage_failed`](warren_mirror::Replica::storage_failed)).
+    pub storage_failed: bool,
 }
 
 /// What the shell feeds a replica.
@@ -534,6 +537,7 @@ impl Broker {
             sends: std::mem::take(&mut m.sends),
             proposals: std::mem::take(&mut m.proposals),
             stopped: m.replica.role() == Role::Stopped,
+            storage_failed: m.replica.storage_failed(),
         }
     }
 

@@ -572,7 +572,11 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     .get(&(vhost.to_owned(), name.to_owned()))
                     .is_none_or(|r| r.keep)
                     && records.local().is_ok_and(|r| r.master == self.node);
-                let end = if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+                // A master whose disk failed keeps what it has but takes no
+                // more work, like a stopping node.
+                let end = if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
+                    || io.storage_failed
+                {
                     ReplicaEnd::Keep
                 } else if serve {
                     ReplicaEnd::Serve
@@ -585,7 +589,29 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     b.end_replica(vhost, name, &mut factory, end);
                 }
                 tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
+                if io.storage_failed {
+                    self.await_other_master(records, &mut changes).await;
+                }
                 return;
+            }
+        }
+    }
+
+    /// After its disk failed, a master's replica stays (the reconciler
+    /// starts none here) until the record names another master: started
+    /// again now, it would claim the queue back from the poisoned log. With
+    /// no synchronised mirror that is this node's restart.
+    async fn await_other_master(
+        &self,
+        records: &ClusterRecords<S>,
+        changes: &mut tokio::sync::watch::Receiver<u64>,
+    ) {
+        while records.local().is_ok_and(|r| r.master == self.node)
+            && !self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                () = self.stop_all.notified() => return,
             }
         }
     }

@@ -348,6 +348,8 @@ pub struct Replica {
     refused: u64,
     /// This node sees no majority of the cluster ([`Replica::set_isolated`]).
     isolated: bool,
+    /// This master's disk failed: it stopped (see `lost_storage`).
+    storage_failed: bool,
 }
 
 impl std::fmt::Debug for Replica {
@@ -461,6 +463,7 @@ impl Replica {
             reported_stored: 0,
             refused: 0,
             isolated: false,
+            storage_failed: false,
         }
     }
 
@@ -474,6 +477,14 @@ impl Replica {
     /// The replica's role.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Whether this replica was a master that stopped because its disk
+    /// failed: its log is poisoned, so its node must not serve the queue
+    /// again from it (a synchronised mirror takes over, or the queue waits
+    /// for this node's restart).
+    pub fn storage_failed(&self) -> bool {
+        self.storage_failed
     }
 
     /// The master epoch it follows or leads.
@@ -796,13 +807,27 @@ impl Replica {
 
     /// A mirror whose disk failed no longer holds the master's state: it
     /// drops it and asks for a sync (the master takes it out of the
-    /// synchronised set meanwhile). A master's own failure is its caller's.
+    /// synchronised set meanwhile). A master whose disk failed can confirm
+    /// nothing more from its log: it stops as on a clean shutdown (its
+    /// unconfirmed publishes nacked, the mirrors told), so that a
+    /// synchronised mirror takes over as `ha-promote-on-shutdown` says;
+    /// [`storage_failed`](Self::storage_failed) tells the driver why.
     fn lost_storage(&mut self) {
-        if self.role == Role::Mirror && self.bq.is_some() {
-            tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, "mirror's disk failed: dropping its state and asking for a sync");
-            self.bq = None;
-            self.msync = MirrorSync::Idle;
-            self.ask_sync();
+        match self.role {
+            Role::Mirror if self.bq.is_some() => {
+                tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, "mirror's disk failed: dropping its state and asking for a sync");
+                self.bq = None;
+                self.msync = MirrorSync::Idle;
+                self.ask_sync();
+            }
+            Role::Master => {
+                let view = &self.view;
+                let successor = self.synced_members.iter().any(|m| view.is_alive(*m));
+                tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, successor, "master's disk failed: stopping (unconfirmed publishes nacked; a synchronised mirror takes over, or the queue waits for this node's restart)");
+                self.storage_failed = true;
+                self.stop();
+            }
+            Role::Mirror | Role::Stopped => {}
         }
     }
 

@@ -128,7 +128,14 @@ impl Sim {
 
     /// A simulation whose queues are durable (`disk`) or in memory.
     fn with_disk(seed: u64, settings: Settings, disk: bool) -> Self {
-        let mut sim = Sim {
+        let mut sim = Self::without_nodes(seed, settings, disk);
+        sim.add_node(true);
+        sim
+    }
+
+    /// [`with_disk`](Self::with_disk) before its master starts.
+    fn without_nodes(seed: u64, settings: Settings, disk: bool) -> Self {
+        Sim {
             rng: StdRng::seed_from_u64(seed),
             seed,
             auth: InMemoryAuthority::new(),
@@ -152,9 +159,7 @@ impl Sim {
             padding: 0,
             largest_broadcast: 0,
             check: Checker::default(),
-        };
-        sim.add_node(true);
-        sim
+        }
     }
 
     fn fresh_member(&mut self, name: &str, after: Option<MemberId>) -> MemberId {
@@ -1395,6 +1400,40 @@ fn a_master_cut_off_from_the_majority_nacks_at_once_and_refuses_until_it_is_back
     }
     sim.quiesce();
     assert_eq!(sim.check.confirmed.len(), 15);
+    sim.check_end();
+}
+
+#[test]
+fn a_master_whose_disk_fails_nacks_and_hands_over_to_a_synchronised_mirror() {
+    let mut sim = Sim::without_nodes(22, settings(SyncMode::Automatic, 4), true);
+    let disk = MemStorage::new();
+    sim.mem.insert("n0".into(), disk.clone());
+    sim.add_node(true);
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..4 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 4);
+    assert!(sim.nodes[1].replica.status().synchronised);
+    // The master's disk fails: what it has not confirmed is nacked, and it
+    // stops as on a shutdown instead of taking publishes it cannot confirm.
+    disk.set_failing(true);
+    for _ in 0..3 {
+        sim.publish();
+    }
+    sim.sync_disk(0);
+    sim.flush_all();
+    assert!(sim.nodes[0].replica.storage_failed());
+    assert_eq!(sim.nodes[0].replica.role(), Role::Stopped);
+    assert_eq!(sim.check.nacked.len(), 3, "the unconfirmed publishes");
+    // Its driver leaves the ring: the synchronised mirror takes over.
+    sim.crash(0);
+    sim.quiesce();
+    let m = sim.master().expect("a new master");
+    assert_eq!(sim.nodes[m].name, "n1");
+    assert!(sim.nodes[m].replica.stats().unwrap().ready >= 4);
     sim.check_end();
 }
 
