@@ -28,17 +28,11 @@ use crate::meta::{BindingDef, Change, ExchangeDef, MetadataStore, QueueDef};
 use crate::names::{BadName, MAX_NAME_BYTES, check_name, shown};
 use crate::routing::{self, Kind, as_i64, as_str, decode_meta, encode_meta, type_name};
 
-#[path = "alarm.rs"]
 pub(crate) mod alarm;
-#[path = "introspect.rs"]
 pub(crate) mod introspect;
-#[path = "link.rs"]
 pub(crate) mod link;
-#[path = "mirrored.rs"]
 pub(crate) mod mirrored;
-#[path = "policies.rs"]
 pub(crate) mod policies;
-#[path = "stats.rs"]
 pub(crate) mod stats;
 use link::Elsewhere;
 
