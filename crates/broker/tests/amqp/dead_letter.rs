@@ -106,9 +106,7 @@ fn a_rejected_message_goes_to_the_dead_letter_exchange_with_x_death() {
 
 #[test]
 fn a_nack_without_requeue_dead_letters_under_the_dead_letter_routing_key() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.declare_exchange(1, "dlx", "direct", false, FieldTable::default())
         .unwrap();
     c.queue(1, "dead");
@@ -181,15 +179,10 @@ fn the_head_dropped_by_max_length_is_dead_lettered_as_maxlen() {
 
 #[test]
 fn without_a_dead_letter_exchange_an_expired_message_is_dropped() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (node, mut c) = Node::session();
     let opts = QueueOpts::default().arg("x-message-ttl", AMQPValue::LongInt(1_000));
     c.declare_queue(1, "q", opts).unwrap();
     c.publish(1, "", "q", Message::new("m"));
     node.tick(START_MS + 2_000);
-    assert_eq!(
-        c.declare_queue(1, "q", QueueOpts::passive()),
-        Ok(("q".into(), 0, 0))
-    );
+    assert_eq!(c.counts(1, "q"), (0, 0));
 }

@@ -3,7 +3,7 @@
 
 use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
 
-use crate::support::{Client, Incoming, Message, Node};
+use crate::support::{Client, Incoming, Message, Node, consume_method};
 
 /// A basic.deliver's `(delivery tag, redelivered, body)`.
 fn delivered(i: &Incoming) -> (u64, bool, String) {
@@ -22,10 +22,10 @@ fn deliveries(c: &mut Client) -> Vec<(u64, bool, String)> {
     c.drain().iter().map(delivered).collect()
 }
 
-/// A client with channel 1 open and queue `q` holding `n` messages m0….
-fn queue_with(node: &Node, n: usize) -> Client {
-    let mut c = node.connect();
-    c.open_channel(1);
+/// A client of a fresh broker with channel 1 open and queue `q` holding
+/// `n` messages m0….
+fn queue_with(n: usize) -> Client {
+    let (_node, mut c) = Node::session();
     c.queue(1, "q");
     for i in 0..n {
         c.publish(1, "", "q", Message::new(&format!("m{i}")));
@@ -35,8 +35,7 @@ fn queue_with(node: &Node, n: usize) -> Client {
 
 #[test]
 fn prefetch_limits_the_deliveries_in_flight() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 5);
+    let mut c = queue_with(5);
     c.qos(1, 2, false);
     c.consume(1, "q", "ctag", false);
     assert_eq!(
@@ -56,8 +55,7 @@ fn prefetch_limits_the_deliveries_in_flight() {
 
 #[test]
 fn a_no_ack_consumer_is_not_held_by_prefetch() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 5);
+    let mut c = queue_with(5);
     c.qos(1, 1, false);
     c.consume(1, "q", "ctag", true);
     assert_eq!(deliveries(&mut c).len(), 5);
@@ -66,9 +64,7 @@ fn a_no_ack_consumer_is_not_held_by_prefetch() {
 
 #[test]
 fn consumers_of_one_queue_take_turns() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.queue(1, "q");
     c.open_channel(2);
     c.consume(1, "q", "a", true);
@@ -94,8 +90,7 @@ fn consumers_of_one_queue_take_turns() {
 
 #[test]
 fn reject_with_requeue_redelivers_flagged_redelivered() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 1);
+    let mut c = queue_with(1);
     c.consume(1, "q", "ctag", false);
     assert_eq!(deliveries(&mut c), [(1, false, "m0".into())]);
     c.reject(1, 1, true);
@@ -103,16 +98,12 @@ fn reject_with_requeue_redelivers_flagged_redelivered() {
     // Without requeue (and no dead-letter exchange) it is gone.
     c.reject(1, 2, false);
     assert!(deliveries(&mut c).is_empty());
-    assert_eq!(
-        c.declare_queue(1, "q", Default::default()),
-        Ok(("q".into(), 0, 1))
-    );
+    assert_eq!(c.counts(1, "q"), (0, 1));
 }
 
 #[test]
 fn basic_get_counts_what_remains_and_says_empty() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 0);
+    let mut c = queue_with(0);
     let empty = c.get(1, "q", false).unwrap();
     assert_eq!(empty.ids(), (60, 72), "basic.get-empty: {empty:?}");
     c.publish(1, "", "q", Message::new("a"));
@@ -140,8 +131,7 @@ fn basic_get_counts_what_remains_and_says_empty() {
 
 #[test]
 fn closing_a_channel_requeues_its_unacked_deliveries() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 2);
+    let mut c = queue_with(2);
     c.open_channel(2);
     c.consume(2, "q", "ctag", false);
     assert_eq!(deliveries(&mut c).len(), 2);
@@ -157,8 +147,7 @@ fn closing_a_channel_requeues_its_unacked_deliveries() {
 
 #[test]
 fn recover_redelivers_what_is_unacked() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 2);
+    let mut c = queue_with(2);
     c.consume(1, "q", "ctag", false);
     assert_eq!(deliveries(&mut c).len(), 2);
     let ok = c
@@ -176,8 +165,7 @@ fn recover_redelivers_what_is_unacked() {
 
 #[test]
 fn acking_an_unknown_delivery_tag_is_406() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 0);
+    let mut c = queue_with(0);
     c.ack(1, 99, false);
     let e = c.expect_close(1);
     assert_eq!(e.code, 406);
@@ -187,46 +175,23 @@ fn acking_an_unknown_delivery_tag_is_406() {
 
 #[test]
 fn a_cancelled_consumer_gets_no_more() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 0);
+    let mut c = queue_with(0);
     c.consume(1, "q", "ctag", true);
-    let ok = c
-        .call(
-            1,
-            AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
-                consumer_tag: "ctag".into(),
-                nowait: false,
-            })),
-        )
-        .unwrap();
-    assert_eq!(ok.ids(), (60, 31), "basic.cancel-ok: {ok:?}");
+    let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+        consumer_tag: "ctag".into(),
+        nowait: false,
+    }));
+    c.call_ok(1, cancel, (60, 31), "basic.cancel-ok");
     c.publish(1, "", "q", Message::new("m"));
     assert!(c.drain().is_empty());
-    assert_eq!(
-        c.declare_queue(1, "q", Default::default()),
-        Ok(("q".into(), 1, 0))
-    );
+    assert_eq!(c.counts(1, "q"), (1, 0));
 }
 
 #[test]
 fn reusing_a_consumer_tag_on_a_channel_is_530() {
-    let node = Node::new();
-    let mut c = queue_with(&node, 0);
+    let mut c = queue_with(0);
     c.consume(1, "q", "ctag", true);
-    let e = c
-        .call(
-            1,
-            AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
-                queue: "q".into(),
-                consumer_tag: "ctag".into(),
-                no_local: false,
-                no_ack: true,
-                exclusive: false,
-                nowait: false,
-                arguments: Default::default(),
-            })),
-        )
-        .unwrap_err();
+    let e = c.call(1, consume_method("q", "ctag", true)).unwrap_err();
     assert_eq!(e.code, 530);
     assert_eq!(e.text, "NOT_ALLOWED - attempt to reuse consumer tag 'ctag'");
 }

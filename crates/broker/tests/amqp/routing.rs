@@ -6,10 +6,10 @@ use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 
 use crate::support::{Client, Message, Node, s, table};
 
-/// A client with channel 1 open and queues `names` declared.
-fn with_queues(node: &Node, names: &[&str]) -> Client {
-    let mut c = node.connect();
-    c.open_channel(1);
+/// A client of a fresh broker with channel 1 open and queues `names`
+/// declared.
+fn with_queues(names: &[&str]) -> Client {
+    let (_node, mut c) = Node::session();
     for n in names {
         c.queue(1, n);
     }
@@ -31,8 +31,7 @@ fn contents(c: &mut Client, queues: &[&str]) -> Vec<Vec<String>> {
 
 #[test]
 fn the_default_exchange_routes_by_queue_name() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &["a", "b"]);
+    let mut c = with_queues(&["a", "b"]);
     c.publish(1, "", "a", Message::new("1"));
     c.publish(1, "", "nope", Message::new("2"));
     assert_eq!(contents(&mut c, &["a", "b"]), [vec!["1"], vec![]]);
@@ -40,8 +39,7 @@ fn the_default_exchange_routes_by_queue_name() {
 
 #[test]
 fn a_direct_exchange_matches_the_routing_key_exactly() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &["a", "b"]);
+    let mut c = with_queues(&["a", "b"]);
     let none = FieldTable::default;
     c.bind(1, "a", "amq.direct", "orange", none()).unwrap();
     c.bind(1, "b", "amq.direct", "black", none()).unwrap();
@@ -57,8 +55,7 @@ fn a_direct_exchange_matches_the_routing_key_exactly() {
 
 #[test]
 fn a_fanout_exchange_ignores_the_routing_key() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &["a", "b"]);
+    let mut c = with_queues(&["a", "b"]);
     c.bind(1, "a", "amq.fanout", "", FieldTable::default())
         .unwrap();
     c.bind(1, "b", "amq.fanout", "whatever", FieldTable::default())
@@ -72,8 +69,7 @@ fn a_topic_exchange_matches_words_as_rabbitmqs_tutorial_shows() {
     // RabbitMQ tutorial five: Q1 is bound with `*.orange.*`, Q2 with
     // `*.*.rabbit` and `lazy.#`; a message matching two bindings of one
     // queue is put into it once.
-    let node = Node::new();
-    let mut c = with_queues(&node, &["q1", "q2"]);
+    let mut c = with_queues(&["q1", "q2"]);
     let none = FieldTable::default;
     c.bind(1, "q1", "amq.topic", "*.orange.*", none()).unwrap();
     c.bind(1, "q2", "amq.topic", "*.*.rabbit", none()).unwrap();
@@ -112,8 +108,7 @@ fn a_topic_exchange_matches_words_as_rabbitmqs_tutorial_shows() {
 
 #[test]
 fn a_headers_exchange_matches_all_or_any_of_the_binding_headers() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &["all", "any"]);
+    let mut c = with_queues(&["all", "any"]);
     let binding = |mode: &str| {
         table(&[
             ("x-match", s(mode)),
@@ -143,8 +138,7 @@ fn a_headers_exchange_matches_all_or_any_of_the_binding_headers() {
 
 #[test]
 fn exchange_to_exchange_bindings_and_the_alternate_exchange() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &["bound", "unrouted"]);
+    let mut c = with_queues(&["bound", "unrouted"]);
     let ae = table(&[("alternate-exchange", s("ae"))]);
     c.declare_exchange(1, "ae", "fanout", false, FieldTable::default())
         .unwrap();
@@ -172,8 +166,7 @@ fn exchange_to_exchange_bindings_and_the_alternate_exchange() {
 
 #[test]
 fn an_unroutable_mandatory_message_is_returned_with_312_no_route() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &[]);
+    let mut c = with_queues(&[]);
     let headers = table(&[("h", AMQPValue::LongInt(7))]);
     c.publish(
         1,
@@ -198,8 +191,7 @@ fn an_unroutable_mandatory_message_is_returned_with_312_no_route() {
 
 #[test]
 fn publishing_to_a_missing_exchange_is_404() {
-    let node = Node::new();
-    let mut c = with_queues(&node, &[]);
+    let mut c = with_queues(&[]);
     c.publish(1, "nope", "k", Message::new("m"));
     let e = c.expect_close(1);
     assert_eq!(e.code, 404);

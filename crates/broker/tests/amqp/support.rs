@@ -85,6 +85,14 @@ impl Node {
         v
     }
 
+    /// A fresh broker and a client of it with channel 1 open.
+    pub fn session() -> (Self, Client) {
+        let node = Self::new();
+        let mut c = node.connect();
+        c.open_channel(1);
+        (node, c)
+    }
+
     /// The client's socket is gone ([`Broker::disconnect`]).
     pub fn disconnect(&self, c: &Client) {
         let mut n = self.0.borrow_mut();
@@ -327,6 +335,32 @@ impl Client {
         }
     }
 
+    /// Sends `method` on `ch`: the answer, which must have the `(class,
+    /// method)` ids `want` unless the server closed the channel.
+    pub fn call_for(
+        &mut self,
+        ch: u16,
+        method: AMQPClass,
+        want: (u16, u16),
+    ) -> Result<Incoming, Closed> {
+        let inc = self.call(ch, method)?;
+        assert_eq!(inc.ids(), want, "expected {want:?}, got {inc:?}");
+        Ok(inc)
+    }
+
+    /// Sends `method` on `ch`, which must be answered by `(class, method)`
+    /// ids `want` (`what` names that answer in the panic message).
+    pub fn call_ok(
+        &mut self,
+        ch: u16,
+        method: AMQPClass,
+        want: (u16, u16),
+        what: &str,
+    ) -> Incoming {
+        self.call_for(ch, method, want)
+            .unwrap_or_else(|e| panic!("expected {what}, got {e:?}"))
+    }
+
     /// The close that the server sent next on channel `ch` (or on the
     /// connection); panics on anything else.
     pub fn expect_close(&mut self, ch: u16) -> Closed {
@@ -359,42 +393,39 @@ impl Client {
                 heartbeat: 0,
             })),
         );
-        let ok = self
-            .call(
-                0,
-                AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-                    virtual_host: "/".into(),
-                })),
-            )
-            .expect("connection.open");
-        assert_eq!(ok.ids(), (10, 41), "connection.open-ok: {ok:?}");
+        self.call_ok(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+                virtual_host: "/".into(),
+            })),
+            (10, 41),
+            "connection.open-ok",
+        );
     }
 
     /// Opens channel `ch`.
     pub fn open_channel(&mut self, ch: u16) {
-        let ok = self
-            .call(
-                ch,
-                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-            )
-            .expect("channel.open");
-        assert_eq!(ok.ids(), (20, 11), "channel.open-ok: {ok:?}");
+        self.call_ok(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            (20, 11),
+            "channel.open-ok",
+        );
     }
 
     /// channel.close from the client (200); returns once closed.
     pub fn close_channel(&mut self, ch: u16) {
-        let ok = self
-            .call(
-                ch,
-                AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
-                    reply_code: 200,
-                    reply_text: "".into(),
-                    class_id: 0,
-                    method_id: 0,
-                })),
-            )
-            .expect("channel.close");
-        assert_eq!(ok.ids(), (20, 41), "channel.close-ok: {ok:?}");
+        self.call_ok(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                reply_code: 200,
+                reply_text: "".into(),
+                class_id: 0,
+                method_id: 0,
+            })),
+            (20, 41),
+            "channel.close-ok",
+        );
     }
 
     /// queue.declare; returns `(queue, message_count, consumer_count)` of
@@ -423,6 +454,15 @@ impl Client {
         Ok((ok.queue.to_string(), ok.message_count, ok.consumer_count))
     }
 
+    /// The `(message_count, consumer_count)` of queue `name` (a passive
+    /// declare on channel `ch`, which must succeed).
+    pub fn counts(&mut self, ch: u16, name: &str) -> (u32, u32) {
+        let (_, messages, consumers) = self
+            .declare_queue(ch, name, QueueOpts::passive())
+            .expect("passive queue.declare");
+        (messages, consumers)
+    }
+
     /// A plain (transient, not exclusive) queue.declare that must succeed.
     pub fn queue(&mut self, ch: u16, name: &str) {
         self.declare_queue(ch, name, QueueOpts::default())
@@ -438,7 +478,7 @@ impl Client {
         durable: bool,
         arguments: FieldTable,
     ) -> Result<(), Closed> {
-        let inc = self.call(
+        self.call_for(
             ch,
             AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
                 exchange: name.into(),
@@ -450,9 +490,9 @@ impl Client {
                 nowait: false,
                 arguments,
             })),
-        )?;
-        assert_eq!(inc.ids(), (40, 11), "exchange.declare-ok: {inc:?}");
-        Ok(())
+            (40, 11),
+        )
+        .map(drop)
     }
 
     /// queue.bind.
@@ -464,7 +504,7 @@ impl Client {
         key: &str,
         arguments: FieldTable,
     ) -> Result<(), Closed> {
-        let inc = self.call(
+        self.call_for(
             ch,
             AMQPClass::Queue(queue::AMQPMethod::Bind(queue::Bind {
                 queue: queue_name.into(),
@@ -473,9 +513,9 @@ impl Client {
                 nowait: false,
                 arguments,
             })),
-        )?;
-        assert_eq!(inc.ids(), (50, 21), "queue.bind-ok: {inc:?}");
-        Ok(())
+            (50, 21),
+        )
+        .map(drop)
     }
 
     /// basic.publish with its content; what the broker answers stays in
@@ -506,37 +546,26 @@ impl Client {
 
     /// basic.qos (per consumer unless `global`).
     pub fn qos(&mut self, ch: u16, prefetch_count: u16, global: bool) {
-        let ok = self
-            .call(
-                ch,
-                AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
-                    prefetch_count,
-                    global,
-                })),
-            )
-            .expect("basic.qos");
-        assert_eq!(ok.ids(), (60, 11), "basic.qos-ok: {ok:?}");
+        self.call_ok(
+            ch,
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count,
+                global,
+            })),
+            (60, 11),
+            "basic.qos-ok",
+        );
     }
 
     /// basic.consume; returns the consume-ok. Deliveries that follow it at
     /// once stay in the inbox.
     pub fn consume(&mut self, ch: u16, queue_name: &str, tag: &str, no_ack: bool) -> Incoming {
-        let ok = self
-            .call(
-                ch,
-                AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
-                    queue: queue_name.into(),
-                    consumer_tag: tag.into(),
-                    no_local: false,
-                    no_ack,
-                    exclusive: false,
-                    nowait: false,
-                    arguments: FieldTable::default(),
-                })),
-            )
-            .expect("basic.consume");
-        assert_eq!(ok.ids(), (60, 21), "basic.consume-ok: {ok:?}");
-        ok
+        self.call_ok(
+            ch,
+            consume_method(queue_name, tag, no_ack),
+            (60, 21),
+            "basic.consume-ok",
+        )
     }
 
     /// basic.get: the get-ok with its message, or the get-empty.
@@ -590,15 +619,14 @@ impl Client {
 
     /// confirm.select.
     pub fn confirm_select(&mut self, ch: u16) {
-        let ok = self
-            .call(
-                ch,
-                AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
-                    nowait: false,
-                })),
-            )
-            .expect("confirm.select");
-        assert_eq!(ok.ids(), (85, 11), "confirm.select-ok: {ok:?}");
+        self.call_ok(
+            ch,
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+                nowait: false,
+            })),
+            (85, 11),
+            "confirm.select-ok",
+        );
     }
 
     /// tx.select, tx.commit or tx.rollback (`method` 10, 20 or 30): sends
@@ -711,4 +739,17 @@ pub fn table(pairs: &[(&str, AMQPValue)]) -> FieldTable {
 /// A long-string field value.
 pub fn s(v: &str) -> AMQPValue {
     AMQPValue::LongString(v.into())
+}
+
+/// A basic.consume (not exclusive, no arguments).
+pub fn consume_method(queue_name: &str, tag: &str, no_ack: bool) -> AMQPClass {
+    AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+        queue: queue_name.into(),
+        consumer_tag: tag.into(),
+        no_local: false,
+        no_ack,
+        exclusive: false,
+        nowait: false,
+        arguments: FieldTable::default(),
+    }))
 }

@@ -8,9 +8,7 @@ use crate::support::{Message, Node, QueueOpts};
 
 #[test]
 fn declare_ok_counts_ready_messages_and_consumers() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     assert_eq!(
         c.declare_queue(1, "q", QueueOpts::default()),
         Ok(("q".into(), 0, 0))
@@ -35,9 +33,7 @@ fn declare_ok_counts_ready_messages_and_consumers() {
 
 #[test]
 fn a_server_named_queue_is_named_amq_gen() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     let (name, _, _) = c
         .declare_queue(
             1,
@@ -58,9 +54,7 @@ fn a_server_named_queue_is_named_amq_gen() {
 
 #[test]
 fn passive_declare_of_a_missing_queue_closes_the_channel_with_404() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     let e = c
         .declare_queue(1, "nope", QueueOpts::passive())
         .unwrap_err();
@@ -74,9 +68,7 @@ fn passive_declare_of_a_missing_queue_closes_the_channel_with_404() {
 
 #[test]
 fn redeclaring_a_queue_with_other_arguments_is_406() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     let ttl = |ms| QueueOpts::default().arg("x-message-ttl", AMQPValue::LongInt(ms));
     c.declare_queue(1, "q", ttl(1000)).unwrap();
     c.declare_queue(1, "q", ttl(1000))
@@ -98,9 +90,7 @@ fn redeclaring_a_queue_with_other_arguments_is_406() {
 
 #[test]
 fn an_invalid_queue_argument_is_406() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (node, mut c) = Node::session();
     let opts = QueueOpts::default().arg("x-max-length", AMQPValue::LongInt(-1));
     let e = c.declare_queue(1, "q", opts).unwrap_err();
     assert_eq!(e.code, 406);
@@ -110,9 +100,7 @@ fn an_invalid_queue_argument_is_406() {
 
 #[test]
 fn redeclaring_an_exchange_with_another_type_is_406() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.declare_exchange(1, "x", "direct", false, FieldTable::default())
         .unwrap();
     let e = c
@@ -128,9 +116,7 @@ fn redeclaring_an_exchange_with_another_type_is_406() {
 
 #[test]
 fn the_amq_prefix_is_reserved() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     let e = c
         .declare_exchange(1, "amq.mine", "direct", false, FieldTable::default())
         .unwrap_err();
@@ -144,9 +130,7 @@ fn the_amq_prefix_is_reserved() {
 
 #[test]
 fn exchange_delete_if_unused_refuses_an_exchange_with_bindings() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.declare_exchange(1, "x", "direct", false, FieldTable::default())
         .unwrap();
     c.queue(1, "q");
@@ -174,9 +158,7 @@ fn exchange_delete_if_unused_refuses_an_exchange_with_bindings() {
 
 #[test]
 fn queue_delete_if_unused_refuses_a_queue_with_consumers_and_counts_what_it_drops() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (node, mut c) = Node::session();
     c.queue(1, "q");
     c.publish(1, "", "q", Message::new("a"));
     c.publish(1, "", "q", Message::new("b"));
@@ -245,9 +227,7 @@ fn an_exclusive_queue_is_locked_to_its_connection_and_goes_with_it() {
 
 #[test]
 fn binding_to_a_missing_queue_or_exchange_is_404() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     let e = c
         .bind(1, "nope", "amq.direct", "k", FieldTable::default())
         .unwrap_err();

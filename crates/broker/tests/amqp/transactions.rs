@@ -10,14 +10,12 @@ fn ids(c: &mut Client) -> Vec<(u16, u16)> {
 
 /// Ready messages in `q` (a passive declare).
 fn ready(c: &mut Client, q: &str) -> u32 {
-    c.declare_queue(1, q, QueueOpts::passive()).unwrap().1
+    c.counts(1, q).0
 }
 
 #[test]
 fn publishes_in_a_transaction_are_routed_at_commit() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.queue(1, "q");
     c.open_channel(2);
     c.tx(2, 10);
@@ -32,9 +30,7 @@ fn publishes_in_a_transaction_are_routed_at_commit() {
 
 #[test]
 fn rollback_discards_the_publishes_and_the_channel_stays_transactional() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.queue(1, "q");
     c.tx(1, 10);
     c.publish(1, "", "q", Message::new("dropped"));
@@ -51,9 +47,7 @@ fn rollback_discards_the_publishes_and_the_channel_stays_transactional() {
 
 #[test]
 fn acks_in_a_transaction_take_effect_at_commit() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.queue(1, "q");
     c.publish(1, "", "q", Message::new("m1"));
     c.publish(1, "", "q", Message::new("m2"));
@@ -74,9 +68,7 @@ fn acks_in_a_transaction_take_effect_at_commit() {
 
 #[test]
 fn commit_ok_for_a_persistent_message_on_a_durable_queue_waits_for_the_group_commit() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (node, mut c) = Node::session();
     c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
     c.tx(1, 10);
     c.publish(1, "", "d", Message::persistent("m"));
@@ -88,9 +80,7 @@ fn commit_ok_for_a_persistent_message_on_a_durable_queue_waits_for_the_group_com
 
 #[test]
 fn commit_on_a_channel_that_is_not_transactional_is_406() {
-    let node = Node::new();
-    let mut c = node.connect();
-    c.open_channel(1);
+    let (_node, mut c) = Node::session();
     c.tx(1, 20);
     let e = c.expect_close(1);
     assert_eq!(e.code, 406);
