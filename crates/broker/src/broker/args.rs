@@ -1,0 +1,204 @@
+//! Queue arguments (`x-message-ttl`, `x-max-length`, `x-dead-letter-exchange`,
+//! `x-overflow`, `x-max-priority`, …): checked and turned into settings, and
+//! the equivalence check of a redeclare (406 PRECONDITION_FAILED).
+
+use std::collections::HashSet;
+
+use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable, ShortString};
+use warren_amqp::{AmqpError, ReplyCode};
+use warren_backing_queue::Limits;
+use warren_policy::MasterLocator;
+
+use super::err;
+use crate::names::{BadName, MAX_NAME_BYTES, check_name};
+use crate::routing::{self, as_i64, as_str, type_name};
+
+/// Queue arguments checked and turned into settings.
+pub(super) struct QueueArgs {
+    /// What the store enforces (with `reject`, no length limits: the
+    /// queue refuses publishes instead of dropping its head).
+    pub(super) limits: Limits,
+    pub(super) expires_ms: Option<u64>,
+    pub(super) dlx: Option<String>,
+    pub(super) dlrk: Option<String>,
+    /// `x-overflow` as given (`None`: not given, drop-head).
+    pub(super) overflow: Option<warren_policy::Overflow>,
+    /// Set from `overflow` by [`policies::effective_args`](super::policies::effective_args).
+    pub(super) reject: Option<RejectPublish>,
+    /// `x-max-priority`.
+    pub(super) max_priority: Option<u8>,
+    /// `x-queue-master-locator`.
+    pub(super) locator: Option<MasterLocator>,
+}
+
+/// `x-overflow: reject-publish` (or `reject-publish-dlx`): a full queue
+/// refuses new publishes (nacked) instead of dropping its oldest messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RejectPublish {
+    pub(super) max_length: Option<u64>,
+    pub(super) max_length_bytes: Option<u64>,
+    /// `reject-publish-dlx`: refused messages are dead-lettered too.
+    pub(super) dead_letter: bool,
+}
+
+impl RejectPublish {
+    /// Whether a queue with `stats` refuses another publish.
+    pub(super) fn full(&self, stats: &warren_backing_queue::Stats) -> bool {
+        self.max_length.is_some_and(|m| stats.ready >= m)
+            || self
+                .max_length_bytes
+                .is_some_and(|m| stats.ready_bytes >= m)
+    }
+}
+
+pub(super) fn queue_args(
+    args: &FieldTable,
+    queue: &str,
+    vhost: &str,
+) -> Result<QueueArgs, AmqpError> {
+    let bad = |k: &str, why: &str| {
+        err(
+            ReplyCode::PreconditionFailed,
+            format!("invalid arg '{k}' for queue '{queue}' in vhost '{vhost}': {why}"),
+        )
+    };
+    let mut out = QueueArgs {
+        limits: Limits::default(),
+        expires_ms: None,
+        dlx: None,
+        dlrk: None,
+        overflow: None,
+        reject: None,
+        max_priority: None,
+        locator: None,
+    };
+    for (k, v) in args.inner() {
+        let key = k.as_str();
+        let non_neg = || match as_i64(v) {
+            Some(i) if i >= 0 => Ok(i as u64),
+            Some(_) => Err(bad(key, "must be non-negative")),
+            None => Err(bad(key, "must be an integer")),
+        };
+        match key {
+            "x-message-ttl" => out.limits.message_ttl_ms = Some(non_neg()?),
+            "x-max-length" => out.limits.max_length = Some(non_neg()?),
+            "x-max-length-bytes" => out.limits.max_length_bytes = Some(non_neg()?),
+            "x-expires" => {
+                let n = non_neg()?;
+                if n == 0 {
+                    return Err(bad(key, "must be positive"));
+                }
+                out.expires_ms = Some(n);
+            }
+            "x-dead-letter-exchange" => {
+                let dlx = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                check_name(&dlx).map_err(|e| bad(key, &e.to_string()))?;
+                out.dlx = Some(dlx);
+            }
+            "x-dead-letter-routing-key" => {
+                let dlrk = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                if dlrk.len() > MAX_NAME_BYTES {
+                    return Err(bad(key, &BadName::TooLong(dlrk.len()).to_string()));
+                }
+                out.dlrk = Some(dlrk);
+            }
+            "x-overflow" => {
+                use warren_policy::Overflow;
+                out.overflow = Some(match as_str(v).as_deref() {
+                    Some("drop-head") => Overflow::DropHead,
+                    Some("reject-publish") => Overflow::RejectPublish,
+                    Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
+                    _ => {
+                        return Err(bad(
+                            key,
+                            "must be drop-head, reject-publish or reject-publish-dlx",
+                        ));
+                    }
+                });
+            }
+            "x-max-priority" => {
+                // RabbitMQ 3.10's checks and texts: an integer type (not a
+                // timestamp), 0 ..= 255.
+                let n = match v {
+                    AMQPValue::Timestamp(_) => None,
+                    v => as_i64(v),
+                };
+                let Some(n) = n else {
+                    let why = format!("\"expected integer, got {}\"", type_name(v));
+                    return Err(bad(key, &why));
+                };
+                let max = u8::try_from(n).map_err(|_| {
+                    bad(
+                        key,
+                        &if n < 0 {
+                            format!("{{value_negative,{n}}}")
+                        } else {
+                            format!("{{max_value_exceeded,{n}}}")
+                        },
+                    )
+                })?;
+                out.max_priority = Some(max);
+            }
+            "x-queue-master-locator" => {
+                // RabbitMQ 3.10 crashes the channel on any other value and
+                // closes the connection with a bare 541.
+                let name = as_str(v).unwrap_or_default();
+                out.locator = Some(
+                    MasterLocator::from_name(&name)
+                        .ok_or_else(|| err(ReplyCode::InternalError, ""))?,
+                );
+            }
+            "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
+                return Err(bad(key, "only classic queues are supported"));
+            }
+            _ => {}
+        }
+    }
+    if out.dlrk.is_some() && out.dlx.is_none() {
+        return Err(bad(
+            "x-dead-letter-routing-key",
+            "x-dead-letter-exchange must be set too",
+        ));
+    }
+    Ok(out)
+}
+
+/// RabbitMQ's 406 for redeclaring with other settings.
+pub(super) fn inequivalent(
+    what: &str,
+    arg: &str,
+    name: &str,
+    vhost: &str,
+    got: &str,
+    cur: &str,
+) -> AmqpError {
+    err(
+        ReplyCode::PreconditionFailed,
+        format!(
+            "inequivalent arg '{arg}' for {what} '{name}' in vhost '{vhost}': received '{got}' but current is '{cur}'"
+        ),
+    )
+}
+
+pub(super) fn tables_equivalent(a: &FieldTable, b: &FieldTable) -> Option<String> {
+    let keys: HashSet<&str> = a
+        .inner()
+        .keys()
+        .chain(b.inner().keys())
+        .map(ShortString::as_str)
+        .collect();
+    let mut keys: Vec<&str> = keys.into_iter().collect();
+    keys.sort_unstable();
+    for k in keys {
+        let (x, y) = (a.inner().get(k), b.inner().get(k));
+        let same = match (x, y) {
+            (Some(x), Some(y)) => routing::values_equal(x, y),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            return Some(k.to_owned());
+        }
+    }
+    None
+}

@@ -1,0 +1,565 @@
+//! Queue dispatch: handing ready messages to consumers within their
+//! prefetch limits, consume and cancel, basic.get, and settling deliveries
+//! (ack, nack, reject, recover).
+
+use std::sync::Arc;
+
+use warren_amqp::amq_protocol::protocol::basic;
+use warren_amqp::amq_protocol::types::AMQPValue;
+use warren_amqp::{AmqpError, ChannelId, ContentMethod, Reply, ReplyCode};
+use warren_backing_queue::Dropped;
+
+use super::state::{Conn, Consumer, IdMap, Queue, Unacked};
+use super::{
+    Broker, ConnId, FetchForArgs, MAX_FETCHES_IN_FLIGHT, OUTPUT_HIGH_WATER, Store, err, random_name,
+};
+use crate::auth::Access;
+use crate::routing::decode_meta;
+
+/// Hands ready messages of `q` to its consumers, round-robin, within
+/// their prefetch limits.
+fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: ConnId) {
+    if q.consumers.is_empty() || q.remote.is_some() {
+        return;
+    }
+    q.last_used_ms = now;
+    if matches!(q.store, Store::Replica(_)) {
+        drive_replica(q, conns, now);
+        return;
+    }
+    let Store::Local(bq) = &mut q.store else {
+        return;
+    };
+    loop {
+        if bq.stats().ready == 0 {
+            return;
+        }
+        let n = q.consumers.len();
+        let mut chosen = None;
+        for i in 0..n {
+            let idx = (q.rr + i) % n;
+            let c = &q.consumers[idx];
+            let Some(conn) = conns.get_mut(&c.conn) else {
+                continue;
+            };
+            let Some(ch) = conn.channels.get(&c.channel) else {
+                continue;
+            };
+            if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
+                continue;
+            }
+            if ch.global_prefetch != 0
+                && ch.unacked.len() >= usize::from(ch.global_prefetch)
+                && !c.no_ack
+            {
+                continue;
+            }
+            if conn.out_pending >= OUTPUT_HIGH_WATER {
+                conn.throttled = true;
+                continue;
+            }
+            chosen = Some(idx);
+            break;
+        }
+        let Some(idx) = chosen else {
+            return;
+        };
+        let delivery = match bq.fetch(now) {
+            Ok(Some(d)) => d,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(queue = %q.name, error = %e, "fetch failed");
+                return;
+            }
+        };
+        q.rr = idx + 1;
+        q.delivered_at_ms = now;
+        q.counters.delivered += 1;
+        q.counters.redelivered += u64::from(delivery.redelivered);
+        let c = &mut q.consumers[idx];
+        let Some(conn) = conns.get_mut(&c.conn) else {
+            continue;
+        };
+        let Some(ch) = conn.channels.get_mut(&c.channel) else {
+            continue;
+        };
+        ch.next_tag += 1;
+        let tag = ch.next_tag;
+        if c.no_ack {
+            if let Err(e) = bq.ack(delivery.tag) {
+                tracing::error!(queue = %q.name, error = %e, "ack failed");
+            }
+            q.dl_msgs.remove(&delivery.id);
+        } else {
+            c.unacked += 1;
+            ch.unacked.insert(
+                tag,
+                Unacked {
+                    queue: q.name.clone(),
+                    bq_tag: delivery.tag,
+                    consumer: Some(c.tag.clone()),
+                    msg_id: delivery.id,
+                    remote: None,
+                },
+            );
+        }
+        let m = decode_meta(&delivery.props);
+        conn.send_message(
+            c.channel,
+            &ContentMethod::Deliver {
+                consumer_tag: &c.tag,
+                delivery_tag: tag,
+                redelivered: delivery.redelivered,
+                exchange: m.exchange,
+                routing_key: m.routing_key,
+            },
+            &m.properties,
+            &delivery.props,
+            &delivery.body,
+        );
+        conn.out_pending += delivery.body.len() + 64;
+        let cid = c.conn;
+        conn.wake(current, cid);
+    }
+}
+
+/// Fetches from a mirrored queue's replica for its consumers, round-robin,
+/// within their prefetch limits (counting fetches not yet handed out); the
+/// deliveries go out when the ring holds the fetches.
+pub(super) fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64) {
+    if !matches!(q.store, Store::Replica(_)) || !q.store.serves() {
+        return;
+    }
+    loop {
+        if q.store.stats().ready == 0 {
+            return;
+        }
+        let n = q.consumers.len();
+        let mut chosen = None;
+        for i in 0..n {
+            let idx = (q.rr + i) % n;
+            let c = &q.consumers[idx];
+            let Some(conn) = conns.get_mut(&c.conn) else {
+                continue;
+            };
+            if !conn.channels.contains_key(&c.channel) {
+                continue;
+            }
+            if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
+                continue;
+            }
+            // Fetches in flight come back through `mirror_turn`, which
+            // drives the queue again; a full socket buffer is retried once
+            // the connection's output is written (`throttled`).
+            if c.reserved >= MAX_FETCHES_IN_FLIGHT {
+                continue;
+            }
+            if conn.out_pending >= OUTPUT_HIGH_WATER {
+                conn.throttled = true;
+                continue;
+            }
+            chosen = Some(idx);
+            break;
+        }
+        let Some(idx) = chosen else {
+            return;
+        };
+        q.rr = idx + 1;
+        let c = &mut q.consumers[idx];
+        let f = FetchForArgs::consumer(c.conn, c.channel, c.tag.clone(), c.no_ack);
+        let Store::Replica(m) = &mut q.store else {
+            return;
+        };
+        if !m.fetch(now, f) {
+            return;
+        }
+        c.reserved += 1;
+        if !c.no_ack {
+            c.unacked += 1;
+        }
+    }
+}
+
+impl Broker {
+    /// After a queue changed: dead-letters what it dropped, hands ready
+    /// messages to consumers.
+    pub(super) fn after_queue_op(&mut self, vhost: &str, qname: &str) {
+        let Some(v) = self.vhosts.get_mut(vhost) else {
+            return;
+        };
+        let Some(q) = v.queues.get_mut(qname) else {
+            return;
+        };
+        drive(q, &mut self.conns, self.now, self.current);
+        if matches!(q.store, Store::Replica(_)) {
+            self.mirror_turn(vhost, qname);
+        }
+        let Some(q) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(qname))
+        else {
+            return;
+        };
+        let mut dropped: Vec<Dropped> = Vec::new();
+        q.store.take_dropped(&mut dropped);
+        if q.dlx.is_some() {
+            for d in dropped {
+                if let Some((meta, body)) = q.dl_msgs.remove(&d.id) {
+                    self.dead.extend(q.dead_letter(vhost, d.reason, meta, body));
+                }
+            }
+            // Expired messages at the head may have gone during the fetches.
+            drive(q, &mut self.conns, self.now, self.current);
+        }
+        self.dead_letter();
+    }
+
+    pub(super) fn settle(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+    ) -> Result<(), AmqpError> {
+        let c = self.conn(id);
+        let vhost = c.vhost.clone();
+        let Some(chan) = c.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        let taken: Vec<(u64, Unacked)> = if multiple {
+            if tag == 0 || tag == u64::MAX {
+                std::mem::take(&mut chan.unacked).into_iter().collect()
+            } else {
+                let rest = chan.unacked.split_off(&(tag + 1));
+                let upto = std::mem::replace(&mut chan.unacked, rest);
+                if upto.is_empty() {
+                    return Err(unknown_tag(tag));
+                }
+                upto.into_iter().collect()
+            }
+        } else {
+            match chan.unacked.remove(&tag) {
+                Some(u) => vec![(tag, u)],
+                None => return Err(unknown_tag(tag)),
+            }
+        };
+        if matches!(how, Settle::Ack) && c.link.is_none() {
+            c.count(ch, |n| n.acknowledged += taken.len() as u64);
+        }
+        let mut touched: Vec<Arc<str>> = Vec::new();
+        for (_, u) in taken {
+            if let Some(node) = &u.remote {
+                self.link_settle(node, &vhost, u.bq_tag, how);
+                continue;
+            }
+            let Some(q) = self
+                .vhosts
+                .get_mut(&vhost)
+                .and_then(|v| v.queues.get_mut(&u.queue))
+            else {
+                continue;
+            };
+            let res = match how {
+                Settle::Ack => {
+                    q.counters.acked += 1;
+                    q.dl_msgs.remove(&u.msg_id);
+                    q.store.ack(u.bq_tag)
+                }
+                Settle::Requeue => q.store.requeue(u.bq_tag),
+                Settle::Discard => q.store.discard(u.bq_tag),
+            };
+            if let Err(e) = res {
+                tracing::error!(queue = %u.queue, error = %e, "settling a delivery failed");
+            }
+            if let Some(t) = &u.consumer
+                && let Some(cons) = q
+                    .consumers
+                    .iter_mut()
+                    .find(|x| x.conn == id && x.channel == ch && &x.tag == t)
+            {
+                cons.unacked = cons.unacked.saturating_sub(1);
+            }
+            if touched.last() != Some(&u.queue) {
+                touched.push(u.queue);
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        for q in touched {
+            self.after_queue_op(&vhost, &q);
+        }
+        // A global prefetch frees room on every queue this channel consumes.
+        if self.conns[&id]
+            .channels
+            .get(&ch)
+            .is_some_and(|c| c.global_prefetch != 0)
+        {
+            self.redrive_channel(id, ch);
+        }
+        Ok(())
+    }
+
+    pub(super) fn redrive_channel(&mut self, id: ConnId, ch: ChannelId) {
+        let c = &self.conns[&id];
+        let vhost = c.vhost.clone();
+        let mut queues: Vec<Arc<str>> = c
+            .channels
+            .get(&ch)
+            .map(|c| c.consumers.values().cloned().collect())
+            .unwrap_or_default();
+        queues.sort();
+        queues.dedup();
+        for q in queues {
+            self.after_queue_op(&vhost, &q);
+        }
+    }
+
+    pub(super) fn recover(&mut self, id: ConnId, ch: ChannelId) {
+        let c = self.conn(id);
+        let vhost = c.vhost.clone();
+        let Some(chan) = c.channels.get_mut(&ch) else {
+            return;
+        };
+        let taken = std::mem::take(&mut chan.unacked);
+        let mut touched = Vec::new();
+        for u in taken.into_values() {
+            if let Some(node) = &u.remote {
+                self.link_settle(node, &vhost, u.bq_tag, Settle::Requeue);
+                continue;
+            }
+            if let Some(q) = self
+                .vhosts
+                .get_mut(&vhost)
+                .and_then(|v| v.queues.get_mut(&u.queue))
+            {
+                if let Err(e) = q.store.requeue(u.bq_tag) {
+                    tracing::error!(queue = %u.queue, error = %e, "requeue failed");
+                }
+                if let Some(t) = &u.consumer
+                    && let Some(cons) = q
+                        .consumers
+                        .iter_mut()
+                        .find(|x| x.conn == id && x.channel == ch && &x.tag == t)
+                {
+                    cons.unacked = cons.unacked.saturating_sub(1);
+                }
+                touched.push(u.queue);
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        for q in touched {
+            self.after_queue_op(&vhost, &q);
+        }
+    }
+
+    pub(super) fn consume(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        c: &basic::Consume,
+    ) -> Result<(), AmqpError> {
+        let name = self.queue_name(id, ch, &c.queue)?;
+        let qarc = self.queue_arc(id, &name)?;
+        self.check(id, Access::Read, "queue", &name)?;
+        let vhost = self.conns[&id].vhost.clone();
+        let mut tag = c.consumer_tag.as_str().to_owned();
+        if tag.is_empty() {
+            tag = random_name("amq.ctag-");
+        }
+        let tag: Arc<str> = Arc::from(tag.as_str());
+        let conn = &self.conns[&id];
+        let chan = conn.channels.get(&ch).expect("channel present");
+        if chan.consumers.contains_key(&tag) {
+            return Err(err(
+                ReplyCode::NotAllowed,
+                format!("attempt to reuse consumer tag '{tag}'"),
+            ));
+        }
+        let prefetch = chan.prefetch;
+        let q = self
+            .vhosts
+            .get_mut(&vhost)
+            .and_then(|v| v.queues.get_mut(&qarc))
+            .expect("queue present");
+        if (c.exclusive && !q.consumers.is_empty()) || q.consumers.iter().any(|x| x.exclusive) {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("queue '{name}' in vhost '{vhost}' in exclusive use"),
+            ));
+        }
+        let mut consumer = Consumer {
+            tag: tag.clone(),
+            conn: id,
+            channel: ch,
+            no_ack: c.no_ack,
+            exclusive: c.exclusive,
+            prefetch,
+            unacked: 0,
+            reserved: 0,
+            remote_cid: 0,
+            cancel_on_failover: matches!(
+                c.arguments.inner().get("x-cancel-on-ha-failover"),
+                Some(AMQPValue::Boolean(true))
+            ),
+        };
+        if q.remote.is_some() {
+            self.link_consume(&vhost, &qarc, &mut consumer);
+        }
+        let q = self
+            .vhosts
+            .get_mut(&vhost)
+            .and_then(|v| v.queues.get_mut(&qarc))
+            .expect("queue present");
+        q.consumers.push(consumer);
+        q.had_consumers = true;
+        let conn = self.conn(id);
+        conn.channels
+            .get_mut(&ch)
+            .expect("channel present")
+            .consumers
+            .insert(tag.clone(), qarc.clone());
+        if !c.nowait {
+            conn.amqp.reply(
+                ch,
+                Reply::BasicConsumeOk {
+                    consumer_tag: tag.to_string(),
+                },
+            );
+        }
+        self.after_queue_op(&vhost, &qarc);
+        Ok(())
+    }
+
+    pub(super) fn cancel(&mut self, id: ConnId, ch: ChannelId, tag: &str) {
+        let c = self.conn(id);
+        let vhost = c.vhost.clone();
+        let Some(qname) = c
+            .channels
+            .get_mut(&ch)
+            .and_then(|chan| chan.consumers.remove(tag))
+        else {
+            return;
+        };
+        let mut forwarded = None;
+        if let Some(q) = self
+            .vhosts
+            .get_mut(&vhost)
+            .and_then(|v| v.queues.get_mut(&qname))
+        {
+            if let Some(x) = q
+                .consumers
+                .iter()
+                .find(|x| x.conn == id && x.channel == ch && &*x.tag == tag)
+                && let Some(node) = &q.remote
+            {
+                forwarded = Some((node.clone(), x.remote_cid));
+            }
+            q.consumers
+                .retain(|x| !(x.conn == id && x.channel == ch && &*x.tag == tag));
+            q.last_used_ms = self.now;
+        }
+        if let Some((node, cid)) = forwarded {
+            self.link_cancel(&node, &vhost, cid);
+        }
+        self.auto_delete_if_unused(&vhost, &qname);
+    }
+
+    pub(super) fn get(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        g: &basic::Get,
+    ) -> Result<(), AmqpError> {
+        let name = self.queue_name(id, ch, &g.queue)?;
+        let qarc = self.queue_arc(id, &name)?;
+        self.check(id, Access::Read, "queue", &name)?;
+        let vhost = self.conns[&id].vhost.clone();
+        let now = self.now;
+        let q = self
+            .vhosts
+            .get_mut(&vhost)
+            .and_then(|v| v.queues.get_mut(&qarc))
+            .expect("queue present");
+        q.last_used_ms = now;
+        if let Some(node) = q.remote.clone() {
+            self.link_get(&node, (id, ch), &vhost, &qarc, g.no_ack);
+            return Ok(());
+        }
+        let bq = match &mut q.store {
+            Store::Local(bq) => bq,
+            Store::Replica(m) => {
+                if !m.fetch(now, FetchForArgs::get(id, ch, g.no_ack)) {
+                    self.conn(id).send_get_empty(ch);
+                }
+                self.after_queue_op(&vhost, &qarc);
+                return Ok(());
+            }
+        };
+        let d = bq
+            .fetch(now)
+            .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+        let Some(d) = d else {
+            self.conn(id).send_get_empty(ch);
+            self.after_queue_op(&vhost, &qarc);
+            return Ok(());
+        };
+        q.counters.delivered += 1;
+        q.counters.redelivered += u64::from(d.redelivered);
+        if g.no_ack {
+            if let Err(e) = bq.ack(d.tag) {
+                tracing::error!(queue = %name, error = %e, "ack failed");
+            }
+            q.dl_msgs.remove(&d.id);
+        }
+        let remaining = u32::try_from(bq.stats().ready).unwrap_or(u32::MAX);
+        let conn = self.conn(id);
+        let chan = conn.channels.get_mut(&ch).expect("channel present");
+        chan.next_tag += 1;
+        let tag = chan.next_tag;
+        if !g.no_ack {
+            chan.unacked.insert(
+                tag,
+                Unacked {
+                    queue: qarc.clone(),
+                    bq_tag: d.tag,
+                    consumer: None,
+                    msg_id: d.id,
+                    remote: None,
+                },
+            );
+        }
+        let m = decode_meta(&d.props);
+        conn.send_message(
+            ch,
+            &ContentMethod::GetOk {
+                delivery_tag: tag,
+                redelivered: d.redelivered,
+                exchange: m.exchange,
+                routing_key: m.routing_key,
+                message_count: remaining,
+            },
+            &m.properties,
+            &d.props,
+            &d.body,
+        );
+        self.after_queue_op(&vhost, &qarc);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Settle {
+    Ack,
+    Requeue,
+    Discard,
+}
+
+fn unknown_tag(tag: u64) -> AmqpError {
+    err(
+        ReplyCode::PreconditionFailed,
+        format!("unknown delivery tag {tag}"),
+    )
+}

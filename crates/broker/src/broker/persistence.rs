@@ -1,0 +1,181 @@
+//! Persistence: where a durable queue's log lives and the group commits
+//! that make persistent messages durable before they are confirmed
+//! (prepared under the broker's lock, run off it, completed under it).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
+use warren_backing_queue::SyncJob;
+
+use super::publish::confirm_one;
+use super::{Broker, Store};
+
+/// Where durable queue `name` of `vhost` keeps its log: a hash of the vhost,
+/// a NUL, and the name. No vhost holds a NUL (see [`valid_name`](super::valid_name)), so the
+/// first NUL splits the pair one way only and no two pairs share a directory.
+pub(super) fn queue_dir(data_dir: &std::path::Path, vhost: &str, name: &str) -> PathBuf {
+    let mut h = Sha256::new();
+    h.update(vhost.as_bytes());
+    h.update([0]);
+    h.update(name.as_bytes());
+    let d = h.finalize();
+    let hex: String = d[..12].iter().map(|b| format!("{b:02x}")).collect();
+    data_dir.join("queues").join(hex)
+}
+
+/// Group commits prepared by [`Broker::prepare_sync`], to run without the
+/// broker's lock and hand back to [`Broker::complete_sync`].
+#[derive(Debug, Default)]
+pub struct SyncBatch {
+    jobs: Vec<(String, Arc<str>, u64, SyncJob, bool)>,
+}
+
+impl SyncBatch {
+    /// Whether there is nothing to sync.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Runs the fsyncs (blocking), all queues' together
+    /// ([`SyncJob::run_all`]: one `syncfs` for many logs).
+    pub fn run(&mut self) {
+        let mut jobs: Vec<&mut SyncJob> = self.jobs.iter_mut().map(|j| &mut j.3).collect();
+        let results = SyncJob::run_all(&mut jobs);
+        for ((vhost, name, _, _, ok), res) in self.jobs.iter_mut().zip(results) {
+            match res {
+                Ok(()) => *ok = true,
+                Err(e) => tracing::error!(%vhost, queue = %name, error = %e, "group commit failed"),
+            }
+        }
+    }
+}
+
+impl Broker {
+    /// Writes and fsyncs every durable queue's log inline (at shutdown, after
+    /// the sync task stopped).
+    pub fn sync_all(&mut self) {
+        for (vname, v) in &mut self.vhosts {
+            for q in v.queues.values_mut() {
+                if q.store.needs_sync()
+                    && let Err(e) = q.store.sync()
+                {
+                    tracing::error!(vhost = %vname, queue = %q.name, error = %e, "final sync failed");
+                }
+            }
+        }
+    }
+
+    pub(super) fn want_sync(&mut self) {
+        if !self.sync_wanted {
+            self.sync_wanted = true;
+            if let Some(w) = &self.sync_waker {
+                w();
+            }
+        }
+    }
+
+    /// Starts a group commit of every durable queue with unsynced appends.
+    pub fn prepare_sync(&mut self) -> SyncBatch {
+        self.sync_wanted = false;
+        let mut batch = SyncBatch::default();
+        for (vname, v) in &mut self.vhosts {
+            for q in v.queues.values_mut() {
+                if !q.store.needs_sync() {
+                    continue;
+                }
+                match q.store.prepare_sync() {
+                    Ok(Some(job)) => {
+                        batch
+                            .jobs
+                            .push((vname.clone(), q.name.clone(), q.uid, job, false))
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(vhost = %vname, queue = %q.name, error = %e, "preparing a group commit failed");
+                    }
+                }
+            }
+        }
+        batch
+    }
+
+    /// Finishes a group commit: confirms the publishes it made durable and
+    /// wakes their connections. Returns whether another commit is due.
+    pub fn complete_sync(&mut self, batch: SyncBatch, now_ms: u64) -> bool {
+        self.now = now_ms;
+        self.current = 0;
+        let mut seqs = Vec::new();
+        let mut replicas = Vec::new();
+        for (vname, qname, uid, job, ok) in batch.jobs {
+            let Some(q) = self
+                .vhosts
+                .get_mut(&vname)
+                .and_then(|v| v.queues.get_mut(&qname))
+            else {
+                continue;
+            };
+            if q.uid != uid {
+                continue;
+            }
+            let bq = match &mut q.store {
+                Store::Local(_) if !ok => continue,
+                Store::Local(bq) => bq,
+                Store::Replica(m) => {
+                    // A failed job too: a mirror whose disk failed drops
+                    // its state and asks for a sync at once, instead of
+                    // counting as synchronised (and promotable) until its
+                    // next job.
+                    if let Err(e) = m.replica.complete_storage_sync(&job) {
+                        tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
+                    }
+                    // Publishes the queue took before it became mirrored
+                    // are confirmed by its own disk, as they were promised.
+                    let synced = m.replica.synced_seq().unwrap_or(0);
+                    while let Some(&(seq, conn, ch, cseq)) = q.confirms.front() {
+                        if seq > synced {
+                            break;
+                        }
+                        q.confirms.pop_front();
+                        confirm_one(&mut self.conns, conn, ch, cseq);
+                    }
+                    replicas.push((vname.clone(), qname.clone()));
+                    continue;
+                }
+            };
+            if let Err(e) = bq.complete_sync(&job) {
+                tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
+                continue;
+            }
+            seqs.clear();
+            bq.drain_confirmed(&mut seqs);
+            let Some(&max) = seqs.last() else {
+                continue;
+            };
+            while let Some(&(seq, conn, ch, cseq)) = q.confirms.front() {
+                if seq > max {
+                    break;
+                }
+                q.confirms.pop_front();
+                confirm_one(&mut self.conns, conn, ch, cseq);
+            }
+        }
+        for (vname, qname) in replicas {
+            self.mirror_turn(&vname, &qname);
+        }
+        for (id, c) in &mut self.conns {
+            if !c.confirm_dirty.is_empty() {
+                c.wake(0, *id);
+            }
+        }
+        let more = self
+            .vhosts
+            .values()
+            .any(|v| v.queues.values().any(|q| q.store.needs_sync()));
+        if more {
+            self.sync_wanted = true;
+        }
+        more
+    }
+}

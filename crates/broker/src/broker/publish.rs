@@ -1,0 +1,421 @@
+//! Publishing: routing through the exchanges' bindings, putting a message
+//! into its queues (local, mirrored or forwarded), mandatory returns, and
+//! publisher confirms.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use warren_amqp::amq_protocol::types::FieldTable;
+use warren_amqp::{AmqpError, ChannelId, ContentMethod, Publish, Reply, ReplyCode};
+use warren_backing_queue::{DropReason, NewMessage};
+
+use super::state::{Conn, Dest, IdMap, Msg, Vhost};
+use super::{Broker, ConnId, FLOW_TARGETS, Store, TX_COMMIT, err, nack_one};
+use crate::auth::Access;
+use crate::routing::{self, Kind, as_str, encode_meta};
+
+/// Routes a message from exchange `ex` into `out` (queue names).
+pub(super) fn route(
+    v: &Vhost,
+    ex: &str,
+    rk: &str,
+    headers: Option<&FieldTable>,
+    out: &mut Vec<Arc<str>>,
+) {
+    if ex.is_empty() {
+        if let Some((k, _)) = v.queues.get_key_value(rk) {
+            out.push(k.clone());
+        }
+        return;
+    }
+    let mut visited = Vec::new();
+    route_rec(v, ex, rk, headers, out, &mut visited);
+    if out.len() > 1 {
+        let mut seen = HashSet::new();
+        out.retain(|q| seen.insert(q.clone()));
+    }
+}
+
+fn route_rec<'a>(
+    v: &'a Vhost,
+    ex: &'a str,
+    rk: &str,
+    headers: Option<&FieldTable>,
+    out: &mut Vec<Arc<str>>,
+    visited: &mut Vec<&'a str>,
+) {
+    if visited.contains(&ex) {
+        return;
+    }
+    visited.push(ex);
+    let Some(x) = v.exchanges.get(ex) else {
+        return;
+    };
+    let before = out.len();
+    for b in &x.bindings {
+        let hit = match x.kind {
+            Kind::Direct => b.key == rk,
+            Kind::Fanout => true,
+            Kind::Topic => routing::topic_matches(&b.key, rk),
+            Kind::Headers => routing::headers_match(&b.args, headers),
+        };
+        if hit {
+            match &b.dest {
+                Dest::Queue(q) => out.push(q.clone()),
+                Dest::Exchange(e) => route_rec(v, e, rk, headers, out, visited),
+            }
+        }
+    }
+    if out.len() == before
+        && let Some(ae) = x
+            .arguments
+            .inner()
+            .get("alternate-exchange")
+            .and_then(as_str)
+        && let Some((ae, _)) = v.exchanges.get_key_value(ae.as_str())
+    {
+        route_rec(v, ae, rk, headers, out, visited);
+    }
+}
+
+impl Broker {
+    /// Puts `msg` into `targets`; returns how many of them owe a group
+    /// commit before `confirm` may be acked.
+    pub(super) fn enqueue(
+        &mut self,
+        vhost: &str,
+        targets: &[Arc<str>],
+        msg: &Msg,
+        confirm: Option<(ConnId, ChannelId, u64)>,
+    ) -> Result<u32, AmqpError> {
+        let mut pending = 0;
+        let mut nacks = Vec::new();
+        let id = self.next_msg_id;
+        self.next_msg_id += 1;
+        let mut sync = false;
+        for qname in targets {
+            let Some(q) = self
+                .vhosts
+                .get_mut(vhost)
+                .and_then(|v| v.queues.get_mut(qname))
+            else {
+                continue;
+            };
+            let nm = NewMessage {
+                id,
+                props: msg.meta.clone(),
+                body: msg.body.clone(),
+                persistent: msg.persistent,
+                expiration_ms: msg.expiration_ms,
+                priority: msg.priority,
+            };
+            if let Some(node) = q.remote.clone() {
+                pending += u32::from(self.link_publish(&node, vhost, qname, msg, confirm));
+                continue;
+            }
+            if let Some(r) = q.reject
+                && r.full(&q.store.stats())
+            {
+                // Full with reject-publish: refused, as RabbitMQ's queue
+                // does, and dead-lettered with reject-publish-dlx.
+                if let Some((conn, ch, cseq)) = confirm {
+                    pending += 1;
+                    nacks.push((conn, ch, cseq));
+                }
+                if r.dead_letter {
+                    let (meta, body) = (msg.meta.clone(), msg.body.clone());
+                    let reason = DropReason::MaxLength;
+                    self.dead.extend(q.dead_letter(vhost, reason, meta, body));
+                }
+                continue;
+            }
+            q.counters.published += 1;
+            let bq = match &mut q.store {
+                Store::Local(bq) => bq,
+                Store::Replica(_) => {
+                    let dl = q.dlx.is_some();
+                    match self.replica_publish(vhost, qname, nm, confirm) {
+                        Ok(owed) => {
+                            sync = true;
+                            pending += u32::from(owed);
+                        }
+                        Err(e) => {
+                            // Cut off from the majority: the replica said so once.
+                            if !matches!(e, warren_mirror::MirrorError::Isolated) {
+                                tracing::warn!(queue = %qname, error = %e, "a mirrored queue refused a publish");
+                            }
+                            if let Some((conn, ch, cseq)) = confirm {
+                                pending += 1;
+                                nacks.push((conn, ch, cseq));
+                            }
+                        }
+                    }
+                    if dl
+                        && let Some(q) = self
+                            .vhosts
+                            .get_mut(vhost)
+                            .and_then(|v| v.queues.get_mut(qname))
+                    {
+                        q.dl_msgs.insert(id, (msg.meta.clone(), msg.body.clone()));
+                    }
+                    self.after_queue_op(vhost, qname);
+                    continue;
+                }
+            };
+            match bq.publish(self.now, nm) {
+                Ok(p) => {
+                    if p.needs_sync {
+                        sync = true;
+                        if let Some((conn, ch, cseq)) = confirm {
+                            q.confirms.push_back((p.seq, conn, ch, cseq));
+                            pending += 1;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(queue = %qname, error = %e, "publish failed");
+                    return Err(err(
+                        ReplyCode::InternalError,
+                        format!("queue '{qname}' in vhost '{vhost}' failed to store a message"),
+                    ));
+                }
+            }
+            if q.dlx.is_some() {
+                q.dl_msgs.insert(id, (msg.meta.clone(), msg.body.clone()));
+            }
+            self.after_queue_op(vhost, qname);
+        }
+        if sync {
+            self.want_sync();
+        }
+        // Refused by a replica (not the master) or a full queue: nacked by
+        // the caller once counted as pending.
+        self.deferred_nacks.extend(nacks);
+        if !self.dead.is_empty() {
+            self.dead_letter();
+        }
+        Ok(pending)
+    }
+
+    pub(super) fn publish(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        p: Publish,
+    ) -> Result<(), AmqpError> {
+        self.conn(id).publisher = true;
+        if self.alarmed() {
+            // A resource alarm: this publisher is told, and its input waits.
+            let reason = self.alarms.cluster().to_string();
+            self.conn(id).amqp.block(&reason);
+        }
+        let vhost = self.conns[&id].vhost.clone();
+        let ex = p.exchange.as_str();
+        let perm_name = if ex.is_empty() { "amq.default" } else { ex };
+        let mut targets = Vec::new();
+        {
+            let v = self
+                .vhosts
+                .get(&vhost)
+                .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+            if !ex.is_empty() {
+                let x = v
+                    .exchanges
+                    .get(ex)
+                    .ok_or_else(|| AmqpError::exchange_not_found(ex, &vhost))?;
+                if x.internal {
+                    return Err(err(
+                        ReplyCode::AccessRefused,
+                        format!("cannot publish to internal exchange '{ex}' in vhost '{vhost}'"),
+                    ));
+                }
+            }
+            self.check(id, Access::Write, "exchange", perm_name)?;
+            route(
+                v,
+                ex,
+                p.routing_key.as_str(),
+                p.properties.headers().as_ref(),
+                &mut targets,
+            );
+        }
+        let persistent = p.properties.delivery_mode() == &Some(2);
+        let expiration_ms = p
+            .properties
+            .expiration()
+            .as_ref()
+            .and_then(|e| e.as_str().parse::<u64>().ok());
+        let msg = Msg {
+            meta: encode_meta(ex, p.routing_key.as_str(), &p.properties),
+            body: Bytes::copy_from_slice(&p.body),
+            persistent,
+            expiration_ms,
+            priority: p.properties.priority().unwrap_or(0),
+        };
+        let confirm = p.confirm_seq.map(|s| (id, ch, s));
+        let pending = self.enqueue(&vhost, &targets, &msg, confirm)?;
+        let now = self.now;
+        let c = self.conn(id);
+        for t in &targets {
+            if !c.targets.contains(t) {
+                if c.targets.len() >= FLOW_TARGETS {
+                    c.targets.remove(0);
+                }
+                c.targets.push(t.clone());
+            }
+        }
+        if c.link.is_none() {
+            let seq = p.confirm_seq.filter(|s| *s != TX_COMMIT);
+            let (routed, mandatory) = (!targets.is_empty(), p.mandatory);
+            c.count(ch, |n| n.count_publish(routed, mandatory, seq.is_some()));
+            if let Some(seq) = seq
+                && let Some(chan) = c.channels.get_mut(&ch)
+            {
+                chan.confirm_started.insert(seq, now);
+            }
+        }
+        if targets.is_empty() && p.mandatory {
+            c.amqp.send_content(
+                ch,
+                &ContentMethod::Return {
+                    reply_code: 312,
+                    reply_text: "NO_ROUTE",
+                    exchange: ex,
+                    routing_key: p.routing_key.as_str(),
+                },
+                &p.properties,
+                &p.body,
+            );
+        }
+        if p.confirm_seq == Some(TX_COMMIT) {
+            if let Some(chan) = c.channels.get_mut(&ch) {
+                chan.tx_wait += pending;
+            }
+        } else if let Some(seq) = p.confirm_seq
+            && let Some(chan) = c.channels.get_mut(&ch)
+        {
+            chan.confirm_last = chan.confirm_last.max(seq);
+            if pending > 0 {
+                chan.confirm_pending.insert(seq, pending);
+            }
+            if !c.confirm_dirty.contains(&ch) {
+                c.confirm_dirty.push(ch);
+            }
+        }
+        for (conn, ch, cseq) in std::mem::take(&mut self.deferred_nacks) {
+            nack_one(&mut self.conns, conn, ch, cseq);
+        }
+        Ok(())
+    }
+}
+
+impl Conn {
+    /// Sends the acks and nacks of publishes settled since the last call;
+    /// `now_ms` times the confirms.
+    pub(super) fn flush_confirms(&mut self, now_ms: u64) {
+        for ch_id in std::mem::take(&mut self.confirm_dirty) {
+            let Some(ch) = self.channels.get_mut(&ch_id) else {
+                continue;
+            };
+            let upto = match ch.confirm_pending.first_key_value() {
+                Some((k, _)) => k - 1,
+                None => ch.confirm_last,
+            };
+            while let Some(&n) = ch.confirm_nacked.first() {
+                if n > upto {
+                    break;
+                }
+                ch.confirm_nacked.pop_first();
+                if n > ch.confirm_acked + 1 {
+                    self.amqp.reply(
+                        ch_id,
+                        Reply::Ack {
+                            delivery_tag: n - 1,
+                            multiple: true,
+                        },
+                    );
+                }
+                self.amqp.reply(
+                    ch_id,
+                    Reply::Nack {
+                        delivery_tag: n,
+                        multiple: false,
+                    },
+                );
+                ch.confirm_acked = n;
+            }
+            if upto > ch.confirm_acked {
+                ch.confirm_acked = upto;
+                self.amqp.reply(
+                    ch_id,
+                    Reply::Ack {
+                        delivery_tag: upto,
+                        multiple: true,
+                    },
+                );
+            }
+            while let Some(entry) = ch.confirm_started.first_entry() {
+                if *entry.key() > ch.confirm_acked {
+                    break;
+                }
+                let at = entry.remove();
+                self.counters.confirmed += 1;
+                ch.counters.confirmed += 1;
+                self.latency.observe(now_ms.saturating_sub(at));
+            }
+            // Confirmed behind one still pending: acked one by one now, as
+            // RabbitMQ does, so that a slow queue does not hold back the
+            // confirms of publishes to the others. (A later `multiple` ack
+            // may cover them again; clients only settle what is outstanding.)
+            let mut done = std::mem::take(&mut ch.confirm_done);
+            done.sort_unstable();
+            for seq in done {
+                if seq <= ch.confirm_acked {
+                    continue;
+                }
+                self.amqp.reply(
+                    ch_id,
+                    Reply::Ack {
+                        delivery_tag: seq,
+                        multiple: false,
+                    },
+                );
+                if let Some(at) = ch.confirm_started.remove(&seq) {
+                    self.counters.confirmed += 1;
+                    ch.counters.confirmed += 1;
+                    self.latency.observe(now_ms.saturating_sub(at));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cseq: u64) {
+    let Some(c) = conns.get_mut(&conn) else {
+        return;
+    };
+    let Some(chan) = c.channels.get_mut(&ch) else {
+        return;
+    };
+    if cseq == TX_COMMIT {
+        chan.tx_wait = chan.tx_wait.saturating_sub(1);
+        if chan.tx_wait == 0 {
+            c.amqp.reply(ch, Reply::TxCommitOk);
+        }
+    } else if let Some(n) = chan.confirm_pending.get_mut(&cseq) {
+        *n -= 1;
+        if *n == 0 {
+            chan.confirm_pending.remove(&cseq);
+            if c.link_confirmed(cseq, true) {
+                return;
+            }
+            if let Some(chan) = c.channels.get_mut(&ch) {
+                chan.confirm_done.push(cseq);
+            }
+        }
+    }
+    if !c.confirm_dirty.contains(&ch) {
+        c.confirm_dirty.push(ch);
+    }
+}

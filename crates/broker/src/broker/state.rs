@@ -1,0 +1,318 @@
+//! The broker's data: vhosts, exchanges and their bindings, queues and
+//! their consumers, client connections with their channels and unacked
+//! deliveries, and the messages on their way into queues.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use warren_amqp::amq_protocol::protocol::basic;
+use warren_amqp::amq_protocol::types::FieldTable;
+use warren_amqp::{ChannelId, Connection, Publish};
+use warren_backing_queue::{DropReason, Limits, SeqId};
+
+use super::args::RejectPublish;
+use super::{ConnId, Elsewhere, Store, Waker, link, stats};
+use crate::auth::{Permission, PermissionDef};
+use crate::routing::Kind;
+
+/// FxHash-style hasher for the server-chosen integer keys (connection and
+/// channel ids): hashed on every message, and never chosen by clients to
+/// collide.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+pub(super) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Dest {
+    Queue(Arc<str>),
+    Exchange(String),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Binding {
+    pub(super) dest: Dest,
+    pub(super) key: String,
+    pub(super) args: FieldTable,
+}
+
+#[derive(Debug)]
+pub(super) struct Exchange {
+    pub(super) kind: Kind,
+    pub(super) durable: bool,
+    pub(super) auto_delete: bool,
+    pub(super) internal: bool,
+    pub(super) arguments: FieldTable,
+    pub(super) bindings: Vec<Binding>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Consumer {
+    pub(super) tag: Arc<str>,
+    pub(super) conn: ConnId,
+    pub(super) channel: ChannelId,
+    pub(super) no_ack: bool,
+    pub(super) exclusive: bool,
+    pub(super) prefetch: u16,
+    pub(super) unacked: u32,
+    /// Fetches from a mirrored queue's replica not yet handed out.
+    pub(super) reserved: u32,
+    /// Its id at the queue's master when the queue is forwarded (0: none).
+    pub(super) remote_cid: u64,
+    /// `x-cancel-on-ha-failover`: cancelled when the queue's master changes.
+    pub(super) cancel_on_failover: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct QueueOpts {
+    pub(super) durable: bool,
+    pub(super) exclusive: bool,
+    pub(super) auto_delete: bool,
+    pub(super) arguments: FieldTable,
+}
+
+pub(super) struct Queue {
+    pub(super) name: Arc<str>,
+    pub(super) uid: u64,
+    pub(super) opts: QueueOpts,
+    pub(super) owner: Option<ConnId>,
+    pub(super) store: Store,
+    /// Where this queue is served when not on this node (forwarded).
+    pub(super) remote: Option<Elsewhere>,
+    /// This node's master replica handed the queue over: it is not served
+    /// here until this node is made its master again.
+    pub(super) handed_over: bool,
+    pub(super) consumers: Vec<Consumer>,
+    pub(super) rr: usize,
+    pub(super) had_consumers: bool,
+    pub(super) dlx: Option<String>,
+    pub(super) dlrk: Option<String>,
+    pub(super) expires_ms: Option<u64>,
+    /// `x-overflow: reject-publish[-dlx]`.
+    pub(super) reject: Option<RejectPublish>,
+    /// The limits last given to the store (arguments and policy).
+    pub(super) limits: Limits,
+    /// `x-max-priority`: a priority queue (an argument only, fixed at declare).
+    pub(super) max_priority: Option<u8>,
+    /// When it last handed a message to a consumer (flow control: a queue
+    /// whose consumers are taking messages holds its publishers back while
+    /// its backlog is large).
+    pub(super) delivered_at_ms: u64,
+    pub(super) last_used_ms: u64,
+    /// Metadata and body of each message, kept only when dead-lettering is on.
+    pub(super) dl_msgs: HashMap<u64, (Bytes, Bytes)>,
+    /// Publishes waiting for a group commit before they are confirmed:
+    /// (queue seq, connection, channel, publish sequence number).
+    pub(super) confirms: VecDeque<(SeqId, ConnId, ChannelId, u64)>,
+    pub(super) dir: Option<PathBuf>,
+    /// Its traffic since this node started serving it.
+    pub(super) counters: stats::QueueCounters,
+    /// Its master's figures, when it is served on another node (asked for
+    /// every second: `peek_masters`).
+    pub(super) remote_figures: Option<link::QueueFigures>,
+}
+
+impl Queue {
+    /// This node's figures of the queue: its store's counts, its consumers here.
+    pub(super) fn figures(&self) -> link::QueueFigures {
+        let s = self.store.stats();
+        link::QueueFigures {
+            ready: s.ready,
+            unacked: s.unacked,
+            ready_bytes: s.ready_bytes,
+            unacked_bytes: s.unacked_bytes,
+            consumers: self.consumers.len() as u64,
+        }
+    }
+
+    /// A message of this queue (in `vhost`) to dead-letter for `reason`;
+    /// `None` without a dead-letter exchange.
+    pub(super) fn dead_letter(
+        &self,
+        vhost: &str,
+        reason: DropReason,
+        meta: Bytes,
+        body: Bytes,
+    ) -> Option<DeadLetter> {
+        Some(DeadLetter {
+            vhost: vhost.to_owned(),
+            exchange: self.dlx.clone()?,
+            routing_key: self.dlrk.clone(),
+            queue: self.name.clone(),
+            reason,
+            meta,
+            body,
+        })
+    }
+}
+
+impl fmt::Debug for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("name", &self.name)
+            .field("opts", &self.opts)
+            .field("consumers", &self.consumers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Vhost {
+    pub(super) exchanges: HashMap<String, Exchange>,
+    pub(super) queues: HashMap<Arc<str>, Queue>,
+    pub(super) permissions: HashMap<String, PermissionDef>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Unacked {
+    pub(super) queue: Arc<str>,
+    pub(super) bq_tag: u64,
+    pub(super) consumer: Option<Arc<str>>,
+    pub(super) msg_id: u64,
+    /// Where to settle a delivery from a forwarded queue.
+    pub(super) remote: Option<Elsewhere>,
+}
+
+#[derive(Debug)]
+pub(super) enum TxOp {
+    Publish(Box<Publish>),
+    Ack(basic::Ack),
+    Nack(basic::Nack),
+    Reject(basic::Reject),
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Channel {
+    pub(super) next_tag: u64,
+    pub(super) unacked: BTreeMap<u64, Unacked>,
+    pub(super) consumers: HashMap<Arc<str>, Arc<str>>,
+    pub(super) prefetch: u16,
+    pub(super) global_prefetch: u16,
+    pub(super) confirm: bool,
+    pub(super) confirm_pending: BTreeMap<u64, u32>,
+    /// Publishes refused (`basic.nack`) not yet sent.
+    pub(super) confirm_nacked: BTreeSet<u64>,
+    pub(super) confirm_last: u64,
+    /// Every publish up to here has been acked or nacked (`multiple`).
+    pub(super) confirm_acked: u64,
+    /// Publishes confirmed since the last flush, in no order.
+    pub(super) confirm_done: Vec<u64>,
+    /// When each confirm-mode publish not yet settled was read: sequence
+    /// number to ms.
+    pub(super) confirm_started: BTreeMap<u64, u64>,
+    pub(super) tx: Option<Vec<TxOp>>,
+    /// Group commits a tx.commit-ok waits for.
+    pub(super) tx_wait: u32,
+    pub(super) last_queue: Option<String>,
+    /// Its client traffic so far (`/api/channels`).
+    pub(super) counters: stats::MessageCounters,
+}
+
+pub(super) struct Conn {
+    pub(super) amqp: Connection,
+    pub(super) peer: SocketAddr,
+    pub(super) user: String,
+    pub(super) vhost: String,
+    pub(super) perm: Option<Permission>,
+    pub(super) channels: IdMap<ChannelId, Channel>,
+    pub(super) waker: Waker,
+    pub(super) woken: bool,
+    pub(super) out_pending: usize,
+    pub(super) throttled: bool,
+    pub(super) confirm_dirty: Vec<ChannelId>,
+    pub(super) closed: bool,
+    /// Set for the internal connection of a forwarding link (master side).
+    pub(super) link: Option<link::Link>,
+    /// It has begun to publish (a basic.publish method arrived): flow
+    /// control and resource alarms may hold its input back.
+    pub(super) publisher: bool,
+    /// Its client traffic so far.
+    pub(super) counters: stats::MessageCounters,
+    /// Its confirm latencies so far.
+    pub(super) latency: stats::LatencyHistogram,
+    /// Bytes read from and written to its socket.
+    pub(super) octets: stats::Octets,
+    /// The queues (of its vhost) this connection's publishes went to lately:
+    /// it waits while one of them lags behind its consumers (flow control).
+    pub(super) targets: Vec<Arc<str>>,
+}
+
+/// A client connection that has left the broker, with everything it owned.
+/// Dropping it may free much memory (unfinished messages): drop it after the
+/// broker's lock is released.
+pub struct Departed(pub(super) Box<Conn>);
+
+impl fmt::Debug for Departed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Departed").field(&self.0).finish()
+    }
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Conn")
+            .field("peer", &self.peer)
+            .field("user", &self.user)
+            .field("vhost", &self.vhost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Conn {
+    pub(super) fn wake(&mut self, current: ConnId, me: ConnId) {
+        if self.link.is_some() {
+            // A link's shell takes output from every link at once.
+            (self.waker)();
+        } else if me != current && !self.woken {
+            self.woken = true;
+            (self.waker)();
+        }
+    }
+}
+
+/// A message to put into queues.
+#[derive(Debug, Clone)]
+pub(super) struct Msg {
+    pub(super) meta: Bytes,
+    pub(super) body: Bytes,
+    pub(super) persistent: bool,
+    pub(super) expiration_ms: Option<u64>,
+    /// The `priority` property (0 if absent).
+    pub(super) priority: u8,
+}
+
+/// A message leaving a queue towards its dead-letter exchange.
+#[derive(Debug)]
+pub(super) struct DeadLetter {
+    pub(super) vhost: String,
+    pub(super) exchange: String,
+    pub(super) routing_key: Option<String>,
+    pub(super) queue: Arc<str>,
+    pub(super) reason: DropReason,
+    pub(super) meta: Bytes,
+    pub(super) body: Bytes,
+}

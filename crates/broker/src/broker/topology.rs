@@ -1,0 +1,800 @@
+//! Topology: declaring, deleting, binding and purging exchanges and queues
+//! (with RabbitMQ's equivalence and exclusivity checks), auto-delete, a new
+//! queue's master locator, and where each change is recorded (`Scope`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use warren_amqp::amq_protocol::protocol::{exchange, queue};
+use warren_amqp::amq_protocol::types::FieldTable;
+use warren_amqp::{AmqpError, ChannelId, Reply, ReplyCode};
+use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
+use warren_policy::MasterLocator;
+
+use super::args::{inequivalent, queue_args, tables_equivalent};
+use super::persistence::queue_dir;
+use super::publish::confirm_one;
+use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
+use super::{Broker, ConnId, Elsewhere, Store, err, policies, random_name, stats};
+use crate::BrokerError;
+use crate::auth::Access;
+use crate::meta::{BindingDef, Change, ExchangeDef, QueueDef};
+use crate::names::{check_name, shown};
+use crate::routing::{self, Kind};
+
+fn builtin_exchanges() -> Vec<(&'static str, Kind)> {
+    vec![
+        ("amq.direct", Kind::Direct),
+        ("amq.fanout", Kind::Fanout),
+        ("amq.topic", Kind::Topic),
+        ("amq.headers", Kind::Headers),
+        ("amq.match", Kind::Headers),
+    ]
+}
+
+pub(super) fn new_vhost() -> Vhost {
+    let mut v = Vhost::default();
+    for (name, kind) in builtin_exchanges() {
+        v.exchanges.insert(
+            name.to_owned(),
+            Exchange {
+                kind,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                arguments: FieldTable::default(),
+                bindings: Vec::new(),
+            },
+        );
+    }
+    v
+}
+
+impl Broker {
+    pub(super) fn make_queue(
+        &mut self,
+        vhost: &str,
+        name: Arc<str>,
+        opts: QueueOpts,
+        owner: Option<ConnId>,
+    ) -> Result<Queue, BrokerError> {
+        let def = self.queue_policy(vhost, &name, opts.exclusive);
+        let args = policies::effective_args(&opts.arguments, &name, vhost, &def)
+            .map_err(|e| BrokerError::Invalid(e.to_string()))?;
+        let qcfg = QueueConfig {
+            limits: args.limits,
+            record_ops: false,
+            // A policy may name a dead-letter exchange later.
+            report_dropped: true,
+            max_priority: args.max_priority,
+        };
+        let (bq, dir) = if opts.durable && !opts.exclusive {
+            let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
+            let (bq, report) = BackingQueue::open_in(
+                self.cfg.storage.clone(),
+                &dir,
+                qcfg,
+                StoreConfig::default(),
+            )?;
+            if let Some((file, off)) = report.truncated {
+                tracing::warn!(file = %file.display(), offset = off, "cut a torn tail off a queue log");
+            }
+            (bq, Some(dir))
+        } else {
+            (BackingQueue::in_memory(qcfg), None)
+        };
+        let uid = self.next_uid;
+        self.next_uid += 1;
+        Ok(Queue {
+            name,
+            uid,
+            opts,
+            owner,
+            store: Store::Local(bq),
+            remote: None,
+            handed_over: false,
+            consumers: Vec::new(),
+            rr: 0,
+            had_consumers: false,
+            dlx: args.dlx,
+            dlrk: args.dlrk,
+            expires_ms: args.expires_ms,
+            reject: args.reject,
+            limits: args.limits,
+            max_priority: args.max_priority,
+            delivered_at_ms: 0,
+            last_used_ms: self.now,
+            dl_msgs: HashMap::new(),
+            remote_figures: None,
+            confirms: VecDeque::new(),
+            dir,
+            counters: stats::QueueCounters::default(),
+        })
+    }
+
+    pub(super) fn auto_delete_if_unused(&mut self, vhost: &str, qname: &str) -> bool {
+        let del = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(qname))
+            .is_some_and(|q| {
+                // The serving node decides: it sees every node's consumers.
+                q.remote.is_none()
+                    && q.opts.auto_delete
+                    && q.had_consumers
+                    && q.consumers.is_empty()
+            });
+        if del {
+            self.delete_queue(vhost, qname);
+        }
+        del
+    }
+
+    pub(super) fn exchange_declare(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        d: &exchange::Declare,
+    ) -> Result<(), AmqpError> {
+        let vhost = self.conns[&id].vhost.clone();
+        let name = d.exchange.as_str();
+        if name.is_empty() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("operation not permitted on the default exchange in vhost '{vhost}'"),
+            ));
+        }
+        let v = self
+            .vhosts
+            .get(&vhost)
+            .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+        if d.passive {
+            if !v.exchanges.contains_key(name) {
+                return Err(AmqpError::exchange_not_found(name, &vhost));
+            }
+        } else {
+            if !v.exchanges.contains_key(name)
+                && let Err(e) = check_name(name)
+            {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "exchange name '{}' in vhost '{}' is invalid: {e}",
+                        shown(name),
+                        shown(&vhost)
+                    ),
+                ));
+            }
+            // 406 on the channel, as RabbitMQ answers since 3.11 (3.10 closed
+            // the connection with 503).
+            let kind = Kind::parse(d.kind.as_str()).ok_or_else(|| {
+                err(
+                    ReplyCode::PreconditionFailed,
+                    format!("unknown exchange type '{}'", shown(d.kind.as_str())),
+                )
+            })?;
+            if let Some(x) = v.exchanges.get(name) {
+                let neq = |arg: &str, got: String, cur: String| {
+                    Err(inequivalent("exchange", arg, name, &vhost, &got, &cur))
+                };
+                if x.kind != kind {
+                    return neq("type", kind.as_str().into(), x.kind.as_str().into());
+                }
+                if x.durable != d.durable {
+                    return neq("durable", d.durable.to_string(), x.durable.to_string());
+                }
+                if x.auto_delete != d.auto_delete {
+                    return neq(
+                        "auto_delete",
+                        d.auto_delete.to_string(),
+                        x.auto_delete.to_string(),
+                    );
+                }
+                if x.internal != d.internal {
+                    return neq("internal", d.internal.to_string(), x.internal.to_string());
+                }
+                if let Some(k) = tables_equivalent(&x.arguments, &d.arguments) {
+                    return neq(
+                        &k,
+                        routing::show_value(d.arguments.inner().get(k.as_str())),
+                        routing::show_value(x.arguments.inner().get(k.as_str())),
+                    );
+                }
+            } else {
+                if name.starts_with("amq.") {
+                    return Err(err(
+                        ReplyCode::AccessRefused,
+                        format!("exchange name '{name}' contains reserved prefix 'amq.*'"),
+                    ));
+                }
+                self.check(id, Access::Configure, "exchange", name)?;
+                self.record(
+                    Scope::of_exchange(d.durable),
+                    Change::PutExchange(ExchangeDef {
+                        vhost: vhost.clone(),
+                        name: name.to_owned(),
+                        kind: kind.as_str().to_owned(),
+                        durable: d.durable,
+                        auto_delete: d.auto_delete,
+                        internal: d.internal,
+                        arguments: d.arguments.clone(),
+                    }),
+                )
+                .map_err(meta_err)?;
+                let v = self.vhosts.get_mut(&vhost).expect("vhost present");
+                v.exchanges.insert(
+                    name.to_owned(),
+                    Exchange {
+                        kind,
+                        durable: d.durable,
+                        auto_delete: d.auto_delete,
+                        internal: d.internal,
+                        arguments: d.arguments.clone(),
+                        bindings: Vec::new(),
+                    },
+                );
+            }
+        }
+        if !d.nowait {
+            self.conn(id).amqp.reply(ch, Reply::ExchangeDeclareOk);
+        }
+        Ok(())
+    }
+
+    pub(super) fn exchange_delete(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        d: &exchange::Delete,
+    ) -> Result<(), AmqpError> {
+        let vhost = self.conns[&id].vhost.clone();
+        let name = d.exchange.as_str();
+        if name.is_empty() || name.starts_with("amq.") {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("operation not permitted on exchange '{name}' in vhost '{vhost}'"),
+            ));
+        }
+        let v = self
+            .vhosts
+            .get(&vhost)
+            .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+        if let Some(x) = v.exchanges.get(name) {
+            self.check(id, Access::Configure, "exchange", name)?;
+            if d.if_unused && !x.bindings.is_empty() {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!("exchange '{name}' in vhost '{vhost}' in use"),
+                ));
+            }
+            self.remove_exchange(&vhost, name)?;
+        }
+        if !d.nowait {
+            self.conn(id).amqp.reply(ch, Reply::ExchangeDeleteOk);
+        }
+        Ok(())
+    }
+
+    pub(super) fn remove_exchange(&mut self, vhost: &str, name: &str) -> Result<(), AmqpError> {
+        let Some(v) = self.vhosts.get_mut(vhost) else {
+            return Ok(());
+        };
+        let Some(x) = v.exchanges.remove(name) else {
+            return Ok(());
+        };
+        let dest = Dest::Exchange(name.to_owned());
+        let mut emptied = Vec::new();
+        for (xn, other) in &mut v.exchanges {
+            let before = other.bindings.len();
+            other.bindings.retain(|b| b.dest != dest);
+            if other.auto_delete && before > 0 && other.bindings.is_empty() {
+                emptied.push(xn.clone());
+            }
+        }
+        self.record(
+            Scope::of_exchange(x.durable),
+            Change::DeleteExchange {
+                vhost: vhost.to_owned(),
+                name: name.to_owned(),
+            },
+        )
+        .map_err(meta_err)?;
+        for e in emptied {
+            self.remove_exchange(vhost, &e)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn bind(
+        &mut self,
+        id: ConnId,
+        source: &str,
+        dest: Dest,
+        key: &str,
+        args: &FieldTable,
+        add: bool,
+    ) -> Result<(), AmqpError> {
+        let vhost = self.conns[&id].vhost.clone();
+        if source.is_empty() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("operation not permitted on the default exchange in vhost '{vhost}'"),
+            ));
+        }
+        let v = self
+            .vhosts
+            .get(&vhost)
+            .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+        let (dest_name, dest_kind, dest_scope) = match &dest {
+            Dest::Queue(q) => {
+                let queue = v
+                    .queues
+                    .get(q)
+                    .ok_or_else(|| AmqpError::queue_not_found(q, &vhost))?;
+                (q.to_string(), "queue", Scope::of_queue(&queue.opts))
+            }
+            Dest::Exchange(e) => {
+                if e.is_empty() {
+                    return Err(err(
+                        ReplyCode::AccessRefused,
+                        format!(
+                            "operation not permitted on the default exchange in vhost '{vhost}'"
+                        ),
+                    ));
+                }
+                let x = v
+                    .exchanges
+                    .get(e)
+                    .ok_or_else(|| AmqpError::exchange_not_found(e, &vhost))?;
+                (e.clone(), "exchange", Scope::of_exchange(x.durable))
+            }
+        };
+        let src = v
+            .exchanges
+            .get(source)
+            .ok_or_else(|| AmqpError::exchange_not_found(source, &vhost))?;
+        let scope = Scope::of_exchange(src.durable).min(dest_scope);
+        self.check(id, Access::Write, dest_kind, &dest_name)?;
+        self.check(id, Access::Read, "exchange", source)?;
+        let def = BindingDef {
+            vhost: vhost.clone(),
+            source: source.to_owned(),
+            destination: dest_name,
+            destination_is_exchange: matches!(dest, Dest::Exchange(_)),
+            routing_key: key.to_owned(),
+            arguments: args.clone(),
+        };
+        let v = self.vhosts.get_mut(&vhost).expect("vhost present");
+        let x = v.exchanges.get_mut(source).expect("exchange present");
+        let pos = x
+            .bindings
+            .iter()
+            .position(|b| b.dest == dest && b.key == key && b.args == *args);
+        if add {
+            if pos.is_none() {
+                x.bindings.push(Binding {
+                    dest,
+                    key: key.to_owned(),
+                    args: args.clone(),
+                });
+                self.record(scope, Change::PutBinding(def))
+                    .map_err(meta_err)?;
+            }
+        } else if let Some(pos) = pos {
+            x.bindings.remove(pos);
+            let gone = x.auto_delete && x.bindings.is_empty();
+            self.record(scope, Change::DeleteBinding(def))
+                .map_err(meta_err)?;
+            if gone {
+                self.remove_exchange(&vhost, source)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn queue_declare(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        d: &queue::Declare,
+    ) -> Result<(), AmqpError> {
+        let vhost = self.conns[&id].vhost.clone();
+        let mut name = d.queue.as_str().to_owned();
+        if name.is_empty() {
+            if d.passive {
+                name = self.queue_name(id, ch, &d.queue)?;
+            } else {
+                name = random_name("amq.gen-");
+            }
+        }
+        let v = self
+            .vhosts
+            .get(&vhost)
+            .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+        let exists = v.queues.contains_key(name.as_str());
+        if d.passive || exists {
+            let q = v
+                .queues
+                .get(name.as_str())
+                .ok_or_else(|| AmqpError::queue_not_found(&name, &vhost))?;
+            if let Some(owner) = q.owner
+                && owner != id
+            {
+                return Err(locked(&name, &vhost));
+            }
+            if !d.passive {
+                let neq = |arg: &str, got: String, cur: String| {
+                    Err(inequivalent("queue", arg, &name, &vhost, &got, &cur))
+                };
+                if q.opts.durable != d.durable {
+                    return neq("durable", d.durable.to_string(), q.opts.durable.to_string());
+                }
+                if q.opts.exclusive != d.exclusive {
+                    return neq(
+                        "exclusive",
+                        d.exclusive.to_string(),
+                        q.opts.exclusive.to_string(),
+                    );
+                }
+                if q.opts.auto_delete != d.auto_delete {
+                    return neq(
+                        "auto_delete",
+                        d.auto_delete.to_string(),
+                        q.opts.auto_delete.to_string(),
+                    );
+                }
+                if let Some(k) = tables_equivalent(&q.opts.arguments, &d.arguments) {
+                    return neq(
+                        &k,
+                        routing::show_value(d.arguments.inner().get(k.as_str())),
+                        routing::show_value(q.opts.arguments.inner().get(k.as_str())),
+                    );
+                }
+            }
+        } else {
+            if let Err(e) = check_name(&name) {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "queue name '{}' in vhost '{}' is invalid: {e}",
+                        shown(&name),
+                        shown(&vhost)
+                    ),
+                ));
+            }
+            if name.starts_with("amq.") && !d.queue.as_str().is_empty() {
+                return Err(err(
+                    ReplyCode::AccessRefused,
+                    format!("queue name '{name}' contains reserved prefix 'amq.*'"),
+                ));
+            }
+            self.check(id, Access::Configure, "queue", &name)?;
+            let args = queue_args(&d.arguments, &name, &vhost)?;
+            if let Some(dlx) = &args.dlx {
+                self.check(
+                    id,
+                    Access::Write,
+                    "exchange",
+                    if dlx.is_empty() { "amq.default" } else { dlx },
+                )?;
+            }
+            let opts = QueueOpts {
+                durable: d.durable,
+                exclusive: d.exclusive,
+                auto_delete: d.auto_delete,
+                arguments: d.arguments.clone(),
+            };
+            let master = if d.exclusive {
+                None
+            } else {
+                self.locate_master(&vhost, &name, args.locator)
+            };
+            self.record(
+                Scope::of_queue(&opts),
+                Change::PutQueue(QueueDef {
+                    vhost: vhost.clone(),
+                    name: name.clone(),
+                    durable: d.durable,
+                    master: master.clone(),
+                    auto_delete: d.auto_delete,
+                    arguments: d.arguments.clone(),
+                }),
+            )
+            .map_err(meta_err)?;
+            let owner = d.exclusive.then_some(id);
+            let mut q = self
+                .make_queue(&vhost, Arc::from(name.as_str()), opts, owner)
+                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            if let Some(m) = master {
+                tracing::info!(%vhost, queue = %name, master = %m, "queue served by (its master locator's choice)");
+                q.remote = Some(Elsewhere::Node(Arc::from(m.as_str())));
+            }
+            let v = self.vhosts.get_mut(&vhost).expect("vhost present");
+            v.queues.insert(q.name.clone(), q);
+        }
+        let now = self.now;
+        let v = self.vhosts.get_mut(&vhost).expect("vhost present");
+        let q = v.queues.get_mut(name.as_str()).expect("queue present");
+        q.last_used_ms = now;
+        let s = q.store.stats();
+        let reply = Reply::QueueDeclareOk {
+            queue: name.clone(),
+            message_count: u32::try_from(s.ready).unwrap_or(u32::MAX),
+            consumer_count: q.consumers.len() as u32,
+        };
+        let remote = match &q.remote {
+            Some(Elsewhere::Node(n)) => Some(n.clone()),
+            _ => None,
+        };
+        let c = self.conn(id);
+        if let Some(chan) = c.channels.get_mut(&ch) {
+            chan.last_queue = Some(name.clone());
+        }
+        match remote {
+            _ if d.nowait => {}
+            // Served elsewhere: the counts are the master's.
+            Some(node) => self.link_count(&node, (id, ch), &vhost, &name),
+            None => {
+                c.amqp.reply(ch, reply);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn queue_purge(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        p: &queue::Purge,
+    ) -> Result<(), AmqpError> {
+        let name = self.queue_name(id, ch, &p.queue)?;
+        self.usable_queue(id, &name)?;
+        self.check(id, Access::Read, "queue", &name)?;
+        let vhost = self.conns[&id].vhost.clone();
+        // Messages still unacked somewhere keep their dead-letter copies.
+        let mut unacked_ids = HashSet::new();
+        for c in self.conns.values() {
+            for chan in c.channels.values() {
+                for u in chan.unacked.values() {
+                    if &*u.queue == name.as_str() {
+                        unacked_ids.insert(u.msg_id);
+                    }
+                }
+            }
+        }
+        let q = self
+            .vhosts
+            .get_mut(&vhost)
+            .and_then(|v| v.queues.get_mut(name.as_str()))
+            .expect("queue present");
+        let n = q
+            .store
+            .purge()
+            .map_err(|e| err(ReplyCode::InternalError, e))?;
+        q.dl_msgs.retain(|k, _| unacked_ids.contains(k));
+        self.mirror_turn(&vhost, &name);
+        if !p.nowait {
+            self.conn(id).amqp.reply(
+                ch,
+                Reply::QueuePurgeOk {
+                    message_count: u32::try_from(n).unwrap_or(u32::MAX),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn queue_delete(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        d: &queue::Delete,
+    ) -> Result<(), AmqpError> {
+        let name = self.queue_name(id, ch, &d.queue)?;
+        let vhost = self.conns[&id].vhost.clone();
+        let mut count = 0;
+        if let Some(q) = self
+            .vhosts
+            .get(&vhost)
+            .and_then(|v| v.queues.get(name.as_str()))
+        {
+            if let Some(owner) = q.owner
+                && owner != id
+            {
+                return Err(locked(&name, &vhost));
+            }
+            self.check(id, Access::Configure, "queue", &name)?;
+            if d.if_unused && !q.consumers.is_empty() {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!("queue '{name}' in vhost '{vhost}' in use"),
+                ));
+            }
+            if d.if_empty && q.store.stats().ready > 0 {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!("queue '{name}' in vhost '{vhost}' is not empty"),
+                ));
+            }
+            count = self.delete_queue(&vhost, &name);
+        }
+        if !d.nowait {
+            self.conn(id).amqp.reply(
+                ch,
+                Reply::QueueDeleteOk {
+                    message_count: count,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Deletes a queue: cancels its consumers (server-sent basic.cancel),
+    /// releases its pending confirms, removes its bindings and files.
+    pub(super) fn delete_queue(&mut self, vhost: &str, name: &str) -> u32 {
+        let Some(v) = self.vhosts.get_mut(vhost) else {
+            return 0;
+        };
+        let Some(q) = v.queues.remove(name) else {
+            return 0;
+        };
+        let count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
+        let cur = self.current;
+        let forwarded: Vec<(Elsewhere, u64)> = match &q.remote {
+            Some(node) => q
+                .consumers
+                .iter()
+                .map(|c| (node.clone(), c.remote_cid))
+                .collect(),
+            None => Vec::new(),
+        };
+        for c in &q.consumers {
+            if let Some(conn) = self.conns.get_mut(&c.conn) {
+                if let Some(chan) = conn.channels.get_mut(&c.channel) {
+                    chan.consumers.remove(&c.tag);
+                }
+                conn.cancel_consumer(c.channel, &c.tag);
+                conn.wake(cur, c.conn);
+            }
+        }
+        let mut owed: Vec<(ConnId, ChannelId, u64)> = q
+            .confirms
+            .iter()
+            .map(|&(_, conn, ch, cseq)| (conn, ch, cseq))
+            .collect();
+        if let Store::Replica(m) = &q.store {
+            owed.extend(m.owed_confirms());
+            m.wake_shell();
+        }
+        for (conn, ch, cseq) in owed {
+            confirm_one(&mut self.conns, conn, ch, cseq);
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.wake(cur, conn);
+            }
+        }
+        let dest = Dest::Queue(q.name.clone());
+        let mut emptied = Vec::new();
+        for (xn, x) in &mut v.exchanges {
+            let before = x.bindings.len();
+            x.bindings.retain(|b| b.dest != dest);
+            if x.auto_delete && before > 0 && x.bindings.is_empty() {
+                emptied.push(xn.clone());
+            }
+        }
+        if let Err(e) = self.record(
+            Scope::of_queue(&q.opts),
+            Change::DeleteQueue {
+                vhost: vhost.to_owned(),
+                name: name.to_owned(),
+            },
+        ) {
+            tracing::error!(error = %e, "could not record a queue deletion");
+        }
+        if let Some(dir) = &q.dir {
+            drop(q.store);
+            if let Err(e) = std::fs::remove_dir_all(dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove a deleted queue's files");
+            }
+        }
+        for (node, cid) in forwarded {
+            self.link_cancel(&node, vhost, cid);
+        }
+        for e in emptied {
+            if let Err(e) = self.remove_exchange(vhost, &e) {
+                tracing::error!(error = %e, "auto-delete of an exchange failed");
+            }
+        }
+        count
+    }
+}
+
+pub(super) fn locked(name: &str, vhost: &str) -> AmqpError {
+    err(
+        ReplyCode::ResourceLocked,
+        format!(
+            "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."
+        ),
+    )
+}
+
+/// Where a change to an entity is kept: exclusive queues (and bindings to
+/// them) only here, transient entities shared through the cluster, durable
+/// ones in the store. A binding is kept where its narrower end is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Scope {
+    /// This node only.
+    Local,
+    /// Every node, until the cluster restarts (`MetadataStore::share`).
+    Shared,
+    /// Every node, across restarts (`MetadataStore::apply`).
+    Durable,
+}
+
+impl Scope {
+    pub(super) fn of_queue(opts: &QueueOpts) -> Self {
+        match (opts.exclusive, opts.durable) {
+            (true, _) => Self::Local,
+            (false, false) => Self::Shared,
+            (false, true) => Self::Durable,
+        }
+    }
+
+    pub(super) fn of_exchange(durable: bool) -> Self {
+        if durable { Self::Durable } else { Self::Shared }
+    }
+}
+
+impl Broker {
+    /// Where a new queue's master goes, if a `queue-master-locator` (the
+    /// argument, else the policy's; `client-local` without either) picks
+    /// another node of the cluster than this one.
+    fn locate_master(&self, vhost: &str, name: &str, arg: Option<MasterLocator>) -> Option<String> {
+        let policy = self.queue_policy(vhost, name, false);
+        let locator = arg
+            .or(policy.queue_master_locator)
+            .unwrap_or(MasterLocator::ClientLocal);
+        if locator == MasterLocator::ClientLocal {
+            return None;
+        }
+        let candidates = self.meta.master_candidates()?;
+        let running: Vec<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
+        let chosen = warren_policy::locate_master(
+            locator,
+            &warren_policy::LocateInput {
+                client_node: &self.cfg.node_name,
+                exclusive: false,
+                mode: policy.ha.as_ref().map(|h| &h.mode),
+                running_nodes: &running,
+                masters_per_node: &candidates,
+                seed: rand::random(),
+            },
+        );
+        (chosen != self.cfg.node_name).then_some(chosen)
+    }
+
+    /// Records `change` where `scope` says.
+    pub(super) fn record(
+        &mut self,
+        scope: Scope,
+        change: Change,
+    ) -> Result<(), crate::meta::MetaError> {
+        match scope {
+            Scope::Local => Ok(()),
+            Scope::Shared => self.meta.share(change),
+            Scope::Durable => self.meta.apply(change),
+        }
+    }
+}
+
+fn meta_err(e: crate::meta::MetaError) -> AmqpError {
+    tracing::error!(error = %e, "metadata store failed");
+    match e {
+        // Why the cluster refused (no majority, a timeout) is the client's
+        // to know: it tells it to try another node.
+        crate::meta::MetaError::Cluster(_) => err(ReplyCode::InternalError, e.to_string()),
+        // A local file's path and error stay in the node's log.
+        _ => err(ReplyCode::InternalError, "metadata store failed"),
+    }
+}

@@ -1,0 +1,113 @@
+//! Publisher confirms: a persistent message on a durable queue is acked
+//! only once a group commit has made it durable; others at once; refused
+//! ones nacked (`broker/publish.rs`, `broker/persistence.rs`).
+
+use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
+use warren_amqp::amq_protocol::types::AMQPValue;
+
+use crate::support::{Client, Incoming, Message, Node, QueueOpts};
+
+/// A confirm's `(kind, delivery tag, multiple)`: kind "ack" or "nack".
+fn confirm(i: &Incoming) -> Option<(&'static str, u64, bool)> {
+    match &i.method {
+        AMQPClass::Basic(basic::AMQPMethod::Ack(a)) => Some(("ack", a.delivery_tag, a.multiple)),
+        AMQPClass::Basic(basic::AMQPMethod::Nack(n)) => Some(("nack", n.delivery_tag, n.multiple)),
+        _ => None,
+    }
+}
+
+/// The confirms received so far.
+fn confirms(c: &mut Client) -> Vec<(&'static str, u64, bool)> {
+    c.drain().iter().filter_map(confirm).collect()
+}
+
+/// A client whose channel 1 is in confirm mode.
+fn confirming(node: &Node) -> Client {
+    let mut c = node.connect();
+    c.open_channel(1);
+    c.confirm_select(1);
+    c
+}
+
+#[test]
+fn a_persistent_message_on_a_durable_queue_is_confirmed_after_the_group_commit() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
+    c.publish(1, "", "d", Message::persistent("m"));
+    assert_eq!(confirms(&mut c), [], "confirmed before its fsync");
+    node.sync();
+    let got = confirms(&mut c);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].0, got[0].1), ("ack", 1));
+    // Durable indeed: the message is there.
+    assert_eq!(c.get_all(1, "d"), [b"m".to_vec()]);
+}
+
+#[test]
+fn transient_or_unroutable_publishes_are_confirmed_at_once() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    c.queue(1, "t");
+    c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
+    let publishes = [
+        ("", "t", Message::persistent("persistent, transient queue")),
+        ("", "d", Message::new("transient, durable queue")),
+        ("amq.direct", "nowhere", Message::persistent("unroutable")),
+    ];
+    for (seq, (exchange, key, msg)) in (1..).zip(publishes) {
+        c.publish(1, exchange, key, msg);
+        let got: Vec<(&str, u64)> = confirms(&mut c).iter().map(|x| (x.0, x.1)).collect();
+        assert_eq!(got, [("ack", seq)], "publish {seq}");
+    }
+}
+
+#[test]
+fn a_later_publish_is_not_acked_together_with_one_waiting_for_its_fsync() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
+    c.queue(1, "t");
+    c.publish(1, "", "d", Message::persistent("waits"));
+    c.publish(1, "", "t", Message::new("at once"));
+    // Publish 2 may be acked on its own, never with 1 (multiple).
+    for (kind, tag, multiple) in confirms(&mut c) {
+        assert_eq!((kind, tag, multiple), ("ack", 2, false));
+    }
+    node.sync();
+    let got = confirms(&mut c);
+    assert!(
+        got.iter()
+            .any(|&(k, tag, multiple)| k == "ack" && (tag == 1 || (multiple && tag >= 1))),
+        "publish 1 not acked after the group commit: {got:?}"
+    );
+}
+
+#[test]
+fn an_unroutable_mandatory_message_is_returned_before_it_is_acked() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    c.publish(1, "amq.direct", "nowhere", Message::new("m").mandatory());
+    let got = c.drain();
+    let ids: Vec<(u16, u16)> = got.iter().map(Incoming::ids).collect();
+    assert_eq!(
+        ids,
+        [(60, 50), (60, 80)],
+        "basic.return then basic.ack: {got:?}"
+    );
+}
+
+#[test]
+fn a_full_reject_publish_queue_nacks() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    let opts = QueueOpts::default()
+        .arg("x-max-length", AMQPValue::LongInt(1))
+        .arg("x-overflow", AMQPValue::LongString("reject-publish".into()));
+    c.declare_queue(1, "q", opts).unwrap();
+    c.publish(1, "", "q", Message::new("kept"));
+    c.publish(1, "", "q", Message::new("refused"));
+    let got: Vec<(&str, u64)> = confirms(&mut c).iter().map(|x| (x.0, x.1)).collect();
+    assert_eq!(got, [("ack", 1), ("nack", 2)]);
+    assert_eq!(c.get_all(1, "q"), [b"kept".to_vec()]);
+}

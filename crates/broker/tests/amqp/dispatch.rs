@@ -1,0 +1,197 @@
+//! Handing messages to consumers and settling them: prefetch, round-robin,
+//! reject and requeue, basic.get, recover, cancel (`broker/dispatch.rs`).
+
+use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
+
+use crate::support::{Client, Incoming, Message, Node, consume_method};
+
+/// A basic.deliver's `(delivery tag, redelivered, body)`.
+fn delivered(i: &Incoming) -> (u64, bool, String) {
+    let AMQPClass::Basic(basic::AMQPMethod::Deliver(d)) = &i.method else {
+        panic!("expected basic.deliver, got {i:?}");
+    };
+    (
+        d.delivery_tag,
+        d.redelivered,
+        String::from_utf8(i.body.clone()).unwrap(),
+    )
+}
+
+/// Every basic.deliver received so far.
+fn deliveries(c: &mut Client) -> Vec<(u64, bool, String)> {
+    c.drain().iter().map(delivered).collect()
+}
+
+/// A client of a fresh broker with channel 1 open and queue `q` holding
+/// `n` messages m0….
+fn queue_with(n: usize) -> Client {
+    let (_node, mut c) = Node::session();
+    c.queue(1, "q");
+    for i in 0..n {
+        c.publish(1, "", "q", Message::new(&format!("m{i}")));
+    }
+    c
+}
+
+#[test]
+fn prefetch_limits_the_deliveries_in_flight() {
+    let mut c = queue_with(5);
+    c.qos(1, 2, false);
+    c.consume(1, "q", "ctag", false);
+    assert_eq!(
+        deliveries(&mut c),
+        [(1, false, "m0".into()), (2, false, "m1".into())]
+    );
+    c.ack(1, 1, false);
+    assert_eq!(deliveries(&mut c), [(3, false, "m2".into())]);
+    // A multiple ack frees two places at once.
+    c.ack(1, 3, true);
+    assert_eq!(
+        deliveries(&mut c),
+        [(4, false, "m3".into()), (5, false, "m4".into())]
+    );
+    assert!(deliveries(&mut c).is_empty());
+}
+
+#[test]
+fn a_no_ack_consumer_is_not_held_by_prefetch() {
+    let mut c = queue_with(5);
+    c.qos(1, 1, false);
+    c.consume(1, "q", "ctag", true);
+    assert_eq!(deliveries(&mut c).len(), 5);
+    assert_eq!(c.get_body(1, "q"), None);
+}
+
+#[test]
+fn consumers_of_one_queue_take_turns() {
+    let (_node, mut c) = Node::session();
+    c.queue(1, "q");
+    c.open_channel(2);
+    c.consume(1, "q", "a", true);
+    c.consume(2, "q", "b", true);
+    for i in 0..4 {
+        c.publish(1, "", "q", Message::new(&format!("m{i}")));
+    }
+    let got: Vec<(u16, String)> = c
+        .drain()
+        .iter()
+        .map(|i| (i.channel, delivered(i).2))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, "m0".into()),
+            (2, "m1".into()),
+            (1, "m2".into()),
+            (2, "m3".into())
+        ]
+    );
+}
+
+#[test]
+fn reject_with_requeue_redelivers_flagged_redelivered() {
+    let mut c = queue_with(1);
+    c.consume(1, "q", "ctag", false);
+    assert_eq!(deliveries(&mut c), [(1, false, "m0".into())]);
+    c.reject(1, 1, true);
+    assert_eq!(deliveries(&mut c), [(2, true, "m0".into())]);
+    // Without requeue (and no dead-letter exchange) it is gone.
+    c.reject(1, 2, false);
+    assert!(deliveries(&mut c).is_empty());
+    assert_eq!(c.counts(1, "q"), (0, 1));
+}
+
+#[test]
+fn basic_get_counts_what_remains_and_says_empty() {
+    let mut c = queue_with(0);
+    let empty = c.get(1, "q", false).unwrap();
+    assert_eq!(empty.ids(), (60, 72), "basic.get-empty: {empty:?}");
+    c.publish(1, "", "q", Message::new("a"));
+    c.publish(1, "", "q", Message::new("b"));
+    let first = c.get(1, "q", false).unwrap();
+    let AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)) = &first.method else {
+        panic!("expected basic.get-ok, got {first:?}");
+    };
+    assert_eq!(
+        (ok.delivery_tag, ok.redelivered, ok.message_count),
+        (1, false, 1)
+    );
+    assert_eq!(ok.routing_key.as_str(), "q");
+    assert_eq!(first.body, b"a");
+    // Unacked, it comes back (redelivered) when rejected with requeue.
+    c.reject(1, 1, true);
+    let again = c.get(1, "q", true).unwrap();
+    let AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)) = &again.method else {
+        panic!("expected basic.get-ok, got {again:?}");
+    };
+    assert_eq!((ok.redelivered, ok.message_count), (true, 1));
+    assert_eq!(again.body, b"a");
+    assert_eq!(c.get_all(1, "q"), [b"b".to_vec()]);
+}
+
+#[test]
+fn closing_a_channel_requeues_its_unacked_deliveries() {
+    let mut c = queue_with(2);
+    c.open_channel(2);
+    c.consume(2, "q", "ctag", false);
+    assert_eq!(deliveries(&mut c).len(), 2);
+    c.close_channel(2);
+    let first = c.get(1, "q", true).unwrap();
+    let AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)) = &first.method else {
+        panic!("expected basic.get-ok, got {first:?}");
+    };
+    assert!(ok.redelivered);
+    assert_eq!(first.body, b"m0");
+    assert_eq!(c.get_all(1, "q"), [b"m1".to_vec()]);
+}
+
+#[test]
+fn recover_redelivers_what_is_unacked() {
+    let mut c = queue_with(2);
+    c.consume(1, "q", "ctag", false);
+    assert_eq!(deliveries(&mut c).len(), 2);
+    let ok = c
+        .call(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Recover(basic::Recover { requeue: true })),
+        )
+        .unwrap();
+    assert_eq!(ok.ids(), (60, 111), "basic.recover-ok: {ok:?}");
+    assert_eq!(
+        deliveries(&mut c),
+        [(3, true, "m0".into()), (4, true, "m1".into())]
+    );
+}
+
+#[test]
+fn acking_an_unknown_delivery_tag_is_406() {
+    let mut c = queue_with(0);
+    c.ack(1, 99, false);
+    let e = c.expect_close(1);
+    assert_eq!(e.code, 406);
+    assert_eq!(e.text, "PRECONDITION_FAILED - unknown delivery tag 99");
+    assert_eq!((e.class_id, e.method_id), (60, 80));
+}
+
+#[test]
+fn a_cancelled_consumer_gets_no_more() {
+    let mut c = queue_with(0);
+    c.consume(1, "q", "ctag", true);
+    let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+        consumer_tag: "ctag".into(),
+        nowait: false,
+    }));
+    c.call_ok(1, cancel, (60, 31), "basic.cancel-ok");
+    c.publish(1, "", "q", Message::new("m"));
+    assert!(c.drain().is_empty());
+    assert_eq!(c.counts(1, "q"), (1, 0));
+}
+
+#[test]
+fn reusing_a_consumer_tag_on_a_channel_is_530() {
+    let mut c = queue_with(0);
+    c.consume(1, "q", "ctag", true);
+    let e = c.call(1, consume_method("q", "ctag", true)).unwrap_err();
+    assert_eq!(e.code, 530);
+    assert_eq!(e.text, "NOT_ALLOWED - attempt to reuse consumer tag 'ctag'");
+}

@@ -1,0 +1,13 @@
+//! The broker driven directly, one responsibility per module, by a client
+//! speaking real AMQP 0-9-1 frames (`support`): no `warren` binary, no
+//! sockets, no clock. Expected outcomes are RabbitMQ's documented
+//! behaviour (reply codes and texts, declare-ok counts, routing rules,
+//! `x-death` headers, confirm and transaction semantics).
+
+mod confirms;
+mod dead_letter;
+mod dispatch;
+mod routing;
+mod support;
+mod topology;
+mod transactions;
