@@ -58,6 +58,11 @@ pub struct RecoveryReport {
     pub truncated: Option<(PathBuf, u64)>,
     /// Corrupt regions skipped (`skip_corrupt`): file, offset, bytes skipped.
     pub skipped: Vec<(PathBuf, u64, u64)>,
+    /// The machine restarted since the log was last opened (its
+    /// [`Storage::boot_id`] changed): delivery marks it never synced may be
+    /// lost, so every message recovered comes back marked delivered
+    /// (AMQP's `redelivered`: it may have been delivered before).
+    pub rebooted: bool,
 }
 
 /// Below this many buffered bytes, appends stay in memory until a sync.
@@ -292,6 +297,31 @@ pub(crate) struct Opened {
     pub(crate) report: RecoveryReport,
 }
 
+/// Names the machine boot that last opened a log ([`Storage::boot_id`]).
+const BOOT_FILE: &str = "boot";
+
+/// Whether the machine restarted since the log in `dir` was last opened;
+/// records this boot in the log's directory if so. Neither needs a sync: a
+/// record lost in a power loss reads as a restart, as that loss was one.
+fn note_boot(storage: &dyn Storage, dir: &Path) -> Result<bool, StoreError> {
+    let boot = storage.boot_id();
+    let path = dir.join(BOOT_FILE);
+    if storage.read(&path).is_ok_and(|last| last == boot) {
+        return Ok(false);
+    }
+    let tmp = dir.join("boot.tmp");
+    let _ = storage.remove(&tmp);
+    let file = storage
+        .create_new(&tmp)
+        .map_err(|e| StoreError::io(&tmp, e))?;
+    file.write_at(&boot, 0)
+        .map_err(|e| StoreError::io(&tmp, e))?;
+    storage
+        .rename(&tmp, &path)
+        .map_err(|e| StoreError::io(&path, e))?;
+    Ok(true)
+}
+
 impl SegmentLog {
     /// Opens (creating if needed) the log in `dir` and replays it.
     pub(crate) fn open(
@@ -452,6 +482,12 @@ impl SegmentLog {
             None => log.new_segment(0, next_seq)?,
         }
         sync_dir(&*storage, dir)?;
+        if note_boot(&*storage, dir)? && !found.is_empty() {
+            report.rebooted = true;
+            for e in found.values_mut() {
+                e.set_delivered(true);
+            }
+        }
 
         let mut messages = Vec::with_capacity(found.len());
         for (_, f) in found {

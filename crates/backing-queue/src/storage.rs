@@ -55,6 +55,12 @@ pub trait Storage: Send + Sync + Debug {
     fn sync_files(&self, files: &[&dyn StorageFile]) -> Vec<io::Result<()>> {
         files.iter().map(|f| f.sync_data()).collect()
     }
+    /// Names this boot of the machine: it changes when unsynced writes may
+    /// have been lost (a power loss, a kernel crash), never at a process's
+    /// restart. Empty when unknown (never changes then).
+    fn boot_id(&self) -> Vec<u8> {
+        Vec::new()
+    }
 }
 
 /// Files synced together past which [`FsStorage::sync_files`] syncs their
@@ -127,6 +133,10 @@ impl StorageFile for FsFile {
 }
 
 impl Storage for FsStorage {
+    fn boot_id(&self) -> Vec<u8> {
+        fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default()
+    }
+
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         fs::create_dir_all(dir)?;
         let dev = fs::metadata(dir)?.dev();
@@ -274,6 +284,8 @@ struct MemDirs {
     durable: BTreeMap<PathBuf, Arc<MemFile>>,
     /// While set, writes, syncs and creations fail.
     failing: Arc<AtomicBool>,
+    /// Power losses so far: the boot id.
+    boots: u64,
 }
 
 /// In-memory files with a crash model (like turmoil's file system): file data
@@ -299,6 +311,7 @@ impl MemStorage {
             s.current = s.durable.clone();
         }
         d.current = d.durable.clone();
+        d.boots += 1;
     }
 
     /// The content of a file, if it exists (for tests that damage files).
@@ -325,6 +338,10 @@ impl MemStorage {
 }
 
 impl Storage for MemStorage {
+    fn boot_id(&self) -> Vec<u8> {
+        lock(&self.0).boots.to_le_bytes().to_vec()
+    }
+
     fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
         Ok(())
     }

@@ -19,8 +19,9 @@
 //!   still in the queue (the schedule never kills a master while a disk
 //!   fails or without a synchronised mirror up, and keeps at most one node
 //!   down and one disk failing at a time);
-//! - no message is delivered twice without `redelivered` (but across a
-//!   master's power loss: its unsynced delivery marks are gone);
+//! - no message is delivered twice without `redelivered` (across a
+//!   master's power loss too: its log then marks every message it recovers
+//!   delivered, since the marks it had not synced are gone);
 //! - the broker never closes a client's channel;
 //! - liveness: every publish settles, every get is answered, and a final
 //!   publish and get through every node work; the replicas' digests agree.
@@ -415,13 +416,6 @@ impl Sim {
                 "the killed node's broker is still held"
             );
             storage.crash();
-            if rec.master == n {
-                // A delivery whose mark its disk had not synced comes back
-                // without `redelivered` if this master returns as master
-                // (no mirror promoted meanwhile: seed 130), as after any
-                // power loss: what the redelivery check forgets.
-                self.check.delivered.clear();
-            }
         }
         self.dead = Some((n, back));
     }
