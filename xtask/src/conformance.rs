@@ -19,11 +19,11 @@ use crate::bench_mirrored::{
 /// The scenario library and its recorded outcomes, under the workspace root.
 const DIR: &str = "crates/node/tests/conformance";
 
-/// Runs `conformance --record [--only SCENARIO]`.
+/// Runs `conformance --record [--only SCENARIO[,SCENARIO…]]`.
 pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     if args.first() != Some(&"--record") {
         bail!(
-            "usage: cargo xtask conformance --record [--only SCENARIO]\n\
+            "usage: cargo xtask conformance --record [--only SCENARIO[,SCENARIO…]]\n\
              (the Warren side runs in CI: cargo nextest run -p warren-node --test conformance)"
         );
     }
@@ -93,7 +93,7 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     let merged = if only.is_empty() {
         outcomes
     } else {
-        // One scenario re-recorded: merged into the others' outcomes.
+        // Some scenarios re-recorded: merged into the others' outcomes.
         let mut all: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_default())
                 .unwrap_or_default();

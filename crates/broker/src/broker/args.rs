@@ -180,6 +180,67 @@ pub(super) fn inequivalent(
     )
 }
 
+/// The queue arguments a redeclare must repeat (RabbitMQ 3.10's classic
+/// queue `queue_arguments`); others may differ freely.
+const COMPARED_QUEUE_ARGS: [&str; 15] = [
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+];
+
+/// RabbitMQ's 406 if a redeclare of queue `name` changes, adds or drops one
+/// of the arguments it compares ([`COMPARED_QUEUE_ARGS`]).
+pub(super) fn queue_args_inequivalent(
+    current: &FieldTable,
+    received: &FieldTable,
+    name: &str,
+    vhost: &str,
+) -> Option<AmqpError> {
+    let (cur, got) = (current.inner(), received.inner());
+    COMPARED_QUEUE_ARGS.iter().find_map(|&k| {
+        let (c, g) = (cur.get(k), got.get(k));
+        let text = match (c, g) {
+            (None, None) => return None,
+            (Some(c), Some(g)) if routing::values_equal(c, g) => return None,
+            (Some(c), Some(g)) => format!(
+                "received '{}' but current is '{}'",
+                routing::show_value(Some(g)),
+                routing::show_value(Some(c))
+            ),
+            // One side is missing: RabbitMQ names the other's type.
+            _ => format!("received {} but current is {}", typed(g), typed(c)),
+        };
+        Some(err(
+            ReplyCode::PreconditionFailed,
+            format!("inequivalent arg '{k}' for queue '{name}' in vhost '{vhost}': {text}"),
+        ))
+    })
+}
+
+/// An argument as RabbitMQ shows one that the other side lacks.
+fn typed(v: Option<&AMQPValue>) -> String {
+    match v {
+        None => "none".to_owned(),
+        Some(v) => format!(
+            "the value '{}' of type '{}'",
+            routing::show_value(Some(v)),
+            type_name(v)
+        ),
+    }
+}
+
 pub(super) fn tables_equivalent(a: &FieldTable, b: &FieldTable) -> Option<String> {
     let keys: HashSet<&str> = a
         .inner()

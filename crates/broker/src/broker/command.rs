@@ -9,7 +9,7 @@ use bytes::Bytes;
 use warren_amqp::amq_protocol::types::ShortString;
 use warren_amqp::{AmqpError, ChannelId, Command, Reply, ReplyCode};
 
-use super::dispatch::Settle;
+use super::dispatch::{Settle, check_tx_tag};
 use super::state::{Dest, TxOp};
 use super::topology::locked;
 use super::{Broker, ConnId, TX_COMMIT, err};
@@ -128,15 +128,19 @@ impl Broker {
                 self.publish(id, ch, p)
             }
             Command::BasicAck(a) => {
-                if let Some(tx) = &mut self.conn(id).channels.get_mut(&ch).expect("channel").tx {
-                    tx.push(TxOp::Ack(a));
+                let chan = self.conn(id).channels.get_mut(&ch).expect("channel");
+                if chan.tx.is_some() {
+                    check_tx_tag(chan, a.delivery_tag, a.multiple)?;
+                    chan.tx.get_or_insert_default().push(TxOp::Ack(a));
                     return Ok(());
                 }
                 self.settle(id, ch, a.delivery_tag, a.multiple, Settle::Ack)
             }
             Command::BasicNack(n) => {
-                if let Some(tx) = &mut self.conn(id).channels.get_mut(&ch).expect("channel").tx {
-                    tx.push(TxOp::Nack(n));
+                let chan = self.conn(id).channels.get_mut(&ch).expect("channel");
+                if chan.tx.is_some() {
+                    check_tx_tag(chan, n.delivery_tag, n.multiple)?;
+                    chan.tx.get_or_insert_default().push(TxOp::Nack(n));
                     return Ok(());
                 }
                 let how = if n.requeue {
@@ -147,8 +151,10 @@ impl Broker {
                 self.settle(id, ch, n.delivery_tag, n.multiple, how)
             }
             Command::BasicReject(r) => {
-                if let Some(tx) = &mut self.conn(id).channels.get_mut(&ch).expect("channel").tx {
-                    tx.push(TxOp::Reject(r));
+                let chan = self.conn(id).channels.get_mut(&ch).expect("channel");
+                if chan.tx.is_some() {
+                    check_tx_tag(chan, r.delivery_tag, false)?;
+                    chan.tx.get_or_insert_default().push(TxOp::Reject(r));
                     return Ok(());
                 }
                 let how = if r.requeue {

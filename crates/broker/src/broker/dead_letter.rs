@@ -9,7 +9,7 @@ use warren_backing_queue::DropReason;
 use super::publish::route;
 use super::state::Msg;
 use super::{Broker, DEAD_LETTER_DEPTH};
-use crate::routing::{as_str, decode_meta, encode_meta};
+use crate::routing::{Meta, as_i64, as_str, decode_meta, encode_meta};
 
 impl Broker {
     /// Expires messages (`x-message-ttl`, `expiration`) and unused queues
@@ -106,18 +106,25 @@ impl Broker {
                 if cycle {
                     continue;
                 }
-                let mut death = FieldTable::default();
-                death.insert("count".into(), AMQPValue::LongLongInt(1));
-                death.insert("reason".into(), AMQPValue::LongString(reason.into()));
-                death.insert("queue".into(), AMQPValue::LongString((&*d.queue).into()));
-                death.insert("exchange".into(), AMQPValue::LongString(m.exchange.into()));
-                death.insert(
-                    "routing-keys".into(),
-                    AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
-                        m.routing_key.into(),
-                    )])),
-                );
-                death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
+                // The message died here for this reason before (a cycle
+                // with rejections): that entry counts one more and moves to
+                // the front, as RabbitMQ's does; it keeps its first time,
+                // exchange and routing keys.
+                let earlier = deaths.iter().position(|x| match x {
+                    AMQPValue::FieldTable(t) => {
+                        t.inner().get("queue").and_then(as_str).as_deref() == Some(&*d.queue)
+                            && t.inner().get("reason").and_then(as_str).as_deref() == Some(reason)
+                    }
+                    _ => false,
+                });
+                let death = match earlier.map(|i| deaths.remove(i)) {
+                    Some(AMQPValue::FieldTable(mut t)) => {
+                        let count = t.inner().get("count").and_then(as_i64).unwrap_or(0);
+                        t.insert("count".into(), AMQPValue::LongLongInt(count + 1));
+                        t
+                    }
+                    _ => self.new_death(reason, &d.queue, &m),
+                };
                 deaths.insert(0, AMQPValue::FieldTable(death));
                 if !headers.contains_key("x-first-death-reason") {
                     headers.insert(
@@ -156,6 +163,25 @@ impl Broker {
             }
         }
         self.dl_depth -= 1;
+    }
+}
+
+impl Broker {
+    /// A message's first `x-death` entry for `queue` and `reason`.
+    fn new_death(&self, reason: &str, queue: &str, m: &Meta<'_>) -> FieldTable {
+        let mut death = FieldTable::default();
+        death.insert("count".into(), AMQPValue::LongLongInt(1));
+        death.insert("reason".into(), AMQPValue::LongString(reason.into()));
+        death.insert("queue".into(), AMQPValue::LongString(queue.into()));
+        death.insert("exchange".into(), AMQPValue::LongString(m.exchange.into()));
+        death.insert(
+            "routing-keys".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
+                m.routing_key.into(),
+            )])),
+        );
+        death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
+        death
     }
 }
 

@@ -9,7 +9,7 @@ use warren_amqp::amq_protocol::types::AMQPValue;
 use warren_amqp::{AmqpError, ChannelId, ContentMethod, Reply, ReplyCode};
 use warren_backing_queue::Dropped;
 
-use super::state::{Conn, Consumer, IdMap, Queue, Unacked};
+use super::state::{Channel, Conn, Consumer, IdMap, Queue, Unacked};
 use super::{
     Broker, ConnId, FetchForArgs, MAX_FETCHES_IN_FLIGHT, OUTPUT_HIGH_WATER, Store, err, random_name,
 };
@@ -555,6 +555,18 @@ pub(super) enum Settle {
     Ack,
     Requeue,
     Discard,
+}
+
+/// Checks, as RabbitMQ does when a transaction's ack, nack or reject
+/// arrives (it is applied at `tx.commit`), that `tag` names a delivery
+/// awaiting settlement on the channel: 406 if not.
+pub(super) fn check_tx_tag(chan: &Channel, tag: u64, multiple: bool) -> Result<(), AmqpError> {
+    let known = if multiple {
+        tag == 0 || tag == u64::MAX || chan.unacked.range(..=tag).next().is_some()
+    } else {
+        chan.unacked.contains_key(&tag)
+    };
+    if known { Ok(()) } else { Err(unknown_tag(tag)) }
 }
 
 fn unknown_tag(tag: u64) -> AmqpError {

@@ -11,7 +11,7 @@ use warren_amqp::{AmqpError, ChannelId, Reply, ReplyCode};
 use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
 use warren_policy::MasterLocator;
 
-use super::args::{inequivalent, queue_args, tables_equivalent};
+use super::args::{inequivalent, queue_args, queue_args_inequivalent, tables_equivalent};
 use super::persistence::queue_dir;
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
@@ -443,12 +443,10 @@ impl Broker {
                         q.opts.auto_delete.to_string(),
                     );
                 }
-                if let Some(k) = tables_equivalent(&q.opts.arguments, &d.arguments) {
-                    return neq(
-                        &k,
-                        routing::show_value(d.arguments.inner().get(k.as_str())),
-                        routing::show_value(q.opts.arguments.inner().get(k.as_str())),
-                    );
+                if let Some(e) =
+                    queue_args_inequivalent(&q.opts.arguments, &d.arguments, &name, &vhost)
+                {
+                    return Err(e);
                 }
             }
         } else {

@@ -19,7 +19,7 @@ Each scenario runs in three placements, four with --failover:
 The harness sets these policies before running (see POLICIES below, which the
 harnesses read with `--policies`).
 
-Usage: scenarios.py --urls U1,U2,U3 [--only NAME] [--failover] > outcomes.json
+Usage: scenarios.py --urls U1,U2,U3 [--only NAME[,NAME…]] [--failover] > outcomes.json
        scenarios.py --policies      (prints the policies as JSON)
 """
 
@@ -338,6 +338,86 @@ def reject_dead_letter(ctx):
     return out
 
 
+def get_polled(ch, queue, tries=50):
+    """basic.get (manual ack) until a message comes (dead-lettering may
+    take a moment): the method frame, or None."""
+    for _ in range(tries):
+        m, _props, _body = ch.basic_get(queue, auto_ack=False)
+        if m is not None:
+            return m
+        time.sleep(0.05)
+    return None
+
+
+def dead_letter_cycle(ctx):
+    """Rejected around a cycle of two queues (a, b, a): RabbitMQ counts the
+    deaths per queue and reason in x-death."""
+    a = ctx.queue("dlca.")
+    b = ctx.queue("dlcb.")
+    ctx.declare(a, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": b})
+    ctx.declare(b, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": a},
+                fail_over=False)
+    ch = ctx.channel(ctx.use, confirm=True)
+    acks = publish_each(ch, a, ["c0"])
+    hops = []
+    for q in [a, b, a]:
+        m = get_polled(ch, q)
+        hops.append(m is not None)
+        if m is not None:
+            ch.basic_reject(m.delivery_tag, requeue=False)
+    dead = []
+    for _ in range(50):
+        dead = get_dead(ch, b)
+        if dead:
+            break
+        time.sleep(0.05)
+    return {"publish": acks, "hops": hops, "dead": dead, "left": get_all(ch, a)}
+
+
+def redeclare_other_arguments(ctx):
+    """Redeclares with other arguments: which differences RabbitMQ refuses."""
+    q = ctx.queue("redecl.")
+    ctx.declare(q, arguments={"x-custom": 1, "x-max-length": 10})
+    out = {}
+    tries = [
+        ("unknown changed", {"x-custom": 2, "x-max-length": 10}),
+        ("unknown dropped", {"x-max-length": 10}),
+        ("unknown added", {"x-custom": 1, "x-other": "y", "x-max-length": 10}),
+        ("known changed", {"x-custom": 1, "x-max-length": 11}),
+        ("known added", {"x-custom": 1, "x-max-length": 10, "x-message-ttl": 1000}),
+    ]
+    for name, args in tries:
+        ch = ctx.use.channel()
+        try:
+            ch.queue_declare(q, durable=True, arguments=args)
+            out[name] = "ok"
+            ch.close()
+        except pika.exceptions.ChannelClosedByBroker as e:
+            out[name] = closed(e)
+    return out
+
+
+def tx_ack_unknown_tag(ctx):
+    """In a transaction, an ack of a tag never delivered: refused when it
+    comes, or at tx.commit."""
+    q = ctx.queue("txu.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use)
+    ch.basic_publish("", q, "t0", persistent())
+    ch.tx_select()
+    stage = "ack"
+    try:
+        ch.basic_ack(999)
+        # A round trip: a channel the ack closed fails here.
+        ch.basic_qos(prefetch_count=0)
+        stage = "commit"
+        ch.tx_commit()
+        stage = "none"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return {"closed_at": stage, "close": closed(e), "count": passive_count(ctx.use, q)}
+    return {"closed_at": stage, "count": passive_count(ctx.use, q)}
+
+
 def expires_with_consumer(ctx):
     q = ctx.queue("exp.")
     # Failed over with its consumer on: unused for longer than x-expires
@@ -544,6 +624,9 @@ SCENARIOS = [
     ttl_dead_letter,
     policy_ttl_dead_letter,
     reject_dead_letter,
+    dead_letter_cycle,
+    redeclare_other_arguments,
+    tx_ack_unknown_tag,
     expires_with_consumer,
     auto_delete_two_consumers,
     priority,
@@ -561,7 +644,8 @@ SCENARIOS = [
 
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
-             "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count."]
+             "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count.",
+             "dlca.", "dlcb.", "redecl.", "txu."]
 
 
 def run_one(urls, scenario, placement):
@@ -598,14 +682,14 @@ def main(argv):
                           for k, (p, d, pr) in POLICIES.items()}))
         return 0
     urls = argv[argv.index("--urls") + 1].split(",")
-    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     placements = ["plain", "master", "mirror"]
     if "--failover" in argv:
         placements.append("failover")
     signal.signal(signal.SIGALRM, on_alarm)
     out = {}
     for s in SCENARIOS:
-        if only and s.__name__ != only:
+        if only and s.__name__ not in only:
             continue
         for placement in placements:
             key = f"{s.__name__}/{placement}"
