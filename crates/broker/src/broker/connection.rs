@@ -191,12 +191,11 @@ impl Broker {
     /// Closes every connection with 320 CONNECTION_FORCED (their tasks
     /// write the close) before a shutdown.
     pub fn close_all(&mut self, text: &str) {
-        for (id, c) in &mut self.conns {
+        for c in self.conns.values_mut() {
             c.amqp
                 .connection_error(err(ReplyCode::ConnectionForced, text.to_owned()));
             c.woken = true;
             (c.waker)();
-            let _ = id;
         }
     }
 
