@@ -11,10 +11,10 @@
 //! the clients connect from 127.0.0.1, which no partition rule touches.
 //! The cluster (`warren@a`, `warren@b`, … with `--join` to A on the first
 //! start) gets the policy `ha-all` (`ha-mode: all`, `ha-sync-mode:
-//! automatic`) and the durable queue `ha.chaos`, declared on A. One
-//! publisher (persistent messages, confirms, a unique body each) prefers B,
-//! one consumer (manual acks) prefers C; each moves to the next live node
-//! when its connection fails, and neither resends anything: the run only
+//! automatic`) and the durable queue `ha.chaos`, declared on A. Every node
+//! has a publisher (persistent messages, confirms, a unique body each) and
+//! a consumer (manual acks) of its own; each moves to the next live node
+//! when its connection fails, and none resends anything: the run only
 //! records what was confirmed and what was delivered (with the redelivered
 //! flag). Every 2–4 s the schedule (splitmix64 over the seed) picks a node
 //! and a fault: SIGKILL then a restart 1–3 s later, SIGTERM then a restart
@@ -26,7 +26,10 @@
 //! node stays reachable by the clients), and a fault waits until the
 //! queue's mirrors are synchronised again (every node showing the same
 //! master). Afterwards every node is up and connected, the load stops, the
-//! queue is drained through A and the history is checked. Data directories and node logs are in
+//! queue is drained through A and the history is checked: no confirmed
+//! message lost, no repeat without the redelivered flag, every client
+//! moving again within 5 s of each heal, and the drain (the backlog the
+//! consumers left) taking no longer than a fifth of the load's time. Data directories and node logs are in
 //! `target/chaos/<seed>/`.
 
 pub(crate) mod netns;
@@ -115,7 +118,10 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     println!("{report}");
     if !report.pass() {
         println!("replay: {}", opts.replay());
-        bail!("chaos run with seed {} lost confirmed messages", opts.seed);
+        bail!(
+            "chaos run with seed {} failed (see the report above)",
+            opts.seed
+        );
     }
     Ok(())
 }
@@ -252,6 +258,11 @@ pub(crate) struct Report {
     /// Each node's digest of its copy when the copies still differed after
     /// the load stopped: the run fails.
     pub(crate) diverged: Option<String>,
+    /// Messages confirmed and delivered to the consumers per second while
+    /// the load ran.
+    pub(crate) rates: (f64, f64),
+    /// How long the drain after the load took, and how long the load ran.
+    pub(crate) drain: (Duration, Duration),
 }
 
 impl Report {
@@ -260,12 +271,24 @@ impl Report {
     /// heal, and every node's copy of the queue had the same digest once
     /// the load stopped.
     pub(crate) fn pass(&self) -> bool {
+        self.safe() && self.stalls.is_empty() && !self.slow_drain()
+    }
+
+    /// Nothing lost, nothing unpublished came out, every repeat flagged,
+    /// the copies agree: what the run must never break, whatever the load's
+    /// pace.
+    pub(crate) fn safe(&self) -> bool {
         self.lost.is_empty()
             && self.phantom.is_empty()
             && self.unflagged.is_empty()
-            && self.stalls.is_empty()
             && self.diverged.is_none()
             && self.confirmed > 0
+    }
+
+    /// The drain took longer than [`DRAIN_SHARE`] of the load's time: the
+    /// consumers did not keep pace with what was confirmed.
+    pub(crate) fn slow_drain(&self) -> bool {
+        self.drain.0.as_secs_f64() > DRAIN_SHARE * self.drain.1.as_secs_f64()
     }
 }
 
@@ -321,6 +344,19 @@ impl std::fmt::Display for Report {
             self.stalls.len(),
             few(&self.stalls)
         )?;
+        write!(
+            f,
+            "\n  while the load ran: confirmed {:.0}/s, delivered {:.0}/s; drain {:.1} s after {:.1} s of load{}",
+            self.rates.0,
+            self.rates.1,
+            self.drain.0.as_secs_f64(),
+            self.drain.1.as_secs_f64(),
+            if self.slow_drain() {
+                " (SLOW: over a fifth of the load's time)"
+            } else {
+                ""
+            }
+        )?;
         if let Some(each) = &self.diverged {
             write!(f, "\n  replicas that differ after the load stopped: {each}")?;
         }
@@ -338,21 +374,28 @@ struct History {
     published: BTreeSet<String>,
     /// Bodies the broker confirmed (`basic.ack`), with when.
     confirmed: BTreeMap<String, Instant>,
-    /// Every delivery: body and redelivered flag, in order.
-    delivered: Vec<(String, bool)>,
-    /// When each delivery of the consumer (not the drain's) came.
-    delivered_at: Vec<Instant>,
+    /// Every delivery: body, redelivered flag and who got it (`consumer B`,
+    /// `drain`), in order.
+    delivered: Vec<(String, bool, String)>,
+    /// When each client (`publisher B`, `consumer C`, …) last moved: the
+    /// times of its confirms or of its deliveries (not the drain's).
+    moved: BTreeMap<String, Vec<Instant>>,
 }
 
+/// The drain may take at most this share of the load's time.
+const DRAIN_SHARE: f64 = 0.2;
+
 /// After each heal (a restarted node, a flushed rule, a SIGCONT), the load
-/// must move again within this: a confirm to the publisher and a delivery
-/// to the consumer.
+/// must move again within this: a confirm to every publisher and a
+/// delivery to every consumer.
 const LIVENESS: Duration = Duration::from_secs(5);
 
 /// When each fault ended and when the load stopped, for the liveness check.
 struct Timeline {
     /// When each fault was healed.
     heals: Vec<Instant>,
+    /// When the load started.
+    started: Instant,
     /// When the load was told to stop.
     stopped: Instant,
 }
@@ -374,41 +417,52 @@ fn check(
             continue;
         }
         let moved = |t: &Instant| *t >= healed && *t <= by;
-        if !h.confirmed.values().any(moved) {
-            stalls.push(format!(
-                "no confirm in the {LIVENESS:?} after the heal at {:.3}s",
-                at(healed)
-            ));
-        }
-        if !h.delivered_at.iter().any(moved) {
-            stalls.push(format!(
-                "no delivery in the {LIVENESS:?} after the heal at {:.3}s",
-                at(healed)
-            ));
+        for (client, times) in &h.moved {
+            if !times.iter().any(moved) {
+                stalls.push(format!(
+                    "{client}: nothing in the {LIVENESS:?} after the heal at {:.3}s",
+                    at(healed)
+                ));
+            }
         }
     }
+    let load = timeline.stopped - timeline.started;
+    let during = |kind: &str| {
+        h.moved
+            .iter()
+            .filter(|(c, _)| c.starts_with(kind))
+            .map(|(_, t)| t.len())
+            .sum::<usize>() as f64
+            / load.as_secs_f64().max(0.001)
+    };
+    let rates = (during("publisher"), during("consumer"));
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unflagged = Vec::new();
     let mut out_of_order = Vec::new();
-    let mut highest = None;
-    for (body, redelivered) in &h.delivered {
+    // Per consumer and publisher: what one consumer gets of one publisher's
+    // messages comes in publish order.
+    let mut highest: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut first_by: BTreeMap<&str, &str> = BTreeMap::new();
+    for (body, redelivered, by) in &h.delivered {
         let c = count.entry(body.as_str()).or_default();
         *c += 1;
+        let first = *first_by.entry(body.as_str()).or_insert(by.as_str());
         if *c > 1 && !redelivered {
-            unflagged.push(body.clone());
+            unflagged.push(format!("{body} ({first}, then {by})"));
         }
-        // Bodies end in "-m<publish number>" (one publisher).
-        let n = body
-            .rsplit_once("-m")
-            .and_then(|(_, n)| n.parse::<u64>().ok());
+        // Bodies end in "-<publisher>-m<its publish number>".
+        let parsed = body.rsplit_once("-m").and_then(|(publisher, n)| {
+            Some((publisher.rsplit_once('-')?.1, n.parse::<u64>().ok()?))
+        });
         if *c == 1
             && !redelivered
-            && let Some(n) = n
+            && let Some((publisher, n)) = parsed
         {
-            if highest.is_some_and(|h| n < h) {
+            let high = highest.entry((by.as_str(), publisher)).or_default();
+            if n < *high {
                 out_of_order.push(body.clone());
             }
-            highest = highest.max(Some(n));
+            *high = (*high).max(n);
         }
     }
     Report {
@@ -438,6 +492,8 @@ fn check(
         notes,
         stalls,
         diverged: None,
+        rates,
+        drain: (Duration::ZERO, load),
     }
 }
 
@@ -808,21 +864,29 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     let stop = Arc::new(AtomicBool::new(false));
     let urls: Vec<String> = c.specs.iter().map(Spec::amqp_url).collect();
     let order = |first: usize| (0..opts.nodes).map(move |k| (first + k) % opts.nodes);
-    let publisher = rt.spawn(publish(
-        opts.seed,
-        urls.clone(),
-        order(1).collect(),
-        c.up.clone(),
-        stop.clone(),
-        history.clone(),
-    ));
-    let consumer = rt.spawn(consume(
-        urls,
-        order(2).collect(),
-        c.up.clone(),
-        stop.clone(),
-        history.clone(),
-    ));
+    // A publisher and a consumer for every node, each preferring its own.
+    let mut clients = Vec::new();
+    for (i, spec) in c.specs.iter().enumerate() {
+        let letter = spec.name.rsplit('@').next().unwrap_or(&spec.name);
+        clients.push(rt.spawn(publish(
+            format!("chaos-{}-{letter}", opts.seed),
+            format!("publisher {}", spec.name),
+            urls.clone(),
+            order(i).collect(),
+            c.up.clone(),
+            stop.clone(),
+            history.clone(),
+        )));
+        clients.push(rt.spawn(consume(
+            format!("consumer {}", spec.name),
+            urls.clone(),
+            order(i).collect(),
+            c.up.clone(),
+            stop.clone(),
+            history.clone(),
+        )));
+    }
+    let load_started = Instant::now();
 
     let mut rng = Rng(opts.seed);
     let mut faults = Vec::new();
@@ -863,13 +927,13 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     stop.store(true, Ordering::SeqCst);
     let timeline = Timeline {
         heals,
+        started: load_started,
         stopped: Instant::now(),
     };
-    if let Err(e) = rt.block_on(publisher)? {
-        notes.push(format!("publisher: {e:#}"));
-    }
-    if let Err(e) = rt.block_on(consumer)? {
-        notes.push(format!("consumer: {e:#}"));
+    for client in clients {
+        if let Err(e) = rt.block_on(client)? {
+            notes.push(format!("{e:#}"));
+        }
     }
     let diverged = match c.wait_replicas_agree() {
         Ok(()) => {
@@ -890,7 +954,10 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         q["node"],
         names(&q, "synchronised_slave_nodes")
     ));
+    let drain_started = Instant::now();
     let drained = rt.block_on(drain(&a.amqp_url()))?;
+    // (The drain ends after DRAIN_IDLE without a delivery.)
+    let drain_took = drain_started.elapsed().saturating_sub(DRAIN_IDLE);
     let q = Cluster::queue(a);
     c.say(&format!(
         "drained {} deliveries; the queue now shows messages {} (ready {}, unacknowledged {})",
@@ -903,6 +970,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     h.delivered.extend(drained);
     let mut report = check(opts, &h, c.start, &timeline, faults, notes);
     report.diverged = diverged;
+    report.drain.0 = drain_took;
     if !report.pass() {
         for s in &c.specs {
             println!("--- last lines of {}:\n{}", s.log.display(), tail(&s.log));
@@ -933,9 +1001,6 @@ async fn connect_live(
     None
 }
 
-/// The publisher: batches of 20 persistent messages with unique bodies,
-/// each batch's confirms awaited (20 s at most); on a failure it connects
-/// to the next live node and goes on with new bodies.
 /// A client call that gives up after 20 s: a connection to a node that
 /// died under it must not hold the load (and the run) for ever.
 async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> anyhow::Result<T>
@@ -948,8 +1013,13 @@ where
     }
 }
 
+/// A publisher (`client`): batches of 20 persistent messages with unique
+/// bodies (`<prefix>-m<n>`), each batch's confirms awaited (20 s at most);
+/// on a failure it connects to the next live node of `order` and goes on
+/// with new bodies.
 async fn publish(
-    seed: u64,
+    prefix: String,
+    client: String,
     urls: Vec<String>,
     order: Vec<usize>,
     up: Arc<Vec<AtomicBool>>,
@@ -964,7 +1034,7 @@ async fn publish(
             while !stop.load(Ordering::SeqCst) {
                 let mut batch = Vec::new();
                 for _ in 0..20 {
-                    let body = format!("chaos-{seed}-m{n}");
+                    let body = format!("{prefix}-m{n}");
                     n += 1;
                     history
                         .lock()
@@ -986,17 +1056,16 @@ async fn publish(
                 for (body, confirm) in batch {
                     match tokio::time::timeout_at(deadline, confirm).await {
                         Ok(Ok(c)) if c.is_ack() => {
-                            history
-                                .lock()
-                                .expect("the history")
-                                .confirmed
-                                .insert(body, Instant::now());
+                            let now = Instant::now();
+                            let mut h = history.lock().expect("the history");
+                            h.confirmed.insert(body, now);
+                            h.moved.entry(client.clone()).or_default().push(now);
                         }
                         _ => failed = true,
                     }
                 }
                 if failed {
-                    bail!("a batch was not confirmed");
+                    bail!("{client}: a batch was not confirmed");
                 }
             }
             anyhow::Ok(())
@@ -1010,9 +1079,11 @@ async fn publish(
     Ok(())
 }
 
-/// The consumer: prefetch 100, manual acks, every delivery recorded before
-/// its ack; on a failure it connects to the next live node.
+/// A consumer (`client`): prefetch 100, manual acks, every delivery
+/// recorded before its ack; on a failure it connects to the next live node
+/// of `order`.
 async fn consume(
+    client: String,
     urls: Vec<String>,
     order: Vec<usize>,
     up: Arc<Vec<AtomicBool>>,
@@ -1037,13 +1108,16 @@ async fn consume(
                         let body = String::from_utf8_lossy(&d.data).into_owned();
                         {
                             let mut h = history.lock().expect("the history");
-                            h.delivered.push((body, d.redelivered));
-                            h.delivered_at.push(Instant::now());
+                            h.delivered.push((body, d.redelivered, client.clone()));
+                            h.moved
+                                .entry(client.clone())
+                                .or_default()
+                                .push(Instant::now());
                         }
                         d.ack(BasicAckOptions::default()).await?;
                     }
-                    Ok(Some(Err(e))) => bail!("consumer: {e}"),
-                    Ok(None) => bail!("the consumer was cancelled"),
+                    Ok(Some(Err(e))) => bail!("{client}: {e}"),
+                    Ok(None) => bail!("{client}: cancelled"),
                 }
             }
             anyhow::Ok(())
@@ -1057,9 +1131,12 @@ async fn consume(
     Ok(())
 }
 
-/// Consumes (acking) through `url` until nothing came for 5 s; returns every
-/// delivery (body, redelivered flag).
-async fn drain(url: &str) -> anyhow::Result<Vec<(String, bool)>> {
+/// How long the drain waits for one more delivery before it is done.
+const DRAIN_IDLE: Duration = Duration::from_secs(5);
+
+/// Consumes (acking) through `url` until nothing came for [`DRAIN_IDLE`]; returns every
+/// delivery (body, redelivered flag, `drain`).
+async fn drain(url: &str) -> anyhow::Result<Vec<(String, bool, String)>> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(100, BasicQosOptions::default()).await?;
@@ -1072,9 +1149,12 @@ async fn drain(url: &str) -> anyhow::Result<Vec<(String, bool)>> {
         )
         .await?;
     let mut seen = Vec::new();
-    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await
-    {
-        seen.push((String::from_utf8_lossy(&d.data).into_owned(), d.redelivered));
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(DRAIN_IDLE, consumer.next()).await {
+        seen.push((
+            String::from_utf8_lossy(&d.data).into_owned(),
+            d.redelivered,
+            "drain".to_owned(),
+        ));
         d.ack(BasicAckOptions::default()).await?;
     }
     let _ = conn.close(200, "bye".into()).await;
@@ -1106,44 +1186,58 @@ mod tests {
             h.published.insert(body(n));
             h.confirmed.insert(body(n), start);
         }
+        let by = |c: &str, (b, r): (String, bool)| (b, r, format!("consumer {c}"));
         h.delivered = vec![
-            (body(1), false),
-            (body(3), false),
-            (body(2), false),              // out of order, not flagged
-            (body(3), true),               // a flagged repeat
-            (body(1), false),              // a repeat without the flag
-            ("chaos-9-m99".into(), false), // never published
+            by("A", (body(1), false)),
+            by("A", (body(3), false)),
+            by("A", (body(2), false)), // out of order, not flagged
+            by("A", (body(3), true)),  // a flagged repeat
+            by("B", (body(1), false)), // a repeat without the flag
+            by("B", (body(5), false)), // B's first: in order
+            by("A", ("chaos-9-m99".into(), false)), // never published
         ];
         let opts = Options {
             seed: 9,
             duration: Duration::from_secs(1),
             nodes: 3,
         };
-        // Deliveries at 1 s and 2 s, confirms at 0 s; heals at 0.5 s (the
-        // load moved: a delivery in the 5 s after it) and 10 s (nothing
-        // after it: a stall), the load stopped at 20 s.
-        h.delivered_at = vec![
-            start + Duration::from_secs(1),
-            start + Duration::from_secs(2),
-        ];
+        // The consumer's deliveries at 1 s and 2 s, the publisher's confirms
+        // at 0 s; heals at 0.5 s (the consumer moved in the 5 s after it)
+        // and 10 s (nothing after it: a stall), the load ran for 20 s.
+        h.moved.insert(
+            "consumer B".into(),
+            vec![
+                start + Duration::from_secs(1),
+                start + Duration::from_secs(2),
+            ],
+        );
+        h.moved.insert("publisher A".into(), vec![start; 5]);
         let timeline = Timeline {
             heals: vec![
                 start + Duration::from_millis(500),
                 start + Duration::from_secs(10),
             ],
+            started: start,
             stopped: start + Duration::from_secs(20),
         };
-        let r = check(opts, &h, start, &timeline, Vec::new(), Vec::new());
+        let mut r = check(opts, &h, start, &timeline, Vec::new(), Vec::new());
         assert_eq!(
             r.stalls,
             [
-                "no confirm in the 5s after the heal at 0.500s",
-                "no confirm in the 5s after the heal at 10.000s",
-                "no delivery in the 5s after the heal at 10.000s",
+                "publisher A: nothing in the 5s after the heal at 0.500s",
+                "consumer B: nothing in the 5s after the heal at 10.000s",
+                "publisher A: nothing in the 5s after the heal at 10.000s",
             ]
         );
-        assert_eq!(r.lost.len(), 2, "m4 and m5: {:?}", r.lost);
-        assert_eq!(r.unflagged, [body(1)]);
+        assert_eq!(r.rates, (0.25, 0.1));
+        assert!(!r.slow_drain(), "no drain measured yet");
+        r.drain.0 = Duration::from_secs(5);
+        assert!(r.slow_drain(), "5 s of drain after 20 s of load");
+        assert_eq!(r.lost.len(), 1, "m4: {:?}", r.lost);
+        assert_eq!(
+            r.unflagged,
+            [format!("{} (consumer A, then consumer B)", body(1))]
+        );
         assert_eq!(r.duplicates, 2);
         assert_eq!(r.out_of_order, [body(2)]);
         assert_eq!(r.phantom, ["chaos-9-m99"]);
@@ -1178,7 +1272,13 @@ mod tests {
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");
-        assert!(report.pass(), "{report}\nreplay: {}", opts.replay());
+        // Safety and liveness; the drain's pace (whether consumers kept up
+        // with the confirms) is reported, not asserted: a timing.
+        assert!(
+            report.safe() && report.stalls.is_empty(),
+            "{report}\nreplay: {}",
+            opts.replay()
+        );
         assert!(
             report
                 .faults
