@@ -47,6 +47,7 @@ pub(crate) async fn start(
         heard: Arc::new(Mutex::new(HashMap::new())),
         sent: Arc::new(Mutex::new(HashMap::new())),
         reached: Arc::new(Mutex::new(HashMap::new())),
+        downs: Arc::new(Mutex::new(HashMap::new())),
     };
     {
         let (broker, me) = (broker.clone(), me.clone());
@@ -80,10 +81,10 @@ pub(crate) async fn start(
         broker.clone(),
         notify.clone(),
         reset_rx,
-        me,
+        me.clone(),
     ));
     tokio::spawn(announce_alarms(cluster.clone(), broker.clone()));
-    tokio::spawn(watch_down(cluster, broker, reset_tx, notify));
+    tokio::spawn(watch_down(cluster, broker, reset_tx, notify, me));
     tracing::info!(%addr, "forwarding listener up");
     Ok(())
 }
@@ -133,9 +134,23 @@ struct Me {
     /// The incarnation of each node that this node's current session to it
     /// reaches (its `Welcome`), if it answered.
     reached: Arc<Mutex<HashMap<String, u64>>>,
+    /// How often the cluster reported each node down: a link connection
+    /// from a node reported down since it was accepted carries what that
+    /// node's side has already given up (deliveries it requeued, once a
+    /// partition heals and TCP retransmits them), and is closed unread.
+    downs: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl Me {
+    fn downs(&self, node: &str) -> u64 {
+        self.downs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node)
+            .copied()
+            .unwrap_or(0)
+    }
+
     fn get(map: &Sessions, node: &str) -> Option<(u64, u64)> {
         map.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -171,6 +186,15 @@ async fn receive(
 ) {
     let mut frames = Vec::new();
     let mut greeted = false;
+    let downs = me.downs(&peer);
+    // Asked with the broker's lock held, as a down report is counted.
+    let stale = || {
+        let gone = me.downs(&peer) != downs;
+        if gone {
+            tracing::warn!(%peer, "closing a link connection from before the node was last reported down (what it still carries, the node has given up)");
+        }
+        gone
+    };
     // Flow control: a forwarded publish into a queue whose ring or
     // consumers are behind waits, and every later publish of this link
     // behind it, in order (the sender's own publishers then wait too, once
@@ -188,6 +212,9 @@ async fn receive(
                 msgs.extend(held.pop_front());
             }
             if !msgs.is_empty() {
+                if stale() {
+                    return;
+                }
                 b.link_input(&peer, msgs, now_ms());
             }
         }
@@ -277,6 +304,9 @@ async fn receive(
             })
             .collect();
         if !now.is_empty() {
+            if stale() {
+                return;
+            }
             b.link_input(&peer, now, now_ms());
         }
     }
@@ -548,13 +578,21 @@ async fn watch_down(
     broker: Shared,
     resets: tokio::sync::mpsc::UnboundedSender<String>,
     notify: Arc<Notify>,
+    me: Me,
 ) {
     let mut events = cluster.subscribe();
     loop {
         match events.recv().await {
             Ok(NodeEvent::Down(n)) => {
                 tracing::info!(node = %n, "node down: failing its forwarded work");
-                lock(&broker).link_down(n.as_str(), now_ms());
+                let mut b = lock(&broker);
+                *me.downs
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(n.to_string())
+                    .or_default() += 1;
+                b.link_down(n.as_str(), now_ms());
+                drop(b);
                 let _ = resets.send(n.to_string());
                 notify.notify_one();
             }
