@@ -2,9 +2,7 @@
 //! `x-overflow`, `x-max-priority`, …): checked and turned into settings, and
 //! the equivalence check of a redeclare (406 PRECONDITION_FAILED).
 
-use std::collections::HashSet;
-
-use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable, ShortString};
+use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 use warren_amqp::{AmqpError, ReplyCode};
 use warren_backing_queue::Limits;
 use warren_policy::MasterLocator;
@@ -182,7 +180,7 @@ pub(super) fn inequivalent(
 
 /// The queue arguments a redeclare must repeat (RabbitMQ 3.10's classic
 /// queue `queue_arguments`); others may differ freely.
-const COMPARED_QUEUE_ARGS: [&str; 15] = [
+pub(super) const COMPARED_QUEUE_ARGS: [&str; 15] = [
     "x-expires",
     "x-message-ttl",
     "x-dead-letter-exchange",
@@ -200,16 +198,21 @@ const COMPARED_QUEUE_ARGS: [&str; 15] = [
     "x-queue-master-locator",
 ];
 
-/// RabbitMQ's 406 if a redeclare of queue `name` changes, adds or drops one
-/// of the arguments it compares ([`COMPARED_QUEUE_ARGS`]).
-pub(super) fn queue_args_inequivalent(
+/// The exchange arguments a redeclare must repeat (RabbitMQ's).
+pub(super) const COMPARED_EXCHANGE_ARGS: [&str; 1] = ["alternate-exchange"];
+
+/// RabbitMQ's 406 if a redeclare of `what` (`queue`, `exchange`) `name`
+/// changes, adds or drops one of the `compared` arguments.
+pub(super) fn args_inequivalent(
+    what: &str,
+    compared: &[&str],
     current: &FieldTable,
     received: &FieldTable,
     name: &str,
     vhost: &str,
 ) -> Option<AmqpError> {
     let (cur, got) = (current.inner(), received.inner());
-    COMPARED_QUEUE_ARGS.iter().find_map(|&k| {
+    compared.iter().find_map(|&k| {
         let (c, g) = (cur.get(k), got.get(k));
         let text = match (c, g) {
             (None, None) => return None,
@@ -224,7 +227,7 @@ pub(super) fn queue_args_inequivalent(
         };
         Some(err(
             ReplyCode::PreconditionFailed,
-            format!("inequivalent arg '{k}' for queue '{name}' in vhost '{vhost}': {text}"),
+            format!("inequivalent arg '{k}' for {what} '{name}' in vhost '{vhost}': {text}"),
         ))
     })
 }
@@ -239,27 +242,4 @@ fn typed(v: Option<&AMQPValue>) -> String {
             type_name(v)
         ),
     }
-}
-
-pub(super) fn tables_equivalent(a: &FieldTable, b: &FieldTable) -> Option<String> {
-    let keys: HashSet<&str> = a
-        .inner()
-        .keys()
-        .chain(b.inner().keys())
-        .map(ShortString::as_str)
-        .collect();
-    let mut keys: Vec<&str> = keys.into_iter().collect();
-    keys.sort_unstable();
-    for k in keys {
-        let (x, y) = (a.inner().get(k), b.inner().get(k));
-        let same = match (x, y) {
-            (Some(x), Some(y)) => routing::values_equal(x, y),
-            (None, None) => true,
-            _ => false,
-        };
-        if !same {
-            return Some(k.to_owned());
-        }
-    }
-    None
 }

@@ -11,7 +11,9 @@ use warren_amqp::{AmqpError, ChannelId, Reply, ReplyCode};
 use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
 use warren_policy::MasterLocator;
 
-use super::args::{inequivalent, queue_args, queue_args_inequivalent, tables_equivalent};
+use super::args::{
+    COMPARED_EXCHANGE_ARGS, COMPARED_QUEUE_ARGS, args_inequivalent, inequivalent, queue_args,
+};
 use super::persistence::queue_dir;
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
@@ -20,7 +22,7 @@ use crate::BrokerError;
 use crate::auth::Access;
 use crate::meta::{BindingDef, Change, ExchangeDef, QueueDef};
 use crate::names::{check_name, shown};
-use crate::routing::{self, Kind};
+use crate::routing::Kind;
 
 fn builtin_exchanges() -> Vec<(&'static str, Kind)> {
     vec![
@@ -193,12 +195,15 @@ impl Broker {
                 if x.internal != d.internal {
                     return neq("internal", d.internal.to_string(), x.internal.to_string());
                 }
-                if let Some(k) = tables_equivalent(&x.arguments, &d.arguments) {
-                    return neq(
-                        &k,
-                        routing::show_value(d.arguments.inner().get(k.as_str())),
-                        routing::show_value(x.arguments.inner().get(k.as_str())),
-                    );
+                if let Some(e) = args_inequivalent(
+                    "exchange",
+                    &COMPARED_EXCHANGE_ARGS,
+                    &x.arguments,
+                    &d.arguments,
+                    name,
+                    &vhost,
+                ) {
+                    return Err(e);
                 }
             } else {
                 if name.starts_with("amq.") {
@@ -443,9 +448,14 @@ impl Broker {
                         q.opts.auto_delete.to_string(),
                     );
                 }
-                if let Some(e) =
-                    queue_args_inequivalent(&q.opts.arguments, &d.arguments, &name, &vhost)
-                {
+                if let Some(e) = args_inequivalent(
+                    "queue",
+                    &COMPARED_QUEUE_ARGS,
+                    &q.opts.arguments,
+                    &d.arguments,
+                    &name,
+                    &vhost,
+                ) {
                     return Err(e);
                 }
             }

@@ -397,6 +397,44 @@ def redeclare_other_arguments(ctx):
     return out
 
 
+def redeclare_exchange_arguments(ctx):
+    """Redeclares an exchange with other arguments: which differences
+    RabbitMQ refuses."""
+    x = ctx.queue("redeclx.")
+    ch = ctx.admin.channel()
+    ch.exchange_declare(x, "direct", durable=True,
+                        arguments={"x-custom": 1, "alternate-exchange": "ae1"})
+    ch.close()
+    # Known on the node used (Warren's other nodes learn it a moment later).
+    for _ in range(100):
+        try:
+            ch = ctx.use.channel()
+            ch.exchange_declare(x, passive=True)
+            ch.close()
+            break
+        except pika.exceptions.ChannelClosedByBroker:
+            time.sleep(0.1)
+    out = {}
+    tries = [
+        ("unknown changed", {"x-custom": 2, "alternate-exchange": "ae1"}),
+        ("unknown dropped", {"alternate-exchange": "ae1"}),
+        ("alternate changed", {"x-custom": 1, "alternate-exchange": "ae2"}),
+        ("alternate dropped", {"x-custom": 1}),
+    ]
+    for name, args in tries:
+        ch = ctx.use.channel()
+        try:
+            ch.exchange_declare(x, "direct", durable=True, arguments=args)
+            out[name] = "ok"
+            ch.close()
+        except pika.exceptions.ChannelClosedByBroker as e:
+            out[name] = closed(e)
+    ch = ctx.admin.channel()
+    ch.exchange_delete(x)
+    ch.close()
+    return out
+
+
 def tx_ack_unknown_tag(ctx):
     """In a transaction, an ack of a tag never delivered: refused when it
     comes, or at tx.commit."""
@@ -626,6 +664,7 @@ SCENARIOS = [
     reject_dead_letter,
     dead_letter_cycle,
     redeclare_other_arguments,
+    redeclare_exchange_arguments,
     tx_ack_unknown_tag,
     expires_with_consumer,
     auto_delete_two_consumers,
