@@ -322,7 +322,7 @@ impl Broker {
     }
 
     /// Whether queue `name` holds its publishers back: its consumers are
-    /// taking messages but fall behind (see [`super::FLOW_READY_MAX`]).
+    /// taking messages but fall behind (more than `FLOW_READY_MAX` ready).
     #[must_use]
     pub fn lags(&self, vhost: &str, name: &str) -> bool {
         self.vhosts
@@ -337,8 +337,8 @@ impl Broker {
     }
 
     /// Whether publishes into queue `name` must wait: the queue's ring is
-    /// behind (more than [`BACKLOG_HIGH`] publishes and fetches waiting for
-    /// it, until under [`BACKLOG_LOW`]), or its consumers are (see
+    /// behind (more than `BACKLOG_HIGH` publishes and fetches waiting for
+    /// it, until under `BACKLOG_LOW`), or its consumers are (see
     /// [`Self::lags`]), or the links to other nodes are.
     #[must_use]
     pub fn publish_waits(&self, vhost: &str, name: &str) -> bool {
