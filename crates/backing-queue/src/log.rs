@@ -300,26 +300,28 @@ pub(crate) struct Opened {
 /// Names the machine boot that last opened a log ([`Storage::boot_id`]).
 const BOOT_FILE: &str = "boot";
 
-/// Whether the machine restarted since the log in `dir` was last opened;
-/// records this boot in the log's directory if so. Neither needs a sync: a
-/// record lost in a power loss reads as a restart, as that loss was one.
-fn note_boot(storage: &dyn Storage, dir: &Path) -> Result<bool, StoreError> {
+/// This boot's id ([`Storage::boot_id`]), if it differs from the one
+/// recorded by the last open of the log in `dir` (or none was).
+fn new_boot(storage: &dyn Storage, dir: &Path) -> Option<Vec<u8>> {
     let boot = storage.boot_id();
-    let path = dir.join(BOOT_FILE);
-    if storage.read(&path).is_ok_and(|last| last == boot) {
-        return Ok(false);
-    }
+    let last = storage.read(&dir.join(BOOT_FILE)).ok();
+    (last.as_deref() != Some(boot.as_slice())).then_some(boot)
+}
+
+/// Records `boot` as the one that last opened the log in `dir`. No sync:
+/// a record lost in a power loss reads as a restart, as that loss was one.
+fn record_boot(storage: &dyn Storage, dir: &Path, boot: &[u8]) -> Result<(), StoreError> {
     let tmp = dir.join("boot.tmp");
     let _ = storage.remove(&tmp);
     let file = storage
         .create_new(&tmp)
         .map_err(|e| StoreError::io(&tmp, e))?;
-    file.write_at(&boot, 0)
+    file.write_at(boot, 0)
         .map_err(|e| StoreError::io(&tmp, e))?;
+    let path = dir.join(BOOT_FILE);
     storage
         .rename(&tmp, &path)
-        .map_err(|e| StoreError::io(&path, e))?;
-    Ok(true)
+        .map_err(|e| StoreError::io(&path, e))
 }
 
 impl SegmentLog {
@@ -482,11 +484,22 @@ impl SegmentLog {
             None => log.new_segment(0, next_seq)?,
         }
         sync_dir(&*storage, dir)?;
-        if note_boot(&*storage, dir)? && !found.is_empty() {
-            report.rebooted = true;
-            for e in found.values_mut() {
-                e.set_delivered(true);
+        if let Some(boot) = new_boot(&*storage, dir) {
+            if !found.is_empty() {
+                // Marked on disk before this boot is recorded: a crash in
+                // between finds the old boot and marks them again.
+                report.rebooted = true;
+                for (&seq, e) in &mut found {
+                    if !e.delivered() {
+                        e.set_delivered(true);
+                        log.mark_delivered(seq)?;
+                    }
+                }
+                let mut job = log.prepare_sync()?;
+                job.run()?;
+                log.complete_sync(&job)?;
             }
+            record_boot(&*storage, dir, &boot)?;
         }
 
         let mut messages = Vec::with_capacity(found.len());

@@ -16,9 +16,11 @@ fn write_log(dir: &Path, n: u64, store: StoreConfig) -> Vec<PathBuf> {
     }
     q.sync().unwrap();
     drop(q);
+    // The segments (not the log's `boot` record).
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .collect();
     files.sort();
     files
