@@ -84,7 +84,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 
 /// Replaces `dir/name` atomically and durably with one record holding `value`.
 pub(crate) fn write_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
+    let tmp = unique_tmp(dir, name);
     let mut f = File::create(&tmp)?;
     f.write_all(&encode_record(value)?)?;
     f.sync_all()?;
@@ -93,11 +93,21 @@ pub(crate) fn write_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> i
     sync_dir(dir)
 }
 
+/// A temporary file for replacing `dir/name` that no other writer uses: two
+/// writers of one file (a snapshot installed while another is built, or a
+/// stopped node's last write finishing as it starts again) never rename
+/// each other's temporary file away.
+fn unique_tmp(dir: &Path, name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(format!("{name}.{}-{n}.tmp", std::process::id()))
+}
+
 /// Replaces `dir/name` with one record holding `value`, without fsync: for
 /// hints whose loss or corruption in a crash is harmless (read them with
 /// [`read_hint`]).
 fn write_hint<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
+    let tmp = unique_tmp(dir, name);
     fs::write(&tmp, encode_record(value)?)?;
     fs::rename(&tmp, dir.join(name))
 }
@@ -276,6 +286,7 @@ impl LogShared {
     /// Forgets the entries up to `log_id` (they are in a snapshot) and
     /// rewrites the log file with the rest.
     fn purge_sync(&self, log_id: LogId) -> io::Result<()> {
+        let mut io = self.io();
         write_atomic(&self.dir, PURGED_FILE, &log_id)?;
         let kept: Vec<Entry> = {
             let mut mem = self.mem_mut();
@@ -284,8 +295,7 @@ impl LogShared {
             mem.entries = keep;
             mem.entries.values().cloned().collect()
         };
-        let mut io = self.io();
-        let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
+        let tmp = unique_tmp(&self.dir, LOG_FILE);
         let mut buf = Vec::new();
         let mut offsets = BTreeMap::new();
         for entry in &kept {
