@@ -98,6 +98,12 @@ const FLOW_ACTIVE_MS: u64 = 1_000;
 const FLOW_TARGETS: usize = 8;
 /// How deep dead-lettering may chain within one operation.
 const DEAD_LETTER_DEPTH: u8 = 8;
+/// A new master (promoted, or pointed at this node) counts a queue used for
+/// this long after its takeover before `x-expires` may delete it: the
+/// consumers on other nodes re-register over their links only once those
+/// nodes learn of the takeover, which under load takes more than a short
+/// `x-expires` (RabbitMQ's channels re-consume at once).
+const TAKEOVER_GRACE_MS: u64 = 5_000;
 
 /// Settings of a broker.
 #[derive(Debug, Clone)]

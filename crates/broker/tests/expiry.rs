@@ -1,6 +1,7 @@
 //! `x-expires` against the broker's clock: an unused queue goes after its
 //! expiry, but not on the tick that ends a stall of the node (input that
-//! waited meanwhile, such as a consume, is handled first).
+//! waited meanwhile, such as a consume, is handled first), nor within the
+//! grace a new master gives other nodes' consumers to find it.
 
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 use warren_broker::meta::MemoryStore;
@@ -45,4 +46,22 @@ fn no_queue_expires_on_the_tick_that_ends_a_stall() {
     // The next one does, even if it is late too.
     b.tick(12_400);
     assert!(!exists(&b), "a late tick after a stall expired nothing");
+}
+
+#[test]
+fn a_new_master_gives_other_nodes_consumers_time_to_find_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = broker_with_expiring_queue(dir.path(), 10_000);
+    // Served elsewhere, then taken over by this node at 10 s.
+    b.set_queue_master("/", "q", Some("warren@other"));
+    b.tick(10_050);
+    b.set_queue_master("/", "q", None);
+    let mut now = 10_050;
+    while now < 15_950 {
+        now += 50;
+        b.tick(now);
+        assert!(exists(&b), "expired {} ms after the takeover", now - 10_050);
+    }
+    b.tick(16_100);
+    assert!(!exists(&b), "still there 1 s after the takeover's grace");
 }

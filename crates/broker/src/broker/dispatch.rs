@@ -22,7 +22,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
     if q.consumers.is_empty() || q.remote.is_some() {
         return;
     }
-    q.last_used_ms = now;
+    q.last_used_ms = q.last_used_ms.max(now);
     if matches!(q.store, Store::Replica(_)) {
         drive_replica(q, conns, now);
         return;
@@ -459,7 +459,7 @@ impl Broker {
             }
             q.consumers
                 .retain(|x| !(x.conn == id && x.channel == ch && &*x.tag == tag));
-            q.last_used_ms = self.now;
+            q.last_used_ms = q.last_used_ms.max(self.now);
         }
         if let Some((node, cid)) = forwarded {
             self.link_cancel(&node, &vhost, cid);
@@ -483,7 +483,7 @@ impl Broker {
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
-        q.last_used_ms = now;
+        q.last_used_ms = q.last_used_ms.max(now);
         if let Some(node) = q.remote.clone() {
             self.link_get(&node, (id, ch), &vhost, &qarc, g.no_ack);
             return Ok(());

@@ -460,9 +460,9 @@ impl Broker {
         q.remote_figures = None;
         if master.is_none() {
             // A new master's x-expires counts from its takeover (as
-            // RabbitMQ's promoted mirror): other nodes' consumers have yet
-            // to find it.
-            q.last_used_ms = self.now;
+            // RabbitMQ's promoted mirror), once other nodes' consumers had
+            // time to find it.
+            q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
         }
         self.redirect_counts(vhost, name, master);
         let Some(q) = self.queue_mut(vhost, name) else {
@@ -1152,7 +1152,7 @@ impl Broker {
                 // A declare on another node uses the queue (x-expires).
                 let now = self.now;
                 if let Some(q) = self.queue_mut(&vhost, &queue) {
-                    q.last_used_ms = now;
+                    q.last_used_ms = q.last_used_ms.max(now);
                 }
                 let (messages, consumers) = self.queue_counts(&vhost, &queue);
                 self.links.send(

@@ -745,8 +745,9 @@ impl Broker {
                     Output::Promoted { epoch, held } => {
                         tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
                         want_sync = true;
-                        // x-expires counts from the takeover.
-                        q.last_used_ms = self.now;
+                        // x-expires counts from the takeover, once other
+                        // nodes' consumers had time to find it.
+                        q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
                     }
                     Output::Deposed { epoch } => {
                         tracing::warn!(%vhost, queue = %qname, view = epoch, "queue master deposed");

@@ -122,6 +122,8 @@ pub(super) struct Queue {
     /// whose consumers are taking messages holds its publishers back while
     /// its backlog is large).
     pub(super) delivered_at_ms: u64,
+    /// When it was last used (`x-expires` counts from here); after a
+    /// takeover, up to `TAKEOVER_GRACE_MS` ahead of the clock.
     pub(super) last_used_ms: u64,
     /// Metadata and body of each message, kept only when dead-lettering is on.
     pub(super) dl_msgs: HashMap<u64, (Bytes, Bytes)>,

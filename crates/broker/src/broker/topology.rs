@@ -523,7 +523,7 @@ impl Broker {
         let now = self.now;
         let v = self.vhosts.get_mut(&vhost).expect("vhost present");
         let q = v.queues.get_mut(name.as_str()).expect("queue present");
-        q.last_used_ms = now;
+        q.last_used_ms = q.last_used_ms.max(now);
         let s = q.store.stats();
         let reply = Reply::QueueDeclareOk {
             queue: name.clone(),
