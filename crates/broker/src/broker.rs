@@ -3117,6 +3117,7 @@ impl Broker {
         let name = self.queue_name(id, ch, &d.queue)?;
         let vhost = self.conns[&id].vhost.clone();
         let mut count = 0;
+        let mut found = false;
         if let Some(q) = self
             .vhosts
             .get(&vhost)
@@ -3140,8 +3141,11 @@ impl Broker {
                     format!("queue '{name}' in vhost '{vhost}' is not empty"),
                 ));
             }
-            count = self.delete_queue(&vhost, &name);
+            count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
+            found = true;
         }
+        // delete-ok first, then the basic.cancel of the queue's consumers
+        // (this channel's too), in RabbitMQ's order.
         if !d.nowait {
             self.conn(id).amqp.reply(
                 ch,
@@ -3149,6 +3153,9 @@ impl Broker {
                     message_count: count,
                 },
             );
+        }
+        if found {
+            self.delete_queue(&vhost, &name);
         }
         Ok(())
     }
