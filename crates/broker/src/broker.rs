@@ -2276,7 +2276,15 @@ impl Broker {
             }
             Command::QueueUnbind(b) => {
                 let q = self.queue_name(id, ch, &b.queue)?;
-                let q = self.queue_arc(id, &q)?;
+                // A missing queue is no error for an unbind (`bind` below).
+                let exists = self.vhosts[&self.conns[&id].vhost]
+                    .queues
+                    .contains_key(q.as_str());
+                let q = if exists {
+                    self.queue_arc(id, &q)?
+                } else {
+                    Arc::from(q)
+                };
                 self.bind(
                     id,
                     b.exchange.as_str(),
@@ -2849,6 +2857,19 @@ impl Broker {
             .vhosts
             .get(&vhost)
             .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+        if !add {
+            // Unbinding is idempotent in RabbitMQ (3.10 too): a missing
+            // source or destination is no error, once permissions allow it.
+            let (dest_name, dest_kind, dest_there) = match &dest {
+                Dest::Queue(q) => (&**q, "queue", v.queues.contains_key(q)),
+                Dest::Exchange(e) => (e.as_str(), "exchange", v.exchanges.contains_key(e)),
+            };
+            if !dest_there || !v.exchanges.contains_key(source) {
+                self.check(id, Access::Write, dest_kind, dest_name)?;
+                self.check(id, Access::Read, "exchange", source)?;
+                return Ok(());
+            }
+        }
         let (dest_name, dest_kind, dest_scope) = match &dest {
             Dest::Queue(q) => {
                 let queue = v

@@ -311,6 +311,18 @@ class PikaTest(unittest.TestCase):
         finally:
             raw.close()
 
+    def test_unbind_of_a_missing_queue_or_exchange_is_ok(self):
+        # Unbinding is idempotent in RabbitMQ 3.10 (aio-pika's cleanups unbind
+        # after deleting); binding a missing queue is still 404.
+        self.ch.exchange_declare("ux", "direct")
+        self.ch.queue_declare("uq")
+        self.ch.queue_unbind("missing-q", "ux", "k")
+        self.ch.queue_unbind("uq", "missing-x", "k")
+        self.ch.exchange_unbind("missing-x", "ux", "k")
+        self.ch.exchange_unbind("ux", "missing-x", "k")
+        self.assert_closed_with(404, self.ch.queue_bind, "missing-q", "ux", "k")
+        self.assert_closed_with(403, self.ch.queue_unbind, "uq", "", "uq")
+
     def test_sigkill_keeps_confirmed(self):
         self.ch.confirm_delivery()
         self.ch.queue_declare("keep", durable=True)
