@@ -2943,6 +2943,18 @@ impl Broker {
         ch: ChannelId,
         d: &queue::Declare,
     ) -> Result<(), AmqpError> {
+        // An exclusive queue is never durable: RabbitMQ ignores the durable
+        // flag of an exclusive declare, both to create and to compare.
+        let exclusive_durable;
+        let d = if d.exclusive && d.durable {
+            exclusive_durable = queue::Declare {
+                durable: false,
+                ..d.clone()
+            };
+            &exclusive_durable
+        } else {
+            d
+        };
         let vhost = self.conns[&id].vhost.clone();
         let mut name = d.queue.as_str().to_owned();
         if name.is_empty() {
@@ -2971,15 +2983,13 @@ impl Broker {
                 let neq = |arg: &str, got: String, cur: String| {
                     Err(inequivalent("queue", arg, &name, &vhost, &got, &cur))
                 };
+                // As RabbitMQ: exclusivity is checked first, and differing
+                // is 405 (its owner being another, or none), not 406.
+                if q.opts.exclusive != d.exclusive {
+                    return Err(locked(&name, &vhost));
+                }
                 if q.opts.durable != d.durable {
                     return neq("durable", d.durable.to_string(), q.opts.durable.to_string());
-                }
-                if q.opts.exclusive != d.exclusive {
-                    return neq(
-                        "exclusive",
-                        d.exclusive.to_string(),
-                        q.opts.exclusive.to_string(),
-                    );
                 }
                 if q.opts.auto_delete != d.auto_delete {
                     return neq(

@@ -323,6 +323,17 @@ class PikaTest(unittest.TestCase):
         self.assert_closed_with(404, self.ch.queue_bind, "missing-q", "ux", "k")
         self.assert_closed_with(403, self.ch.queue_unbind, "uq", "", "uq")
 
+    def test_exclusivity_differing_on_redeclare_is_405(self):
+        # RabbitMQ 3.10: 405 RESOURCE_LOCKED either way, checked before durable,
+        # and an exclusive declare's durable flag is ignored (aiormq's
+        # test_exclusive_queue_locked).
+        self.ch.queue_declare("ex", exclusive=True)
+        self.assert_closed_with(405, self.ch.queue_declare, "ex")
+        self.assert_closed_with(405, self.ch.queue_declare, "ex", durable=True)
+        self.ch.queue_declare("ex", exclusive=True, durable=True)
+        self.ch.queue_declare("plain")
+        self.assert_closed_with(405, self.ch.queue_declare, "plain", exclusive=True, durable=True)
+
     def test_sigkill_keeps_confirmed(self):
         self.ch.confirm_delivery()
         self.ch.queue_declare("keep", durable=True)
