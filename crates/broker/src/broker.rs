@@ -1963,6 +1963,13 @@ impl Broker {
                     )])),
                 );
                 death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
+                if let Some(exp) = props.expiration() {
+                    // RabbitMQ keeps the per-message TTL it strips below.
+                    death.insert(
+                        "original-expiration".into(),
+                        AMQPValue::LongString(exp.as_str().into()),
+                    );
+                }
                 deaths.insert(0, AMQPValue::FieldTable(death));
                 if !headers.contains_key("x-first-death-reason") {
                     headers.insert(

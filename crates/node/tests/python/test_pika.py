@@ -293,6 +293,23 @@ class PikaTest(unittest.TestCase):
         self.assertEqual(body, b"bye")
         self.assertEqual(props.headers["x-death"][0]["reason"], "rejected")
 
+    def test_dead_letter_keeps_original_expiration(self):
+        # RabbitMQ 3.10 strips a dead letter's per-message TTL and keeps it
+        # in x-death as original-expiration (aio-pika's test_expiration).
+        self.ch.queue_declare("dead")
+        self.ch.queue_declare("short", arguments={"x-dead-letter-exchange": "",
+                                                  "x-dead-letter-routing-key": "dead"})
+        self.ch.basic_publish("", "short", b"late", pika.BasicProperties(expiration="100"))
+        deadline = time.monotonic() + 10
+        method = None
+        while method is None and time.monotonic() < deadline:
+            method, props, body = self.ch.basic_get("dead", auto_ack=True)
+            time.sleep(0.05)
+        self.assertIsNotNone(method, "no dead letter within 10 s")
+        death = props.headers["x-death"][0]
+        self.assertEqual((death["reason"], death["original-expiration"]), ("expired", "100"))
+        self.assertIsNone(props.expiration)
+
     def test_queue_delete_ok_precedes_the_consumers_cancel(self):
         # RabbitMQ 3.10 answers queue.delete-ok first, then sends basic.cancel
         # to the queue's consumers, those of the deleting channel too
