@@ -1,6 +1,6 @@
 //! The per-connection AMQP 0-9-1 server state machine.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use amq_protocol::frame::parsing::parse_content_header;
@@ -283,7 +283,9 @@ pub struct Connection {
     state: State,
     enc: Encoder,
     events: VecDeque<Event>,
-    channels: Vec<Channel>,
+    /// The channels not free, by number (opened ones only: any number up
+    /// to 65535 may be opened, as in RabbitMQ, so no dense table).
+    channels: BTreeMap<ChannelId, Channel>,
     channels_open: usize,
     frame_max: u32,
     channel_max: u16,
@@ -324,7 +326,7 @@ impl Connection {
             state: State::Header,
             enc: Encoder::default(),
             events: VecDeque::new(),
-            channels: Vec::new(),
+            channels: BTreeMap::new(),
             channels_open: 0,
             frame_max,
             channel_max: 0,
@@ -841,22 +843,25 @@ impl Connection {
 
     fn channel_state(&self, ch: ChannelId) -> ChannelState {
         self.channels
-            .get(usize::from(ch))
+            .get(&ch)
             .map_or(ChannelState::Free, |c| c.state)
     }
 
     fn channel_mut(&mut self, ch: ChannelId) -> &mut Channel {
-        let i = usize::from(ch);
-        if i >= self.channels.len() {
-            self.channels.resize_with(i + 1, Channel::default);
-        }
-        &mut self.channels[i]
+        self.channels.entry(ch).or_default()
+    }
+
+    /// An open or closing channel's state, for the paths that checked it.
+    fn open_channel(&mut self, ch: ChannelId) -> &mut Channel {
+        self.channels.get_mut(&ch).expect("an open channel")
     }
 
     fn free_channel(&mut self, ch: ChannelId) {
-        let c = self.channel_mut(ch);
-        if c.state != ChannelState::Free {
-            *c = Channel::default();
+        if self
+            .channels
+            .remove(&ch)
+            .is_some_and(|c| c.state != ChannelState::Free)
+        {
             self.channels_open -= 1;
         }
     }
@@ -868,13 +873,15 @@ impl Connection {
         match self.channel_state(ch) {
             ChannelState::Free => match class {
                 C::Channel(channel::AMQPMethod::Open(_)) => {
-                    if ch > self.channel_max {
+                    // RabbitMQ limits how many channels are open, not
+                    // their numbers (any up to 65535).
+                    if self.channels_open >= usize::from(self.channel_max) {
                         return Err(Fault::Connection(
                             err(
                                 ReplyCode::NotAllowed,
                                 format!(
-                                    "channel number {ch} exceeds the negotiated channel_max ({})",
-                                    self.channel_max
+                                    "number of channels opened ({}) has reached the negotiated channel_max ({})",
+                                    self.channels_open, self.channel_max
                                 ),
                             )
                             .with_method(c, m),
@@ -907,7 +914,7 @@ impl Connection {
                 Ok(())
             }
             ChannelState::Open => {
-                match self.channels[usize::from(ch)].content {
+                match self.channels[&ch].content {
                     Content::None => {}
                     Content::Header(_) => {
                         return conn_err(
@@ -972,7 +979,7 @@ impl Connection {
                 if publish.immediate {
                     return conn_err(ReplyCode::NotImplemented, "immediate=true".into());
                 }
-                self.channels[usize::from(ch)].content = Content::Header(publish);
+                self.open_channel(ch).content = Content::Header(publish);
                 self.published = true;
                 return Ok(());
             }
@@ -1015,7 +1022,7 @@ impl Connection {
                 }
             }
             C::Confirm(amq_protocol::protocol::confirm::AMQPMethod::Select(x)) => {
-                let chan = &mut self.channels[usize::from(ch)];
+                let chan = self.channels.get_mut(&ch).expect("an open channel");
                 if chan.mode == Mode::Tx {
                     return ch_err(
                         ReplyCode::PreconditionFailed,
@@ -1027,7 +1034,7 @@ impl Connection {
             }
             C::Tx(t) => {
                 use amq_protocol::protocol::tx::AMQPMethod as T;
-                let chan = &mut self.channels[usize::from(ch)];
+                let chan = self.channels.get_mut(&ch).expect("an open channel");
                 match t {
                     T::Select(_) => {
                         if chan.mode == Mode::Confirm {
@@ -1099,7 +1106,7 @@ impl Connection {
             return Ok(());
         }
         let max = self.config.message_size_max;
-        let chan = &mut self.channels[usize::from(ch)];
+        let chan = self.channels.get_mut(&ch).expect("an open channel");
         let publish = match std::mem::take(&mut chan.content) {
             Content::Header(p) => p,
             Content::None => {
@@ -1149,7 +1156,7 @@ impl Connection {
     /// The body bytes buffered in unfinished messages, over every channel.
     fn partial_content(&self) -> u64 {
         self.channels
-            .iter()
+            .values()
             .map(|c| match &c.content {
                 Content::Body { buf, .. } => buf.len() as u64,
                 _ => 0,
@@ -1172,7 +1179,7 @@ impl Connection {
                 )));
             }
         }
-        let chan = &mut self.channels[usize::from(ch)];
+        let chan = self.channels.get_mut(&ch).expect("an open channel");
         let Content::Body { remaining, buf, .. } = &mut chan.content else {
             let text = if matches!(chan.content, Content::Header(_)) {
                 "expected content header for class 60, got non content header frame instead"
@@ -1229,7 +1236,7 @@ impl Connection {
         properties: BasicProperties,
         body: Bytes,
     ) {
-        let chan = &mut self.channels[usize::from(ch)];
+        let chan = self.channels.get_mut(&ch).expect("an open channel");
         let confirm_seq = if chan.mode == Mode::Confirm {
             chan.publish_seq += 1;
             Some(chan.publish_seq)

@@ -111,17 +111,34 @@ fn second_channel_open_is_504() {
     h.expect_connection_close(504, "CHANNEL_ERROR - second 'channel.open' seen");
 }
 
+/// RabbitMQ (3.10 and current) counts the open channels against
+/// channel_max; any channel number up to 65535 may be opened (aiormq's suite
+/// opens 65535 under channel_max 2047). A closed channel frees its place.
 #[test]
-fn channel_above_channel_max_is_530() {
+fn channels_beyond_channel_max_open_are_530() {
     let config = Config {
         channel_max: 2,
         ..Config::default()
     };
     let mut h = Harness::open_with(config, 131_072, 0);
+    h.send(&channel_open(65535));
     h.send(&channel_open(3));
+    assert_eq!(
+        h.events(),
+        vec![Event::ChannelOpened(65535), Event::ChannelOpened(3)]
+    );
+    h.output();
+    h.send(&crate::channel_close(3));
+    h.send(&channel_open(7));
+    assert!(
+        h.events().contains(&Event::ChannelOpened(7)),
+        "3's place is free again"
+    );
+    h.output();
+    h.send(&channel_open(1));
     h.expect_connection_close(
         530,
-        "NOT_ALLOWED - channel number 3 exceeds the negotiated channel_max (2)",
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)",
     );
 }
 

@@ -213,7 +213,16 @@ impl Broker {
             }
             Command::QueueUnbind(b) => {
                 let q = self.queue_name(id, ch, &b.queue)?;
-                let q = self.queue_arc(id, &q)?;
+                // A missing queue is no error for an unbind (`bind` below).
+                let exists = self
+                    .vhosts
+                    .get(&self.conns[&id].vhost)
+                    .is_some_and(|v| v.queues.contains_key(q.as_str()));
+                let q = if exists {
+                    self.queue_arc(id, &q)?
+                } else {
+                    Arc::from(q)
+                };
                 self.bind(
                     id,
                     b.exchange.as_str(),

@@ -3,7 +3,7 @@
 //! with RabbitMQ's `x-death` headers.
 
 use warren_amqp::BasicProperties;
-use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
+use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 use warren_backing_queue::DropReason;
 
 use super::publish::route;
@@ -123,7 +123,7 @@ impl Broker {
                         t.insert("count".into(), AMQPValue::LongLongInt(count + 1));
                         t
                     }
-                    _ => self.new_death(reason, &d.queue, &m),
+                    _ => self.new_death(reason, &d.queue, &m, props.expiration().as_ref()),
                 };
                 deaths.insert(0, AMQPValue::FieldTable(death));
                 if !headers.contains_key("x-first-death-reason") {
@@ -168,7 +168,13 @@ impl Broker {
 
 impl Broker {
     /// A message's first `x-death` entry for `queue` and `reason`.
-    fn new_death(&self, reason: &str, queue: &str, m: &Meta<'_>) -> FieldTable {
+    fn new_death(
+        &self,
+        reason: &str,
+        queue: &str,
+        m: &Meta<'_>,
+        expiration: Option<&ShortString>,
+    ) -> FieldTable {
         let mut death = FieldTable::default();
         death.insert("count".into(), AMQPValue::LongLongInt(1));
         death.insert("reason".into(), AMQPValue::LongString(reason.into()));
@@ -181,6 +187,13 @@ impl Broker {
             )])),
         );
         death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
+        if let Some(exp) = expiration {
+            // RabbitMQ keeps the per-message TTL the dead letter loses.
+            death.insert(
+                "original-expiration".into(),
+                AMQPValue::LongString(exp.as_str().into()),
+            );
+        }
         death
     }
 }

@@ -330,6 +330,19 @@ impl Broker {
             .vhosts
             .get(&vhost)
             .ok_or_else(|| AmqpError::vhost_not_found(&vhost))?;
+        if !add {
+            // Unbinding is idempotent in RabbitMQ (3.10 too): a missing
+            // source or destination is no error, once permissions allow it.
+            let (dest_name, dest_kind, dest_there) = match &dest {
+                Dest::Queue(q) => (&**q, "queue", v.queues.contains_key(q)),
+                Dest::Exchange(e) => (e.as_str(), "exchange", v.exchanges.contains_key(e)),
+            };
+            if !dest_there || !v.exchanges.contains_key(source) {
+                self.check(id, Access::Write, dest_kind, dest_name)?;
+                self.check(id, Access::Read, "exchange", source)?;
+                return Ok(());
+            }
+        }
         let (dest_name, dest_kind, dest_scope) = match &dest {
             Dest::Queue(q) => {
                 let queue = v
@@ -403,6 +416,18 @@ impl Broker {
         ch: ChannelId,
         d: &queue::Declare,
     ) -> Result<(), AmqpError> {
+        // An exclusive queue is never durable: RabbitMQ ignores the durable
+        // flag of an exclusive declare, both to create and to compare.
+        let exclusive_durable;
+        let d = if d.exclusive && d.durable {
+            exclusive_durable = queue::Declare {
+                durable: false,
+                ..d.clone()
+            };
+            &exclusive_durable
+        } else {
+            d
+        };
         let vhost = self.conns[&id].vhost.clone();
         let mut name = d.queue.as_str().to_owned();
         if name.is_empty() {
@@ -431,15 +456,13 @@ impl Broker {
                 let neq = |arg: &str, got: String, cur: String| {
                     Err(inequivalent("queue", arg, &name, &vhost, &got, &cur))
                 };
+                // As RabbitMQ: exclusivity is checked first, and differing
+                // is 405 (its owner being another, or none), not 406.
+                if q.opts.exclusive != d.exclusive {
+                    return Err(locked(&name, &vhost));
+                }
                 if q.opts.durable != d.durable {
                     return neq("durable", d.durable.to_string(), q.opts.durable.to_string());
-                }
-                if q.opts.exclusive != d.exclusive {
-                    return neq(
-                        "exclusive",
-                        d.exclusive.to_string(),
-                        q.opts.exclusive.to_string(),
-                    );
                 }
                 if q.opts.auto_delete != d.auto_delete {
                     return neq(
@@ -601,6 +624,7 @@ impl Broker {
         let name = self.queue_name(id, ch, &d.queue)?;
         let vhost = self.conns[&id].vhost.clone();
         let mut count = 0;
+        let mut found = false;
         if let Some(q) = self
             .vhosts
             .get(&vhost)
@@ -624,8 +648,11 @@ impl Broker {
                     format!("queue '{name}' in vhost '{vhost}' is not empty"),
                 ));
             }
-            count = self.delete_queue(&vhost, &name);
+            count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
+            found = true;
         }
+        // delete-ok first, then the basic.cancel of the queue's consumers
+        // (this channel's too), in RabbitMQ's order.
         if !d.nowait {
             self.conn(id).amqp.reply(
                 ch,
@@ -633,6 +660,9 @@ impl Broker {
                     message_count: count,
                 },
             );
+        }
+        if found {
+            self.delete_queue(&vhost, &name);
         }
         Ok(())
     }

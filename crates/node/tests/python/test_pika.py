@@ -17,7 +17,11 @@ import unittest
 import urllib.parse
 import urllib.request
 
+import socket
+
 import pika
+from pika import frame as pframe
+from pika import spec
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,6 +77,48 @@ class Node:
         code = self.proc.wait(timeout=30)
         self.proc.stdout.close()
         return code
+
+
+class RawClient:
+    """AMQP over a plain socket with pika's codec: every method frame in the
+    order the broker sent it (pika's adapters do not show that order)."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
+        self.expect(spec.Connection.Start)
+        caps = {"capabilities": {"consumer_cancel_notify": True}}
+        self.send(0, spec.Connection.StartOk(client_properties=caps, mechanism="PLAIN",
+                                             response="\0guest\0guest"))
+        tune = self.expect(spec.Connection.Tune)
+        self.send(0, spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0))
+        self.send(0, spec.Connection.Open(virtual_host="/"))
+        self.expect(spec.Connection.OpenOk)
+
+    def send(self, channel, method):
+        self.sock.sendall(pframe.Method(channel, method).marshal())
+
+    def method(self):
+        while True:
+            used, f = pframe.decode_frame(self.buf)
+            if f is None:
+                data = self.sock.recv(65536)
+                if not data:
+                    raise EOFError("the broker closed the socket")
+                self.buf += data
+                continue
+            self.buf = self.buf[used:]
+            if isinstance(f, pframe.Method):
+                return f.method
+
+    def expect(self, cls):
+        m = self.method()
+        assert isinstance(m, cls), m
+        return m
+
+    def close(self):
+        self.sock.close()
 
 
 class PikaTest(unittest.TestCase):
@@ -246,6 +292,64 @@ class PikaTest(unittest.TestCase):
         method, props, body = self.ch.basic_get("dead", auto_ack=True)
         self.assertEqual(body, b"bye")
         self.assertEqual(props.headers["x-death"][0]["reason"], "rejected")
+
+    def test_dead_letter_keeps_original_expiration(self):
+        # RabbitMQ 3.10 strips a dead letter's per-message TTL and keeps it
+        # in x-death as original-expiration (aio-pika's test_expiration).
+        self.ch.queue_declare("dead")
+        self.ch.queue_declare("short", arguments={"x-dead-letter-exchange": "",
+                                                  "x-dead-letter-routing-key": "dead"})
+        self.ch.basic_publish("", "short", b"late", pika.BasicProperties(expiration="100"))
+        deadline = time.monotonic() + 10
+        method = None
+        while method is None and time.monotonic() < deadline:
+            method, props, body = self.ch.basic_get("dead", auto_ack=True)
+            time.sleep(0.05)
+        self.assertIsNotNone(method, "no dead letter within 10 s")
+        death = props.headers["x-death"][0]
+        self.assertEqual((death["reason"], death["original-expiration"]), ("expired", "100"))
+        self.assertIsNone(props.expiration)
+
+    def test_queue_delete_ok_precedes_the_consumers_cancel(self):
+        # RabbitMQ 3.10 answers queue.delete-ok first, then sends basic.cancel
+        # to the queue's consumers, those of the deleting channel too
+        # (kombu's test_ack_from_another_thread waits on delete-ok).
+        raw = RawClient(self.node.port)
+        try:
+            raw.send(1, spec.Channel.Open())
+            raw.expect(spec.Channel.OpenOk)
+            raw.send(1, spec.Queue.Declare(queue="gone"))
+            raw.expect(spec.Queue.DeclareOk)
+            raw.send(1, spec.Basic.Consume(queue="gone", consumer_tag="t"))
+            raw.expect(spec.Basic.ConsumeOk)
+            raw.send(1, spec.Queue.Delete(queue="gone"))
+            got = [type(raw.method()).__name__ for _ in range(2)]
+            self.assertEqual(got, ["DeleteOk", "Cancel"])
+        finally:
+            raw.close()
+
+    def test_unbind_of_a_missing_queue_or_exchange_is_ok(self):
+        # Unbinding is idempotent in RabbitMQ 3.10 (aio-pika's cleanups unbind
+        # after deleting); binding a missing queue is still 404.
+        self.ch.exchange_declare("ux", "direct")
+        self.ch.queue_declare("uq")
+        self.ch.queue_unbind("missing-q", "ux", "k")
+        self.ch.queue_unbind("uq", "missing-x", "k")
+        self.ch.exchange_unbind("missing-x", "ux", "k")
+        self.ch.exchange_unbind("ux", "missing-x", "k")
+        self.assert_closed_with(404, self.ch.queue_bind, "missing-q", "ux", "k")
+        self.assert_closed_with(403, self.ch.queue_unbind, "uq", "", "uq")
+
+    def test_exclusivity_differing_on_redeclare_is_405(self):
+        # RabbitMQ 3.10: 405 RESOURCE_LOCKED either way, checked before durable,
+        # and an exclusive declare's durable flag is ignored (aiormq's
+        # test_exclusive_queue_locked).
+        self.ch.queue_declare("ex", exclusive=True)
+        self.assert_closed_with(405, self.ch.queue_declare, "ex")
+        self.assert_closed_with(405, self.ch.queue_declare, "ex", durable=True)
+        self.ch.queue_declare("ex", exclusive=True, durable=True)
+        self.ch.queue_declare("plain")
+        self.assert_closed_with(405, self.ch.queue_declare, "plain", exclusive=True, durable=True)
 
     def test_sigkill_keeps_confirmed(self):
         self.ch.confirm_delivery()

@@ -1,0 +1,133 @@
+#!/bin/sh
+# Client libraries' own acceptance suites against Warren or RabbitMQ 3.10.
+# See docs/client-suites.md. Not part of CI: fetching needs PyPI, npm and
+# crates.io.
+#
+#   docs/client-suites/run.sh fetch      # suites, a venv and node modules into $SUITES
+#   docs/client-suites/run.sh warren     # start target/debug/warren, run every suite, stop it
+#   docs/client-suites/run.sh rabbitmq   # the same with Debian's rabbitmq-server
+#   docs/client-suites/run.sh suites     # run every suite against whatever listens
+#
+# The broker listens on 127.0.0.1:5672 (AMQPS on 5671, with aiormq's test
+# certificates): nothing else may use those ports. Results go to
+# $SUITES/results/SUITE-BROKER.txt and a summary to stdout.
+set -eu
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SUITES=${SUITES:-/tmp/warren-client-suites}
+PY=$SUITES/venv/bin/python
+CERTS=$SUITES/pypi/aiormq-7.2.4/tests/certs
+
+fetch() {
+    mkdir -p "$SUITES/pypi" "$SUITES/npm" "$SUITES/results"
+    cd "$SUITES/pypi"
+    pip download -q --no-deps --no-binary :all: amqp==5.4.2 kombu==5.7.0
+    pip download -q --no-deps --no-binary aiormq,aio-pika aiormq==7.2.4 aio-pika==10.2.1
+    for f in *.tar.gz; do tar xzf "$f"; done
+    python3 -m venv "$SUITES/venv"
+    "$PY" -m pip install -q -e amqp-5.4.2 -e kombu-5.7.0 -e aiormq-7.2.4 -e aio_pika-10.2.1 \
+        pytest pytest-rerunfailures aiomisc aiomisc-pytest shortuuid timeout-decorator \
+        pytest-rst hypothesis pytest-freezer
+    "$PY" "$HERE/patch_aio.py" "$SUITES/pypi"
+    cd "$SUITES/npm"
+    npm pack -q amqplib@2.0.0 >/dev/null
+    rm -rf amqplib && mkdir amqplib && tar xzf amqplib-2.0.0.tgz -C amqplib
+    (cd amqplib/package && npm install -q --no-save --ignore-scripts --no-audit --no-fund \
+        buffer-more-ints@~1.0.0 claire@0.4.1 >/dev/null)
+    # lapin: the crate Warren's own tests use (its package ships tests/).
+    (cd "$ROOT" && cargo fetch -q)
+    crate=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/lapin-4.12.3.crate | head -1)
+    rm -rf "$SUITES/lapin-4.12.3" && tar xzf "$crate" -C "$SUITES"
+    cp "$ROOT/Cargo.lock" "$SUITES/lapin-4.12.3/"
+}
+
+wait_port() {
+    i=0
+    until "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null; do
+        i=$((i + 1)); [ $i -lt 120 ] || { echo "nothing on port $1" >&2; exit 1; }
+        sleep 1
+    done
+}
+
+# The listeners in RabbitMQ's config format, which Warren reads too.
+listeners() {
+    printf '%s\n' "listeners.tcp.default = 127.0.0.1:5672" "listeners.ssl.default = 127.0.0.1:5671" \
+        "ssl_options.cacertfile = $CERTS/ca.pem" "ssl_options.certfile = $CERTS/server.pem" \
+        "ssl_options.keyfile = $CERTS/server.key"
+}
+
+start_warren() {
+    bin=${WARREN_BIN:-$ROOT/target/debug/warren}
+    d=$SUITES/warren && rm -rf "$d" && mkdir -p "$d"
+    listeners > "$d/warren.conf"
+    "$bin" --config "$d/warren.conf" --data-dir "$d/data" --http-addr 127.0.0.1:15682 \
+        --prometheus-addr 127.0.0.1:15702 > "$d/log" 2>&1 &
+    echo $! > "$d/pid"
+    wait_port 5672
+}
+
+start_rabbitmq() {
+    d=$SUITES/rabbitmq && rm -rf "$d" && mkdir -p "$d/log"
+    listeners > "$d/rabbitmq.conf"
+    printf 'ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = false\n' \
+        >> "$d/rabbitmq.conf"
+    echo '[].' > "$d/enabled_plugins"
+    env RABBITMQ_NODENAME=suites@localhost RABBITMQ_NODE_PORT=5672 RABBITMQ_DIST_PORT=25812 \
+        RABBITMQ_MNESIA_BASE="$d/mnesia" RABBITMQ_LOG_BASE="$d/log" \
+        RABBITMQ_CONFIG_FILE="$d/rabbitmq" RABBITMQ_ENABLED_PLUGINS_FILE="$d/enabled_plugins" \
+        HOME="$d" /usr/lib/rabbitmq/bin/rabbitmq-server > "$d/stdout" 2>&1 &
+    echo $! > "$d/pid"
+    wait_port 5672
+    sleep 3
+}
+
+# Stops the broker this script started, by its PID (RabbitMQ's is the shell
+# script's: its process group holds the Erlang VM).
+stop() {
+    d=$SUITES/$1
+    [ -f "$d/pid" ] || return 0
+    pid=$(cat "$d/pid")
+    if [ "$1" = rabbitmq ]; then
+        # Not /usr/sbin/rabbitmqctl: as root it runs as the rabbitmq user,
+        # whose Erlang cookie is not this node's.
+        HOME="$d" /usr/lib/rabbitmq/bin/rabbitmqctl -n suites@localhost stop >/dev/null 2>&1 ||
+            kill $(pgrep -P "$pid") "$pid"
+    else
+        kill "$pid"
+    fi
+    rm -f "$d/pid"
+}
+
+suites() {
+    b=$1
+    r=$SUITES/results && mkdir -p "$r"
+    cd "$SUITES/pypi/amqp-5.4.2"
+    # The TLS tests need certificates the sdist does not ship and badssl.com.
+    "$PY" -m pytest t/integration -p no:cacheprovider -p no:rerunfailures -q -rfE -W ignore \
+        -k "not tls" > "$r/py-amqp-$b.txt" 2>&1 || true
+    cd "$SUITES/pypi/kombu-5.7.0"
+    "$PY" -m pytest t/integration/test_py_amqp.py -p no:cacheprovider -p no:rerunfailures -q -rfE \
+        -W ignore > "$r/kombu-$b.txt" 2>&1 || true
+    cd "$SUITES/pypi/aiormq-7.2.4"
+    "$PY" -m pytest tests -p no:cacheprovider -q -rfE -W ignore > "$r/aiormq-$b.txt" 2>&1 || true
+    cd "$SUITES/pypi/aio_pika-10.2.1"
+    "$PY" -m pytest tests -p no:cacheprovider -q -rfE -W ignore > "$r/aio-pika-$b.txt" 2>&1 || true
+    cd "$SUITES/npm/amqplib/package"
+    # The package's --test-timeout=1000 also bounds each file; 10 s lets them finish.
+    URL=amqp://127.0.0.1:5672 node --test --test-timeout=10000 > "$r/amqplib-$b.txt" 2>&1 || true
+    cd "$SUITES/lapin-4.12.3"
+    CARGO_TARGET_DIR=$SUITES/lapin-target AMQP_ADDR=amqp://127.0.0.1:5672/%2f \
+        cargo test -q --tests > "$r/lapin-$b.txt" 2>&1 || true
+    for f in "$r"/*-"$b".txt; do
+        printf '%-24s %s\n' "$(basename "$f" .txt)" \
+            "$(grep -E '(passed|failed).* in [0-9.]+s|^# (pass|fail|cancelled) |^test result' "$f" | tr '\n' ' ')"
+    done
+}
+
+case ${1:-} in
+    fetch) fetch ;;
+    warren) start_warren; trap 'stop warren' EXIT; suites warren ;;
+    rabbitmq) start_rabbitmq; trap 'stop rabbitmq' EXIT; suites rabbitmq ;;
+    suites) suites "${2:-broker}" ;;
+    *) sed -n 2,15p "$0"; exit 2 ;;
+esac
