@@ -19,6 +19,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
+use warren_broker::Departed;
 
 use crate::{Shared, lock, now_ms};
 
@@ -155,6 +156,20 @@ pub(crate) async fn serve_stream<S>(
     }
     let _ = wr.shutdown().await;
     let departed = lock(&broker).disconnect(id, now_ms());
+    let client_closed = departed.as_ref().is_some_and(Departed::client_closed);
     // Unfinished messages can be large: freed here, off the broker's lock.
     drop(departed);
+    if client_closed {
+        // A client may still be writing what it queued behind its
+        // connection.close (amqplib's publishes): read it to the end, as
+        // RabbitMQ does, rather than reset the socket under the client.
+        let mut sink = vec![0u8; 16 * 1024];
+        let _ = tokio::time::timeout(CLOSED_READ_LIMIT, async {
+            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
 }
+
+/// How long a connection the client closed is read to its end.
+const CLOSED_READ_LIMIT: Duration = Duration::from_secs(2);

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use warren_amqp::{AmqpError, ChannelId, Connection, Credentials, Event, ReplyCode};
+use warren_amqp::{AmqpError, ChannelId, CloseReason, Connection, Credentials, Event, ReplyCode};
 
 use super::command::method_ids;
 use super::dispatch::Settle;
@@ -39,6 +39,7 @@ impl Broker {
                 throttled: false,
                 confirm_dirty: Vec::new(),
                 closed: false,
+                client_closed: false,
                 link: None,
                 publisher: false,
                 targets: Vec::new(),
@@ -266,6 +267,7 @@ impl Broker {
                     self.cleanup_conn(id);
                     if let Some(c) = self.conns.get_mut(&id) {
                         c.closed = true;
+                        c.client_closed = matches!(reason, CloseReason::ClientClosed { .. });
                     }
                 }
                 _ => {}

@@ -980,6 +980,7 @@ impl Broker {
                 throttled: false,
                 confirm_dirty: Vec::new(),
                 closed: false,
+                client_closed: false,
                 publisher: false,
                 targets: Vec::new(),
                 counters: super::stats::MessageCounters::default(),

@@ -247,6 +247,8 @@ pub(super) struct Conn {
     pub(super) throttled: bool,
     pub(super) confirm_dirty: Vec<ChannelId>,
     pub(super) closed: bool,
+    /// The client closed it (connection.close from the client).
+    pub(super) client_closed: bool,
     /// Set for the internal connection of a forwarding link (master side).
     pub(super) link: Option<link::Link>,
     /// It has begun to publish (a basic.publish method arrived): flow
@@ -267,6 +269,16 @@ pub(super) struct Conn {
 /// Dropping it may free much memory (unfinished messages): drop it after the
 /// broker's lock is released.
 pub struct Departed(pub(super) Box<Conn>);
+
+impl Departed {
+    /// Whether the client ended the connection with connection.close: it
+    /// may still be writing what it queued behind the close (its socket is
+    /// best read to the end rather than reset).
+    #[must_use]
+    pub fn client_closed(&self) -> bool {
+        self.0.client_closed
+    }
+}
 
 impl fmt::Debug for Departed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -328,6 +328,24 @@ class PikaTest(unittest.TestCase):
         finally:
             raw.close()
 
+    def test_frames_sent_behind_a_connection_close_are_read_not_reset(self):
+        # A client may still write what it queued behind its connection.close
+        # (amqplib's publishes) after close-ok: RabbitMQ 3.10 reads on until
+        # the client hangs up, so those writes never fail with EPIPE.
+        raw = RawClient(self.node.port)
+        try:
+            raw.send(1, spec.Channel.Open())
+            raw.expect(spec.Channel.OpenOk)
+            raw.send(0, spec.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+            raw.expect(spec.Connection.CloseOk)
+            publish = pframe.Method(1, spec.Basic.Publish(routing_key="q")).marshal()
+            for _ in range(5):
+                time.sleep(0.1)
+                raw.sock.sendall(publish)
+            self.assertEqual(raw.sock.recv(1), b"", "the broker ends with a clean EOF")
+        finally:
+            raw.close()
+
     def test_unbind_of_a_missing_queue_or_exchange_is_ok(self):
         # Unbinding is idempotent in RabbitMQ 3.10 (aio-pika's cleanups unbind
         # after deleting); binding a missing queue is still 404.
