@@ -157,6 +157,8 @@ struct Inner {
     up: watch::Sender<BTreeSet<NodeName>>,
     /// Whether this node sees a majority of the voters up (itself included).
     majority: watch::Sender<bool>,
+    /// When this process started the cluster side (see the majority check).
+    started: Instant,
     /// The log index up to which this node's user of the metadata (the
     /// broker) has taken in the changes ([`Cluster::local_at`],
     /// [`Cluster::replayed`]); `None` until it says so the first time.
@@ -235,6 +237,7 @@ impl Cluster {
                 events,
                 up,
                 majority,
+                started: Instant::now(),
                 replayed,
                 stop,
                 stopped: Mutex::new(false),
@@ -1407,11 +1410,18 @@ async fn detector(weak: Weak<Inner>) {
             })
             .map(|(_, n, _)| n.clone())
             .collect();
+        // A peer not heard from yet (and not refusing) counts for the
+        // failure timeout after this node started: a restarted node is no
+        // minority before its first heartbeats come back (its masters would
+        // nack every publish meanwhile).
+        let young = now.saturating_duration_since(inner.started) < inner.config.failure_timeout;
+        let counts = |n: &NodeName| {
+            up.contains(n)
+                || (young && inner.peers.last_seen(n).is_none() && !inner.peers.refused(n))
+        };
         let voters_up = voters
             .iter()
-            .filter(|id| {
-                **id == inner.id || members.iter().any(|(m, n, _)| m == *id && up.contains(n))
-            })
+            .filter(|id| **id == inner.id || members.iter().any(|(m, n, _)| m == *id && counts(n)))
             .count();
         let majority = voters.is_empty() || voters_up * 2 > voters.len();
         if *inner.majority.borrow() != majority {
