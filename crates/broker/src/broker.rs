@@ -90,8 +90,11 @@ const MAX_FETCHES_IN_FLIGHT: u32 = 4096;
 /// back its publishers while more than this many messages are ready, so
 /// that consumers keep pace with what is accepted (RabbitMQ's credit flow
 /// has the same effect). Idle consumers hold nobody back: the queue then
-/// grows as RabbitMQ's does.
-const FLOW_READY_MAX: u64 = 8_192;
+/// grows as RabbitMQ's does. Small, because what it holds is latency: with
+/// lapin (one frame per write, one ack per delivery, prefetch 200) 256
+/// gave consume latency p50 17–24 ms and 17–18 k msg/s on one node where
+/// 8,192 gave 325–494 ms and 13–15 k msg/s (docs/benchmarks.md).
+pub const FLOW_READY_MAX: u64 = 256;
 /// See [`FLOW_READY_MAX`].
 const FLOW_ACTIVE_MS: u64 = 1_000;
 /// Queues remembered per publishing connection for flow control.

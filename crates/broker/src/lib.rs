@@ -38,7 +38,9 @@ pub use broker::policies::policy_set;
 pub use broker::stats::{
     LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, Octets, QueueCounters, QueueSample,
 };
-pub use broker::{Broker, BrokerConfig, ConnId, Departed, Overview, SyncBatch, Waker};
+pub use broker::{
+    Broker, BrokerConfig, ConnId, Departed, FLOW_READY_MAX, Overview, SyncBatch, Waker,
+};
 
 /// An error opening or configuring a broker.
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,7 @@
 mod confirms;
 mod dead_letter;
 mod dispatch;
+mod flow;
 mod routing;
 mod support;
 mod topology;

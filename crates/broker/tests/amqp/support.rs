@@ -215,6 +215,12 @@ impl Client {
         self.pump();
     }
 
+    /// Whether the broker holds this connection's input back (flow
+    /// control, [`Broker::input_paused`]): its shell would read no more.
+    pub fn input_paused(&self) -> bool {
+        self.node.0.borrow().broker.input_paused(self.id)
+    }
+
     /// Sends one method on channel `ch`.
     pub fn send(&mut self, ch: u16, method: AMQPClass) {
         self.send_bytes(&encode(&AMQPFrame::Method(ch, method)));
