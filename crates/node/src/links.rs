@@ -172,10 +172,11 @@ fn held_back(m: &LinkMsg) -> bool {
     )
 }
 
-/// Whether `m` publishes into a queue whose ring or consumers fall behind
-/// (it waits, as this node's own publishers into it do).
-fn waits(b: &warren_broker::Broker, m: &LinkMsg) -> bool {
-    matches!(m, LinkMsg::Publish { vhost, queue, .. } if b.publish_waits(vhost, queue))
+/// Whether `m`, from node `from`, publishes into a queue whose ring or
+/// consumers fall behind, or the link back to `from` is (it waits, as this
+/// node's own publishers into that queue do).
+fn waits(b: &warren_broker::Broker, from: &str, m: &LinkMsg) -> bool {
+    matches!(m, LinkMsg::Publish { vhost, queue, .. } if b.publish_waits(from, vhost, queue))
 }
 
 async fn receive(
@@ -206,7 +207,7 @@ async fn receive(
             let mut b = lock(&broker);
             let mut msgs = Vec::new();
             while let Some(m) = held.front() {
-                if waits(&b, m) {
+                if waits(&b, &peer, m) {
                     break;
                 }
                 msgs.extend(held.pop_front());
@@ -295,7 +296,7 @@ async fn receive(
         let now: Vec<LinkMsg> = msgs
             .into_iter()
             .filter_map(|m| {
-                if held_back(&m) && (!held.is_empty() || waits(&b, &m)) {
+                if held_back(&m) && (!held.is_empty() || waits(&b, &peer, &m)) {
                     held.push_back(m);
                     None
                 } else {
@@ -487,13 +488,19 @@ impl NodeLink {
                             failing = true;
                         }
                         // What queued meanwhile is lost with this attempt.
-                        while rx.try_recv().is_ok() {}
-                        lock(&self.broker).link_down(node, now_ms());
+                        let mut lost = msgs.len();
+                        while let Ok(b) = rx.try_recv() {
+                            lost += b.map_or(0, |b| b.len());
+                        }
+                        let mut b = lock(&self.broker);
+                        b.link_sent(node, lost);
+                        b.link_down(node, now_ms());
                         continue;
                     }
                 }
             }
             let Some((_, tx)) = conn.as_mut() else {
+                lock(&self.broker).link_sent(node, msgs.len());
                 continue;
             };
             let mut ok = true;
@@ -516,10 +523,12 @@ impl NodeLink {
                         false
                     }
                 };
+            let mut b = lock(&self.broker);
+            b.link_sent(node, msgs.len());
             if !flushed {
                 tracing::warn!(%node, "forwarding link broke");
                 conn = None;
-                lock(&self.broker).link_down(node, now_ms());
+                b.link_down(node, now_ms());
             }
         }
     }

@@ -268,11 +268,20 @@ struct PendingCount {
 /// before this node's own copy answers.
 const COUNT_WAIT_MS: u64 = 5_000;
 
+/// Messages for one node, waiting to be written to its link, past which
+/// the publishers that send through that link wait (flow control): the
+/// node stops reading a link while its queues hold 4,096 forwarded
+/// publishes back, and this node then stops taking more.
+pub const LINK_BEHIND_MAX: usize = 8_192;
+
 /// The origin's side of forwarding.
 #[derive(Default)]
 pub(crate) struct Links {
     /// Messages for each node.
     out: HashMap<String, Vec<LinkMsg>>,
+    /// Messages handed to the shell for each node ([`Broker::take_link_out`])
+    /// and not yet written or given up ([`Broker::link_sent`]).
+    unsent: HashMap<String, usize>,
     /// Forwarded publishes awaiting a confirm: id → (node, conn, channel, seq).
     publishes: HashMap<u64, (Arc<str>, ConnId, ChannelId, u64)>,
     next_id: u64,
@@ -823,9 +832,23 @@ impl Broker {
         self.links.send(node, msg);
     }
 
-    /// Whether more link messages wait to be sent than flow control allows.
-    pub(crate) fn links_behind(&self) -> bool {
-        self.links.out.values().map(Vec::len).sum::<usize>() > 20_000
+    /// Whether more messages for `node` wait to be sent than flow control
+    /// allows ([`LINK_BEHIND_MAX`]): the node does not read its link as fast
+    /// as this node writes to it (its queues hold forwarded publishes back,
+    /// or the network is slow).
+    pub(crate) fn link_behind(&self, node: &str) -> bool {
+        let queued = self.links.out.get(node).map_or(0, Vec::len);
+        let unsent = self.links.unsent.get(node).copied().unwrap_or(0);
+        queued + unsent > LINK_BEHIND_MAX
+    }
+
+    /// The shell wrote `n` messages of what [`Self::take_link_out`] gave it
+    /// for `node`, or gave them up (the link broke): they no longer count
+    /// toward [`Self::link_behind`].
+    pub fn link_sent(&mut self, node: &str, n: usize) {
+        if let Some(u) = self.links.unsent.get_mut(node) {
+            *u = u.saturating_sub(n);
+        }
     }
 
     /// Tells each of `nodes` this node's resource alarms.
@@ -869,6 +892,9 @@ impl Broker {
             }
             // What they hand out goes with the next batch.
             self.wake_clients();
+        }
+        for (node, msgs) in &out {
+            *self.links.unsent.entry(node.clone()).or_default() += msgs.len();
         }
         out
     }

@@ -300,11 +300,12 @@ const BACKLOG_LOW: usize = 2_000;
 
 impl Broker {
     /// Whether connection `id` must wait before more of its input is read:
-    /// it publishes, is not closing, and the ring of a mirrored queue it
-    /// publishes into, or the links to other nodes, are behind (flow
-    /// control; a stopped reader is what RabbitMQ's credit flow does too),
-    /// or a resource alarm is in force. One backlogged queue holds back its
-    /// own publishers only.
+    /// it publishes, is not closing, and a queue it publishes into is
+    /// behind: its ring (a mirrored queue's), its consumers (see
+    /// [`Self::lags`]) or the link to its master's node (flow control; a
+    /// stopped reader is what RabbitMQ's credit flow does too); or a
+    /// resource alarm is in force. One backlogged queue or link holds back
+    /// only the publishers that send into it.
     #[must_use]
     pub fn input_paused(&self, id: ConnId) -> bool {
         let Some(c) = self
@@ -314,11 +315,24 @@ impl Broker {
         else {
             return false;
         };
-        self.links_behind()
-            || self.alarmed()
-            || c.targets
-                .iter()
-                .any(|q| self.lags(&c.vhost, q) || self.ring_behind(&c.vhost, q))
+        self.alarmed()
+            || c.targets.iter().any(|q| {
+                self.lags(&c.vhost, q)
+                    || self.ring_behind(&c.vhost, q)
+                    || self.master_link_behind(&c.vhost, q)
+            })
+    }
+
+    /// Whether queue `name` is served on another node whose link is behind.
+    fn master_link_behind(&self, vhost: &str, name: &str) -> bool {
+        self.vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(name))
+            .and_then(|q| match &q.remote {
+                Some(Elsewhere::Node(node)) => Some(node),
+                _ => None,
+            })
+            .is_some_and(|node| self.link_behind(node))
     }
 
     /// Whether queue `name` holds its publishers back: its consumers are
@@ -336,13 +350,14 @@ impl Broker {
             })
     }
 
-    /// Whether publishes into queue `name` must wait: the queue's ring is
-    /// behind (more than `BACKLOG_HIGH` publishes and fetches waiting for
-    /// it, until under `BACKLOG_LOW`), or its consumers are (see
-    /// [`Self::lags`]), or the links to other nodes are.
+    /// Whether a publish into queue `name` forwarded from node `from` must
+    /// wait: the queue's ring is behind (more than `BACKLOG_HIGH` publishes
+    /// and fetches waiting for it, until under `BACKLOG_LOW`), or its
+    /// consumers are (see [`Self::lags`]), or the link back to `from` (its
+    /// confirm's way) is.
     #[must_use]
-    pub fn publish_waits(&self, vhost: &str, name: &str) -> bool {
-        self.links_behind() || self.ring_behind(vhost, name) || self.lags(vhost, name)
+    pub fn publish_waits(&self, from: &str, vhost: &str, name: &str) -> bool {
+        self.link_behind(from) || self.ring_behind(vhost, name) || self.lags(vhost, name)
     }
 
     fn ring_behind(&self, vhost: &str, name: &str) -> bool {

@@ -71,6 +71,11 @@ impl Node {
         n.broker.complete_sync(batch, now);
     }
 
+    /// Runs `f` on the broker itself (what a shell calls: links, masters).
+    pub fn with_broker<R>(&self, f: impl FnOnce(&mut Broker) -> R) -> R {
+        f(&mut self.0.borrow_mut().broker)
+    }
+
     /// The names of the queues of vhost `/`.
     pub fn queue_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self

@@ -456,12 +456,16 @@ impl Net {
                 } else {
                     (to.clone(), from.clone())
                 };
+                let n = msgs.len();
                 if self.links.contains(&pair) {
                     lock(&self.nodes[&to].broker).link_input(from, msgs, now_ms());
+                    lock(&self.nodes[from].broker).link_sent(&to, n);
                 } else {
                     // A batch that cannot be sent fails the node's
                     // forwarded work (as `links.rs` does).
-                    lock(&self.nodes[from].broker).link_down(&to, now_ms());
+                    let mut b = lock(&self.nodes[from].broker);
+                    b.link_sent(&to, n);
+                    b.link_down(&to, now_ms());
                 }
             }
         }
