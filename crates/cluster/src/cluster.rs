@@ -1304,7 +1304,6 @@ fn other_members(
 /// led Raft, this voter calls an election at once instead of waiting for
 /// the election timeout.
 async fn detector(weak: Weak<Inner>) {
-    let mut seq = 0u64;
     let mut in_flight: BTreeMap<NodeName, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let (interval, mut stop, changed) = match weak.upgrade() {
         Some(inner) => (
@@ -1352,7 +1351,6 @@ async fn detector(weak: Weak<Inner>) {
             _ = stop.wait_for(|s| *s) => return,
         }
         let Some(inner) = weak.upgrade() else { return };
-        seq += 1;
         let (members, leader, voters): (Vec<(NodeId, NodeName, PeerAddr)>, _, _) = {
             let m = inner.raft.metrics();
             let m = m.borrow();
@@ -1395,11 +1393,20 @@ async fn detector(weak: Weak<Inner>) {
             in_flight.insert(
                 name.clone(),
                 tokio::spawn(async move {
-                    let _ = peers.heartbeat(&name2, &addr2, seq, bound).await;
+                    let _ = peers.heartbeat(&name2, &addr2, bound).await;
                 }),
             );
         }
         let now = Instant::now();
+        // A peer not heard from yet (and not refusing) counts for the
+        // failure timeout after this node started: a restarted node is no
+        // minority before its first heartbeats come back (its masters would
+        // nack every publish meanwhile).
+        let young = now.saturating_duration_since(inner.started) < inner.config.failure_timeout;
+        // A peer is up while it is heard and it hears this node: one that
+        // says it has not heard this node for the failure timeout is cut
+        // off from it one way, and down for it as this node is for the peer
+        // (forwarded work then fails at once instead of vanishing).
         let up: BTreeSet<NodeName> = members
             .iter()
             .filter(|(_, n, _)| {
@@ -1407,14 +1414,10 @@ async fn detector(weak: Weak<Inner>) {
                     && inner.peers.last_seen(n).is_some_and(|t| {
                         now.saturating_duration_since(t) < inner.config.failure_timeout
                     })
+                    && (young || !inner.peers.deaf(n, inner.config.failure_timeout))
             })
             .map(|(_, n, _)| n.clone())
             .collect();
-        // A peer not heard from yet (and not refusing) counts for the
-        // failure timeout after this node started: a restarted node is no
-        // minority before its first heartbeats come back (its masters would
-        // nack every publish meanwhile).
-        let young = now.saturating_duration_since(inner.started) < inner.config.failure_timeout;
         let counts = |n: &NodeName| {
             up.contains(n)
                 || (young && inner.peers.last_seen(n).is_none() && !inner.peers.refused(n))

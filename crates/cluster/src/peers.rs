@@ -88,6 +88,9 @@ struct Inner {
     silent_after: Duration,
     links: Mutex<BTreeMap<NodeName, Arc<Link>>>,
     last_seen: Mutex<BTreeMap<NodeName, Instant>>,
+    /// What each peer last said of this node ([`PeerFrame::Heard`]): when
+    /// it said it, and how long it had not heard from this node then.
+    echo: Mutex<BTreeMap<NodeName, (Instant, Option<u64>)>>,
     /// Peers whose address refused a connection since they were last heard.
     refused: Mutex<BTreeSet<NodeName>>,
     /// Peers whose link ended from their side (end of stream or an error)
@@ -133,6 +136,7 @@ impl Peers {
                 silent_after,
                 links: Mutex::new(BTreeMap::new()),
                 last_seen: Mutex::new(BTreeMap::new()),
+                echo: Mutex::new(BTreeMap::new()),
                 refused: Mutex::new(BTreeSet::new()),
                 lost: Mutex::new(BTreeSet::new()),
                 changed: Arc::new(tokio::sync::Notify::new()),
@@ -193,6 +197,20 @@ impl Peers {
 
     pub(crate) fn is_stopped(&self) -> bool {
         *self.inner.stopped.borrow()
+    }
+
+    /// Whether `peer` said, less than `after` ago, that it had not heard
+    /// from this node for `after` or longer (a one-way cut: this node hears
+    /// it, it does not hear this node). Only what it said counts: a peer
+    /// that never heard this node, never said, or said it too long ago (a
+    /// previous run of it) is not counted deaf.
+    pub(crate) fn deaf(&self, peer: &NodeName, after: Duration) -> bool {
+        lock(&self.inner.echo)
+            .get(peer)
+            .is_some_and(|(at, silent_ms)| {
+                at.elapsed() < after
+                    && silent_ms.is_some_and(|ms| Duration::from_millis(ms) >= after)
+            })
     }
 
     /// When a frame last arrived from `peer`.
@@ -347,6 +365,10 @@ impl Peers {
     fn on_frame(&self, link: &Arc<Link>, frame: &[u8]) {
         let body = match decode_message::<PeerFrame>(frame) {
             Ok(PeerFrame::Metadata { body }) => body,
+            Ok(PeerFrame::Heard { silent_ms }) => {
+                lock(&self.inner.echo).insert(link.peer.clone(), (Instant::now(), silent_ms));
+                return;
+            }
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(node = %self.inner.me, peer = %link.peer, error = %e, "malformed peer frame");
@@ -521,17 +543,20 @@ impl Peers {
         )
     }
 
-    /// Sends a heartbeat to `peer` (dialing if needed, bounded by `timeout`).
+    /// Sends a heartbeat to `peer` (dialing if needed, bounded by
+    /// `timeout`): [`PeerFrame::Heard`], how long this node has not heard it.
     pub(crate) async fn heartbeat(
         &self,
         peer: &NodeName,
         addr: &PeerAddr,
-        seq: u64,
         timeout: Duration,
     ) -> Result<(), CallError> {
         let send = async {
             let link = self.link(Some(peer), addr).await?;
-            let bytes = encode_message(&PeerFrame::Heartbeat { seq })
+            let silent_ms = self
+                .last_seen(peer)
+                .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX));
+            let bytes = encode_message(&PeerFrame::Heard { silent_ms })
                 .map(Bytes::from)
                 .map_err(|e| CallError::Unreachable {
                     peer: peer.to_string(),

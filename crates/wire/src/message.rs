@@ -30,6 +30,14 @@ pub enum PeerFrame {
         /// The metadata store's frame.
         body: Bytes,
     },
+    /// Liveness for the node-level failure detector, with what the sender
+    /// hears of the receiver: a node that the other end no longer hears is
+    /// cut off from it one way, and counts it down too.
+    Heard {
+        /// How long ago (ms) the sender last received anything from the
+        /// receiver; `None`: never since it started.
+        silent_ms: Option<u64>,
+    },
 }
 
 /// Encodes a peer message with postcard.

@@ -169,3 +169,39 @@ async fn t23_a_read_whose_link_to_the_leader_breaks_is_asked_again() {
     assert!(md.vhosts.contains("/"));
     tc.shutdown_all().await;
 }
+
+/// A one-way cut: frames from `a` to `b` vanish, `b`'s reach `a`. `b` stops
+/// hearing `a` and counts it down; `a` still hears `b`, but `b` says it no
+/// longer hears `a`, so `a` counts `b` down too (its work for `b` then fails
+/// at once instead of vanishing). `c`, which both reach, sees both up. After
+/// the heal both are up again everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t24_a_one_way_cut_is_down_on_both_sides() {
+    let mut tc = TestCluster::new(24);
+    tc.form(&["a", "b", "c"]).await;
+    let (mut at_a, mut at_b) = (tc.node("a").subscribe(), tc.node("b").subscribe());
+    tc.net.blackhole(&n("a"), &n("b"));
+    // A liveness bound, not a measure: b's link to a, which still carries
+    // its frames, is only replaced after 5 s of silence (then a would stop
+    // hearing b anyway); b's word that it no longer hears a comes within
+    // the failure timeout (600 ms here) and a heartbeat.
+    let bound = std::time::Duration::from_secs(4);
+    let down = tokio::time::timeout(bound, wait_event(&mut at_a, NodeEvent::Down(n("b"))));
+    assert!(
+        down.await.is_ok(),
+        "a did not count b down while b's frames still came"
+    );
+    wait_event(&mut at_b, NodeEvent::Down(n("a"))).await;
+    assert_eq!(
+        *tc.node("c").up_nodes().borrow(),
+        [n("a"), n("b")].into_iter().collect(),
+        "c reaches both"
+    );
+    // The cluster still commits: c reaches both.
+    write_eventually(&tc.node("c"), vhost("from-c")).await;
+
+    tc.net.heal();
+    wait_event(&mut at_b, NodeEvent::Up(n("a"))).await;
+    wait_event(&mut at_a, NodeEvent::Up(n("b"))).await;
+    tc.shutdown_all().await;
+}
