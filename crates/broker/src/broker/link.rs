@@ -316,6 +316,14 @@ impl Elsewhere {
     fn is(&self, node: &str) -> bool {
         matches!(self, Elsewhere::Node(n) if &**n == node)
     }
+
+    /// The node, if there is one.
+    pub(crate) fn node(&self) -> Option<&Arc<str>> {
+        match self {
+            Elsewhere::Node(n) => Some(n),
+            Elsewhere::Nowhere => None,
+        }
+    }
 }
 
 impl Links {

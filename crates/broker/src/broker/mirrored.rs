@@ -328,10 +328,7 @@ impl Broker {
         self.vhosts
             .get(vhost)
             .and_then(|v| v.queues.get(name))
-            .and_then(|q| match &q.remote {
-                Some(Elsewhere::Node(node)) => Some(node),
-                _ => None,
-            })
+            .and_then(|q| q.remote.as_ref()?.node())
             .is_some_and(|node| self.link_behind(node))
     }
 

@@ -553,10 +553,7 @@ impl Broker {
             message_count: u32::try_from(s.ready).unwrap_or(u32::MAX),
             consumer_count: q.consumers.len() as u32,
         };
-        let remote = match &q.remote {
-            Some(Elsewhere::Node(n)) => Some(n.clone()),
-            _ => None,
-        };
+        let remote = q.remote.as_ref().and_then(Elsewhere::node).cloned();
         let c = self.conn(id);
         if let Some(chan) = c.channels.get_mut(&ch) {
             chan.last_queue = Some(name.clone());
