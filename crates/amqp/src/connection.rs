@@ -464,6 +464,26 @@ impl Connection {
         }
     }
 
+    /// Bytes of encoded output not yet taken: a mark for
+    /// [`split_output`](Self::split_output).
+    #[must_use]
+    pub fn output_len(&self) -> usize {
+        self.enc.out.len()
+    }
+
+    /// Removes and returns the output encoded since `mark` (an earlier
+    /// [`output_len`](Self::output_len), with no take in between): the
+    /// reply to a command that must wait, sent later with
+    /// [`push_output`](Self::push_output) or dropped.
+    pub fn split_output(&mut self, mark: usize) -> BytesMut {
+        self.enc.out.split_off(mark.min(self.enc.out.len()))
+    }
+
+    /// Appends frames encoded earlier (see [`split_output`](Self::split_output)).
+    pub fn push_output(&mut self, frames: &[u8]) {
+        self.enc.out.extend_from_slice(frames);
+    }
+
     // ----- input side ------------------------------------------------------
 
     /// Consumes every complete frame in `buf`, leaving an incomplete one.

@@ -10,6 +10,8 @@
 //! - `connection`: connect, input and output, timers, login, channel close,
 //!   disconnect;
 //! - `command`: the AMQP command dispatcher and the checks it shares;
+//! - `commits`: metadata changes committed by the shell off the lock, the
+//!   client's reply held until then;
 //! - `topology`: declare, delete, bind, purge; master locator; where
 //!   metadata changes are recorded;
 //! - `args`: queue arguments and redeclare equivalence;
@@ -39,6 +41,7 @@ use crate::routing::Kind;
 pub(crate) mod alarm;
 mod args;
 mod command;
+mod commits;
 mod connection;
 mod dead_letter;
 mod dispatch;
@@ -52,6 +55,7 @@ mod state;
 pub(crate) mod stats;
 mod topology;
 
+pub use commits::{CommitDone, MetaCommit};
 pub use persistence::SyncBatch;
 pub use state::Departed;
 
@@ -204,6 +208,8 @@ pub struct Broker {
     retired_latency: stats::LatencyHistogram,
     /// The stored policies, as applied to queues ([`Broker::apply_policies`]).
     policies: warren_policy::PolicySet,
+    /// Metadata commits made off the lock, for clients that wait for them.
+    commits: commits::Commits,
 }
 
 impl fmt::Debug for Broker {
@@ -272,6 +278,7 @@ impl Broker {
             retired_counters: stats::MessageCounters::default(),
             retired_latency: stats::LatencyHistogram::default(),
             policies: warren_policy::PolicySet::new(),
+            commits: commits::Commits::default(),
         };
         let mut defs = b.meta.load();
         b.policies = policies::policy_set(&defs.policies);
@@ -363,7 +370,7 @@ impl Broker {
     pub fn add_vhost(&mut self, name: &str) -> Result<(), BrokerError> {
         if !self.vhosts.contains_key(name) {
             valid_name("vhost", name)?;
-            self.meta.apply(Change::PutVhost(name.to_owned()))?;
+            self.store_change(Change::PutVhost(name.to_owned()))?;
             self.vhosts.insert(name.to_owned(), new_vhost());
         }
         Ok(())
@@ -372,7 +379,7 @@ impl Broker {
     /// Adds or replaces a user (durably).
     pub fn put_user(&mut self, user: UserDef) -> Result<(), BrokerError> {
         valid_name("user", &user.name)?;
-        self.meta.apply(Change::PutUser(user.clone()))?;
+        self.store_change(Change::PutUser(user.clone()))?;
         self.users.insert(user.name.clone(), user);
         Ok(())
     }
@@ -386,11 +393,13 @@ impl Broker {
                 )));
             }
         }
-        let Some(v) = self.vhosts.get_mut(&p.vhost) else {
+        if !self.vhosts.contains_key(&p.vhost) {
             return Err(BrokerError::Invalid(format!("no vhost '{}'", p.vhost)));
-        };
-        self.meta.apply(Change::PutPermission(p.clone()))?;
-        v.permissions.insert(p.user.clone(), p);
+        }
+        self.store_change(Change::PutPermission(p.clone()))?;
+        if let Some(v) = self.vhosts.get_mut(&p.vhost) {
+            v.permissions.insert(p.user.clone(), p);
+        }
         Ok(())
     }
 

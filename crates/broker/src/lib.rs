@@ -39,7 +39,8 @@ pub use broker::stats::{
     LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, Octets, QueueCounters, QueueSample,
 };
 pub use broker::{
-    Broker, BrokerConfig, ConnId, Departed, FLOW_READY_MAX, Overview, SyncBatch, Waker,
+    Broker, BrokerConfig, CommitDone, ConnId, Departed, FLOW_READY_MAX, MetaCommit, Overview,
+    SyncBatch, Waker,
 };
 
 /// An error opening or configuring a broker.

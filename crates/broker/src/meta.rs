@@ -313,6 +313,15 @@ pub trait MetadataStore: Send + std::fmt::Debug {
     fn master_candidates(&self) -> Option<Vec<(String, usize)>> {
         None
     }
+    /// Whether the changes a client's command makes are committed by the
+    /// shell, off the broker's lock, instead of by [`apply`](Self::apply)
+    /// and [`share`](Self::share): the broker then keeps them for
+    /// [`Broker::take_commits`](crate::Broker::take_commits) and holds the
+    /// client's reply until [`Broker::commit_done`](crate::Broker::commit_done).
+    /// For a store whose commit waits on other nodes (the cluster's).
+    fn defers(&self) -> bool {
+        false
+    }
 }
 
 /// Keeps everything in memory (tests, transient nodes).

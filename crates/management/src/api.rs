@@ -582,7 +582,7 @@ async fn vhost_put(
     if vhost.is_empty() {
         return Err(ApiError::bad_request("vhost name must not be empty"));
     }
-    let created = s.broker().ensure_vhost(&vhost)?;
+    let created = s.changing(|b| Ok(b.ensure_vhost(&vhost)?)).await?;
     Ok(created_or_updated(created))
 }
 
@@ -590,7 +590,7 @@ async fn vhost_delete(
     State(s): State<Management>,
     Path(vhost): Path<String>,
 ) -> ApiResult<Response> {
-    if s.broker().delete_vhost(&vhost)? {
+    if s.changing(|b| Ok(b.delete_vhost(&vhost)?)).await? {
         Ok(no_content())
     } else {
         Err(ApiError::not_found())
@@ -646,38 +646,40 @@ async fn user_put(
     if name.is_empty() {
         return Err(ApiError::bad_request("user name must not be empty"));
     }
-    let mut b = s.broker();
-    let existing = b.user(&name).cloned();
-    let password_hash = match (
-        v.get("password_hash").and_then(Value::as_str),
-        v.get("password").and_then(Value::as_str),
-    ) {
-        (Some(h), _) => h.to_owned(),
-        (None, Some(p)) => hash_password(p),
-        (None, None) => existing
-            .as_ref()
-            .map(|u| u.password_hash.clone())
-            .unwrap_or_default(),
-    };
-    let tags = if v.get("tags").is_some() {
-        parse_tags(v.get("tags"))
-    } else {
-        existing
-            .as_ref()
-            .map(|u| u.tags.clone())
-            .unwrap_or_default()
-    };
-    b.put_user(UserDef {
-        loopback_only: existing.as_ref().is_some_and(|u| u.loopback_only),
-        name,
-        password_hash,
-        tags,
-    })?;
-    Ok(created_or_updated(existing.is_none()))
+    s.changing(|b| {
+        let existing = b.user(&name).cloned();
+        let password_hash = match (
+            v.get("password_hash").and_then(Value::as_str),
+            v.get("password").and_then(Value::as_str),
+        ) {
+            (Some(h), _) => h.to_owned(),
+            (None, Some(p)) => hash_password(p),
+            (None, None) => existing
+                .as_ref()
+                .map(|u| u.password_hash.clone())
+                .unwrap_or_default(),
+        };
+        let tags = if v.get("tags").is_some() {
+            parse_tags(v.get("tags"))
+        } else {
+            existing
+                .as_ref()
+                .map(|u| u.tags.clone())
+                .unwrap_or_default()
+        };
+        b.put_user(UserDef {
+            loopback_only: existing.as_ref().is_some_and(|u| u.loopback_only),
+            name,
+            password_hash,
+            tags,
+        })?;
+        Ok(created_or_updated(existing.is_none()))
+    })
+    .await
 }
 
 async fn user_delete(State(s): State<Management>, Path(name): Path<String>) -> ApiResult<Response> {
-    if s.broker().delete_user(&name)? {
+    if s.changing(|b| Ok(b.delete_user(&name)?)).await? {
         Ok(no_content())
     } else {
         Err(ApiError::not_found())
@@ -726,26 +728,30 @@ async fn permission_put(
         user,
         vhost,
     };
-    let mut b = s.broker();
-    if b.user(&p.user).is_none() {
-        return Err(ApiError::bad_request(format!("no user '{}'", p.user)));
-    }
-    if !b.has_vhost(&p.vhost) {
-        return Err(ApiError::bad_request(format!("no vhost '{}'", p.vhost)));
-    }
-    let created = !b
-        .permissions()
-        .iter()
-        .any(|x| x.vhost == p.vhost && x.user == p.user);
-    b.set_permissions(p)?;
-    Ok(created_or_updated(created))
+    s.changing(|b| {
+        if b.user(&p.user).is_none() {
+            return Err(ApiError::bad_request(format!("no user '{}'", p.user)));
+        }
+        if !b.has_vhost(&p.vhost) {
+            return Err(ApiError::bad_request(format!("no vhost '{}'", p.vhost)));
+        }
+        let created = !b
+            .permissions()
+            .iter()
+            .any(|x| x.vhost == p.vhost && x.user == p.user);
+        b.set_permissions(p)?;
+        Ok(created_or_updated(created))
+    })
+    .await
 }
 
 async fn permission_delete(
     State(s): State<Management>,
     Path((vhost, user)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    if s.broker().clear_permissions(&user, &vhost)? {
+    if s.changing(|b| Ok(b.clear_permissions(&user, &vhost)?))
+        .await?
+    {
         Ok(no_content())
     } else {
         Err(ApiError::not_found())
@@ -854,7 +860,7 @@ pub(crate) fn validate_policy(
     })
 }
 
-fn put_policy(
+async fn put_policy(
     s: &Management,
     vhost: &str,
     name: &str,
@@ -863,21 +869,30 @@ fn put_policy(
 ) -> ApiResult<Response> {
     let v = parse_body(body)?;
     let def = validate_policy(vhost, name, &v, operator)?;
-    let mut b = s.broker();
-    if !b.has_vhost(vhost) {
-        return Err(ApiError::not_found());
-    }
-    let created = !b
-        .policies()
-        .iter()
-        .any(|p| p.vhost == vhost && p.name == name && p.operator == operator);
-    b.put_policy(def)?;
-    tracing::info!(vhost, policy = name, operator, "policy set");
-    Ok(created_or_updated(created))
+    s.changing(|b| {
+        if !b.has_vhost(vhost) {
+            return Err(ApiError::not_found());
+        }
+        let created = !b
+            .policies()
+            .iter()
+            .any(|p| p.vhost == vhost && p.name == name && p.operator == operator);
+        b.put_policy(def)?;
+        tracing::info!(vhost, policy = name, operator, "policy set");
+        Ok(created_or_updated(created))
+    })
+    .await
 }
 
-fn delete_policy(s: &Management, vhost: &str, name: &str, operator: bool) -> ApiResult<Response> {
-    if s.broker().delete_policy(vhost, name, operator)? {
+async fn delete_policy(
+    s: &Management,
+    vhost: &str,
+    name: &str,
+    operator: bool,
+) -> ApiResult<Response> {
+    if s.changing(|b| Ok(b.delete_policy(vhost, name, operator)?))
+        .await?
+    {
         tracing::info!(vhost, policy = name, operator, "policy cleared");
         Ok(no_content())
     } else {
@@ -909,13 +924,13 @@ async fn policy_put(
     Path((vhost, name)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    put_policy(&s, &vhost, &name, &body, false)
+    put_policy(&s, &vhost, &name, &body, false).await
 }
 async fn policy_delete(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    delete_policy(&s, &vhost, &name, false)
+    delete_policy(&s, &vhost, &name, false).await
 }
 async fn op_policies_all(
     State(s): State<Management>,
@@ -941,13 +956,13 @@ async fn op_policy_put(
     Path((vhost, name)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    put_policy(&s, &vhost, &name, &body, true)
+    put_policy(&s, &vhost, &name, &body, true).await
 }
 async fn op_policy_delete(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    delete_policy(&s, &vhost, &name, true)
+    delete_policy(&s, &vhost, &name, true).await
 }
 
 /// A queue as `/api/queues` shows it. Its message stats and rates are
@@ -1172,13 +1187,15 @@ async fn queue_put(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let args = json_to_table(v.get("arguments").unwrap_or(&Value::Null));
-    let mut b = s.broker();
-    if !b.has_vhost(&vhost) {
-        return Err(ApiError::not_found());
-    }
-    let existed = b.queues(Some(&vhost)).iter().any(|q| q.name == name);
-    b.admin_declare_queue(&vhost, &name, durable, auto_delete, args)?;
-    Ok(created_or_updated(!existed))
+    s.changing(|b| {
+        if !b.has_vhost(&vhost) {
+            return Err(ApiError::not_found());
+        }
+        let existed = b.queues(Some(&vhost)).iter().any(|q| q.name == name);
+        b.admin_declare_queue(&vhost, &name, durable, auto_delete, args)?;
+        Ok(created_or_updated(!existed))
+    })
+    .await
 }
 
 async fn queue_delete(
@@ -1186,24 +1203,26 @@ async fn queue_delete(
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let mut b = s.broker();
-    let info = b
-        .queues(Some(&vhost))
-        .into_iter()
-        .find(|x| x.name == name)
-        .ok_or_else(ApiError::not_found)?;
-    if q.get("if-empty").is_some_and(|x| x == "true") && info.messages_ready > 0 {
-        return Err(ApiError::bad_request(format!(
-            "queue '{name}' in vhost '{vhost}' is not empty"
-        )));
-    }
-    if q.get("if-unused").is_some_and(|x| x == "true") && info.consumers > 0 {
-        return Err(ApiError::bad_request(format!(
-            "queue '{name}' in vhost '{vhost}' in use"
-        )));
-    }
-    b.admin_delete_queue(&vhost, &name);
-    Ok(no_content())
+    s.changing(|b| {
+        let info = b
+            .queues(Some(&vhost))
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or_else(ApiError::not_found)?;
+        if q.get("if-empty").is_some_and(|x| x == "true") && info.messages_ready > 0 {
+            return Err(ApiError::bad_request(format!(
+                "queue '{name}' in vhost '{vhost}' is not empty"
+            )));
+        }
+        if q.get("if-unused").is_some_and(|x| x == "true") && info.consumers > 0 {
+            return Err(ApiError::bad_request(format!(
+                "queue '{name}' in vhost '{vhost}' in use"
+            )));
+        }
+        b.admin_delete_queue(&vhost, &name);
+        Ok(no_content())
+    })
+    .await
 }
 
 async fn queue_purge(
@@ -1334,28 +1353,32 @@ async fn exchange_put(
         .ok_or_else(|| ApiError::bad_request("[{key_missing,type}]"))?
         .to_owned();
     let flag = |k: &str, d: bool| v.get(k).and_then(Value::as_bool).unwrap_or(d);
-    let mut b = s.broker();
-    if !b.has_vhost(&vhost) {
-        return Err(ApiError::not_found());
-    }
-    let existed = b.exchanges(Some(&vhost)).iter().any(|x| x.name == name);
-    b.admin_declare_exchange(warren_broker::meta::ExchangeDef {
-        vhost,
-        name,
-        kind,
-        durable: flag("durable", true),
-        auto_delete: flag("auto_delete", false),
-        internal: flag("internal", false),
-        arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
-    })?;
-    Ok(created_or_updated(!existed))
+    s.changing(|b| {
+        if !b.has_vhost(&vhost) {
+            return Err(ApiError::not_found());
+        }
+        let existed = b.exchanges(Some(&vhost)).iter().any(|x| x.name == name);
+        b.admin_declare_exchange(warren_broker::meta::ExchangeDef {
+            vhost,
+            name,
+            kind,
+            durable: flag("durable", true),
+            auto_delete: flag("auto_delete", false),
+            internal: flag("internal", false),
+            arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
+        })?;
+        Ok(created_or_updated(!existed))
+    })
+    .await
 }
 
 async fn exchange_delete(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    if s.broker().admin_delete_exchange(&vhost, &name)? {
+    if s.changing(|b| Ok(b.admin_delete_exchange(&vhost, &name)?))
+        .await?
+    {
         Ok(no_content())
     } else {
         Err(ApiError::not_found())
@@ -1410,11 +1433,13 @@ async fn binding_post(
         routing_key: routing_key.clone(),
         arguments: json_to_table(v.get("arguments").unwrap_or(&Value::Null)),
     };
-    let mut b = s.broker();
-    if !b.has_vhost(&vhost) {
-        return Err(ApiError::not_found());
-    }
-    b.admin_bind(def)?;
+    s.changing(|b| {
+        if !b.has_vhost(&vhost) {
+            return Err(ApiError::not_found());
+        }
+        Ok(b.admin_bind(def)?)
+    })
+    .await?;
     let props = if routing_key.is_empty() {
         "~".to_owned()
     } else {

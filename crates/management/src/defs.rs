@@ -138,8 +138,8 @@ fn field<'a>(x: &'a Value, key: &str, what: &str) -> ApiResult<&'a str> {
 /// Imports definitions in RabbitMQ's order: users, vhosts, permissions,
 /// exchanges, policies, queues, bindings. Every policy is validated before
 /// anything changes. `only_vhost` forces every entity into that vhost.
-fn import(s: &Management, v: &Value, only_vhost: Option<&str>) -> ApiResult<()> {
-    import_into(&mut s.broker(), v, only_vhost)
+async fn import(s: &Management, v: &Value, only_vhost: Option<&str>) -> ApiResult<()> {
+    s.changing(|b| import_into(b, v, only_vhost)).await
 }
 
 /// Imports RabbitMQ definitions JSON into `broker` (what `POST
@@ -282,7 +282,7 @@ pub(crate) async fn export_vhost(
 
 pub(crate) async fn import_all(State(s): State<Management>, body: Bytes) -> ApiResult<Response> {
     let v = parse_body(&body)?;
-    import(&s, &v, None)?;
+    import(&s, &v, None).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -295,6 +295,6 @@ pub(crate) async fn import_vhost(
     if !s.broker().has_vhost(&vhost) {
         return Err(ApiError::not_found());
     }
-    import(&s, &v, Some(&vhost))?;
+    import(&s, &v, Some(&vhost)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

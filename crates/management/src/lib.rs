@@ -198,6 +198,27 @@ impl Management {
         lock(&self.broker)
     }
 
+    /// Runs `f` on the broker, then answers once the metadata changes it
+    /// made are committed: in a cluster, by a majority, waited for without
+    /// the broker's lock (`Broker::recorded`), so no client of the node
+    /// waits with the operator.
+    async fn changing<R>(
+        &self,
+        f: impl FnOnce(&mut Broker) -> api::ApiResult<R>,
+    ) -> api::ApiResult<R> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let r = self.broker().recorded(
+            f,
+            Box::new(move |result| {
+                let _ = tx.send(result);
+            }),
+        );
+        match rx.await {
+            Ok(Err(e)) => Err(warren_broker::BrokerError::Meta(e).into()),
+            _ => r,
+        }
+    }
+
     /// The rate samples. Never held while taking the broker's lock.
     fn rates(&self) -> MutexGuard<'_, rates::Rates> {
         lock(&self.rates)

@@ -28,12 +28,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 use warren_amqp::amq_protocol::types::FieldTable;
-use warren_broker::Broker;
 use warren_broker::auth::{PermissionDef, UserDef};
 use warren_broker::meta::{
     BindingDef, Change, Definitions, ExchangeDef, MetaError, MetadataStore, PolicyDef, QueueDef,
 };
+use warren_broker::{Broker, MetaCommit};
 use warren_broker::{json_to_table, table_to_json};
 use warren_cluster::{
     ArgValue, Arguments, BindingRecord, Cluster, ClusterConfig, ClusterError, Command,
@@ -405,54 +406,91 @@ impl ClusterStore {
         }
     }
 
-    /// Commits `cmds` in order, waiting (the broker's lock held) at most
-    /// [`WRITE_TIMEOUT`], or [`NO_MAJORITY_WAIT`] once this node's failure
-    /// detector sees no majority: a node cut off from most of the cluster
-    /// answers a declare with an error within seconds instead of freezing
-    /// its other clients for the whole wait. (Only shortened, not refused
-    /// at once: under load the detector can miss a majority that Raft
-    /// still has, and the change then goes through in milliseconds.)
-    fn commit(&self, cmds: Vec<Command>) -> Result<(), MetaError> {
-        const NO_MAJORITY: &str = "no majority of the cluster's nodes is reachable from this node";
-        let mut majority = self.cluster.majority();
+    /// Commits `cmds` in order, waiting (the broker's lock held) for
+    /// [`commit`]: the definitions an operator changes through the
+    /// management API. A client's declare, delete or bind is committed off
+    /// the lock ([`commit_loop`]).
+    fn commit_blocking(&self, cmds: Vec<Command>) -> Result<(), MetaError> {
         let (tx, rx) = std::sync::mpsc::channel();
         let cluster = self.cluster.clone();
         self.rt.spawn(async move {
-            let write = async {
-                for cmd in cmds {
-                    let deleting = is_delete(&cmd);
-                    match cluster.write_everywhere(cmd).await {
-                        Ok(_) => {}
-                        // Deleting what is already gone is done.
-                        Err(ClusterError::Rejected(
-                            Rejection::NoVhost(_)
-                            | Rejection::NoUser(_)
-                            | Rejection::NoQueue { .. }
-                            | Rejection::NoExchange { .. },
-                        )) if deleting => {}
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-                Ok(())
-            };
-            let cut_off = async {
-                if majority.wait_for(|m| !*m).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-                tokio::time::sleep(NO_MAJORITY_WAIT).await;
-            };
-            let result = tokio::select! {
-                r = write => r,
-                () = cut_off => Err(NO_MAJORITY.to_owned()),
-            };
-            let _ = tx.send(result);
+            let _ = tx.send(commit(&cluster, cmds).await);
         });
-        match rx.recv_timeout(WRITE_TIMEOUT) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(MetaError::Cluster(e)),
-            Err(_) => Err(MetaError::Cluster(
-                "the cluster did not answer in time (no majority?)".into(),
-            )),
+        match rx.recv_timeout(WRITE_TIMEOUT + Duration::from_secs(1)) {
+            Ok(r) => r.map_err(MetaError::Cluster),
+            Err(_) => Err(MetaError::Cluster(TIMED_OUT.into())),
+        }
+    }
+}
+
+const TIMED_OUT: &str = "the cluster did not answer in time (no majority?)";
+
+/// Commits `cmds` in order, in at most [`WRITE_TIMEOUT`], or
+/// [`NO_MAJORITY_WAIT`] once this node's failure detector sees no majority:
+/// a node cut off from most of the cluster answers a declare with an error
+/// within seconds. (Only shortened, not refused at once: under load the
+/// detector can miss a majority that Raft still has, and the change then
+/// goes through in milliseconds.)
+async fn commit(cluster: &Cluster, cmds: Vec<Command>) -> Result<(), String> {
+    const NO_MAJORITY: &str = "no majority of the cluster's nodes is reachable from this node";
+    let mut majority = cluster.majority();
+    let write = async {
+        for cmd in cmds {
+            let deleting = is_delete(&cmd);
+            match cluster.write_everywhere(cmd).await {
+                Ok(_) => {}
+                // Deleting what is already gone is done.
+                Err(ClusterError::Rejected(
+                    Rejection::NoVhost(_)
+                    | Rejection::NoUser(_)
+                    | Rejection::NoQueue { .. }
+                    | Rejection::NoExchange { .. },
+                )) if deleting => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    };
+    let cut_off = async {
+        if majority.wait_for(|m| !*m).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(NO_MAJORITY_WAIT).await;
+    };
+    tokio::select! {
+        r = write => r,
+        () = cut_off => Err(NO_MAJORITY.to_owned()),
+        () = tokio::time::sleep(WRITE_TIMEOUT) => Err(TIMED_OUT.to_owned()),
+    }
+}
+
+/// Makes the metadata commits that clients wait for
+/// ([`Broker::take_commits`]), off the broker's lock, one at a time in the
+/// order they were asked (a bind may need the declare before it); a
+/// refused one wakes the replay loop, which undoes it here.
+async fn commit_loop(
+    cluster: Cluster,
+    rt: tokio::runtime::Handle,
+    broker: Arc<Mutex<Broker>>,
+    wake: Arc<Notify>,
+    replay: Arc<Notify>,
+) {
+    let node = cluster.node().to_string();
+    loop {
+        wake.notified().await;
+        let batch = crate::lock(&broker).take_commits();
+        for MetaCommit { ticket, changes } in batch {
+            let cmds = changes.into_iter().map(|c| to_command(c, &node)).collect();
+            let c = cluster.clone();
+            let result = match rt.spawn(async move { commit(&c, cmds).await }).await {
+                Ok(r) => r,
+                Err(e) => Err(e.to_string()),
+            };
+            let refused = result.is_err();
+            crate::lock(&broker).commit_done(ticket, result.map_err(MetaError::Cluster));
+            if refused {
+                replay.notify_one();
+            }
         }
     }
 }
@@ -480,11 +518,15 @@ impl MetadataStore for ClusterStore {
             return Ok(());
         }
         let cmd = to_command(change, &self.node);
-        self.commit(vec![cmd])
+        self.commit_blocking(vec![cmd])
     }
 
     fn share(&mut self, change: Change) -> Result<(), MetaError> {
         self.apply(change)
+    }
+
+    fn defers(&self) -> bool {
+        true
     }
 
     fn master_candidates(&self) -> Option<Vec<(String, usize)>> {
@@ -948,8 +990,10 @@ pub(crate) async fn replay_loop(
     cluster: Cluster,
     broker: Arc<Mutex<Broker>>,
     replaying: Arc<AtomicBool>,
+    again: Arc<Notify>,
 ) {
     let mut changes = cluster.metadata_changes();
+    let me = cluster.node().to_string();
     loop {
         {
             let mut b = broker
@@ -957,14 +1001,30 @@ pub(crate) async fn replay_loop(
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             replaying.store(true, Ordering::SeqCst);
             let (meta, index) = cluster.local_at();
-            replay(&mut b, &meta, cluster.node().as_str());
+            // What this node's clients changed and wait to see committed
+            // stays (`commits.rs`): the cluster will have it, or refuse it
+            // and send us round again.
+            let in_flight = b.changes_in_flight();
+            let meta = if in_flight.is_empty() {
+                meta
+            } else {
+                let mut m = (*meta).clone();
+                for change in in_flight {
+                    let _ = m.apply(&to_command(change, &me));
+                }
+                Arc::new(m)
+            };
+            replay(&mut b, &meta, &me);
             replaying.store(false, Ordering::SeqCst);
             // A client's change through another node is answered once
             // this broker has it (Cluster::write_everywhere).
             cluster.replayed(index);
         }
-        if changes.changed().await.is_err() {
-            return;
+        tokio::select! {
+            r = changes.changed() => if r.is_err() {
+                return;
+            },
+            () = again.notified() => {}
         }
     }
 }
@@ -1028,12 +1088,25 @@ impl Clustered {
         ))
     }
 
-    /// Replays the cluster's metadata on `broker`, now and on every change.
+    /// Replays the cluster's metadata on `broker`, now and on every change,
+    /// and makes the metadata commits its clients wait for.
     pub(crate) fn attach(&self, broker: Arc<Mutex<Broker>>) {
+        let again = Arc::new(Notify::new());
+        let wake = Arc::new(Notify::new());
+        let w = wake.clone();
+        crate::lock(&broker).set_commit_waker(Arc::new(move || w.notify_one()));
+        tokio::spawn(commit_loop(
+            self.cluster.clone(),
+            self.rt.clone(),
+            broker.clone(),
+            wake,
+            again.clone(),
+        ));
         tokio::spawn(replay_loop(
             self.cluster.clone(),
             broker,
             self.replaying.clone(),
+            again,
         ));
     }
 

@@ -479,3 +479,100 @@ fn refuses_peer_tls_off_with_quic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("QUIC between nodes is always TLS"), "{err}");
 }
+
+#[test]
+fn a_declare_waiting_for_the_majority_holds_up_no_other_client() {
+    // The other two nodes stopped (not down: the failure detector waits
+    // for --net-ticktime), a durable declare on A waits for the Raft
+    // majority; A's other clients go on meanwhile (before, the broker's
+    // lock was held through the commit and every client of A froze).
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, nodes) = three(root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[0], "plain.fast");
+    let signal = |sig: &str| {
+        for n in &nodes[1..] {
+            let status = Command::new("kill")
+                .args([sig, &n.pid().to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success());
+        }
+    };
+    signal("-STOP");
+    let body = json!({"durable": true});
+    let (declared_meanwhile, fast, declared) = std::thread::scope(|scope| {
+        rt.block_on(async {
+            let url = nodes[0].amqp_url();
+            let declaring = tokio::spawn(async move {
+                let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
+                let ch = conn.create_channel().await?;
+                ch.queue_declare(
+                    "plain.late".into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map(|_| conn)
+            });
+            // An operator's declare through the management API waits too.
+            let http = scope.spawn(|| {
+                nodes[0]
+                    .http("PUT", "/api/queues/%2F/plain.http", Some(&body))
+                    .0
+            });
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let conn = Connection::connect(&nodes[0].amqp_url(), ConnectionProperties::default())
+                .await
+                .unwrap();
+            let ch = conn.create_channel().await.unwrap();
+            ch.confirm_select(ConfirmSelectOptions::default())
+                .await
+                .unwrap();
+            // One persistent publish at a time into a queue of A alone.
+            let fast = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+                let mut acked = 0;
+                for _ in 0..5 {
+                    let confirm = ch
+                        .basic_publish(
+                            "".into(),
+                            "plain.fast".into(),
+                            BasicPublishOptions::default(),
+                            b"fast",
+                            BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await
+                        .unwrap();
+                    if confirm.await.is_ok_and(|c| c.is_ack()) {
+                        acked += 1;
+                    }
+                }
+                acked
+            })
+            .await;
+            let meanwhile = declaring.is_finished() || http.is_finished();
+            signal("-CONT");
+            let declared = declaring.await.unwrap();
+            let put = http.join().unwrap();
+            (meanwhile, fast, declared.map(|_| put))
+        })
+    });
+    signal("-CONT");
+    assert_eq!(fast, Ok(5), "a publisher of A got no confirms");
+    assert!(
+        !declared_meanwhile,
+        "the other client got its confirms only once the declare was answered: {declared:?}"
+    );
+    let put = declared.expect("the declare went through once the majority was back");
+    assert_eq!(put, 201, "the management API's declare");
+    eventually("both queues on every node", || {
+        nodes.iter().all(|n| {
+            ["plain.late", "plain.http"]
+                .iter()
+                .all(|q| n.http("GET", &format!("/api/queues/%2F/{q}"), None).0 == 200)
+        })
+    });
+}

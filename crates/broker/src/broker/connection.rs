@@ -43,6 +43,7 @@ impl Broker {
                 link: None,
                 publisher: false,
                 targets: Vec::new(),
+                committing: None,
                 counters: stats::MessageCounters::default(),
                 latency: stats::LatencyHistogram::default(),
                 octets: stats::Octets::default(),
@@ -162,7 +163,7 @@ impl Broker {
     pub fn disconnect(&mut self, id: ConnId, now_ms: u64) -> Option<Departed> {
         self.now = now_ms;
         self.current = id;
-        self.cleanup_conn(id);
+        self.detached(|b| b.cleanup_conn(id));
         let c = self.conns.remove(&id)?;
         self.retired_counters.add(&c.counters);
         self.retired_latency.add(&c.latency);
@@ -200,11 +201,15 @@ impl Broker {
         }
     }
 
-    fn process_events(&mut self, id: ConnId, mut buf: Option<&mut BytesMut>) {
+    pub(super) fn process_events(&mut self, id: ConnId, mut buf: Option<&mut BytesMut>) {
         loop {
             let Some(c) = self.conns.get_mut(&id) else {
                 return;
             };
+            if c.committing.is_some() {
+                // Its input waits until the commit is reported.
+                return;
+            }
             let Some(ev) = c.amqp.poll_event() else {
                 break;
             };
@@ -246,10 +251,19 @@ impl Broker {
                 Event::ChannelOpened(ch) => {
                     c.channels.insert(ch, Channel::default());
                 }
-                Event::ChannelClosed { channel, .. } => self.close_channel(id, channel),
+                Event::ChannelClosed { channel, .. } => {
+                    self.detached(|b| b.close_channel(id, channel));
+                }
                 Event::Command { channel, command } => {
                     let ids = method_ids(&command);
-                    if let Err(mut e) = self.command(id, channel, command) {
+                    // Exchange and queue methods may change metadata.
+                    let mark = if matches!(ids.0, 40 | 50) {
+                        self.begin_recording(id)
+                    } else {
+                        None
+                    };
+                    let result = self.command(id, channel, command);
+                    if let Err(mut e) = result {
                         if e.class_id == 0 {
                             e = e.with_method(ids.0, ids.1);
                         }
@@ -261,10 +275,13 @@ impl Broker {
                             }
                         }
                     }
+                    if mark.is_some() {
+                        self.end_recording(id, mark, ids);
+                    }
                 }
                 Event::Closed(reason) => {
                     tracing::debug!(conn = id, ?reason, "connection closed");
-                    self.cleanup_conn(id);
+                    self.detached(|b| b.cleanup_conn(id));
                     if let Some(c) = self.conns.get_mut(&id) {
                         c.closed = true;
                         c.client_closed = matches!(reason, CloseReason::ClientClosed { .. });

@@ -15,6 +15,10 @@ impl Broker {
     /// Expires messages (`x-message-ttl`, `expiration`) and unused queues
     /// (`x-expires`). Call it every few tens of milliseconds.
     pub fn tick(&mut self, now_ms: u64) {
+        self.detached(|b| b.expire(now_ms));
+    }
+
+    fn expire(&mut self, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
         // After a stall (this node's work held up: a slow disk under the

@@ -519,7 +519,7 @@ impl Broker {
                 (c.waker)();
             }
         }
-        self.meta.apply(Change::DeleteVhost(name.to_owned()))?;
+        self.store_change(Change::DeleteVhost(name.to_owned()))?;
         self.vhosts.remove(name);
         Ok(true)
     }
@@ -529,7 +529,7 @@ impl Broker {
         if !self.users.contains_key(name) {
             return Ok(false);
         }
-        self.meta.apply(Change::DeleteUser(name.to_owned()))?;
+        self.store_change(Change::DeleteUser(name.to_owned()))?;
         self.users.remove(name);
         for v in self.vhosts.values_mut() {
             v.permissions.remove(name);
@@ -539,17 +539,20 @@ impl Broker {
 
     /// Clears a user's permissions in a vhost. False if there were none.
     pub fn clear_permissions(&mut self, user: &str, vhost: &str) -> Result<bool, BrokerError> {
-        let Some(v) = self.vhosts.get_mut(vhost) else {
-            return Ok(false);
-        };
-        if !v.permissions.contains_key(user) {
+        if !self
+            .vhosts
+            .get(vhost)
+            .is_some_and(|v| v.permissions.contains_key(user))
+        {
             return Ok(false);
         }
-        self.meta.apply(Change::DeletePermission {
+        self.store_change(Change::DeletePermission {
             user: user.to_owned(),
             vhost: vhost.to_owned(),
         })?;
-        v.permissions.remove(user);
+        if let Some(v) = self.vhosts.get_mut(vhost) {
+            v.permissions.remove(user);
+        }
         Ok(true)
     }
 
@@ -794,7 +797,7 @@ impl Broker {
             return Err(BrokerError::Invalid(format!("no vhost '{}'", p.vhost)));
         }
         valid_name("policy", &p.name)?;
-        self.meta.apply(Change::PutPolicy(p))?;
+        self.store_change(Change::PutPolicy(p))?;
         self.apply_policies(&self.meta.load().policies);
         Ok(())
     }
@@ -813,7 +816,7 @@ impl Broker {
             .iter()
             .any(|p| p.vhost == vhost && p.name == name && p.operator == operator);
         if found {
-            self.meta.apply(Change::DeletePolicy {
+            self.store_change(Change::DeletePolicy {
                 vhost: vhost.to_owned(),
                 name: name.to_owned(),
                 operator,
@@ -830,7 +833,7 @@ impl Broker {
             return Ok(false);
         }
         valid_name("vhost", name)?;
-        self.meta.apply(Change::PutVhost(name.to_owned()))?;
+        self.store_change(Change::PutVhost(name.to_owned()))?;
         self.vhosts.insert(name.to_owned(), new_vhost());
         Ok(true)
     }

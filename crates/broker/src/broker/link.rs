@@ -1017,6 +1017,7 @@ impl Broker {
                 client_closed: false,
                 publisher: false,
                 targets: Vec::new(),
+                committing: None,
                 counters: super::stats::MessageCounters::default(),
                 latency: super::stats::LatencyHistogram::default(),
                 octets: super::stats::Octets::default(),

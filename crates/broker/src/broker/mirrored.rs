@@ -305,9 +305,13 @@ impl Broker {
     /// [`Self::lags`]) or the link to its master's node (flow control; a
     /// stopped reader is what RabbitMQ's credit flow does too); or a
     /// resource alarm is in force. One backlogged queue or link holds back
-    /// only the publishers that send into it.
+    /// only the publishers that send into it. Any connection waits while
+    /// its last command waits for its metadata commit (`commits.rs`).
     #[must_use]
     pub fn input_paused(&self, id: ConnId) -> bool {
+        if self.conns.get(&id).is_some_and(|c| c.committing.is_some()) {
+            return true;
+        }
         let Some(c) = self
             .conns
             .get(&id)

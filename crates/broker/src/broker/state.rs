@@ -263,6 +263,9 @@ pub(super) struct Conn {
     /// The queues (of its vhost) this connection's publishes went to lately:
     /// it waits while one of them lags behind its consumers (flow control).
     pub(super) targets: Vec<Arc<str>>,
+    /// Its last command waits for its metadata commit (`commits.rs`):
+    /// nothing more of its input is handled meanwhile.
+    pub(super) committing: Option<super::commits::Parked>,
 }
 
 /// A client connection that has left the broker, with everything it owned.

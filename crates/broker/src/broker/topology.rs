@@ -815,6 +815,13 @@ impl Broker {
         scope: Scope,
         change: Change,
     ) -> Result<(), crate::meta::MetaError> {
+        if scope == Scope::Local {
+            return Ok(());
+        }
+        // A client's command: committed off the lock (`commits.rs`).
+        let Some(change) = self.defer(change) else {
+            return Ok(());
+        };
         match scope {
             Scope::Local => Ok(()),
             Scope::Shared => self.meta.share(change),
@@ -823,7 +830,7 @@ impl Broker {
     }
 }
 
-fn meta_err(e: crate::meta::MetaError) -> AmqpError {
+pub(super) fn meta_err(e: crate::meta::MetaError) -> AmqpError {
     tracing::error!(error = %e, "metadata store failed");
     match e {
         // Why the cluster refused (no majority, a timeout) is the client's

@@ -4,6 +4,7 @@
 //! behaviour (reply codes and texts, declare-ok counts, routing rules,
 //! `x-death` headers, confirm and transaction semantics).
 
+mod commits;
 mod confirms;
 mod dead_letter;
 mod dispatch;

@@ -18,7 +18,7 @@ use warren_amqp::amq_protocol::protocol::{
     AMQPClass, BasicProperties, basic, channel, confirm, connection, exchange, queue, tx,
 };
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
-use warren_broker::meta::MemoryStore;
+use warren_broker::meta::{MemoryStore, MetadataStore};
 use warren_broker::{Broker, BrokerConfig, ConnId};
 
 /// The time the tests start at (ms; any value past zero).
@@ -38,12 +38,13 @@ pub struct Node(Rc<RefCell<Inner>>);
 impl Node {
     /// A fresh broker at [`START_MS`].
     pub fn new() -> Self {
+        Self::with_store(Box::new(MemoryStore::default()))
+    }
+
+    /// A fresh broker at [`START_MS`] over the metadata store `store`.
+    pub fn with_store(store: Box<dyn MetadataStore>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut broker = Broker::open(
-            BrokerConfig::new(dir.path()),
-            Box::new(MemoryStore::default()),
-        )
-        .expect("open broker");
+        let mut broker = Broker::open(BrokerConfig::new(dir.path()), store).expect("open broker");
         broker.add_vhost("/").expect("vhost");
         broker.tick(START_MS);
         Self(Rc::new(RefCell::new(Inner {
