@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -22,6 +23,9 @@ use crate::core::{Entry, Removed, StoreRef};
 use crate::error::StoreError;
 use crate::record::{self, Invalid, PublishMeta, Record};
 use crate::storage::{Storage, StorageFile};
+
+/// Numbers every log opened in this process ([`SyncJob`]s name theirs).
+static NEXT_LOG_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Options of the durable store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +119,9 @@ pub(crate) struct SegmentLog {
     spares_in_flight: usize,
     live_bytes: u64,
     disk_bytes: u64,
+    /// Tells this log's sync jobs from those of a log it replaced (the
+    /// same directory reopened).
+    id: u64,
     gen_prepared: u64,
     gen_completed: u64,
     /// A sync job failed or was lost: durability can no longer be promised
@@ -161,6 +168,8 @@ fn write_deferred(slot: &Mutex<Option<DeferredWrite>>) -> Result<(), StoreError>
 /// [`complete_sync`](crate::BackingQueue::complete_sync).
 #[derive(Debug)]
 pub struct SyncJob {
+    /// The log that prepared it.
+    log: u64,
     generation: u64,
     storage: Arc<dyn Storage>,
     /// The appends to write before the sync, unless the log already did.
@@ -467,6 +476,7 @@ impl SegmentLog {
             spares_in_flight: 0,
             live_bytes: 0,
             disk_bytes: 0,
+            id: NEXT_LOG_ID.fetch_add(1, Ordering::Relaxed),
             gen_prepared: 0,
             gen_completed: 0,
             poisoned: false,
@@ -826,6 +836,7 @@ impl SegmentLog {
         }
         self.gen_prepared += 1;
         Ok(SyncJob {
+            log: self.id,
             generation: self.gen_prepared,
             storage: Arc::clone(&self.storage),
             deferred,
@@ -838,7 +849,12 @@ impl SegmentLog {
     }
 
     /// Finishes a group commit that has run; returns the new synced watermark.
+    /// A job of another log (one this log replaced while the job ran, the
+    /// same directory reopened) is none of its business: nothing changes.
     pub(crate) fn complete_sync(&mut self, job: &SyncJob) -> Result<u64, StoreError> {
+        if job.log != self.id {
+            return Ok(self.synced_seq);
+        }
         let expected = self.gen_completed + 1;
         if self.poisoned {
             return Err(StoreError::Poisoned);

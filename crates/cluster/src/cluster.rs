@@ -546,6 +546,10 @@ impl Cluster {
         if let Err(e) = &result {
             tracing::warn!(node = %self.inner.config.node, error = %e, "graceful hand-off failed; stopping anyway");
         }
+        self.inner
+            .peers
+            .say_leaving(self.inner.config.raft_heartbeat_interval)
+            .await;
         self.shutdown().await;
         result
     }
@@ -970,7 +974,8 @@ impl Cluster {
 
 /// Serves a request from a peer.
 async fn handle(weak: Weak<Inner>, from: NodeName, req: Request) -> Response {
-    let Some(inner) = weak.upgrade() else {
+    // Stopping (or stopped): Raft no longer takes requests.
+    let Some(inner) = weak.upgrade().filter(|i| !*i.stop.borrow()) else {
         return match req {
             Request::AppendEntries(_) => Response::AppendEntries(Err("node stopped".into())),
             Request::Vote(_) => Response::Vote(Err("node stopped".into())),
@@ -1443,7 +1448,11 @@ async fn detector(weak: Weak<Inner>) {
             }
             for n in before.difference(&up) {
                 let refused = inner.peers.refused(n);
-                tracing::warn!(node = %inner.config.node, peer = %n, refused, "node down");
+                if inner.peers.leaving(n) {
+                    tracing::info!(node = %inner.config.node, peer = %n, "node down: it stopped cleanly");
+                } else {
+                    tracing::warn!(node = %inner.config.node, peer = %n, refused, "node down");
+                }
                 let _ = inner.events.send(NodeEvent::Down(n.clone()));
                 let led = members
                     .iter()

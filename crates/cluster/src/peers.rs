@@ -93,6 +93,9 @@ struct Inner {
     echo: Mutex<BTreeMap<NodeName, (Instant, Option<u64>)>>,
     /// Peers whose address refused a connection since they were last heard.
     refused: Mutex<BTreeSet<NodeName>>,
+    /// Peers that said they are stopping cleanly ([`PeerFrame::Leaving`]),
+    /// until a new connection with them opens.
+    leaving: Mutex<BTreeSet<NodeName>>,
     /// Peers whose link ended from their side (end of stream or an error)
     /// since the failure detector last asked: it probes them at once.
     lost: Mutex<BTreeSet<NodeName>>,
@@ -138,6 +141,7 @@ impl Peers {
                 last_seen: Mutex::new(BTreeMap::new()),
                 echo: Mutex::new(BTreeMap::new()),
                 refused: Mutex::new(BTreeSet::new()),
+                leaving: Mutex::new(BTreeSet::new()),
                 lost: Mutex::new(BTreeSet::new()),
                 changed: Arc::new(tokio::sync::Notify::new()),
                 handler: Mutex::new(None),
@@ -223,6 +227,28 @@ impl Peers {
         lock(&self.inner.refused).remove(peer);
     }
 
+    /// Whether `peer` said it is stopping cleanly (and no new connection
+    /// with it opened since).
+    pub(crate) fn leaving(&self, peer: &NodeName) -> bool {
+        lock(&self.inner.leaving).contains(peer)
+    }
+
+    /// Tells every connected peer that this node is stopping cleanly,
+    /// waiting at most `timeout` for the frames to be queued.
+    pub(crate) async fn say_leaving(&self, timeout: Duration) {
+        let Ok(bytes) = encode_message(&PeerFrame::Leaving) else {
+            return;
+        };
+        let bytes = Bytes::from(bytes);
+        let links: Vec<Arc<Link>> = lock(&self.inner.links).values().cloned().collect();
+        let _ = tokio::time::timeout(timeout, async {
+            for link in links {
+                let _ = link.tx.send(bytes.clone()).await;
+            }
+        })
+        .await;
+    }
+
     /// Whether `peer`'s address refused a connection since it was last
     /// heard from: its process is gone (a SIGKILL shows here at once, long
     /// before any heartbeat timeout).
@@ -294,6 +320,7 @@ impl Peers {
                 }
             };
             if keep_new {
+                lock(&self.inner.leaving).remove(&peer);
                 if let Some(old) = links.insert(peer.clone(), link.clone())
                     && !old.is_closed()
                 {
@@ -367,6 +394,10 @@ impl Peers {
             Ok(PeerFrame::Metadata { body }) => body,
             Ok(PeerFrame::Heard { silent_ms }) => {
                 lock(&self.inner.echo).insert(link.peer.clone(), (Instant::now(), silent_ms));
+                return;
+            }
+            Ok(PeerFrame::Leaving) => {
+                lock(&self.inner.leaving).insert(link.peer.clone());
                 return;
             }
             Ok(_) => return,

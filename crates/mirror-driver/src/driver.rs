@@ -109,10 +109,10 @@ pub struct MirrorDriver<S: MetadataSource> {
     replicas: Mutex<HashMap<(String, String), Running>>,
     /// Replica tasks still running (for a clean stop).
     tasks: Mutex<tokio::task::JoinSet<()>>,
-    stop_all: Notify,
-    /// The node is shutting down: replicas stop but leave their files as
-    /// they are (the next start decides what they are).
-    shutting_down: std::sync::atomic::AtomicBool,
+    /// Set when the node is shutting down: replicas stop but leave their
+    /// files as they are (the next start decides what they are). A watch,
+    /// not a `Notify`: a task busy when it is set still sees it.
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl<S: MetadataSource> std::fmt::Debug for MirrorDriver<S> {
@@ -155,8 +155,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             authority,
             replicas: Mutex::new(HashMap::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
-            stop_all: Notify::new(),
-            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            stop: tokio::sync::watch::channel(false).0,
         });
         // Before the node takes clients: its broker serves the queues it
         // recovered from its own disk, and a mirror's copy is stale. Point
@@ -223,7 +222,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 r = changes.changed() => if r.is_err() { return },
                 r = up.changed() => if r.is_err() { return },
                 _ = every.tick() => {}
-                () = self.stop_all.notified() => return,
+                () = self.stopped() => return,
             }
         }
     }
@@ -520,7 +519,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     }
                 }
                 _ = tick.tick() => self.input(vhost, name, MirrorInput::Tick),
-                () = self.stop_all.notified(), if !stop_requested => {
+                () = self.stopped(), if !stop_requested => {
                     stop_requested = true;
                     self.input(vhost, name, MirrorInput::Stop);
                 }
@@ -574,9 +573,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     && records.local().is_ok_and(|r| r.master == self.node);
                 // A master whose disk failed keeps what it has but takes no
                 // more work, like a stopping node.
-                let end = if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
-                    || io.storage_failed
-                {
+                let end = if self.shutting_down() || io.storage_failed {
                     ReplicaEnd::Keep
                 } else if serve {
                     ReplicaEnd::Serve
@@ -606,14 +603,23 @@ impl<S: MetadataSource> MirrorDriver<S> {
         records: &ClusterRecords<S>,
         changes: &mut tokio::sync::watch::Receiver<u64>,
     ) {
-        while records.local().is_ok_and(|r| r.master == self.node)
-            && !self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
-        {
+        while records.local().is_ok_and(|r| r.master == self.node) && !self.shutting_down() {
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return },
-                () = self.stop_all.notified() => return,
+                () = self.stopped() => return,
             }
         }
+    }
+
+    /// Whether the node is shutting down ([`stop`](Self::stop)).
+    fn shutting_down(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Resolves once the node is shutting down (at once if it is).
+    async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
     }
 
     fn is_stopping(&self, vhost: &str, name: &str) -> bool {
@@ -657,9 +663,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
     /// Clean stop of every replica (masters hand over to synchronised
     /// mirrors), waiting at most `limit`.
     pub async fn stop(&self, limit: Duration) {
-        self.shutting_down
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.stop_all.notify_waiters();
+        self.stop.send_replace(true);
         let mut tasks = std::mem::take(
             &mut *self
                 .tasks

@@ -71,6 +71,10 @@ struct Args {
 
 type Shared = Arc<Mutex<Broker>>;
 
+/// The log directives for openraft beside the node's level (see `main`).
+const OPENRAFT_LOG: &str =
+    "openraft=error,openraft::replication=off,openraft::engine::handler::replication_handler=off";
+
 fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
     b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -89,10 +93,15 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     let level = args.settings.log_level.as_deref().unwrap_or("info");
+    // openraft reports every failed call to a peer that is down (at error
+    // level, several a second) and routine vote races: the failure
+    // detector's "node down" says what an operator needs. `RUST_LOG`
+    // shows them again.
+    let filter = format!("{level},{OPENRAFT_LOG}");
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: a log file reads plain.

@@ -1734,3 +1734,33 @@ fn a_backlogged_ring_holds_back_its_own_publishers_only() {
         "the other publisher's confirms came only after the mirrored queue's backlog cleared"
     );
 }
+
+#[test]
+fn a_clean_stop_of_a_cluster_in_use_logs_no_warning_or_error() {
+    // What an operator reads after stopping a healthy cluster, at the
+    // default log level: nodes stopping one after the other (the first,
+    // the Raft leader, last) while clients are connected, a mirrored queue
+    // in use, is no fault.
+    peers::use_default_logs();
+    let root = peers::test_root();
+    let (_secret, mut nodes, rt) = mirrored_three(root.path());
+    let clients = rt.block_on(async {
+        let (pc, pch) = confirming(&nodes[1]).await;
+        for _ in 0..200 {
+            let confirm = publish_persistent(&pch, QUEUE, b"m").await;
+            assert!(confirm.await.unwrap().is_ack());
+        }
+        let (cc, cch, mut c) = consumer(&nodes[2], "c", 50).await;
+        for _ in 0..100 {
+            let d = c.next().await.unwrap().unwrap();
+            d.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        (pc, pch, cc, cch, c)
+    });
+    for i in [2, 1, 0] {
+        nodes[i].terminate();
+    }
+    drop(clients);
+    let logged: Vec<String> = nodes.iter().flat_map(peers::warnings).collect();
+    assert!(logged.is_empty(), "{logged:#?}");
+}

@@ -173,7 +173,13 @@ fn tls_failed(addr: &PeerAddr, e: &std::io::Error) -> TransportError {
         }
         _ => String::new(),
     };
-    tracing::warn!(peer_addr = %addr, error = %e, "TLS handshake with peer failed{meaning}; connection refused");
+    if e.get_ref().is_some_and(|e| e.is::<Error>()) {
+        tracing::warn!(peer_addr = %addr, error = %e, "TLS handshake with peer failed{meaning}; connection refused");
+    } else {
+        // The connection broke (a peer stopping, a cut), no TLS error: the
+        // failure detector reports what it means.
+        tracing::debug!(peer_addr = %addr, error = %e, "connection lost during the TLS handshake");
+    }
     TransportError::Tls(format!("TLS handshake with {addr} failed: {e}{meaning}"))
 }
 

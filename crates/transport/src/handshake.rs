@@ -33,7 +33,12 @@ pub async fn run_handshake(
                 addr: addr.clone(),
                 source,
             },
-            Failure::Transport(e) => e,
+            // The connection broke (a peer stopping, a cut): the failure
+            // detector reports what it means.
+            Failure::Transport(e) => {
+                tracing::debug!(node = %config.node, peer_addr = %addr, ?role, error = %e, "peer connection lost during the handshake");
+                return e;
+            }
         };
         tracing::warn!(node = %config.node, peer_addr = %addr, ?role, error = %err, "peer handshake failed; connection refused");
         err

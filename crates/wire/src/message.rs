@@ -38,6 +38,9 @@ pub enum PeerFrame {
         /// receiver; `None`: never since it started.
         silent_ms: Option<u64>,
     },
+    /// The sender is stopping cleanly (a graceful stop, not a crash): its
+    /// peers see it go at info level, not as a fault.
+    Leaving,
 }
 
 /// Encodes a peer message with postcard.
@@ -113,6 +116,8 @@ mod tests {
                 body: Bytes::from_static(b"pub"),
             },
             PeerFrame::Metadata { body: Bytes::new() },
+            PeerFrame::Heard { silent_ms: Some(7) },
+            PeerFrame::Leaving,
         ] {
             let bytes = encode_message(&frame).unwrap();
             assert_eq!(decode_message::<PeerFrame>(&bytes).unwrap(), frame);

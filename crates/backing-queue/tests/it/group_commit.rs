@@ -253,3 +253,38 @@ fn after_a_power_loss_every_recovered_message_may_have_been_delivered() {
         "message 2 was delivered before the power loss"
     );
 }
+
+/// A queue replaced while its sync job ran (its directory reopened: a
+/// mirror's store renewed at a node's stop) ignores that job: the new log
+/// is not poisoned, and its own jobs complete in order.
+#[test]
+fn a_sync_job_of_a_replaced_log_is_ignored() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let dir = Path::new("/node/replaced");
+    let open = || {
+        BackingQueue::open_in(
+            Arc::clone(&storage),
+            dir,
+            QueueConfig::default(),
+            StoreConfig::default(),
+        )
+        .expect("open")
+        .0
+    };
+    let mut old = open();
+    old.publish(0, NewMessage::new(1, vec![1; 100], true))
+        .expect("publish");
+    let mut late = old.prepare_sync().expect("prepare").expect("durable");
+    late.run().expect("run");
+    drop(old);
+    let mut new = open();
+    new.publish(0, NewMessage::new(2, vec![2; 100], true))
+        .expect("publish");
+    let synced = new.synced_seq();
+    assert_eq!(new.complete_sync(&late).expect("ignored"), synced);
+    let mut own = new.prepare_sync().expect("prepare").expect("durable");
+    own.run().expect("run");
+    assert!(new.complete_sync(&own).expect("complete") > synced);
+    assert!(!new.needs_sync());
+}

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -104,11 +105,15 @@ impl Peer {
             .arg(dir)
             .arg("--cluster-secret-file")
             .arg(secret)
-            .env("RUST_LOG", "info,openraft=error")
             .stdout(Stdio::piped())
             .stderr(log_file(dir));
         if let Some(j) = join {
             cmd.args(["--join", j]);
+        }
+        if DEFAULT_LOGS.load(Ordering::SeqCst) {
+            cmd.env_remove("RUST_LOG");
+        } else {
+            cmd.env("RUST_LOG", "info,openraft=error");
         }
         cmd.args(extra);
         let mut child = cmd.spawn().expect("start warren");
@@ -234,6 +239,25 @@ impl Drop for Peer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Set by [`use_default_logs`].
+static DEFAULT_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Nodes started from now on log what a node logs by default (no
+/// `RUST_LOG`), as an operator sees it.
+pub fn use_default_logs() {
+    DEFAULT_LOGS.store(true, Ordering::SeqCst);
+}
+
+/// The lines of node `p`'s log at WARN or ERROR level.
+pub fn warnings(p: &Peer) -> Vec<String> {
+    std::fs::read_to_string(p.dir.with_extension("log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// SIGKILLs process `pid` (a node started by the test).
