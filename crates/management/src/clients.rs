@@ -1,22 +1,24 @@
-//! This node's clients: `/api/connections`, `/api/channels` and
+//! The clients: `/api/connections`, `/api/channels` and
 //! `/api/consumers`, with RabbitMQ's names (`PEER -> NODE` for a
 //! connection, `PEER -> NODE (N)` for its channel `N`) and rates: a
 //! connection's octets (`recv_oct`, `send_oct`), a channel's
 //! `message_stats`. Monitors see every client, other users their own.
+//! Lists hold every running node's clients; a request about one client
+//! goes to its node (`fanout`).
 
 use std::collections::HashMap;
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse as _, Response};
 use serde_json::{Value, json};
 use warren_broker::{ChannelInfo, ConnectionInfo, ConsumerInfo};
 
-use crate::Management;
 use crate::access::AuthUser;
 use crate::api::{ApiError, ApiResult, ok, paged};
 use crate::rates::{self, Ranges, Rates};
+use crate::{Management, fanout};
 
 fn connection_name(c: &ConnectionInfo, node: &str) -> String {
     format!("{} -> {node}", c.peer)
@@ -86,21 +88,24 @@ fn channel_json(
     })
 }
 
-/// `GET /api/connections`.
+/// `GET /api/connections`: every running node's.
 pub(crate) async fn connections(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> Response {
-    let cs = s.broker().connections();
-    let (r, ranges) = (s.rates(), Ranges::from_query(&q));
-    ok(paged(
+    let mut list: Vec<Value> = {
+        let cs = s.broker().connections();
+        let (r, ranges) = (s.rates(), Ranges::from_query(&q));
         cs.iter()
             .filter(|c| u.sees_owner(&c.user))
             .map(|c| connection_json(&s.node, c, (&r, &ranges)))
-            .collect(),
-        &q,
-    ))
+            .collect()
+    };
+    list.extend(fanout::gather(&s, &headers, uri.path(), &q).await);
+    ok(paged(list, &q))
 }
 
 /// The connection of this node named `name`, if the user may see it.
@@ -119,13 +124,18 @@ fn find_connection(s: &Management, u: &AuthUser, name: &str) -> ApiResult<Connec
     Ok(c)
 }
 
-/// `GET /api/connections/{name}`.
+/// `GET /api/connections/{name}` (asked of its node).
 pub(crate) async fn connection_get(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
+    if let Some(r) = elsewhere(&s, &headers, "GET", &name, &uri).await {
+        return Ok(r);
+    }
     let c = find_connection(&s, &u, &name)?;
     let ranges = Ranges::from_query(&q);
     Ok(ok(connection_json(&s.node, &c, (&s.rates(), &ranges))))
@@ -138,8 +148,12 @@ pub(crate) async fn connection_close(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Path(name): Path<String>,
-    headers: axum::http::HeaderMap,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
+    if let Some(r) = elsewhere(&s, &headers, "DELETE", &name, &uri).await {
+        return Ok(r);
+    }
     let c = find_connection(&s, &u, &name)?;
     if !u.may_close(&c.user) {
         return Err(ApiError::unauthorized(
@@ -197,23 +211,32 @@ fn channels_json(
         .collect()
 }
 
-/// `GET /api/channels`.
+/// `GET /api/channels`: every running node's.
 pub(crate) async fn channels(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> Response {
     let chs = visible_channels(&s, &u, None);
-    ok(paged(channels_json(&s, &chs, &Ranges::from_query(&q)), &q))
+    let mut list = channels_json(&s, &chs, &Ranges::from_query(&q));
+    list.extend(fanout::gather(&s, &headers, uri.path(), &q).await);
+    ok(paged(list, &q))
 }
 
-/// `GET /api/connections/{name}/channels`.
+/// `GET /api/connections/{name}/channels` (asked of its node).
 pub(crate) async fn connection_channels(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
+    if let Some(r) = elsewhere(&s, &headers, "GET", &name, &uri).await {
+        return Ok(r);
+    }
     let c = find_connection(&s, &u, &name)?;
     let chs = visible_channels(&s, &u, Some(c.id));
     Ok(ok(paged(
@@ -222,13 +245,19 @@ pub(crate) async fn connection_channels(
     )))
 }
 
-/// `GET /api/channels/{name}`, with the channel's `consumer_details`.
+/// `GET /api/channels/{name}`, with the channel's `consumer_details`
+/// (asked of its node).
 pub(crate) async fn channel_get(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
+    if let Some(r) = elsewhere(&s, &headers, "GET", &name, &uri).await {
+        return Ok(r);
+    }
     let found = channels_with_conns(&s, None)
         .into_iter()
         .find(|(ch, conn)| channel_name(&connection_name(conn, &s.node), ch.number) == name)
@@ -281,8 +310,21 @@ pub(crate) fn consumer_json(node: &str, c: &ConsumerInfo, conns: &[ConnectionInf
 }
 
 /// The consumers (of `vhost`, or of all) that `u` sees: monitors every
-/// one, other users those on their own connections.
-fn consumers_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<Response> {
+/// one, other users those on their own connections; every running node's.
+async fn consumers_of(
+    s: &Management,
+    u: &AuthUser,
+    vhost: Option<&str>,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> ApiResult<Response> {
+    let mut list = local_consumers(s, u, vhost)?;
+    list.extend(fanout::gather(s, headers, uri.path(), &HashMap::new()).await);
+    Ok(ok(Value::Array(list)))
+}
+
+/// This node's consumers (of `vhost`, or of all) that `u` sees.
+fn local_consumers(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
     let b = s.broker();
     if let Some(v) = vhost
         && !b.has_vhost(v)
@@ -296,21 +338,21 @@ fn consumers_of(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<
             .find(|x| x.id == c.conn)
             .map_or("", |x| x.user.as_str())
     };
-    Ok(ok(Value::Array(
-        b.consumers(vhost)
-            .iter()
-            .filter(|c| u.sees_owner(owner(c)))
-            .map(|c| consumer_json(&s.node, c, &conns))
-            .collect(),
-    )))
+    Ok(b.consumers(vhost)
+        .iter()
+        .filter(|c| u.sees_owner(owner(c)))
+        .map(|c| consumer_json(&s.node, c, &conns))
+        .collect())
 }
 
 /// `GET /api/consumers`.
 pub(crate) async fn consumers_all(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
-    consumers_of(&s, &u, None)
+    consumers_of(&s, &u, None, &headers, &uri).await
 }
 
 /// `GET /api/consumers/{vhost}`.
@@ -318,6 +360,21 @@ pub(crate) async fn consumers_vhost(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Path(vhost): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
-    consumers_of(&s, &u, Some(&vhost))
+    consumers_of(&s, &u, Some(&vhost), &headers, &uri).await
+}
+
+/// The answer of the node whose client `name` names, if another one.
+async fn elsewhere(
+    s: &Management,
+    headers: &HeaderMap,
+    method: &'static str,
+    name: &str,
+    uri: &Uri,
+) -> Option<Response> {
+    let node = fanout::node_of(name)?;
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    fanout::forward(s, headers, method, node, path).await
 }

@@ -31,6 +31,7 @@ mod api;
 mod clients;
 mod cluster;
 mod defs;
+mod fanout;
 mod metrics;
 mod node;
 mod openapi;

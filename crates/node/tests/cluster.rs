@@ -576,3 +576,83 @@ fn a_declare_waiting_for_the_majority_holds_up_no_other_client() {
         })
     });
 }
+
+#[test]
+fn every_node_lists_and_closes_the_clients_of_every_node() {
+    // RabbitMQ's management API lists every node's connections, channels
+    // and consumers through any node, and closes any of them.
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, nodes) = three(root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    declare_durable(&rt, &nodes[1], "plain.b");
+    let (b_conn, _b_ch, _consumer, _c_conn, _c_ch) = rt.block_on(async {
+        let b_conn = Connection::connect(&nodes[1].amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let b_ch = b_conn.create_channel().await.unwrap();
+        let consumer = b_ch
+            .basic_consume(
+                "plain.b".into(),
+                "on-b".into(),
+                lapin::options::BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let c_conn = Connection::connect(&nodes[2].amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let c_ch = c_conn.create_channel().await.unwrap();
+        (b_conn, b_ch, consumer, c_conn, c_ch)
+    });
+    let on = |list: &Value, node: &str| {
+        list.as_array()
+            .map_or(0, |a| a.iter().filter(|x| x["node"] == node).count())
+    };
+    let mut b_name = String::new();
+    eventually("a lists the connections and channels of b and c", || {
+        let conns = nodes[0].get("/api/connections");
+        let chans = nodes[0].get("/api/channels");
+        b_name = conns
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["node"] == "warren@b"))
+            .and_then(|x| x["name"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        on(&conns, "warren@b") == 1
+            && on(&conns, "warren@c") == 1
+            && on(&chans, "warren@b") == 1
+            && on(&chans, "warren@c") == 1
+    });
+    // Paged as one list.
+    let page = nodes[0].get("/api/connections?page=1&page_size=1");
+    assert_eq!(page["total_count"], 2, "{page}");
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(1), "{page}");
+    let consumers = nodes[0].get("/api/consumers/%2F");
+    assert!(
+        has(&consumers, |c| c["consumer_tag"] == "on-b"
+            && c["channel_details"]["node"] == "warren@b"),
+        "{consumers}"
+    );
+    // One connection, asked of a, answered by its node.
+    let path = format!(
+        "/api/connections/{}",
+        b_name.replace(' ', "%20").replace('>', "%3E")
+    );
+    let one = nodes[0].get(&path);
+    assert_eq!(one["node"], "warren@b", "{one}");
+    assert_eq!(one["name"], b_name.as_str());
+    let channels = nodes[0].get(&format!("{path}/channels"));
+    assert_eq!(channels.as_array().map(Vec::len), Some(1), "{channels}");
+    // Closed through a: the client on b gets connection.close.
+    let (status, _) = nodes[0].http("DELETE", &path, None);
+    assert_eq!(status, 204);
+    eventually("b's client closed", || !b_conn.status().connected());
+    eventually("b's connection gone from every list", || {
+        nodes
+            .iter()
+            .all(|n| on(&n.get("/api/connections"), "warren@b") == 0)
+    });
+    let (status, _) = nodes[0].http("GET", &path, None);
+    assert_eq!(status, 404);
+}
