@@ -306,6 +306,12 @@ impl BackingQueue {
         Ok(self.settle()?)
     }
 
+    /// Changes [`StoreConfig::resident_bytes_max`] (a policy changed the
+    /// queue's mode): messages published from now on follow it.
+    pub fn set_resident_bytes_max(&mut self, bytes: u64) {
+        self.resident_bytes_max = bytes;
+    }
+
     /// Changes the limits (a policy changed) and applies them at once.
     pub fn set_limits(&mut self, limits: Limits) -> Result<(), QueueError> {
         self.record(|| Op::SetLimits { limits });

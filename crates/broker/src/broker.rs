@@ -55,6 +55,7 @@ mod state;
 pub(crate) mod stats;
 mod topology;
 
+pub use args::QUEUE_RESIDENT_MAX;
 pub use commits::{CommitDone, MetaCommit};
 pub use persistence::SyncBatch;
 pub use state::Departed;

@@ -40,7 +40,7 @@ pub use broker::stats::{
 };
 pub use broker::{
     Broker, BrokerConfig, CommitDone, ConnId, Departed, FLOW_READY_MAX, MetaCommit, Overview,
-    SyncBatch, Waker,
+    QUEUE_RESIDENT_MAX, SyncBatch, Waker,
 };
 
 /// An error opening or configuring a broker.

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Notify, mpsc};
-use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
+use warren_backing_queue::{BackingQueue, QueueConfig};
 use warren_broker::{Broker, MirrorInput, ReplicaEnd, ReplicaStart};
 use warren_cluster::{Command, Metadata};
 use warren_gm::{
@@ -724,6 +724,7 @@ async fn claim(
 fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
     let dir = b.queue_dir(vhost, name);
     let storage = b.storage();
+    let store = b.store_config(vhost, name);
     Box::new(move |cfg: QueueConfig| match &dir {
         Some(dir) => {
             if let Err(e) = storage.remove_dir_all(dir)
@@ -731,8 +732,7 @@ fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
             {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not clear a mirror's old content");
             }
-            BackingQueue::open_in(storage.clone(), dir, cfg, StoreConfig::default())
-                .map(|(bq, _)| bq)
+            BackingQueue::open_in(storage.clone(), dir, cfg, store).map(|(bq, _)| bq)
         }
         None => Ok(BackingQueue::in_memory(cfg)),
     })

@@ -722,6 +722,15 @@ impl Replica {
         Ok(n)
     }
 
+    /// Changes how many body bytes this replica's store keeps in memory (a
+    /// policy changed the queue's mode): in any role, each replica pages
+    /// its own store.
+    pub fn set_resident_bytes_max(&mut self, bytes: u64) {
+        if let Some(bq) = self.bq.as_mut() {
+            bq.set_resident_bytes_max(bytes);
+        }
+    }
+
     /// Changes the queue's limits (master only; a policy changed).
     pub fn set_limits(&mut self, limits: warren_backing_queue::Limits) -> Result<(), MirrorError> {
         self.master_bq()?.set_limits(limits)?;

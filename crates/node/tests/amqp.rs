@@ -1205,3 +1205,67 @@ async fn a_priority_queue_keeps_its_order_through_sigkill() {
     })
     .await;
 }
+
+/// A 1 MiB body that says which message it is.
+fn numbered_body(i: u32) -> Vec<u8> {
+    let mut body: Vec<u8> = (0..1u32 << 20).map(|j| (j % 251) as u8).collect();
+    body[..4].copy_from_slice(&i.to_be_bytes());
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_beyond_a_durable_queues_memory_budget_stays_on_disk() {
+    // 256 MiB in a durable queue whose memory budget is 64 MiB
+    // (QUEUE_RESIDENT_MAX), and 32 MiB in a lazy one (x-queue-mode): the
+    // bodies beyond are in the logs only, read back when delivered.
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let durable = QueueDeclareOptions::durable();
+        let mut lazy = FieldTable::default();
+        lazy.insert("x-queue-mode".into(), AMQPValue::LongString("lazy".into()));
+        declare(&ch, "paged", durable, FieldTable::default()).await;
+        declare(&ch, "lazy", durable, lazy).await;
+        let before = node.rss_bytes();
+        for (queue, n) in [("paged", 256u32), ("lazy", 32)] {
+            for i in 0..n {
+                let confirm = ch
+                    .basic_publish(
+                        "".into(),
+                        queue.into(),
+                        BasicPublishOptions::default(),
+                        &numbered_body(i),
+                        persistent(),
+                    )
+                    .await
+                    .unwrap();
+                assert!(confirm.await.unwrap().is_ack());
+            }
+        }
+        let grown = node.rss_bytes().saturating_sub(before);
+        assert!(
+            grown < 160 << 20,
+            "{} MiB more resident after 288 MiB published",
+            grown >> 20
+        );
+        for (queue, n) in [("paged", 256u32), ("lazy", 32)] {
+            for i in 0..n {
+                let got = ch
+                    .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{queue}: message {i} missing"));
+                assert!(
+                    got.delivery.data == numbered_body(i),
+                    "{queue}: message {i} came back altered"
+                );
+            }
+        }
+    })
+    .await;
+}

@@ -48,6 +48,8 @@ pub mod keys {
     pub const DEAD_LETTER_ROUTING_KEY: &str = "dead-letter-routing-key";
     /// For exchanges: where unroutable messages go.
     pub const ALTERNATE_EXCHANGE: &str = "alternate-exchange";
+    /// `default`, or `lazy`: message bodies kept on disk only.
+    pub const QUEUE_MODE: &str = "queue-mode";
 
     /// The ha-* keys, in the order they are validated.
     pub const HA: &[&str] = &[
@@ -78,6 +80,7 @@ pub mod keys {
         DEAD_LETTER_EXCHANGE,
         DEAD_LETTER_ROUTING_KEY,
         ALTERNATE_EXCHANGE,
+        QUEUE_MODE,
     ];
 
     /// The keys an operator policy accepts (RabbitMQ 3.12's set, restricted to
@@ -228,6 +231,25 @@ impl Overflow {
     }
 }
 
+/// How a queue keeps its messages (`queue-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueMode {
+    /// In memory up to the queue's budget, on disk beyond it.
+    Default,
+    /// On disk only, read back when delivered (a durable queue's).
+    Lazy,
+}
+
+impl QueueMode {
+    /// The policy value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueMode::Default => "default",
+            QueueMode::Lazy => "lazy",
+        }
+    }
+}
+
 /// The mirroring settings of a definition: present exactly when `ha-mode` is.
 ///
 /// The `Option` fields hold what the definition says (`None` = key absent, which
@@ -318,6 +340,8 @@ pub struct Definition {
     pub dead_letter_routing_key: Option<String>,
     /// `alternate-exchange` (exchanges only).
     pub alternate_exchange: Option<String>,
+    /// `queue-mode`.
+    pub queue_mode: Option<QueueMode>,
 }
 
 fn render(value: &Value) -> String {
@@ -383,6 +407,9 @@ const LOCATOR_CHOICES: &[(&str, MasterLocator)] = &[
     ("min-masters", MasterLocator::MinMasters),
     ("random", MasterLocator::Random),
 ];
+
+const QUEUE_MODE_CHOICES: &[(&str, QueueMode)] =
+    &[("default", QueueMode::Default), ("lazy", QueueMode::Lazy)];
 
 const OVERFLOW_CHOICES: &[(&str, Overflow)] = &[
     ("drop-head", Overflow::DropHead),
@@ -516,6 +543,9 @@ impl Definition {
             queue_master_locator: field(map, keys::QUEUE_MASTER_LOCATOR, |v| {
                 choice(v, LOCATOR_CHOICES, E::InvalidMasterLocator)
             })?,
+            queue_mode: field(map, keys::QUEUE_MODE, |v| {
+                choice(v, QUEUE_MODE_CHOICES, E::InvalidQueueMode)
+            })?,
             message_ttl: field(map, keys::MESSAGE_TTL, |v| {
                 non_negative(v, E::InvalidMessageTtl)
             })?,
@@ -596,6 +626,7 @@ impl Definition {
             self.max_length_bytes.map(Value::from),
         );
         put(keys::OVERFLOW, text(self.overflow, Overflow::as_str));
+        put(keys::QUEUE_MODE, text(self.queue_mode, QueueMode::as_str));
         let strings = [
             (keys::DEAD_LETTER_EXCHANGE, &self.dead_letter_exchange),
             (keys::DEAD_LETTER_ROUTING_KEY, &self.dead_letter_routing_key),
@@ -629,6 +660,7 @@ impl Definition {
             max_length: min_of(self.max_length, op.max_length),
             max_length_bytes: min_of(self.max_length_bytes, op.max_length_bytes),
             overflow: self.overflow.or(op.overflow),
+            queue_mode: self.queue_mode.or(op.queue_mode),
             dead_letter_exchange: self
                 .dead_letter_exchange
                 .clone()

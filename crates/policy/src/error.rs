@@ -112,6 +112,9 @@ pub enum DefinitionError {
          \"client-local\", \"min-masters\" or \"random\""
     )]
     InvalidMasterLocator(String),
+    /// `queue-mode` is neither `default` nor `lazy`.
+    #[error("{0} is not a valid queue-mode value")]
+    InvalidQueueMode(String),
     /// `message-ttl` is not a non-negative integer.
     #[error(
         "{0} is not a valid message TTL: message-ttl must be a non-negative integer (milliseconds)"
@@ -172,6 +175,7 @@ impl DefinitionError {
                 keys::HA_MIN_SYNC_REPLICAS
             }
             E::InvalidMasterLocator(_) => keys::QUEUE_MASTER_LOCATOR,
+            E::InvalidQueueMode(_) => keys::QUEUE_MODE,
             E::InvalidMessageTtl(_) => keys::MESSAGE_TTL,
             E::InvalidExpires(_) => keys::EXPIRES,
             E::InvalidMaxLength(_) => keys::MAX_LENGTH,

@@ -60,7 +60,7 @@ pub mod policy;
 
 pub use definition::{
     DEFAULT_SYNC_BATCH_SIZE, Definition, HaMode, HaPolicy, MasterLocator, Overflow, PromoteOn,
-    SyncMode,
+    QueueMode, SyncMode,
 };
 pub use error::{DefinitionError, PolicyError};
 pub use locator::{LocateInput, locate_master};

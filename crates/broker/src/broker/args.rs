@@ -4,7 +4,7 @@
 
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 use warren_amqp::{AmqpError, ReplyCode};
-use warren_backing_queue::Limits;
+use warren_backing_queue::{Limits, StoreConfig};
 use warren_policy::MasterLocator;
 
 use super::err;
@@ -27,6 +27,31 @@ pub(super) struct QueueArgs {
     pub(super) max_priority: Option<u8>,
     /// `x-queue-master-locator`.
     pub(super) locator: Option<MasterLocator>,
+    /// `x-queue-mode: lazy`, or a policy's `queue-mode` (which wins, as in
+    /// RabbitMQ): bodies only on disk.
+    pub(super) lazy: bool,
+}
+
+/// Body bytes a durable queue keeps in memory in the default mode; the
+/// bodies of messages beyond live only in its log and are read back when
+/// delivered, so a backlog larger than memory fits (RabbitMQ pages a
+/// default-mode queue out under memory pressure; a lazy queue keeps
+/// nothing). Transient queues have no log and keep everything.
+pub const QUEUE_RESIDENT_MAX: u64 = 64 << 20;
+
+/// The store settings of a queue, lazy or not.
+pub(super) fn store_config(lazy: bool) -> StoreConfig {
+    StoreConfig {
+        resident_bytes_max: if lazy { 0 } else { QUEUE_RESIDENT_MAX },
+        ..StoreConfig::default()
+    }
+}
+
+impl QueueArgs {
+    /// The queue's store settings.
+    pub(super) fn store_config(&self) -> StoreConfig {
+        store_config(self.lazy)
+    }
 }
 
 /// `x-overflow: reject-publish` (or `reject-publish-dlx`): a full queue
@@ -69,6 +94,7 @@ pub(super) fn queue_args(
         reject: None,
         max_priority: None,
         locator: None,
+        lazy: false,
     };
     for (k, v) in args.inner() {
         let key = k.as_str();
@@ -145,6 +171,20 @@ pub(super) fn queue_args(
                     MasterLocator::from_name(&name)
                         .ok_or_else(|| err(ReplyCode::InternalError, ""))?,
                 );
+            }
+            "x-queue-mode" => {
+                // RabbitMQ 3.10's check_queue_mode.
+                out.lazy = match v {
+                    AMQPValue::LongString(s) => match s.as_bytes() {
+                        b"lazy" => true,
+                        b"default" => false,
+                        _ => return Err(bad(key, "invalid_queue_mode")),
+                    },
+                    v => {
+                        let why = format!("{{unacceptable_type,{}}}", type_name(v));
+                        return Err(bad(key, &why));
+                    }
+                };
             }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));

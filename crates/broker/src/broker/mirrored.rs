@@ -252,6 +252,15 @@ impl Store {
         }
     }
 
+    /// Changes how many body bytes the store keeps in memory (a policy
+    /// changed the queue's mode).
+    pub(crate) fn set_resident_bytes_max(&mut self, bytes: u64) {
+        match self {
+            Store::Local(bq) => bq.set_resident_bytes_max(bytes),
+            Store::Replica(m) => m.replica.set_resident_bytes_max(bytes),
+        }
+    }
+
     /// Changes the store's limits (a policy changed); a mirror ignores it
     /// (its master's change comes round the ring).
     pub(crate) fn set_limits(
@@ -598,6 +607,18 @@ impl Broker {
     #[must_use]
     pub fn queue_dir(&self, vhost: &str, name: &str) -> Option<std::path::PathBuf> {
         self.vhosts.get(vhost)?.queues.get(name)?.dir.clone()
+    }
+
+    /// The store settings of queue `name` (its mode: how many body bytes
+    /// it keeps in memory), for a replica's fresh store.
+    #[must_use]
+    pub fn store_config(&self, vhost: &str, name: &str) -> warren_backing_queue::StoreConfig {
+        let lazy = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(name))
+            .is_some_and(|q| q.lazy);
+        super::args::store_config(lazy)
     }
 
     /// Where this broker's durable queues keep their logs

@@ -57,6 +57,9 @@ pub(super) fn effective_args(
     def: &Definition,
 ) -> Result<QueueArgs, AmqpError> {
     let mut a = queue_args(args, queue, vhost)?;
+    if let Some(mode) = def.queue_mode {
+        a.lazy = mode == warren_policy::QueueMode::Lazy;
+    }
     a.limits.max_length = min_opt(a.limits.max_length, def.max_length);
     a.limits.max_length_bytes = min_opt(a.limits.max_length_bytes, def.max_length_bytes);
     a.limits.message_ttl_ms = min_opt(a.limits.message_ttl_ms, def.message_ttl);
@@ -114,6 +117,11 @@ impl Broker {
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
         };
+        if q.lazy != s.lazy {
+            q.lazy = s.lazy;
+            q.store
+                .set_resident_bytes_max(s.store_config().resident_bytes_max);
+        }
         let same = q.dlx == s.dlx
             && q.dlrk == s.dlrk
             && q.expires_ms == s.expires_ms

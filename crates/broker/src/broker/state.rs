@@ -118,6 +118,8 @@ pub(super) struct Queue {
     pub(super) limits: Limits,
     /// `x-max-priority`: a priority queue (an argument only, fixed at declare).
     pub(super) max_priority: Option<u8>,
+    /// Lazy mode (`x-queue-mode`, `queue-mode`): bodies only on disk.
+    pub(super) lazy: bool,
     /// When it last handed a message to a consumer (flow control: a queue
     /// whose consumers are taking messages holds its publishers back while
     /// its backlog is large).

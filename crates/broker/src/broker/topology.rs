@@ -8,7 +8,7 @@ use std::sync::Arc;
 use warren_amqp::amq_protocol::protocol::{exchange, queue};
 use warren_amqp::amq_protocol::types::FieldTable;
 use warren_amqp::{AmqpError, ChannelId, Reply, ReplyCode};
-use warren_backing_queue::{BackingQueue, QueueConfig, StoreConfig};
+use warren_backing_queue::{BackingQueue, QueueConfig};
 use warren_policy::MasterLocator;
 
 use super::args::{
@@ -72,12 +72,8 @@ impl Broker {
         };
         let (bq, dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
-            let (bq, report) = BackingQueue::open_in(
-                self.cfg.storage.clone(),
-                &dir,
-                qcfg,
-                StoreConfig::default(),
-            )?;
+            let (bq, report) =
+                BackingQueue::open_in(self.cfg.storage.clone(), &dir, qcfg, args.store_config())?;
             if let Some((file, off)) = report.truncated {
                 tracing::warn!(file = %file.display(), offset = off, "cut a torn tail off a queue log");
             }
@@ -104,6 +100,7 @@ impl Broker {
             reject: args.reject,
             limits: args.limits,
             max_priority: args.max_priority,
+            lazy: args.lazy,
             delivered_at_ms: 0,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),

@@ -69,6 +69,18 @@ impl Node {
             .expect("connect")
     }
 
+    /// The process's resident memory (`VmRSS`), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmRSS")
+            * 1024
+    }
+
     /// Kills the process with SIGKILL.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -123,7 +123,8 @@ fn invalid_cases() -> Vec<(Value, Option<&'static str>, &'static str)> {
         (json!({}), None, "no policy provided"),
         (json!({"ha-mode": "all", "ha-foo": 1}), None, r#"["ha-foo"] are not recognised policy settings"#),
         (json!({"zz": 1, "aa": 2}), None, r#"["aa","zz"] are not recognised policy settings"#),
-        (json!({"queue-mode": "lazy"}), None, "are not recognised policy settings"),
+        (json!({"queue-mode": "lazy", "queue-foo": 1}), None, r#"["queue-foo"] are not recognised policy settings"#),
+        (json!({"queue-mode": "lolwut"}), Some(keys::QUEUE_MODE), r#""lolwut" is not a valid queue-mode value"#),
         // ha-* without ha-mode.
         (json!({"ha-sync-mode": "automatic"}), Some(keys::HA_MODE), "ha-mode must be specified"),
         (json!({"ha-params": 2}), Some(keys::HA_MODE), "ha-params is set but ha-mode is not"),
@@ -322,5 +323,17 @@ fn operator_merge_rules() {
             want,
             "regular {r} + operator {o}"
         );
+    }
+}
+
+#[test]
+fn queue_mode_is_read_and_shown() {
+    for (mode, want) in [
+        ("lazy", crate::QueueMode::Lazy),
+        ("default", crate::QueueMode::Default),
+    ] {
+        let def = regular(json!({ "queue-mode": mode })).unwrap();
+        assert_eq!(def.queue_mode, Some(want));
+        assert_eq!(def.to_json().get("queue-mode"), Some(&json!(mode)));
     }
 }
