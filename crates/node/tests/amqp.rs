@@ -1217,9 +1217,10 @@ fn numbered_body(i: u32) -> Vec<u8> {
 async fn a_backlog_beyond_a_durable_queues_memory_budget_stays_on_disk() {
     // 256 MiB in a durable queue whose memory budget is 64 MiB
     // (QUEUE_RESIDENT_MAX), and 32 MiB in a lazy one (x-queue-mode): the
-    // bodies beyond are in the logs only, read back when delivered.
+    // bodies beyond are in the logs only, read back when delivered, and a
+    // restart recovers them without loading them.
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(dir.path(), &[]);
+    let mut node = Node::start(dir.path(), &[]);
     within(async {
         let conn = node.connect().await;
         let ch = conn.create_channel().await.unwrap();
@@ -1253,6 +1254,20 @@ async fn a_backlog_beyond_a_durable_queues_memory_budget_stays_on_disk() {
             "{} MiB more resident after 288 MiB published",
             grown >> 20
         );
+    })
+    .await;
+    // Recovery reads the logs without loading every body either.
+    node.terminate();
+    let node = Node::start(dir.path(), &[]);
+    let recovered = node.rss_bytes();
+    assert!(
+        recovered < 160 << 20,
+        "{} MiB resident after recovering 288 MiB",
+        recovered >> 20
+    );
+    within(async {
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
         for (queue, n) in [("paged", 256u32), ("lazy", 32)] {
             for i in 0..n {
                 let got = ch
