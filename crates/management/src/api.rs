@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -283,6 +283,8 @@ async fn overview(
     State(s): State<Management>,
     Extension(u): Extension<AuthUser>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> Response {
     let ranges = Ranges::from_query(&q);
     let mut v = json!({
@@ -294,11 +296,21 @@ async fn overview(
         "cluster_name": s.node,
         "erlang_version": "none (Rust)",
     });
-    let totals = if u.is_monitor() {
+    let mut totals = if u.is_monitor() {
         node_totals(&s, &ranges)
     } else {
         user_totals(&s, &u)
     };
+    // Clients are counted cluster-wide, as RabbitMQ's object totals are:
+    // each other running node's own.
+    for other in crate::fanout::answers(&s, &headers, uri.path(), &HashMap::new()).await {
+        for key in ["connections", "channels", "consumers"] {
+            let theirs = other["object_totals"][key].as_u64();
+            if let (Some(n), Some(mine)) = (theirs, totals["object_totals"].get_mut(key)) {
+                *mine = json!(mine.as_u64().unwrap_or(0) + n);
+            }
+        }
+    }
     if let (Value::Object(o), Value::Object(t)) = (&mut v, totals) {
         o.extend(t);
     }

@@ -41,6 +41,23 @@ pub(crate) async fn gather(
     path: &str,
     q: &HashMap<String, String>,
 ) -> Vec<Value> {
+    answers(s, headers, path, q)
+        .await
+        .into_iter()
+        .flat_map(|v| match v {
+            Value::Array(items) => items,
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// Each other running node's answer to `GET path` (see [`gather`]).
+pub(crate) async fn answers(
+    s: &Management,
+    headers: &HeaderMap,
+    path: &str,
+    q: &HashMap<String, String>,
+) -> Vec<Value> {
     if headers.contains_key(LOCAL_ONLY) {
         return Vec::new();
     }
@@ -64,8 +81,8 @@ pub(crate) async fn gather(
         for (node, addr) in targets {
             match ask("GET", &addr, &path, auth.as_deref(), None) {
                 Ok((200, body)) => {
-                    if let Ok(Value::Array(items)) = serde_json::from_str(&body) {
-                        all.extend(items);
+                    if let Ok(v) = serde_json::from_str(&body) {
+                        all.push(v);
                     }
                 }
                 Ok((status, _)) => {

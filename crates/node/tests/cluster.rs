@@ -634,6 +634,17 @@ fn every_node_lists_and_closes_the_clients_of_every_node() {
             && c["channel_details"]["node"] == "warren@b"),
         "{consumers}"
     );
+    // The overview counts them too, as RabbitMQ's object totals do.
+    let totals = &nodes[0].get("/api/overview")["object_totals"];
+    assert_eq!(
+        (
+            &totals["connections"],
+            &totals["channels"],
+            &totals["consumers"]
+        ),
+        (&json!(2), &json!(2), &json!(1)),
+        "{totals}"
+    );
     // One connection, asked of a, answered by its node.
     let path = format!(
         "/api/connections/{}",
