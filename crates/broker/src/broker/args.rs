@@ -27,9 +27,10 @@ pub(super) struct QueueArgs {
     pub(super) max_priority: Option<u8>,
     /// `x-queue-master-locator`.
     pub(super) locator: Option<MasterLocator>,
-    /// `x-queue-mode: lazy`, or a policy's `queue-mode` (which wins, as in
-    /// RabbitMQ): bodies only on disk.
-    pub(super) lazy: bool,
+    /// `x-queue-mode` (`Some(true)`: lazy, bodies only on disk), or else a
+    /// policy's `queue-mode`: the argument wins, as RabbitMQ resolves it
+    /// (`res_arg`).
+    pub(super) lazy: Option<bool>,
 }
 
 /// Body bytes a durable queue keeps in memory in the default mode; the
@@ -50,7 +51,7 @@ pub(super) fn store_config(lazy: bool) -> StoreConfig {
 impl QueueArgs {
     /// The queue's store settings.
     pub(super) fn store_config(&self) -> StoreConfig {
-        store_config(self.lazy)
+        store_config(self.lazy == Some(true))
     }
 }
 
@@ -94,7 +95,7 @@ pub(super) fn queue_args(
         reject: None,
         max_priority: None,
         locator: None,
-        lazy: false,
+        lazy: None,
     };
     for (k, v) in args.inner() {
         let key = k.as_str();
@@ -176,8 +177,8 @@ pub(super) fn queue_args(
                 // RabbitMQ 3.10's check_queue_mode.
                 out.lazy = match v {
                     AMQPValue::LongString(s) => match s.as_bytes() {
-                        b"lazy" => true,
-                        b"default" => false,
+                        b"lazy" => Some(true),
+                        b"default" => Some(false),
                         _ => return Err(bad(key, "invalid_queue_mode")),
                     },
                     v => {

@@ -57,8 +57,8 @@ pub(super) fn effective_args(
     def: &Definition,
 ) -> Result<QueueArgs, AmqpError> {
     let mut a = queue_args(args, queue, vhost)?;
-    if let Some(mode) = def.queue_mode {
-        a.lazy = mode == warren_policy::QueueMode::Lazy;
+    if a.lazy.is_none() {
+        a.lazy = def.queue_mode.map(|m| m == warren_policy::QueueMode::Lazy);
     }
     a.limits.max_length = min_opt(a.limits.max_length, def.max_length);
     a.limits.max_length_bytes = min_opt(a.limits.max_length_bytes, def.max_length_bytes);
@@ -117,8 +117,9 @@ impl Broker {
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
         };
-        if q.lazy != s.lazy {
-            q.lazy = s.lazy;
+        let lazy = s.lazy == Some(true);
+        if q.lazy != lazy {
+            q.lazy = lazy;
             q.store
                 .set_resident_bytes_max(s.store_config().resident_bytes_max);
         }

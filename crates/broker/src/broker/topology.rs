@@ -100,7 +100,7 @@ impl Broker {
             reject: args.reject,
             limits: args.limits,
             max_priority: args.max_priority,
-            lazy: args.lazy,
+            lazy: args.lazy == Some(true),
             delivered_at_ms: 0,
             last_used_ms: self.now,
             dl_msgs: HashMap::new(),

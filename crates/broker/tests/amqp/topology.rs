@@ -99,6 +99,24 @@ fn an_invalid_queue_argument_is_406() {
 }
 
 #[test]
+fn x_queue_mode_takes_default_or_lazy() {
+    // RabbitMQ 3.10's check_queue_mode: a long string, one of the two.
+    let (node, mut c) = Node::session();
+    for mode in ["default", "lazy"] {
+        let opts = QueueOpts::durable().arg("x-queue-mode", AMQPValue::LongString(mode.into()));
+        c.declare_queue(1, mode, opts).expect("declare");
+    }
+    let opts = QueueOpts::default().arg("x-queue-mode", AMQPValue::LongString("eager".into()));
+    let e = c.declare_queue(1, "q", opts).unwrap_err();
+    assert_eq!(e.code, 406);
+    assert_eq!(
+        e.text,
+        "PRECONDITION_FAILED - invalid arg 'x-queue-mode' for queue 'q' in vhost '/': invalid_queue_mode"
+    );
+    assert_eq!(node.queue_names(), ["default", "lazy"]);
+}
+
+#[test]
 fn redeclaring_an_exchange_with_another_type_is_406() {
     let (_node, mut c) = Node::session();
     c.declare_exchange(1, "x", "direct", false, FieldTable::default())
