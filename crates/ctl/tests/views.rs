@@ -151,7 +151,9 @@ fn cluster_status_and_nodes_show_true_values() {
         nodes(&a)[0]["sockets_used"].as_u64().unwrap() <= sockets - CLIENTS
     });
 
-    // What a node cannot know of another is not shown at all.
+    // Each other running node describes itself: what a shows of b is what
+    // b shows of itself.
+    let of_b = nodes(&b)[0].clone();
     for other in &nodes(&a)[1..] {
         for key in [
             "cluster_links",
@@ -159,8 +161,12 @@ fn cluster_status_and_nodes_show_true_values() {
             "fd_used",
             "sockets_used",
             "proc_used",
+            "os_pid",
         ] {
-            assert!(other.get(key).is_none(), "{key} in {other}");
+            assert!(other.get(key).is_some(), "{key} missing in {other}");
+        }
+        if other["name"] == "warren@b" {
+            assert_eq!(other["os_pid"], of_b["os_pid"], "{other}");
         }
     }
 

@@ -535,14 +535,49 @@ fn all_nodes(s: &Management) -> Vec<Value> {
     out
 }
 
-async fn nodes(State(s): State<Management>) -> Response {
-    ok(Value::Array(all_nodes(&s)))
+/// Every node, each running one described by itself (memory, descriptors,
+/// sockets, uptime, … as its own API shows them), with what the cluster
+/// records of it (`peer_addr`, `voter`).
+async fn described_nodes(s: &Management, headers: &HeaderMap, only: Option<&str>) -> Vec<Value> {
+    let mut nodes: Vec<Value> = all_nodes(s)
+        .into_iter()
+        .filter(|n| only.is_none_or(|o| n["name"] == o))
+        .collect();
+    let running: Vec<String> = nodes
+        .iter()
+        .filter(|n| n["running"] == true)
+        .filter_map(|n| n["name"].as_str().map(str::to_owned))
+        .collect();
+    let own = crate::fanout::ask_each(s, headers, &running, |n| {
+        format!("/api/nodes/{}", crate::fanout::segment(n))
+    })
+    .await;
+    for n in &mut nodes {
+        let Some(Value::Object(theirs)) = n["name"].as_str().and_then(|name| own.get(name)) else {
+            continue;
+        };
+        if let Value::Object(o) = n {
+            for (k, v) in theirs {
+                o.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    nodes
 }
 
-async fn node_one(State(s): State<Management>, Path(name): Path<String>) -> ApiResult<Response> {
-    all_nodes(&s)
+async fn nodes(State(s): State<Management>, headers: HeaderMap) -> Response {
+    ok(Value::Array(described_nodes(&s, &headers, None).await))
+}
+
+async fn node_one(
+    State(s): State<Management>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    described_nodes(&s, &headers, Some(&name))
+        .await
         .into_iter()
-        .find(|n| n["name"] == name.as_str())
+        .next()
         .map(ok)
         .ok_or_else(ApiError::not_found)
 }

@@ -140,6 +140,55 @@ pub(crate) async fn forward(
         .ok()
 }
 
+/// Each running member in `nodes` (other than this one) asked for its
+/// own answer to `GET path_of(node)`: by node, what it said (members that
+/// did not answer in time are left out).
+pub(crate) async fn ask_each(
+    s: &Management,
+    headers: &HeaderMap,
+    nodes: &[String],
+    path_of: impl Fn(&str) -> String,
+) -> HashMap<String, Value> {
+    if headers.contains_key(LOCAL_ONLY) {
+        return HashMap::new();
+    }
+    let targets: Vec<(String, String, String)> = others(s)
+        .into_iter()
+        .filter(|(n, _)| nodes.contains(n))
+        .map(|(n, addr)| {
+            let path = path_of(&n);
+            (n, addr, path)
+        })
+        .collect();
+    if targets.is_empty() {
+        return HashMap::new();
+    }
+    let auth = authorization(headers);
+    tokio::task::spawn_blocking(move || {
+        targets
+            .into_iter()
+            .filter_map(|(node, addr, path)| match ask("GET", &addr, &path, auth.as_deref(), None) {
+                Ok((200, body)) => Some((node, serde_json::from_str(&body).ok()?)),
+                Ok((status, _)) => {
+                    tracing::debug!(%node, status, %path, "another node refused to describe itself");
+                    None
+                }
+                Err(e) => {
+                    tracing::debug!(%node, error = %e, %path, "could not ask another node");
+                    None
+                }
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
+}
+
+/// Percent-encodes a path segment (a node name: `@` stays readable).
+pub(crate) fn segment(s: &str) -> String {
+    encode(s).replace("%40", "@")
+}
+
 /// The other running members and the address of their management
 /// listener, as they recorded it (an unspecified IP replaced with the host
 /// of their peer address).

@@ -645,6 +645,25 @@ fn every_node_lists_and_closes_the_clients_of_every_node() {
         (&json!(2), &json!(2), &json!(1)),
         "{totals}"
     );
+    // Every node describes itself in a's /api/nodes: its own process.
+    let listed = nodes[0].get("/api/nodes");
+    for n in &nodes {
+        let entry = listed
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == n.name.as_str()))
+            .unwrap_or_else(|| panic!("{} not listed: {listed}", n.name));
+        assert_eq!(
+            entry["os_pid"].to_string().trim_matches('"'),
+            n.pid().to_string(),
+            "{entry}"
+        );
+        assert!(entry["mem_used"].as_u64().is_some_and(|m| m > 0), "{entry}");
+    }
+    let one = nodes[0].get("/api/nodes/warren@c");
+    assert_eq!(
+        one["os_pid"].to_string().trim_matches('"'),
+        nodes[2].pid().to_string()
+    );
     // One connection, asked of a, answered by its node.
     let path = format!(
         "/api/connections/{}",
