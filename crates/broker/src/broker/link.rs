@@ -951,8 +951,14 @@ impl Broker {
         }
     }
 
-    /// Handles link messages from node `from`.
+    /// Handles link messages from node `from` (what they delete, an
+    /// auto-delete queue whose last consumer went, is committed off the
+    /// lock: `commits.rs`).
     pub fn link_input(&mut self, from: &str, msgs: Vec<LinkMsg>, now_ms: u64) {
+        self.detached(|b| b.link_messages(from, msgs, now_ms));
+    }
+
+    fn link_messages(&mut self, from: &str, msgs: Vec<LinkMsg>, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
         for m in msgs {
@@ -1409,11 +1415,13 @@ impl Broker {
     /// consumers and unacked deliveries on this node's queues are dropped
     /// (requeued).
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
-        self.now = now_ms;
-        self.current = 0;
-        self.drop_origin_state(node);
-        self.link_peer_restarted(node);
-        self.out_link_dropped(node);
+        self.detached(|b| {
+            b.now = now_ms;
+            b.current = 0;
+            b.drop_origin_state(node);
+            b.link_peer_restarted(node);
+            b.out_link_dropped(node);
+        });
     }
 
     /// Node `node` restarted and has received everything this node sent it
@@ -1421,6 +1429,10 @@ impl Broker {
     /// goes (its consumers of this node's queues, its forwarded work,
     /// its alarms); this node's work forwarded to it stands.
     pub fn link_peer_restarted(&mut self, node: &str) {
+        self.detached(|b| b.forget_peer_run(node));
+    }
+
+    fn forget_peer_run(&mut self, node: &str) {
         self.current = 0;
         self.set_remote_alarms(node, crate::AlarmSet::default());
         let gone: Vec<ConnId> = self

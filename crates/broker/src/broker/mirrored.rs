@@ -525,6 +525,12 @@ impl Broker {
     /// Feeds queue `name`'s replica what its ring, record or clock said, and
     /// does what follows (deliveries, confirms).
     pub fn mirror_input(&mut self, vhost: &str, name: &str, input: MirrorInput, now_ms: u64) {
+        // What it deletes (an expired or auto-delete queue) is committed off
+        // the lock (`commits.rs`).
+        self.detached(|b| b.replica_input(vhost, name, input, now_ms));
+    }
+
+    fn replica_input(&mut self, vhost: &str, name: &str, input: MirrorInput, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
         let Some(m) = self.mirrored(vhost, name) else {
