@@ -2,7 +2,7 @@
 //! segment log.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -83,6 +83,9 @@ pub enum OpOutcome {
 pub struct BackingQueue {
     core: QueueCore,
     log: Option<SegmentLog>,
+    /// A non-durable queue's log, opened (empty) only once its bodies pass
+    /// `resident_bytes_max` ([`spilling`](Self::spilling)).
+    spill: Option<Spill>,
     resident_bytes_max: u64,
     unconfirmed: VecDeque<SeqId>,
     ops: Option<Vec<Op>>,
@@ -101,12 +104,21 @@ fn join(props: &Bytes, body: Bytes) -> Bytes {
     b.freeze()
 }
 
+/// Where a non-durable queue's bodies go past its memory budget.
+#[derive(Debug)]
+struct Spill {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    store: StoreConfig,
+}
+
 impl BackingQueue {
     /// A non-durable queue: everything in memory, nothing survives a restart.
     pub fn in_memory(cfg: QueueConfig) -> Self {
         Self {
             core: QueueCore::new(cfg.limits, cfg.max_priority),
             log: None,
+            spill: None,
             resident_bytes_max: u64::MAX,
             unconfirmed: VecDeque::new(),
             ops: cfg.record_ops.then(Vec::new),
@@ -138,6 +150,42 @@ impl BackingQueue {
         q.log = Some(opened.log);
         q.resident_bytes_max = store.resident_bytes_max;
         Ok((q, opened.report))
+    }
+
+    /// A non-durable queue that keeps its messages in memory up to
+    /// `store.resident_bytes_max` body bytes, and beyond pages the bodies of
+    /// new messages out to a log in `dir` on `storage`, created (emptied
+    /// first) only then. Publish its messages as transient: nothing of it is
+    /// meant to survive a restart, and the log is never read back at one.
+    pub fn spilling(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        cfg: QueueConfig,
+        store: StoreConfig,
+    ) -> Self {
+        let mut q = Self::in_memory(cfg);
+        q.resident_bytes_max = store.resident_bytes_max;
+        q.spill = Some(Spill {
+            storage,
+            dir: dir.to_owned(),
+            store,
+        });
+        q
+    }
+
+    /// Opens a spilling queue's log, at its first body past the budget.
+    fn open_spill(&mut self) -> Result<(), StoreError> {
+        let Some(spill) = self.spill.take() else {
+            return Ok(());
+        };
+        if let Err(e) = spill.storage.remove_dir_all(&spill.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(StoreError::io(&spill.dir, e));
+        }
+        let opened = SegmentLog::open(spill.storage, &spill.dir, spill.store)?;
+        self.log = Some(opened.log);
+        Ok(())
     }
 
     /// Logs an op for mirrors: called once the op has changed the core (ops
@@ -176,6 +224,9 @@ impl BackingQueue {
         let mut store = StoreRef::NONE;
         let held = self.core.ready_bytes() + self.core.unacked_bytes();
         let resident = held.saturating_add(msg.body.len() as u64) <= self.resident_bytes_max;
+        if !resident && self.log.is_none() {
+            self.open_spill()?;
+        }
         if let Some(log) = &mut self.log
             && (msg.persistent || !resident)
         {

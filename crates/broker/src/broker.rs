@@ -281,6 +281,14 @@ impl Broker {
             policies: warren_policy::PolicySet::new(),
             commits: commits::Commits::default(),
         };
+        // Non-durable queues' logs (bodies paged out past their budget) are
+        // of no use to a new run.
+        let transient = b.cfg.data_dir.join(persistence::TRANSIENT_DIR);
+        if let Err(e) = b.cfg.storage.remove_dir_all(&transient)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %transient.display(), error = %e, "could not clear the non-durable queues' logs");
+        }
         let mut defs = b.meta.load();
         b.policies = policies::policy_set(&defs.policies);
         if defs.vhosts.is_empty() && defs.users.is_empty() {

@@ -718,15 +718,18 @@ async fn claim(
     Err(RecordError::Unavailable("too many record conflicts".into()))
 }
 
-/// Makes a replica's fresh backing queue: an empty log in the queue's
-/// directory on the broker's storage (old content deleted), or in memory for
-/// a queue without one.
+/// Makes a replica's fresh backing queue: an empty log in a durable queue's
+/// directory on the broker's storage (old content deleted); for a
+/// non-durable queue, memory and, past its budget, a log in its transient
+/// directory; in memory alone for a queue with neither.
 fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
     let dir = b.queue_dir(vhost, name);
+    let spill = b.spill_dir(vhost, name);
     let storage = b.storage();
     let store = b.store_config(vhost, name);
-    Box::new(move |cfg: QueueConfig| match &dir {
-        Some(dir) => {
+    Box::new(move |cfg: QueueConfig| match (&dir, &spill) {
+        (None, Some(spill)) => Ok(BackingQueue::spilling(storage.clone(), spill, cfg, store)),
+        (Some(dir), _) => {
             if let Err(e) = storage.remove_dir_all(dir)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
@@ -734,7 +737,7 @@ fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
             }
             BackingQueue::open_in(storage.clone(), dir, cfg, store).map(|(bq, _)| bq)
         }
-        None => Ok(BackingQueue::in_memory(cfg)),
+        (None, None) => Ok(BackingQueue::in_memory(cfg)),
     })
 }
 

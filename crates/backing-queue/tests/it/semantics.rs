@@ -348,3 +348,39 @@ fn large_bodies_round_trip_through_the_log() {
         q.sync().unwrap();
     }
 }
+
+#[test]
+fn a_spilling_queue_opens_its_log_only_past_its_budget() {
+    // A non-durable queue: in memory until its bodies pass the budget, then
+    // new bodies go to a log opened (emptied first) in its directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("transient-q");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("stale"), b"a previous run's").unwrap();
+    let store = StoreConfig {
+        resident_bytes_max: 1000,
+        ..StoreConfig::default()
+    };
+    let mut q = BackingQueue::spilling(
+        warren_backing_queue::FsStorage::shared(),
+        &dir,
+        QueueConfig::default(),
+        store,
+    );
+    for id in 0..10 {
+        q.publish(0, msg(id, 100, false)).unwrap();
+    }
+    assert_eq!(q.stats().disk_bytes, 0, "within the budget: no log yet");
+    assert!(dir.join("stale").exists());
+    for id in 10..100 {
+        let p = q.publish(0, msg(id, 100, false)).unwrap();
+        assert!(!p.needs_sync);
+    }
+    assert!(!dir.join("stale").exists(), "the directory was emptied");
+    assert!(q.stats().disk_bytes > 90 * 100, "{:?}", q.stats());
+    let got = drain(&mut q, 0);
+    assert_eq!(got.len(), 100);
+    for d in &got {
+        assert_eq!(d.body, vec![d.id as u8; 100]);
+    }
+}

@@ -615,6 +615,12 @@ impl Broker {
         self.vhosts.get(vhost)?.queues.get(name)?.dir.clone()
     }
 
+    /// Where non-durable queue `name` pages bodies out past its budget.
+    #[must_use]
+    pub fn spill_dir(&self, vhost: &str, name: &str) -> Option<std::path::PathBuf> {
+        self.vhosts.get(vhost)?.queues.get(name)?.spill_dir.clone()
+    }
+
     /// The store settings of queue `name` (its mode: how many body bytes
     /// it keeps in memory), for a replica's fresh store.
     #[must_use]

@@ -15,13 +15,26 @@ use super::{Broker, Store};
 /// a NUL, and the name. No vhost holds a NUL (see [`valid_name`](super::valid_name)), so the
 /// first NUL splits the pair one way only and no two pairs share a directory.
 pub(super) fn queue_dir(data_dir: &std::path::Path, vhost: &str, name: &str) -> PathBuf {
+    data_dir.join("queues").join(dir_name(vhost, name))
+}
+
+/// Where non-durable queue `name` of `vhost` pages bodies out past its
+/// memory budget (under [`TRANSIENT_DIR`], emptied when the broker opens).
+pub(super) fn transient_dir(data_dir: &std::path::Path, vhost: &str, name: &str) -> PathBuf {
+    data_dir.join(TRANSIENT_DIR).join(dir_name(vhost, name))
+}
+
+/// Under the data directory: the non-durable queues' logs, which no
+/// restart reads.
+pub(super) const TRANSIENT_DIR: &str = "transient";
+
+fn dir_name(vhost: &str, name: &str) -> String {
     let mut h = Sha256::new();
     h.update(vhost.as_bytes());
     h.update([0]);
     h.update(name.as_bytes());
     let d = h.finalize();
-    let hex: String = d[..12].iter().map(|b| format!("{b:02x}")).collect();
-    data_dir.join("queues").join(hex)
+    d[..12].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Group commits prepared by [`Broker::prepare_sync`], to run without the

@@ -106,7 +106,9 @@ impl Broker {
                 id,
                 props: msg.meta.clone(),
                 body: msg.body.clone(),
-                persistent: msg.persistent,
+                // Only a durable queue keeps persistent messages; a
+                // non-durable one's log (past its budget) is never synced.
+                persistent: msg.persistent && q.dir.is_some(),
                 expiration_ms: msg.expiration_ms,
                 priority: msg.priority,
             };

@@ -132,7 +132,10 @@ pub(super) struct Queue {
     /// Publishes waiting for a group commit before they are confirmed:
     /// (queue seq, connection, channel, publish sequence number).
     pub(super) confirms: VecDeque<(SeqId, ConnId, ChannelId, u64)>,
+    /// A durable queue's log directory.
     pub(super) dir: Option<PathBuf>,
+    /// A non-durable queue's: where it pages bodies out past its budget.
+    pub(super) spill_dir: Option<PathBuf>,
     /// Its traffic since this node started serving it.
     pub(super) counters: stats::QueueCounters,
     /// Its master's figures, when it is served on another node (asked for

@@ -14,7 +14,7 @@ use warren_policy::MasterLocator;
 use super::args::{
     COMPARED_EXCHANGE_ARGS, COMPARED_QUEUE_ARGS, args_inequivalent, inequivalent, queue_args,
 };
-use super::persistence::queue_dir;
+use super::persistence::{queue_dir, transient_dir};
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
 use super::{Broker, ConnId, Elsewhere, Store, err, policies, random_name, stats};
@@ -70,16 +70,20 @@ impl Broker {
             report_dropped: true,
             max_priority: args.max_priority,
         };
-        let (bq, dir) = if opts.durable && !opts.exclusive {
+        let (bq, dir, spill_dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
             let (bq, report) =
                 BackingQueue::open_in(self.cfg.storage.clone(), &dir, qcfg, args.store_config())?;
             if let Some((file, off)) = report.truncated {
                 tracing::warn!(file = %file.display(), offset = off, "cut a torn tail off a queue log");
             }
-            (bq, Some(dir))
+            (bq, Some(dir), None)
         } else {
-            (BackingQueue::in_memory(qcfg), None)
+            // In memory up to its budget; a log only once past it.
+            let dir = transient_dir(&self.cfg.data_dir, vhost, &name);
+            let bq =
+                BackingQueue::spilling(self.cfg.storage.clone(), &dir, qcfg, args.store_config());
+            (bq, None, Some(dir))
         };
         let uid = self.next_uid;
         self.next_uid += 1;
@@ -107,6 +111,7 @@ impl Broker {
             remote_figures: None,
             confirms: VecDeque::new(),
             dir,
+            spill_dir,
             counters: stats::QueueCounters::default(),
         })
     }
@@ -722,9 +727,9 @@ impl Broker {
         ) {
             tracing::error!(error = %e, "could not record a queue deletion");
         }
-        if let Some(dir) = &q.dir {
+        if let Some(dir) = q.dir.as_ref().or(q.spill_dir.as_ref()) {
             drop(q.store);
-            if let Err(e) = std::fs::remove_dir_all(dir)
+            if let Err(e) = self.cfg.storage.remove_dir_all(dir)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove a deleted queue's files");
