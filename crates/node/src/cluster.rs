@@ -476,15 +476,27 @@ async fn commit_loop(
     replay: Arc<Notify>,
 ) {
     let node = cluster.node().to_string();
+    let majority = cluster.majority();
+    // Once a commit failed in a minority, the next ones fail at once while
+    // the minority lasts (each would wait as long again, one after the
+    // other).
+    let mut refused_for: Option<String> = None;
     loop {
         wake.notified().await;
         let batch = crate::lock(&broker).take_commits();
         for MetaCommit { ticket, changes } in batch {
             let cmds = changes.into_iter().map(|c| to_command(c, &node)).collect();
             let c = cluster.clone();
-            let result = match rt.spawn(async move { commit(&c, cmds).await }).await {
-                Ok(r) => r,
-                Err(e) => Err(e.to_string()),
+            let result = match refused_for.clone().filter(|_| !*majority.borrow()) {
+                Some(e) => Err(e),
+                None => match rt.spawn(async move { commit(&c, cmds).await }).await {
+                    Ok(r) => r,
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            refused_for = match &result {
+                Err(e) if !*majority.borrow() => Some(e.clone()),
+                _ => None,
             };
             let refused = result.is_err();
             crate::lock(&broker).commit_done(ticket, result.map_err(MetaError::Cluster));
