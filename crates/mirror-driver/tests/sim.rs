@@ -6,7 +6,9 @@
 //!
 //! Per seed, the queue `q` is mirrored on every node (`ha-mode all`,
 //! automatic sync) and a seeded schedule mixes traffic with faults:
-//! persistent publishes in confirm mode, `basic.get`s and consumers whose
+//! persistent publishes in confirm mode (every 25th carries a 6 MiB body,
+//! larger than a ring broadcast batch, checked byte for byte when it comes
+//! back), `basic.get`s and consumers whose
 //! deliveries are acked or rejected with requeue, through every node (a
 //! node that is not the master forwards to it); node crashes and restarts
 //! (the node's runtime shut down; half of them a power loss too: its

@@ -531,10 +531,49 @@ pub struct Client {
     gets: VecDeque<Option<Got>>,
     /// Deliveries to this client's consumer, in order.
     deliveries: VecDeque<Got>,
-    /// A get-ok (false) or deliver (true) waiting for its content: tag,
-    /// redelivered, pushed.
-    partial: Option<(u64, bool, bool)>,
+    /// A get-ok or deliver waiting for its content.
+    partial: Option<Partial>,
     closed: Option<String>,
+}
+
+/// A get-ok or deliver whose content is still arriving.
+struct Partial {
+    tag: u64,
+    redelivered: bool,
+    /// A deliver (to the consumer), not a get-ok.
+    pushed: bool,
+    /// The body's size, from the content header.
+    size: u64,
+    body: Vec<u8>,
+}
+
+/// Every [`LARGE_EVERY`]th message carries a body of [`LARGE_BYTES`]: more
+/// than a ring broadcast batch takes (4 MiB), so it travels alone.
+pub const LARGE_EVERY: u64 = 25;
+/// See [`LARGE_EVERY`].
+pub const LARGE_BYTES: usize = 6 << 20;
+/// The largest body frame the client sends (its negotiated frame_max).
+const BODY_FRAME: usize = 131_072 - 8;
+
+/// The body of message `seq`: its number, padded with dots for a large one.
+fn body_of(seq: u64) -> Vec<u8> {
+    let mut body = seq.to_string().into_bytes();
+    if seq.is_multiple_of(LARGE_EVERY) {
+        body.resize(LARGE_BYTES, b'.');
+    }
+    body
+}
+
+/// The message number a body carries (and checks a large one's padding).
+fn seq_of(body: &[u8]) -> u64 {
+    let digits = body.iter().take_while(|b| b.is_ascii_digit()).count();
+    let seq: u64 = String::from_utf8_lossy(&body[..digits]).parse().unwrap();
+    assert_eq!(
+        body,
+        body_of(seq).as_slice(),
+        "message {seq} came back altered"
+    );
+    seq
 }
 
 impl Client {
@@ -617,9 +656,10 @@ impl Client {
         assert!(self.closed.is_none(), "declare refused: {:?}", self.closed);
     }
 
-    /// Publishes a message carrying `seq` to the queue.
+    /// Publishes a message carrying `seq` to the queue (a large one every
+    /// [`LARGE_EVERY`]).
     pub fn publish(&mut self, seq: u64, persistent: bool) {
-        let body = seq.to_string().into_bytes();
+        let body = body_of(seq);
         let mut bytes = method(
             1,
             AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
@@ -641,7 +681,9 @@ impl Client {
                 }),
             },
         )));
-        bytes.extend(frame(&AMQPFrame::Body(1, body)));
+        for chunk in body.chunks(BODY_FRAME) {
+            bytes.extend(frame(&AMQPFrame::Body(1, chunk.to_vec())));
+        }
         self.next_tag += 1;
         self.pending.insert(self.next_tag, seq);
         self.send(&bytes);
@@ -672,27 +714,47 @@ impl Client {
                 self.settle(n.delivery_tag, n.multiple, false);
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetOk(g))) => {
-                self.partial = Some((g.delivery_tag, g.redelivered, false));
+                self.partial = Some(Partial {
+                    tag: g.delivery_tag,
+                    redelivered: g.redelivered,
+                    pushed: false,
+                    size: 0,
+                    body: Vec::new(),
+                });
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
-                self.partial = Some((d.delivery_tag, d.redelivered, true));
+                self.partial = Some(Partial {
+                    tag: d.delivery_tag,
+                    redelivered: d.redelivered,
+                    pushed: true,
+                    size: 0,
+                    body: Vec::new(),
+                });
+            }
+            AMQPFrame::Header(_, h) => {
+                if let Some(p) = &mut self.partial {
+                    p.size = h.body_size;
+                }
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))) => {
                 self.gets.push_back(None);
             }
             AMQPFrame::Body(_, body) => {
-                if let Some((tag, redelivered, pushed)) = self.partial.take() {
-                    let seq = String::from_utf8_lossy(&body).parse().unwrap();
-                    let got = Got {
-                        tag,
-                        redelivered,
-                        seq,
-                    };
-                    if pushed {
-                        self.deliveries.push_back(got);
-                    } else {
-                        self.gets.push_back(Some(got));
-                    }
+                let Some(p) = &mut self.partial else { return };
+                p.body.extend_from_slice(&body);
+                if (p.body.len() as u64) < p.size {
+                    return;
+                }
+                let Some(p) = self.partial.take() else { return };
+                let got = Got {
+                    tag: p.tag,
+                    redelivered: p.redelivered,
+                    seq: seq_of(&p.body),
+                };
+                if p.pushed {
+                    self.deliveries.push_back(got);
+                } else {
+                    self.gets.push_back(Some(got));
                 }
             }
             AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
