@@ -494,13 +494,8 @@ fn host_and_port(addr: &str) -> (&str, Option<u16>) {
 /// failure detector's running members), each with its peer address. Byte
 /// counts are not kept, so they are not shown.
 fn cluster_links(s: &Management) -> Vec<Value> {
-    let Some(c) = &s.cluster else {
-        return Vec::new();
-    };
-    c.status()
-        .members
+    s.running_others()
         .iter()
-        .filter(|m| m.running && m.name != s.node)
         .map(|m| {
             let (host, port) = host_and_port(&m.addr);
             json!({"name": m.name, "peer_addr": host, "peer_port": port})
@@ -548,7 +543,7 @@ async fn described_nodes(s: &Management, headers: &HeaderMap, only: Option<&str>
         .filter(|n| n["running"] == true)
         .filter_map(|n| n["name"].as_str().map(str::to_owned))
         .collect();
-    let own = crate::fanout::ask_each(s, headers, &running, |n| {
+    let own = crate::fanout::ask_each(s, headers, Some(&running), |n| {
         format!("/api/nodes/{}", crate::fanout::segment(n))
     })
     .await;

@@ -6,7 +6,7 @@
 //! management listeners with the caller's credentials, so each applies its
 //! own access rules.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -51,20 +51,14 @@ pub(crate) async fn gather(
         .collect()
 }
 
-/// Each other running node's answer to `GET path` (see [`gather`]).
+/// Each other running node's answer to `GET path` with the query `q` (but
+/// the list keys), in node order (see [`gather`]).
 pub(crate) async fn answers(
     s: &Management,
     headers: &HeaderMap,
     path: &str,
     q: &HashMap<String, String>,
 ) -> Vec<Value> {
-    if headers.contains_key(LOCAL_ONLY) {
-        return Vec::new();
-    }
-    let targets = others(s);
-    if targets.is_empty() {
-        return Vec::new();
-    }
     let query: Vec<String> = q
         .iter()
         .filter(|(k, _)| !LIST_KEYS.contains(&k.as_str()))
@@ -75,28 +69,10 @@ pub(crate) async fn answers(
     } else {
         format!("{path}?{}", query.join("&"))
     };
-    let auth = authorization(headers);
-    tokio::task::spawn_blocking(move || {
-        let mut all = Vec::new();
-        for (node, addr) in targets {
-            match ask("GET", &addr, &path, auth.as_deref(), None) {
-                Ok((200, body)) => {
-                    if let Ok(v) = serde_json::from_str(&body) {
-                        all.push(v);
-                    }
-                }
-                Ok((status, _)) => {
-                    tracing::debug!(%node, status, %path, "another node refused to list its clients");
-                }
-                Err(e) => {
-                    tracing::debug!(%node, error = %e, %path, "could not list another node's clients");
-                }
-            }
-        }
-        all
-    })
-    .await
-    .unwrap_or_default()
+    ask_each(s, headers, None, |_| path.clone())
+        .await
+        .into_values()
+        .collect()
 }
 
 /// Sends this request (`method` on `path`, about a client of `node`) on to
@@ -140,42 +116,45 @@ pub(crate) async fn forward(
         .ok()
 }
 
-/// Each running member in `nodes` (other than this one) asked for its
-/// own answer to `GET path_of(node)`: by node, what it said (members that
-/// did not answer in time are left out).
+/// Each other running member (of `nodes`, or all) asked for its own answer
+/// to `GET path_of(node)`, with the caller's credentials: by node, what it
+/// said; nothing when the request itself came from another node. A member
+/// that does not answer in time is left out (logged at debug level).
 pub(crate) async fn ask_each(
     s: &Management,
     headers: &HeaderMap,
-    nodes: &[String],
+    nodes: Option<&[String]>,
     path_of: impl Fn(&str) -> String,
-) -> HashMap<String, Value> {
+) -> BTreeMap<String, Value> {
     if headers.contains_key(LOCAL_ONLY) {
-        return HashMap::new();
+        return BTreeMap::new();
     }
     let targets: Vec<(String, String, String)> = others(s)
         .into_iter()
-        .filter(|(n, _)| nodes.contains(n))
+        .filter(|(n, _)| nodes.is_none_or(|nodes| nodes.contains(n)))
         .map(|(n, addr)| {
             let path = path_of(&n);
             (n, addr, path)
         })
         .collect();
     if targets.is_empty() {
-        return HashMap::new();
+        return BTreeMap::new();
     }
     let auth = authorization(headers);
     tokio::task::spawn_blocking(move || {
         targets
             .into_iter()
-            .filter_map(|(node, addr, path)| match ask("GET", &addr, &path, auth.as_deref(), None) {
-                Ok((200, body)) => Some((node, serde_json::from_str(&body).ok()?)),
-                Ok((status, _)) => {
-                    tracing::debug!(%node, status, %path, "another node refused to describe itself");
-                    None
-                }
-                Err(e) => {
-                    tracing::debug!(%node, error = %e, %path, "could not ask another node");
-                    None
+            .filter_map(|(node, addr, path)| {
+                match ask("GET", &addr, &path, auth.as_deref(), None) {
+                    Ok((200, body)) => Some((node, serde_json::from_str(&body).ok()?)),
+                    Ok((status, _)) => {
+                        tracing::debug!(%node, status, %path, "another node refused a request");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!(%node, error = %e, %path, "could not ask another node");
+                        None
+                    }
                 }
             })
             .collect()
@@ -193,13 +172,8 @@ pub(crate) fn segment(s: &str) -> String {
 /// listener, as they recorded it (an unspecified IP replaced with the host
 /// of their peer address).
 fn others(s: &Management) -> Vec<(String, String)> {
-    let Some(c) = &s.cluster else {
-        return Vec::new();
-    };
-    c.status()
-        .members
+    s.running_others()
         .into_iter()
-        .filter(|m| m.running && m.name != s.node)
         .filter_map(|m| {
             let (_, http) = m.listeners.iter().find(|(p, _)| p == "http")?;
             let a: SocketAddr = http.parse().ok()?;

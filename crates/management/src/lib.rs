@@ -199,6 +199,18 @@ impl Management {
         lock(&self.broker)
     }
 
+    /// The other cluster members this node sees running.
+    fn running_others(&self) -> Vec<ClusterMember> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        c.status()
+            .members
+            .into_iter()
+            .filter(|m| m.running && m.name != self.node)
+            .collect()
+    }
+
     /// Runs `f` on the broker, then answers once the metadata changes it
     /// made are committed: in a cluster, by a majority, waited for without
     /// the broker's lock (`Broker::recorded`), so no client of the node

@@ -492,11 +492,7 @@ fn a_declare_waiting_for_the_majority_holds_up_no_other_client() {
     declare_durable(&rt, &nodes[0], "plain.fast");
     let signal = |sig: &str| {
         for n in &nodes[1..] {
-            let status = Command::new("kill")
-                .args([sig, &n.pid().to_string()])
-                .status()
-                .expect("run kill");
-            assert!(status.success());
+            n.signal(sig);
         }
     };
     signal("-STOP");

@@ -1672,14 +1672,7 @@ fn a_backlogged_ring_holds_back_its_own_publishers_only() {
     declare_durable(&rt, &nodes[0], FAST);
     // A mirror stopped (not down: the failure detector waits 60 s): the
     // ring of the mirrored queue stops moving and its publishes pile up.
-    let stopped = nodes[2].pid().to_string();
-    let signal = |sig: &str| {
-        let status = std::process::Command::new("kill")
-            .args([sig, &stopped])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-    };
+    let signal = |sig: &str| nodes[2].signal(sig);
     signal("-STOP");
     let (held, fast_confirmed, after) = rt.block_on(async {
         let (_slow_conn, slow) = confirming(&nodes[0]).await;

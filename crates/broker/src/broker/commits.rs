@@ -156,34 +156,30 @@ impl Broker {
     }
 
     /// Ends recording: if the command changed metadata, its reply is set
-    /// aside and connection `id` waits for the commit; returns whether it
-    /// waits.
-    pub(super) fn end_recording(
-        &mut self,
-        id: ConnId,
-        mark: Option<usize>,
-        method: (u16, u16),
-    ) -> bool {
-        let Some(changes) = self.commits.recording.take() else {
-            return false;
-        };
-        let (Some(mark), false) = (mark, changes.is_empty()) else {
-            return false;
-        };
-        let Some(c) = self.conns.get_mut(&id) else {
-            return false;
-        };
+    /// aside and connection `id` waits for the commit.
+    pub(super) fn end_recording(&mut self, id: ConnId, mark: usize, method: (u16, u16)) {
+        let changes = self.commits.recording.take().unwrap_or_default();
+        if changes.is_empty() {
+            return;
+        }
+        let ticket = self.queue_commit(Waiter::Conn(id), changes);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.committing = Some(Parked {
+                ticket,
+                held: c.amqp.split_output(mark),
+                method,
+            });
+        }
+    }
+
+    /// Queues `changes` for the shell's commit task; returns its ticket.
+    fn queue_commit(&mut self, waiter: Waiter, changes: Vec<Change>) -> u64 {
         let ticket = self.commits.next;
         self.commits.next += 1;
-        c.committing = Some(Parked {
-            ticket,
-            held: c.amqp.split_output(mark),
-            method,
-        });
         self.commits.pending.insert(
             ticket,
             Pending {
-                waiter: Waiter::Conn(id),
+                waiter,
                 changes,
                 taken: false,
             },
@@ -191,7 +187,7 @@ impl Broker {
         if let Some(w) = &self.commits.waker {
             w();
         }
-        true
+        ticket
     }
 
     /// Runs `f` (an operator's change: the management API's declares,
@@ -225,20 +221,8 @@ impl Broker {
             if let Waiter::Done(done) = waiter {
                 done(Ok(()));
             }
-            return r;
-        }
-        let ticket = self.commits.next;
-        self.commits.next += 1;
-        self.commits.pending.insert(
-            ticket,
-            Pending {
-                waiter,
-                changes,
-                taken: false,
-            },
-        );
-        if let Some(w) = &self.commits.waker {
-            w();
+        } else {
+            self.queue_commit(waiter, changes);
         }
         r
     }

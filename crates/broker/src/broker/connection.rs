@@ -275,7 +275,7 @@ impl Broker {
                             }
                         }
                     }
-                    if mark.is_some() {
+                    if let Some(mark) = mark {
                         self.end_recording(id, mark, ids);
                     }
                 }

@@ -225,6 +225,15 @@ impl Peer {
         let _ = self.child.wait();
     }
 
+    /// Sends the process signal `sig` (`-STOP`, `-CONT`, …).
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
     pub fn terminate(&mut self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
