@@ -174,12 +174,19 @@ pub(super) fn queue_args(
                 );
             }
             "x-queue-mode" => {
-                // RabbitMQ 3.10's check_queue_mode.
+                // RabbitMQ 3.10's refusals (recorded: the conformance
+                // scenario queue_mode).
                 out.lazy = match v {
                     AMQPValue::LongString(s) => match s.as_bytes() {
                         b"lazy" => Some(true),
                         b"default" => Some(false),
-                        _ => return Err(bad(key, "invalid_queue_mode")),
+                        other => {
+                            let why = format!(
+                                "\"unsupported queue mode '{}'\"",
+                                String::from_utf8_lossy(other)
+                            );
+                            return Err(bad(key, &why));
+                        }
                     },
                     v => {
                         let why = format!("{{unacceptable_type,{}}}", type_name(v));

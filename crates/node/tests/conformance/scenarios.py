@@ -592,6 +592,28 @@ def priority_arguments(ctx):
     return out
 
 
+def queue_mode(ctx):
+    """Which x-queue-mode values a declare accepts, RabbitMQ's refusals, and
+    a lazy queue's messages coming back (bodies read back from disk)."""
+    out = {}
+    for i, value in enumerate(["default", "lazy", "eager", 1]):
+        q = ctx.queue(f"mode{i}.")
+        ch = ctx.use.channel()
+        try:
+            ch.queue_declare(q, durable=True, arguments={"x-queue-mode": value})
+            ch.queue_delete(q)
+            ch.close()
+            out[str(value)] = "ok"
+        except pika.exceptions.ChannelClosedByBroker as e:
+            out[str(value)] = closed(e)
+    q = ctx.queue("lazy.")
+    ctx.declare(q, arguments={"x-queue-mode": "lazy"})
+    ch = ctx.channel(ctx.use, confirm=True)
+    out["publish"] = publish_each(ch, q, ["l0", "l1", "l2"])
+    out["got"] = get_all(ch, q)
+    return out
+
+
 def master_locator_arguments(ctx):
     """Which x-queue-master-locator values a declare accepts, and RabbitMQ's
     refusals (where the master then goes is not visible through AMQP; the
@@ -675,6 +697,7 @@ SCENARIOS = [
     priority_above_max,
     priority_arguments,
     master_locator_arguments,
+    queue_mode,
     large_message,
     publish_right_after_declare,
     use_right_after_declare,
