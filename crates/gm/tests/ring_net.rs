@@ -865,7 +865,24 @@ async fn a_member_that_leaves_before_its_join_commits_does_not_stay_in_the_ring(
         view.version >= 2 && view.entry(gone_id).is_none_or(|e| !e.alive)
     })
     .await;
+    // The other member joined either before the early leaver (it stays)
+    // or after it, inheriting from a member that never handed anything
+    // over: that join fails (gm's Lemma 2) and its node joins again.
+    let settled = inner.current_now("q").version;
+    wait_until("the other member at the settled view", || {
+        let s = members[0].seen.lock().unwrap();
+        s.removed || s.views.last().is_some_and(|&v| v >= settled)
+    })
+    .await;
+    if members[0].seen.lock().unwrap().removed {
+        members[0] = join(&nodes[1]).await;
+        wait_until("the rejoined member in a view", || {
+            !members[0].seen.lock().unwrap().views.is_empty()
+        })
+        .await;
+    }
     broadcast_round(&mut members, &[0]).await;
+    assert!(members[0].sent > 0, "the broadcasts were refused");
     wait_until("the remaining member's broadcasts confirmed", || {
         let s = members[0].seen.lock().unwrap();
         s.confirmed == members[0].sent
