@@ -395,12 +395,14 @@ impl Cluster {
         }
     }
 
-    /// Compare-and-set on a queue's view (for the GM ring's view authority):
-    /// applies `view` if the queue's view is still at `expected_version`.
+    /// Compare-and-set on a queue's view: applies `view` if the queue is
+    /// still the declaration `serial` and its view still at
+    /// `expected_version` ([`Command::SetQueueView`]).
     pub async fn set_queue_view(
         &self,
         vhost: &str,
         name: &str,
+        serial: u64,
         expected_version: u64,
         view: QueueView,
     ) -> Result<QueueRecord, ClusterError> {
@@ -408,6 +410,7 @@ impl Cluster {
             .write(Command::SetQueueView {
                 vhost: vhost.into(),
                 name: name.into(),
+                serial,
                 expected_version,
                 view,
             })

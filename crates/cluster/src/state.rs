@@ -249,6 +249,25 @@ pub struct QueueRecord {
     /// The version of the queue's ring view; grows by one at every change of
     /// master or mirrors.
     pub view_version: u64,
+    /// Which declaration of this name the record is: set when the queue is
+    /// created (the metadata's count of queues declared so far), so a queue
+    /// deleted and declared again is told apart from its predecessor.
+    pub serial: u64,
+}
+
+impl QueueRecord {
+    /// The name of this queue's GM ring: one per declaration, so the
+    /// members of a deleted queue never meet those of its successor.
+    #[must_use]
+    pub fn ring(&self) -> String {
+        format!(
+            "queue:{}:{}/{}#{}",
+            self.vhost.len(),
+            self.vhost,
+            self.name,
+            self.serial
+        )
+    }
 }
 
 /// A queue's placement: master, mirrors and synchronised mirrors.
@@ -336,12 +355,15 @@ pub enum Command {
     },
     /// Compare-and-set on a queue's view: replaces master, mirrors and
     /// synchronised mirrors if the view is still at `expected_version`; the
-    /// version then grows by one.
+    /// version then grows by one. A queue of another `serial` (declared
+    /// again since) is refused as no queue.
     SetQueueView {
         /// The vhost.
         vhost: String,
         /// The queue name.
         name: String,
+        /// The declaration the proposer speaks of ([`QueueRecord::serial`]).
+        serial: u64,
         /// The version the proposer based its change on.
         expected_version: u64,
         /// The new placement.
@@ -491,6 +513,8 @@ pub struct Metadata {
     pub queues: BTreeMap<(String, String), QueueRecord>,
     /// GM ring views by ring name.
     pub rings: BTreeMap<String, RingRecord>,
+    /// Queues declared so far (the last [`QueueRecord::serial`] given).
+    pub queues_declared: u64,
 }
 
 fn key(vhost: &str, name: &str) -> (String, String) {
@@ -552,7 +576,13 @@ impl Metadata {
                 self.permissions.retain(|(v, _), _| v != name);
                 self.policies.retain(|(v, _), _| v != name);
                 self.exchanges.retain(|(v, _), _| v != name);
-                self.queues.retain(|(v, _), _| v != name);
+                let rings = &mut self.rings;
+                self.queues.retain(|(v, _), q| {
+                    if v == name {
+                        rings.remove(&q.ring());
+                    }
+                    v != name
+                });
                 self.bindings.retain(|b| &b.vhost != name);
                 Ok(Outcome::Done)
             }
@@ -683,6 +713,8 @@ impl Metadata {
                 check_view(&view, q.exclusive_owner.is_some())?;
                 let mut q = q.clone();
                 q.view_version = 1;
+                self.queues_declared += 1;
+                q.serial = self.queues_declared;
                 self.queues.insert(key(&q.vhost, &q.name), q.clone());
                 Ok(Outcome::Queue(q))
             }
@@ -706,21 +738,18 @@ impl Metadata {
                         current: q.view_version,
                     });
                 }
-                self.queues.remove(&k);
-                self.bindings.retain(|b| {
-                    !(&b.vhost == vhost
-                        && b.destination_kind == DestinationKind::Queue
-                        && &b.destination == name)
-                });
+                self.remove_queue(&k);
                 Ok(Outcome::Done)
             }
             Command::SetQueueView {
                 vhost,
                 name,
+                serial,
                 expected_version,
                 view,
             } => {
-                let Some(q) = self.queues.get_mut(&key(vhost, name)) else {
+                let found = self.queues.get_mut(&key(vhost, name));
+                let Some(q) = found.filter(|q| q.serial == *serial) else {
                     return Err(Rejection::NoQueue {
                         vhost: vhost.clone(),
                         name: name.clone(),
@@ -868,13 +897,20 @@ impl Metadata {
             q.view_version += 1;
         }
         for k in deleted {
-            self.queues.remove(&k);
-            self.bindings.retain(|b| {
-                !(b.vhost == k.0
-                    && b.destination_kind == DestinationKind::Queue
-                    && b.destination == k.1)
-            });
+            self.remove_queue(&k);
         }
+    }
+
+    /// Removes a queue with its bindings and its ring's view.
+    fn remove_queue(&mut self, k: &(String, String)) {
+        if let Some(q) = self.queues.remove(k) {
+            self.rings.remove(&q.ring());
+        }
+        self.bindings.retain(|b| {
+            !(b.vhost == k.0
+                && b.destination_kind == DestinationKind::Queue
+                && b.destination == k.1)
+        });
     }
 
     /// A queue's record.
@@ -899,6 +935,7 @@ mod tests {
             mirrors: mirrors.iter().map(|s| s.to_string()).collect(),
             synchronised: synced.iter().map(|s| s.to_string()).collect(),
             view_version: 0,
+            serial: 0,
         }
     }
 
@@ -942,6 +979,7 @@ mod tests {
         let set = |v, synced: &[&str]| Command::SetQueueView {
             vhost: "/".into(),
             name: "q".into(),
+            serial: 1,
             expected_version: v,
             view: QueueView {
                 master: "a".into(),
@@ -962,6 +1000,53 @@ mod tests {
             m.apply(&set(2, &["c"])).result,
             Err(Rejection::InvalidView(_))
         ));
+    }
+
+    /// A queue deleted and declared again is another declaration: a new
+    /// serial and ring, its predecessor's ring view gone, and a change
+    /// meant for the predecessor refused.
+    #[test]
+    fn a_queue_declared_again_is_a_new_declaration() {
+        let mut m = md();
+        let declare = |m: &mut Metadata| match m
+            .apply(&Command::DeclareQueue(queue("q", "a", &[], &[])))
+            .result
+        {
+            Ok(Outcome::Queue(q)) => q,
+            other => panic!("{other:?}"),
+        };
+        let first = declare(&mut m);
+        assert_eq!(first.serial, 1);
+        m.apply(&Command::SetRingView {
+            ring: first.ring(),
+            expected_version: 0,
+            view: vec![1],
+        });
+        m.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "q".into(),
+            expected_version: None,
+        });
+        assert!(m.rings.is_empty(), "the deleted queue's ring view stays");
+        let second = declare(&mut m);
+        assert_eq!(second.serial, 2);
+        assert_ne!(first.ring(), second.ring());
+        let stale = Command::SetQueueView {
+            vhost: "/".into(),
+            name: "q".into(),
+            serial: first.serial,
+            expected_version: 1,
+            view: QueueView {
+                master: "b".into(),
+                mirrors: vec![],
+                synchronised: vec![],
+            },
+        };
+        assert!(matches!(
+            m.apply(&stale).result,
+            Err(Rejection::NoQueue { .. })
+        ));
+        assert_eq!(m.queue("/", "q").unwrap().master, "a");
     }
 
     #[test]

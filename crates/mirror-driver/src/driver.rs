@@ -78,13 +78,11 @@ impl DriverConfig {
     }
 }
 
-/// A queue's ring name.
-fn ring_name(vhost: &str, name: &str) -> String {
-    format!("queue:{}:{vhost}/{name}", vhost.len())
-}
-
 /// This node's replica of one queue, as the reconciler tracks it.
 struct Running {
+    /// The declaration of the queue it is a replica of
+    /// ([`warren_cluster::QueueRecord::serial`]).
+    serial: u64,
     master: bool,
     settings: Settings,
     /// Wakes the replica's task.
@@ -244,7 +242,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         self.point_queues(meta);
         let policies = policy_set(meta);
         let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
-        let mut wanted: BTreeMap<(String, String), (bool, Settings)> = BTreeMap::new();
+        let mut wanted: BTreeMap<(String, String), (bool, Settings, u64)> = BTreeMap::new();
         let mut mirrored = BTreeSet::new();
         for ((vhost, name), q) in &meta.queues {
             if q.exclusive_owner.is_some() {
@@ -273,7 +271,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             if here {
                 wanted.insert(
                     (vhost.clone(), name.clone()),
-                    (master, Settings::from_policy(ha)),
+                    (master, Settings::from_policy(ha), q.serial),
                 );
             }
         }
@@ -281,13 +279,14 @@ impl<S: MetadataSource> MirrorDriver<S> {
             .replicas
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (key, (master, settings)) in &wanted {
+        for (key, (master, settings, serial)) in &wanted {
             match reps.get_mut(key) {
                 None => {
                     let notify = Arc::new(Notify::new());
                     reps.insert(
                         key.clone(),
                         Running {
+                            serial: *serial,
                             master: *master,
                             settings: *settings,
                             notify: notify.clone(),
@@ -296,12 +295,13 @@ impl<S: MetadataSource> MirrorDriver<S> {
                         },
                     );
                     let me = self.clone();
-                    let (k, m, s) = (key.clone(), *master, *settings);
+                    let (k, m, s, n) = (key.clone(), *master, *settings, *serial);
                     self.tasks
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .spawn(async move { me.run_replica(k, m, s, notify).await });
+                        .spawn(async move { me.run_replica(k, n, m, s, notify).await });
                 }
+                Some(r) if r.serial != *serial => {}
                 Some(r) if r.settings != *settings && !r.stopping => {
                     r.settings = *settings;
                     lock(&self.broker).set_replica_settings(&key.0, &key.1, *settings);
@@ -310,13 +310,15 @@ impl<S: MetadataSource> MirrorDriver<S> {
             }
         }
         for (key, r) in reps.iter_mut() {
-            if wanted.contains_key(key) || r.stopping {
+            let same = |(_, _, serial): &(bool, Settings, u64)| *serial == r.serial;
+            if wanted.get(key).is_some_and(same) || r.stopping {
                 continue;
             }
             // A master that stops being mirrored keeps its queue: it leaves
             // the ring once its mirrors have gone. A master that moves hands
-            // over at once.
-            let gone = !meta.queues.contains_key(key);
+            // over at once. A replica of a queue deleted (and perhaps
+            // declared again) goes.
+            let gone = meta.queues.get(key).is_none_or(|q| q.serial != r.serial);
             let unmirrored = !mirrored.contains(key);
             if r.master && !gone && unmirrored && !lock(&self.broker).replica_alone(&key.0, &key.1)
             {
@@ -335,13 +337,20 @@ impl<S: MetadataSource> MirrorDriver<S> {
     async fn run_replica(
         self: Arc<Self>,
         key: (String, String),
+        serial: u64,
         master: bool,
         settings: Settings,
         notify: Arc<Notify>,
     ) {
         let (vhost, name) = (key.0.clone(), key.1.clone());
-        let ring_id = ring_name(&vhost, &name);
-        let records = ClusterRecords::new(self.source.clone(), vhost.clone(), name.clone());
+        let ring_id = match self.source.local().queue(&vhost, &name) {
+            Some(q) if q.serial == serial => q.ring(),
+            _ => {
+                self.forget(&key);
+                return;
+            }
+        };
+        let records = ClusterRecords::new(self.source.clone(), vhost.clone(), name.clone(), serial);
         let started = self
             .start_replica(&vhost, &name, &ring_id, master, settings, &notify, &records)
             .await;

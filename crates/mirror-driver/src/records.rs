@@ -58,31 +58,40 @@ fn record_view(q: &QueueRecord) -> RecordView {
     }
 }
 
-/// A queue's record in the cluster metadata (the Raft store on a node).
+/// A queue's record in the cluster metadata (the Raft store on a node):
+/// one declaration of it, so once the queue is deleted (and perhaps
+/// declared again) the record is unavailable.
 #[derive(Debug, Clone)]
 pub struct ClusterRecords<S = Cluster> {
     source: S,
     vhost: String,
     name: String,
+    serial: u64,
 }
 
 impl<S: MetadataSource> ClusterRecords<S> {
-    /// The record of queue `name` in `vhost` (it must have been declared).
-    pub fn new(source: S, vhost: impl Into<String>, name: impl Into<String>) -> Self {
+    /// The record of queue `name` in `vhost` as declared the `serial`th
+    /// time ([`QueueRecord::serial`]).
+    pub fn new(source: S, vhost: impl Into<String>, name: impl Into<String>, serial: u64) -> Self {
         Self {
             source,
             vhost: vhost.into(),
             name: name.into(),
+            serial,
         }
+    }
+
+    /// The record, if the queue is still this declaration.
+    fn find<'m>(&self, meta: &'m warren_cluster::Metadata) -> Option<&'m QueueRecord> {
+        meta.queue(&self.vhost, &self.name)
+            .filter(|q| q.serial == self.serial)
     }
 }
 
 #[async_trait]
 impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
     fn local(&self) -> Result<RecordView, RecordError> {
-        self.source
-            .local()
-            .queue(&self.vhost, &self.name)
+        self.find(&self.source.local())
             .map(record_view)
             .ok_or_else(|| RecordError::Unavailable(format!("no queue {:?}", self.name)))
     }
@@ -95,6 +104,7 @@ impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
         let cmd = Command::SetQueueView {
             vhost: self.vhost.clone(),
             name: self.name.clone(),
+            serial: self.serial,
             expected_version: expected,
             view: QueueView {
                 master: view.master.clone(),
@@ -113,7 +123,7 @@ impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
                     .read_linearizable()
                     .await
                     .map_err(|e| RecordError::Unavailable(e.to_string()))?;
-                meta.queue(&self.vhost, &self.name)
+                self.find(&meta)
                     .map(|q| RecordError::Conflict(record_view(q)))
                     .ok_or_else(|| RecordError::Unavailable("queue deleted".into()))
                     .and_then(Err)

@@ -63,7 +63,7 @@ async fn cluster_view_authority_over_mem_metadata() {
 
 #[tokio::test]
 async fn cluster_records_over_mem_metadata() {
-    let records = Arc::new(ClusterRecords::new(mem_metadata(), "/", QUEUE));
+    let records = Arc::new(ClusterRecords::new(mem_metadata(), "/", QUEUE, 1));
     for seed in 0..4 {
         record_store(records.clone(), seed).await;
     }
@@ -75,7 +75,7 @@ async fn cluster_view_authority_and_records_over_raft() {
     let cluster = one_node_cluster(&dir).await;
     let authority = Arc::new(ClusterViewAuthority::new(cluster.clone()));
     view_authority(authority, "raft", 1).await;
-    let records = Arc::new(ClusterRecords::new(cluster.clone(), "/", QUEUE));
+    let records = Arc::new(ClusterRecords::new(cluster.clone(), "/", QUEUE, 1));
     record_store(records, 1).await;
     cluster.shutdown().await;
 }

@@ -676,6 +676,7 @@ fn to_command(change: Change, node: &str) -> Command {
             mirrors: Vec::new(),
             synchronised: Vec::new(),
             view_version: 0,
+            serial: 0,
         }),
         Change::DeleteQueue { vhost, name } => Command::DeleteQueue {
             vhost,

@@ -18,6 +18,7 @@ pub fn queue(name: &str, master: &str, mirrors: &[&str]) -> QueueRecord {
         mirrors: mirrors.iter().map(|s| s.to_string()).collect(),
         synchronised: Vec::new(),
         view_version: 0,
+        serial: 0,
     }
 }
 
@@ -83,13 +84,13 @@ async fn t11_three_nodes_join_replicate_and_compare_and_set_views() {
     };
     let q = tc
         .node("b")
-        .set_queue_view("/", "q", 1, view.clone())
+        .set_queue_view("/", "q", 1, 1, view.clone())
         .await
         .unwrap();
     assert_eq!(q.view_version, 2);
     let err = tc
         .node("c")
-        .set_queue_view("/", "q", 1, view)
+        .set_queue_view("/", "q", 1, 1, view)
         .await
         .unwrap_err();
     assert!(

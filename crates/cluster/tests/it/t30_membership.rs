@@ -20,6 +20,7 @@ async fn t30_forget_a_stopped_node_online_promotes_its_queues() {
     a.set_queue_view(
         "/",
         "q",
+        1, // the first queue declared
         1,
         QueueView {
             master: "c".into(),
@@ -110,6 +111,7 @@ async fn t31_forget_offline_lets_a_survivor_start_alone() {
     b.set_queue_view(
         "/",
         "q",
+        1, // the first queue declared
         1,
         QueueView {
             master: "c".into(),
@@ -181,6 +183,7 @@ async fn t32_two_nodes_survive_a_clean_stop_of_either() {
         .set_queue_view(
             "/",
             "q",
+            1, // the first queue declared
             1,
             QueueView {
                 master: "b".into(),

@@ -98,6 +98,7 @@ pub fn queue_commands(batch: u64) -> Vec<Command> {
             mirrors: vec![],
             synchronised: vec![],
             view_version: 0,
+            serial: 0,
         }),
     ]
 }

@@ -614,6 +614,24 @@ def queue_mode(ctx):
     return out
 
 
+def declared_again(ctx):
+    """A queue deleted and declared again at once, several times over, on
+    the client's node, then declared through node 1: the last declaration
+    is a queue like any other (confirms, messages kept), nothing of its
+    predecessors in its way."""
+    q = ctx.queue("again.")
+    for _ in range(4):
+        ch = ctx.use.channel()
+        ch.queue_declare(q, durable=True)
+        ch.queue_delete(q)
+        ch.close()
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"publish": publish_each(ch, q, [f"a{i}" for i in range(5)])}
+    out["got"] = get_all(ch, q)
+    return out
+
+
 def master_locator_arguments(ctx):
     """Which x-queue-master-locator values a declare accepts, and RabbitMQ's
     refusals (where the master then goes is not visible through AMQP; the
@@ -698,6 +716,7 @@ SCENARIOS = [
     priority_arguments,
     master_locator_arguments,
     queue_mode,
+    declared_again,
     large_message,
     publish_right_after_declare,
     use_right_after_declare,
@@ -707,7 +726,7 @@ SCENARIOS = [
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
              "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count.",
-             "dlca.", "dlcb.", "redecl.", "txu."]
+             "dlca.", "dlcb.", "redecl.", "txu.", "again."]
 
 
 def run_one(urls, scenario, placement):
