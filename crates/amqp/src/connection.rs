@@ -444,6 +444,12 @@ impl Connection {
 
     // ----- output side -----------------------------------------------------
 
+    /// Whether events wait to be taken with [`poll_event`](Self::poll_event).
+    #[must_use]
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next event for the broker, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

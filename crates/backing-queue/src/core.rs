@@ -340,6 +340,9 @@ impl QueueCore {
             seq: e.seq,
             id: e.id,
             reason,
+            data: e.data.clone(),
+            props_len: e.props_len,
+            store: e.store,
         });
         self.note_removed(e);
     }
@@ -348,6 +351,11 @@ impl QueueCore {
         if e.store.is_some() {
             self.removed.push(Removed::of(e));
         }
+    }
+
+    /// Messages dropped since the last [`take_dropped`](Self::take_dropped).
+    pub(crate) fn dropped_mut(&mut self) -> &mut Vec<Dropped> {
+        &mut self.dropped
     }
 
     /// Messages dropped (expired, over the limits, rejected) since the last call.

@@ -101,8 +101,9 @@ pub enum DropReason {
     Rejected,
 }
 
-/// A message that left the queue without an ack (for dead-lettering).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A message that left the queue without an ack (for dead-lettering), with
+/// its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropped {
     /// Its sequence number.
     pub seq: SeqId,
@@ -110,6 +111,13 @@ pub struct Dropped {
     pub id: u64,
     /// Why it left.
     pub reason: DropReason,
+    /// Its properties followed by its body, as published (`None` if a
+    /// paged-out message could not be read back).
+    pub data: Option<Bytes>,
+    /// How many bytes of `data` are properties.
+    pub props_len: u32,
+    /// Where its record was in the log (to read `data` back).
+    pub(crate) store: crate::core::StoreRef,
 }
 
 /// One operation on a backing queue, as the master applied it. A mirror that

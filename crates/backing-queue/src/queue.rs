@@ -199,7 +199,17 @@ impl BackingQueue {
     /// Writes what the core removed to the log, and forgets dropped messages
     /// nobody asked for.
     fn settle(&mut self) -> Result<(), StoreError> {
-        if !self.report_dropped {
+        if self.report_dropped {
+            // Paged-out messages that left are read back while their
+            // records are still there: dead-lettering needs them whole.
+            if let Some(log) = &mut self.log {
+                for d in self.core.dropped_mut() {
+                    if d.data.is_none() && d.store.is_some() {
+                        d.data = log.read(d.store).ok();
+                    }
+                }
+            }
+        } else {
             let mut none = Vec::new();
             self.core.take_dropped(&mut none);
         }

@@ -89,7 +89,6 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
             if let Err(e) = bq.ack(delivery.tag) {
                 tracing::error!(queue = %q.name, error = %e, "ack failed");
             }
-            q.dl_msgs.remove(&delivery.id);
         } else {
             c.unacked += 1;
             ch.unacked.insert(
@@ -98,7 +97,6 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
                     queue: q.name.clone(),
                     bq_tag: delivery.tag,
                     consumer: Some(c.tag.clone()),
-                    msg_id: delivery.id,
                     remote: None,
                 },
             );
@@ -204,10 +202,17 @@ impl Broker {
         let mut dropped: Vec<Dropped> = Vec::new();
         q.store.take_dropped(&mut dropped);
         if q.dlx.is_some() {
+            // Each dropped message comes with its content (the store read a
+            // paged-out one back), whoever published it: this node or, before
+            // a failover, another master.
             for d in dropped {
-                if let Some((meta, body)) = q.dl_msgs.remove(&d.id) {
-                    self.dead.extend(q.dead_letter(vhost, d.reason, meta, body));
-                }
+                let Some(data) = d.data else {
+                    tracing::warn!(queue = %qname, seq = d.seq, "a dropped message could not be read back: not dead-lettered");
+                    continue;
+                };
+                let split = (d.props_len as usize).min(data.len());
+                let (meta, body) = (data.slice(..split), data.slice(split..));
+                self.dead.extend(q.dead_letter(vhost, d.reason, meta, body));
             }
             // Expired messages at the head may have gone during the fetches.
             drive(q, &mut self.conns, self.now, self.current);
@@ -264,7 +269,6 @@ impl Broker {
             let res = match how {
                 Settle::Ack => {
                     q.counters.acked += 1;
-                    q.dl_msgs.remove(&u.msg_id);
                     q.store.ack(u.bq_tag)
                 }
                 Settle::Requeue => q.store.requeue(u.bq_tag),
@@ -491,8 +495,17 @@ impl Broker {
         let bq = match &mut q.store {
             Store::Local(bq) => bq,
             Store::Replica(m) => {
-                if !m.fetch(now, FetchForArgs::get(id, ch, g.no_ack)) {
-                    self.conn(id).send_get_empty(ch);
+                // The answer waits for the ring: a client's further
+                // commands wait with it; a link's get keeps its request.
+                let c = self.conns.get_mut(&id).expect("connection present");
+                let req = c.defer_get();
+                if m.fetch(now, FetchForArgs::get(id, ch, g.no_ack, req)) {
+                    if c.link.is_none() {
+                        c.gets_waiting += 1;
+                    }
+                } else {
+                    c.answering_get(req);
+                    c.send_get_empty(ch);
                 }
                 self.after_queue_op(&vhost, &qarc);
                 return Ok(());
@@ -508,11 +521,10 @@ impl Broker {
         };
         q.counters.delivered += 1;
         q.counters.redelivered += u64::from(d.redelivered);
-        if g.no_ack {
-            if let Err(e) = bq.ack(d.tag) {
-                tracing::error!(queue = %name, error = %e, "ack failed");
-            }
-            q.dl_msgs.remove(&d.id);
+        if g.no_ack
+            && let Err(e) = bq.ack(d.tag)
+        {
+            tracing::error!(queue = %name, error = %e, "ack failed");
         }
         let remaining = u32::try_from(bq.stats().ready).unwrap_or(u32::MAX);
         let conn = self.conn(id);
@@ -526,7 +538,6 @@ impl Broker {
                     queue: qarc.clone(),
                     bq_tag: d.tag,
                     consumer: None,
-                    msg_id: d.id,
                     remote: None,
                 },
             );

@@ -5,7 +5,6 @@
 //! A child module of `broker` so it can read the broker's state without
 //! widening its fields.
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -573,23 +572,12 @@ impl Broker {
     /// Purges a queue's ready messages; how many, or an error if there is
     /// no such queue.
     pub fn admin_purge_queue(&mut self, vhost: &str, name: &str) -> Result<u64, BrokerError> {
-        let mut unacked_ids = HashSet::new();
-        for c in self.conns.values() {
-            for chan in c.channels.values() {
-                for u in chan.unacked.values() {
-                    if &*u.queue == name && c.vhost == vhost {
-                        unacked_ids.insert(u.msg_id);
-                    }
-                }
-            }
-        }
         let q = self
             .vhosts
             .get_mut(vhost)
             .and_then(|v| v.queues.get_mut(name))
             .ok_or_else(|| missing("queue", name, vhost))?;
         let n = q.store.purge().map_err(BrokerError::Invalid)?;
-        q.dl_msgs.retain(|k, _| unacked_ids.contains(k));
         self.mirror_turn(vhost, name);
         Ok(n)
     }

@@ -31,6 +31,10 @@ use crate::routing::decode_meta;
 /// The channel of a link's internal connection on the master.
 const LINK_CHANNEL: ChannelId = 1;
 
+/// A forwarded get's message: the master's tag, redelivered, meta, body,
+/// messages left.
+pub type GetReplyMsg = (u64, bool, Bytes, Bytes, u32);
+
 /// One message between two nodes' brokers about a forwarded queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LinkMsg {
@@ -147,7 +151,7 @@ pub enum LinkMsg {
         /// The origin's request id.
         req: u64,
         /// The message: master's tag, redelivered, meta, body, messages left.
-        msg: Option<(u64, bool, Bytes, Bytes, u32)>,
+        msg: Option<GetReplyMsg>,
     },
     /// Origin → master: settle these deliveries (0 ack, 1 requeue, 2 discard).
     Settle {
@@ -402,6 +406,20 @@ impl Conn {
                 ContentMethod::Return { .. } => {}
             },
         }
+    }
+
+    /// A forwarded get whose answer waited (for a mirrored queue's ring) is
+    /// answered next: its request goes first in line.
+    pub(crate) fn answering_get(&mut self, req: Option<u64>) {
+        if let (Some(req), Some(l)) = (req, self.link.as_mut()) {
+            l.gets.push_front(req);
+        }
+    }
+
+    /// The request of the forwarded get being handled now, taken out of
+    /// line while its answer waits (see [`Self::answering_get`]).
+    pub(crate) fn defer_get(&mut self) -> Option<u64> {
+        self.link.as_mut()?.gets.pop_back()
     }
 
     /// Answers a get with get-empty (to a client or down a link).
@@ -820,6 +838,9 @@ impl Broker {
             return;
         };
         let req = self.links.next();
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.gets_waiting += 1;
+        }
         self.links.gets.insert(
             req,
             RemoteGet {
@@ -1024,6 +1045,7 @@ impl Broker {
                 publisher: false,
                 targets: Vec::new(),
                 committing: None,
+                gets_waiting: 0,
                 counters: super::stats::MessageCounters::default(),
                 latency: super::stats::LatencyHistogram::default(),
                 octets: super::stats::Octets::default(),
@@ -1279,67 +1301,73 @@ impl Broker {
                 let Some(get) = self.links.gets.remove(&req) else {
                     return;
                 };
-                let RemoteGet {
-                    node,
-                    conn,
-                    channel: ch,
-                    no_ack,
-                    vhost,
-                    queue,
-                } = get;
-                let open = self
-                    .conns
-                    .get(&conn)
-                    .is_some_and(|c| c.channels.contains_key(&ch));
-                let (Some(c), true) = (self.conns.get_mut(&conn), open) else {
-                    // The channel closed before the answer came: the message
-                    // goes back at the master, which would otherwise hold it
-                    // as unacknowledged for as long as the link lasts.
-                    if let Some((tag, ..)) = msg
-                        && !no_ack
-                    {
-                        self.link_settle(&Elsewhere::Node(node), &vhost, tag, Settle::Requeue);
-                    }
-                    return;
-                };
-                let Some(chan) = c.channels.get_mut(&ch) else {
-                    return;
-                };
-                let Some((tag, redelivered, meta, body, remaining)) = msg else {
-                    c.amqp.reply(ch, Reply::BasicGetEmpty);
-                    return;
-                };
-                chan.next_tag += 1;
-                let dtag = chan.next_tag;
-                if !no_ack {
-                    chan.unacked.insert(
-                        dtag,
-                        Unacked {
-                            queue: queue.clone(),
-                            bq_tag: tag,
-                            consumer: None,
-                            msg_id: 0,
-                            remote: Some(Elsewhere::Node(node.clone())),
-                        },
-                    );
-                }
-                let m = decode_meta(&meta);
-                c.count_delivery(ch, redelivered);
-                c.amqp.send_content(
-                    ch,
-                    &ContentMethod::GetOk {
-                        delivery_tag: dtag,
-                        redelivered,
-                        exchange: m.exchange,
-                        routing_key: m.routing_key,
-                        message_count: remaining,
-                    },
-                    &m.properties,
-                    &body,
-                );
-                let _ = vhost;
+                let waiter = get.conn;
+                self.get_reply(get, msg);
+                self.get_answered(waiter);
             }
         }
+    }
+
+    /// Answers a forwarded `basic.get` with the master's reply.
+    fn get_reply(&mut self, get: RemoteGet, msg: Option<GetReplyMsg>) {
+        let RemoteGet {
+            node,
+            conn,
+            channel: ch,
+            no_ack,
+            vhost,
+            queue,
+        } = get;
+        let open = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.channels.contains_key(&ch));
+        let (Some(c), true) = (self.conns.get_mut(&conn), open) else {
+            // The channel closed before the answer came: the message
+            // goes back at the master, which would otherwise hold it
+            // as unacknowledged for as long as the link lasts.
+            if let Some((tag, ..)) = msg
+                && !no_ack
+            {
+                self.link_settle(&Elsewhere::Node(node), &vhost, tag, Settle::Requeue);
+            }
+            return;
+        };
+        let Some(chan) = c.channels.get_mut(&ch) else {
+            return;
+        };
+        let Some((tag, redelivered, meta, body, remaining)) = msg else {
+            c.amqp.reply(ch, Reply::BasicGetEmpty);
+            return;
+        };
+        chan.next_tag += 1;
+        let dtag = chan.next_tag;
+        if !no_ack {
+            chan.unacked.insert(
+                dtag,
+                Unacked {
+                    queue: queue.clone(),
+                    bq_tag: tag,
+                    consumer: None,
+                    remote: Some(Elsewhere::Node(node.clone())),
+                },
+            );
+        }
+        let m = decode_meta(&meta);
+        c.count_delivery(ch, redelivered);
+        c.amqp.send_content(
+            ch,
+            &ContentMethod::GetOk {
+                delivery_tag: dtag,
+                redelivered,
+                exchange: m.exchange,
+                routing_key: m.routing_key,
+                message_count: remaining,
+            },
+            &m.properties,
+            &body,
+        );
+        let _ = vhost;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1374,7 +1402,6 @@ impl Broker {
                         queue: rc.queue.clone(),
                         bq_tag: tag,
                         consumer: Some(rc.tag.clone()),
-                        msg_id: 0,
                         remote: Some(Elsewhere::Node(node)),
                     },
                 );
@@ -1475,6 +1502,7 @@ impl Broker {
             if let Some(c) = self.conns.get_mut(&g.conn) {
                 c.amqp.reply(g.channel, Reply::BasicGetEmpty);
             }
+            self.get_answered(g.conn);
         }
         // Declares waiting for its counts keep waiting: asked again on the
         // next link session (`resubscribe`), of the next master if the queue

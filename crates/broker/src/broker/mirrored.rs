@@ -70,6 +70,8 @@ enum FetchFor {
         conn: ConnId,
         channel: ChannelId,
         no_ack: bool,
+        /// On a forwarding link: the origin's request the answer is for.
+        req: Option<u64>,
     },
 }
 
@@ -318,7 +320,11 @@ impl Broker {
     /// its last command waits for its metadata commit (`commits.rs`).
     #[must_use]
     pub fn input_paused(&self, id: ConnId) -> bool {
-        if self.conns.get(&id).is_some_and(|c| c.committing.is_some()) {
+        if self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.committing.is_some() || c.gets_waiting > 0)
+        {
             return true;
         }
         let Some(c) = self
@@ -477,7 +483,9 @@ impl Broker {
         // Fetches that will never finish: give their consumers' credit back
         // (gets are answered empty).
         let qname = q.name.clone();
+        let mut answered = Vec::new();
         for (_, f) in m.fetches.drain() {
+            answered.extend(f.getter());
             hand_out(
                 &mut self.conns,
                 q.consumers.as_mut_slice(),
@@ -520,6 +528,9 @@ impl Broker {
         }
         self.after_queue_op(vhost, name);
         self.wake_clients();
+        for conn in answered {
+            self.get_answered(conn);
+        }
     }
 
     /// Feeds queue `name`'s replica what its ring, record or clock said, and
@@ -704,6 +715,8 @@ impl Broker {
         };
         let mut wake_shell = false;
         let mut handed_out = false;
+        // The connections whose gets were answered (they go on reading).
+        let mut answered = Vec::new();
         let mut want_sync = m.replica.needs_storage_sync();
         // Outputs until there are none: handing out fetches makes room in
         // consumers' windows, the new fetches make broadcasts.
@@ -756,6 +769,7 @@ impl Broker {
                             continue;
                         };
                         handed_now = true;
+                        answered.extend(f.getter());
                         if let Some(d) = &delivery {
                             q.delivered_at_ms = self.now;
                             q.counters.delivered += 1;
@@ -781,6 +795,7 @@ impl Broker {
                     Output::FetchFailed { token } => {
                         if let Some(f) = m.fetches.remove(&token) {
                             handed_now = true;
+                            answered.extend(f.getter());
                             hand_out(
                                 &mut self.conns,
                                 q.consumers.as_mut_slice(),
@@ -837,6 +852,9 @@ impl Broker {
         if handed_out {
             self.wake_clients();
         }
+        for conn in answered {
+            self.get_answered(conn);
+        }
     }
 
     /// Publishes into a replica (master); returns whether a confirm is owed.
@@ -887,6 +905,39 @@ impl Mirrored {
     pub(crate) fn wake_shell(&self) {
         (self.waker)();
     }
+
+    /// The `basic.get`s still waiting for their fetch, which never comes
+    /// (the queue is deleted): each answered empty, their connections are
+    /// returned.
+    pub(super) fn answer_gets_empty(
+        &mut self,
+        conns: &mut super::IdMap<ConnId, super::Conn>,
+    ) -> Vec<ConnId> {
+        let mut answered = Vec::new();
+        for (_, f) in self.fetches.drain() {
+            if let FetchFor::Get {
+                conn, channel, req, ..
+            } = f
+            {
+                if let Some(c) = conns.get_mut(&conn) {
+                    c.answering_get(req);
+                    c.send_get_empty(channel);
+                }
+                answered.push(conn);
+            }
+        }
+        answered
+    }
+}
+
+impl FetchFor {
+    /// The connection of a `basic.get` (whose input waits for the answer).
+    fn getter(&self) -> Option<ConnId> {
+        match self {
+            FetchFor::Get { conn, .. } => Some(*conn),
+            FetchFor::Consumer { .. } => None,
+        }
+    }
 }
 
 /// Who a replica fetch is for (opaque outside this module).
@@ -903,11 +954,14 @@ impl FetchForArgs {
         })
     }
 
-    pub(crate) fn get(conn: ConnId, channel: ChannelId, no_ack: bool) -> Self {
+    /// For a `basic.get`; `req` is the origin's request when the get came
+    /// down a forwarding link.
+    pub(crate) fn get(conn: ConnId, channel: ChannelId, no_ack: bool, req: Option<u64>) -> Self {
         Self(FetchFor::Get {
             conn,
             channel,
             no_ack,
+            req,
         })
     }
 }
@@ -963,7 +1017,6 @@ fn hand_out(
                         queue: queue.clone(),
                         bq_tag: d.tag,
                         consumer: Some(tag.clone()),
-                        msg_id: d.id,
                         remote: None,
                     },
                 );
@@ -993,10 +1046,15 @@ fn hand_out(
             conn,
             channel,
             no_ack,
+            req,
         } => {
-            let Some(c) = conns.get_mut(&conn) else {
+            let Some(c) = conns
+                .get_mut(&conn)
+                .filter(|c| c.channels.contains_key(&channel))
+            else {
                 return delivery.map_or(After::Nothing, |d| After::Requeue(d.tag));
             };
+            c.answering_get(req);
             let Some(ch) = c.channels.get_mut(&channel) else {
                 return delivery.map_or(After::Nothing, |d| After::Requeue(d.tag));
             };
@@ -1013,7 +1071,6 @@ fn hand_out(
                         queue: queue.clone(),
                         bq_tag: d.tag,
                         consumer: None,
-                        msg_id: d.id,
                         remote: None,
                     },
                 );

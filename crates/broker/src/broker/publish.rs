@@ -136,7 +136,6 @@ impl Broker {
             let bq = match &mut q.store {
                 Store::Local(bq) => bq,
                 Store::Replica(_) => {
-                    let dl = q.dlx.is_some();
                     match self.replica_publish(vhost, qname, nm, confirm) {
                         Ok(owed) => {
                             sync = true;
@@ -152,14 +151,6 @@ impl Broker {
                                 nacks.push((conn, ch, cseq));
                             }
                         }
-                    }
-                    if dl
-                        && let Some(q) = self
-                            .vhosts
-                            .get_mut(vhost)
-                            .and_then(|v| v.queues.get_mut(qname))
-                    {
-                        q.dl_msgs.insert(id, (msg.meta.clone(), msg.body.clone()));
                     }
                     self.after_queue_op(vhost, qname);
                     continue;
@@ -182,9 +173,6 @@ impl Broker {
                         format!("queue '{qname}' in vhost '{vhost}' failed to store a message"),
                     ));
                 }
-            }
-            if q.dlx.is_some() {
-                q.dl_msgs.insert(id, (msg.meta.clone(), msg.body.clone()));
             }
             self.after_queue_op(vhost, qname);
         }

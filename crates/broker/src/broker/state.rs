@@ -127,8 +127,6 @@ pub(super) struct Queue {
     /// When it was last used (`x-expires` counts from here); after a
     /// takeover, up to `TAKEOVER_GRACE_MS` ahead of the clock.
     pub(super) last_used_ms: u64,
-    /// Metadata and body of each message, kept only when dead-lettering is on.
-    pub(super) dl_msgs: HashMap<u64, (Bytes, Bytes)>,
     /// Publishes waiting for a group commit before they are confirmed:
     /// (queue seq, connection, channel, publish sequence number).
     pub(super) confirms: VecDeque<(SeqId, ConnId, ChannelId, u64)>,
@@ -199,7 +197,6 @@ pub(super) struct Unacked {
     pub(super) queue: Arc<str>,
     pub(super) bq_tag: u64,
     pub(super) consumer: Option<Arc<str>>,
-    pub(super) msg_id: u64,
     /// Where to settle a delivery from a forwarded queue.
     pub(super) remote: Option<Elsewhere>,
 }
@@ -271,6 +268,11 @@ pub(super) struct Conn {
     /// Its last command waits for its metadata commit (`commits.rs`):
     /// nothing more of its input is handled meanwhile.
     pub(super) committing: Option<super::commits::Parked>,
+    /// Its `basic.get`s answered later (forwarded to the queue's master, or
+    /// waiting for a mirrored queue's ring): nothing more of its input is
+    /// handled meanwhile, so its replies keep the order of its commands
+    /// (RabbitMQ's channel waits for a get too).
+    pub(super) gets_waiting: u32,
 }
 
 /// A client connection that has left the broker, with everything it owned.

@@ -2,7 +2,7 @@
 //! (with RabbitMQ's equivalence and exclusivity checks), auto-delete, a new
 //! queue's master locator, and where each change is recorded (`Scope`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use warren_amqp::amq_protocol::protocol::{exchange, queue};
@@ -107,7 +107,6 @@ impl Broker {
             lazy: args.lazy == Some(true),
             delivered_at_ms: 0,
             last_used_ms: self.now,
-            dl_msgs: HashMap::new(),
             remote_figures: None,
             confirms: VecDeque::new(),
             dir,
@@ -581,17 +580,6 @@ impl Broker {
         self.usable_queue(id, &name)?;
         self.check(id, Access::Read, "queue", &name)?;
         let vhost = self.conns[&id].vhost.clone();
-        // Messages still unacked somewhere keep their dead-letter copies.
-        let mut unacked_ids = HashSet::new();
-        for c in self.conns.values() {
-            for chan in c.channels.values() {
-                for u in chan.unacked.values() {
-                    if &*u.queue == name.as_str() {
-                        unacked_ids.insert(u.msg_id);
-                    }
-                }
-            }
-        }
         let q = self
             .vhosts
             .get_mut(&vhost)
@@ -601,7 +589,6 @@ impl Broker {
             .store
             .purge()
             .map_err(|e| err(ReplyCode::InternalError, e))?;
-        q.dl_msgs.retain(|k, _| unacked_ids.contains(k));
         self.mirror_turn(&vhost, &name);
         if !p.nowait {
             self.conn(id).amqp.reply(
@@ -672,7 +659,7 @@ impl Broker {
         let Some(v) = self.vhosts.get_mut(vhost) else {
             return 0;
         };
-        let Some(q) = v.queues.remove(name) else {
+        let Some(mut q) = v.queues.remove(name) else {
             return 0;
         };
         let count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
@@ -699,8 +686,10 @@ impl Broker {
             .iter()
             .map(|&(_, conn, ch, cseq)| (conn, ch, cseq))
             .collect();
-        if let Store::Replica(m) = &q.store {
+        let mut answered = Vec::new();
+        if let Store::Replica(m) = &mut q.store {
             owed.extend(m.owed_confirms());
+            answered = m.answer_gets_empty(&mut self.conns);
             m.wake_shell();
         }
         for (conn, ch, cseq) in owed {
@@ -737,6 +726,9 @@ impl Broker {
         }
         for (node, cid) in forwarded {
             self.link_cancel(&node, vhost, cid);
+        }
+        for conn in answered {
+            self.get_answered(conn);
         }
         for e in emptied {
             if let Err(e) = self.remove_exchange(vhost, &e) {

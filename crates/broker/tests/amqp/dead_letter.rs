@@ -165,6 +165,31 @@ fn a_per_message_ttl_expires_it_and_is_removed_when_dead_lettered() {
     assert_eq!(c.get_all(1, "work"), [b"long".to_vec()]);
 }
 
+/// A message the broker read back from its log after a restart (it kept no
+/// copy in memory) is dead-lettered whole when it expires.
+#[test]
+fn a_message_recovered_after_a_restart_is_dead_lettered_with_its_content() {
+    let node = Node::durable();
+    let mut c = node.connect();
+    c.open_channel(1);
+    c.declare_queue(1, "dead", QueueOpts::durable()).unwrap();
+    let opts = QueueOpts::durable()
+        .arg("x-dead-letter-exchange", s(""))
+        .arg("x-dead-letter-routing-key", s("dead"));
+    c.declare_queue(1, "work", opts).unwrap();
+    c.publish(1, "", "work", Message::persistent("kept").expiration(1_000));
+    c.publish(1, "", "work", Message::persistent("stays"));
+    node.sync();
+    node.restart();
+    let mut c = node.connect();
+    c.open_channel(1);
+    node.tick(START_MS + 2_000);
+    let dead = take(&mut c, "dead");
+    assert_eq!(dead.body, b"kept");
+    check_death(&deaths(&dead)[0], "work", "expired", "", "work");
+    assert_eq!(c.get_all(1, "work"), [b"stays".to_vec()]);
+}
+
 #[test]
 fn the_head_dropped_by_max_length_is_dead_lettered_as_maxlen() {
     let node = Node::new();

@@ -3,7 +3,7 @@
 
 use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
 
-use crate::support::{Client, Incoming, Message, Node, consume_method};
+use crate::support::{Client, Incoming, Message, Node, START_MS, consume_method};
 
 /// A basic.deliver's `(delivery tag, redelivered, body)`.
 fn delivered(i: &Incoming) -> (u64, bool, String) {
@@ -194,4 +194,54 @@ fn reusing_a_consumer_tag_on_a_channel_is_530() {
     let e = c.call(1, consume_method("q", "ctag", true)).unwrap_err();
     assert_eq!(e.code, 530);
     assert_eq!(e.text, "NOT_ALLOWED - attempt to reuse consumer tag 'ctag'");
+}
+
+/// A `basic.get` forwarded to the queue's master holds the connection's
+/// later commands back until it is answered, so the replies keep the order
+/// of the gets (a client matches each get-ok or get-empty with its get, in
+/// order), as RabbitMQ's channel does.
+#[test]
+fn replies_to_gets_keep_their_order_when_one_is_forwarded() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "far");
+    c.queue(1, "near");
+    c.publish(1, "", "near", Message::new("here"));
+    node.with_broker(|b| b.set_queue_master("/", "far", Some("n2")));
+    let get = |queue: &str| {
+        AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+            queue: queue.into(),
+            no_ack: true,
+        }))
+    };
+    c.send(1, get("far"));
+    c.send(1, get("near"));
+    assert!(
+        c.drain().is_empty(),
+        "a get answered before the forwarded one"
+    );
+    assert!(c.input_paused(), "input read while a get waits");
+    let out = node.with_broker(warren_broker::Broker::take_link_out);
+    let req = out
+        .iter()
+        .flat_map(|(_, msgs)| msgs)
+        .find_map(|m| match m {
+            warren_broker::LinkMsg::Get { req, .. } => Some(*req),
+            _ => None,
+        })
+        .expect("the get forwarded to n2");
+    node.with_broker(|b| {
+        b.link_input(
+            "n2",
+            vec![warren_broker::LinkMsg::GetReply { req, msg: None }],
+            START_MS,
+        );
+    });
+    c.pump();
+    let replies: Vec<(u16, u16)> = c.drain().iter().map(Incoming::ids).collect();
+    assert_eq!(
+        replies,
+        [(60, 72), (60, 71)],
+        "get-empty (far), then get-ok (near)"
+    );
+    assert!(!c.input_paused());
 }

@@ -18,7 +18,7 @@ use warren_amqp::amq_protocol::protocol::{
     AMQPClass, BasicProperties, basic, channel, confirm, connection, exchange, queue, tx,
 };
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
-use warren_broker::meta::{MemoryStore, MetadataStore};
+use warren_broker::meta::{FileStore, MemoryStore, MetadataStore};
 use warren_broker::{Broker, BrokerConfig, ConnId};
 
 /// The time the tests start at (ms; any value past zero).
@@ -43,7 +43,10 @@ impl Node {
 
     /// A fresh broker at [`START_MS`] over the metadata store `store`.
     pub fn with_store(store: Box<dyn MetadataStore>) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Self::open_in(tempfile::tempdir().expect("tempdir"), store)
+    }
+
+    fn open_in(dir: tempfile::TempDir, store: Box<dyn MetadataStore>) -> Self {
         let mut broker = Broker::open(BrokerConfig::new(dir.path()), store).expect("open broker");
         broker.add_vhost("/").expect("vhost");
         broker.tick(START_MS);
@@ -52,6 +55,25 @@ impl Node {
             now: START_MS,
             _dir: dir,
         })))
+    }
+
+    /// A fresh broker whose metadata is a file in its directory, so that
+    /// [`restart`](Self::restart) finds its queues again.
+    pub fn durable() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path().join("metadata.json")).expect("metadata file");
+        Self::open_in(dir, Box::new(store))
+    }
+
+    /// Stops the broker of a [`durable`](Self::durable) node (its clients
+    /// are gone) and opens it again from its directory, as a node restart.
+    pub fn restart(&self) {
+        let mut n = self.0.borrow_mut();
+        let dir = n._dir.path().to_owned();
+        let store = FileStore::open(dir.join("metadata.json")).expect("metadata file");
+        n.broker = Broker::open(BrokerConfig::new(&dir), Box::new(store)).expect("reopen broker");
+        let now = n.now;
+        n.broker.tick(now);
     }
 
     /// Moves the clock to `now_ms` and runs the broker's tick there
