@@ -38,7 +38,12 @@ fn lock(b: &Shared) -> std::sync::MutexGuard<'_, Broker> {
     b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn now_ms() -> u64 {
+/// The time the driver gives its broker: milliseconds since the Unix
+/// epoch, as the node times its connections' input.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The wall clock.
+fn wall_clock_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -53,7 +58,7 @@ const OPERATOR_PREFIX: &str = "operator-policy:";
 const FIRST_READ: Duration = Duration::from_secs(2);
 
 /// How a node's [`MirrorDriver`] runs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DriverConfig {
     /// This node's GM node: its name (the node's) and where it listens.
     pub gm: NodeConfig,
@@ -64,16 +69,31 @@ pub struct DriverConfig {
     pub replica_tick: Duration,
     /// How often the reconciler runs without a metadata change.
     pub reconcile_interval: Duration,
+    /// The broker's time (expiries are timed by it): the wall clock, or the
+    /// simulation's virtual one.
+    pub clock: Clock,
+}
+
+impl std::fmt::Debug for DriverConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverConfig")
+            .field("gm", &self.gm)
+            .field("link_addr", &self.link_addr)
+            .field("replica_tick", &self.replica_tick)
+            .field("reconcile_interval", &self.reconcile_interval)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DriverConfig {
-    /// Defaults: a replica tick and a reconcile pass every second.
+    /// Defaults: a replica tick and a reconcile pass every second, the wall clock.
     pub fn new(gm: NodeConfig, link_addr: impl Into<String>) -> Self {
         Self {
             gm,
             link_addr: link_addr.into(),
             replica_tick: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(1),
+            clock: Arc::new(wall_clock_ms),
         }
     }
 }
@@ -101,6 +121,7 @@ pub struct MirrorDriver<S: MetadataSource> {
     source: S,
     replica_tick: Duration,
     reconcile_interval: Duration,
+    clock: Clock,
     broker: Shared,
     gm: GmNode,
     authority: Arc<dyn ViewAuthority>,
@@ -148,6 +169,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             source,
             replica_tick: config.replica_tick,
             reconcile_interval: config.reconcile_interval,
+            clock: config.clock,
             broker,
             gm,
             authority,
@@ -476,7 +498,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
     }
 
     fn input(&self, vhost: &str, name: &str, input: MirrorInput) {
-        lock(&self.broker).mirror_input(vhost, name, input, now_ms());
+        lock(&self.broker).mirror_input(vhost, name, input, (self.clock)());
     }
 
     /// Moves one replica's traffic until it stops.

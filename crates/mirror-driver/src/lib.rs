@@ -30,6 +30,6 @@ mod records;
 mod source;
 
 pub use detector::ClusterDetector;
-pub use driver::{DriverConfig, MirrorDriver};
+pub use driver::{Clock, DriverConfig, MirrorDriver};
 pub use records::{ClusterRecords, ClusterViewAuthority, RecordError, RecordStore};
 pub use source::{MemMetadata, MetadataSource};

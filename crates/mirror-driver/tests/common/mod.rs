@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,12 +23,12 @@ use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame,
 use amq_protocol::protocol::{
     AMQPClass, BasicProperties, basic, channel, confirm, connection, queue,
 };
-use amq_protocol::types::FieldTable;
+use amq_protocol::types::{AMQPValue, FieldTable};
 use bytes::BytesMut;
 use tempfile::TempDir;
 use warren_backing_queue::MemStorage;
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
-use warren_broker::meta::FileStore;
+use warren_broker::meta::{FileStore, PolicyDef};
 use warren_broker::{Broker, BrokerConfig, ConnId};
 use warren_cluster::{Command, NodeRecord, PolicyRecord, QueueRecord};
 use warren_gm::NodeConfig;
@@ -38,6 +39,12 @@ use warren_transport::{ClusterSecret, NodeName, PeerAddr, TransportConfig};
 
 /// The mirrored queue of every test.
 pub const QUEUE: &str = "q";
+/// Where `q` dead-letters what expires or is rejected (mirrored too).
+pub const DLQ: &str = "dlq";
+
+/// The simulation's virtual time (milliseconds since the epoch), which
+/// [`Net::step`] moves; 0 outside the simulation (the wall clock).
+static VIRTUAL_MS: AtomicU64 = AtomicU64::new(0);
 
 pub type Shared = Arc<Mutex<Broker>>;
 
@@ -45,10 +52,14 @@ pub fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
     b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The brokers' time: virtual in the simulation, else the wall clock.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    match VIRTUAL_MS.load(Ordering::Relaxed) {
+        0 => SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        virtual_ms => virtual_ms,
+    }
 }
 
 pub fn name(n: &str) -> NodeName {
@@ -72,24 +83,25 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// The queue `q` (master `n1`) and its policy: mirrored on every node,
-/// synchronised automatically in batches of `batch`.
+/// The queue `q` (master `n1`) and its dead-letter queue `dlq`, and their
+/// policies: mirrored on every node, synchronised automatically in batches
+/// of `batch`; `q` dead-letters to `dlq`.
 pub fn queue_commands(batch: u64) -> Vec<Command> {
-    vec![
-        Command::PutVhost { name: "/".into() },
+    let ha = format!(r#""ha-mode":"all","ha-sync-mode":"automatic","ha-sync-batch-size":{batch}"#);
+    let policy = |name: &str, queue: &str, definition: String| {
         Command::PutPolicy(PolicyRecord {
             vhost: "/".into(),
-            name: "ha".into(),
-            pattern: format!("^{QUEUE}$"),
+            name: name.into(),
+            pattern: format!("^{queue}$"),
             apply_to: "queues".into(),
             priority: 0,
-            definition: format!(
-                r#"{{"ha-mode":"all","ha-sync-mode":"automatic","ha-sync-batch-size":{batch}}}"#
-            ),
-        }),
+            definition,
+        })
+    };
+    let declare = |queue: &str| {
         Command::DeclareQueue(QueueRecord {
             vhost: "/".into(),
-            name: QUEUE.into(),
+            name: queue.into(),
             durable: true,
             exclusive_owner: None,
             auto_delete: false,
@@ -99,7 +111,18 @@ pub fn queue_commands(batch: u64) -> Vec<Command> {
             synchronised: vec![],
             view_version: 0,
             serial: 0,
-        }),
+        })
+    };
+    vec![
+        Command::PutVhost { name: "/".into() },
+        policy(
+            "ha",
+            QUEUE,
+            format!(r#"{{{ha},"dead-letter-exchange":"","dead-letter-routing-key":"{DLQ}"}}"#),
+        ),
+        policy("ha-dlq", DLQ, format!("{{{ha}}}")),
+        declare(QUEUE),
+        declare(DLQ),
     ]
 }
 
@@ -168,7 +191,27 @@ pub fn open_broker(n: &str, dir: &Path, storage: Option<&MemStorage>) -> Shared 
         })
         .unwrap();
     let broker: Shared = Arc::new(Mutex::new(broker));
-    Client::connect(&broker).declare(QUEUE);
+    let mut client = Client::connect(&broker);
+    client.declare(QUEUE);
+    client.declare(DLQ);
+    // The policies, as the node's metadata replay hands them to its broker
+    // (`q`'s dead-letter keys are the broker's to apply).
+    let policies: Vec<PolicyDef> = queue_commands(8)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::PutPolicy(p) => Some(PolicyDef {
+                vhost: p.vhost,
+                name: p.name,
+                pattern: p.pattern,
+                apply_to: p.apply_to,
+                priority: p.priority,
+                definition: serde_json::from_str(&p.definition).unwrap(),
+                operator: false,
+            }),
+            _ => None,
+        })
+        .collect();
+    lock(&broker).apply_policies(&policies);
     broker
 }
 
@@ -180,6 +223,7 @@ fn driver_config(n: &str) -> DriverConfig {
     let mut config = DriverConfig::new(gm, format!("link-{n}"));
     config.replica_tick = Duration::from_millis(20);
     config.reconcile_interval = Duration::from_millis(100);
+    config.clock = Arc::new(now_ms);
     config
 }
 
@@ -258,7 +302,12 @@ impl<S: MetadataSource> Node<S> {
 
     /// The queue's replica status on this node.
     pub fn status(&self) -> Option<Status> {
-        lock(&self.broker).replica_status("/", QUEUE)
+        self.status_of(QUEUE)
+    }
+
+    /// Queue `name`'s replica status on this node.
+    pub fn status_of(&self, name: &str) -> Option<Status> {
+        lock(&self.broker).replica_status("/", name)
     }
 
     pub fn role(&self) -> Option<Role> {
@@ -314,7 +363,10 @@ impl Net {
 
     /// The same cluster, simulated: start its nodes with
     /// [`start_now`](Self::start_now) and run it with [`step`](Self::step).
+    /// Its brokers then run on virtual time, which starts at a fixed
+    /// instant.
     pub fn simulated(seed: u64, batch: u64) -> Self {
+        VIRTUAL_MS.store(1_800_000_000_000, Ordering::Relaxed);
         Self::new(seed, batch)
     }
 
@@ -395,6 +447,9 @@ impl Net {
             node.rt.block_on(async { tokio::time::sleep(d).await });
         }
         self.elapsed += d;
+        if VIRTUAL_MS.load(Ordering::Relaxed) != 0 {
+            VIRTUAL_MS.fetch_add(d.as_millis() as u64, Ordering::Relaxed);
+        }
         self.carry_links();
     }
 
@@ -474,7 +529,12 @@ impl Net {
 
     /// The queue's record.
     pub fn record(&self) -> QueueRecord {
-        self.meta.local().queue("/", QUEUE).unwrap().clone()
+        self.record_of(QUEUE)
+    }
+
+    /// The record of queue `name`.
+    pub fn record_of(&self, name: &str) -> QueueRecord {
+        self.meta.local().queue("/", name).unwrap().clone()
     }
 
     /// Stops every node cleanly.
@@ -512,6 +572,8 @@ fn method(ch: u16, class: AMQPClass) -> Vec<u8> {
 pub struct Got {
     pub tag: u64,
     pub redelivered: bool,
+    /// The reason of its first `x-death` entry, if it was dead-lettered.
+    pub death: Option<String>,
     /// The publisher's sequence number it carries.
     pub seq: u64,
 }
@@ -545,6 +607,8 @@ struct Partial {
     pushed: bool,
     /// The body's size, from the content header.
     size: u64,
+    /// The first `x-death` reason, from the content header.
+    death: Option<String>,
     body: Vec<u8>,
 }
 
@@ -660,7 +724,17 @@ impl Client {
     /// Publishes a message carrying `seq` to the queue (a large one every
     /// [`LARGE_EVERY`]).
     pub fn publish(&mut self, seq: u64, persistent: bool) {
+        self.publish_expiring(seq, persistent, None);
+    }
+
+    /// [`publish`](Self::publish), expiring after `ttl_ms` if given.
+    pub fn publish_expiring(&mut self, seq: u64, persistent: bool, ttl_ms: Option<u64>) {
         let body = body_of(seq);
+        let mut props =
+            BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+        if let Some(ttl) = ttl_ms {
+            props = props.with_expiration(ttl.to_string().into());
+        }
         let mut bytes = method(
             1,
             AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
@@ -675,11 +749,7 @@ impl Client {
             AMQPContentHeader {
                 class_id: 60,
                 body_size: body.len() as u64,
-                properties: BasicProperties::default().with_delivery_mode(if persistent {
-                    2
-                } else {
-                    1
-                }),
+                properties: props,
             },
         )));
         for chunk in body.chunks(BODY_FRAME) {
@@ -720,6 +790,7 @@ impl Client {
                     redelivered: g.redelivered,
                     pushed: false,
                     size: 0,
+                    death: None,
                     body: Vec::new(),
                 });
             }
@@ -729,12 +800,14 @@ impl Client {
                     redelivered: d.redelivered,
                     pushed: true,
                     size: 0,
+                    death: None,
                     body: Vec::new(),
                 });
             }
             AMQPFrame::Header(_, h) => {
                 if let Some(p) = &mut self.partial {
                     p.size = h.body_size;
+                    p.death = first_death(&h.properties);
                 }
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))) => {
@@ -750,6 +823,7 @@ impl Client {
                 let got = Got {
                     tag: p.tag,
                     redelivered: p.redelivered,
+                    death: p.death,
                     seq: seq_of(&p.body),
                 };
                 if p.pushed {
@@ -818,10 +892,15 @@ impl Client {
     /// Sends a `basic.get` (to be acked); its answer comes with
     /// [`take_get`](Self::take_get).
     pub fn request_get(&mut self) {
+        self.request_get_from(QUEUE);
+    }
+
+    /// [`request_get`](Self::request_get) from `queue`.
+    pub fn request_get_from(&mut self, queue: &str) {
         self.send(&method(
             1,
             AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
-                queue: QUEUE.into(),
+                queue: queue.into(),
                 no_ack: false,
             })),
         ));
@@ -923,5 +1002,32 @@ impl Client {
                 requeue: true,
             })),
         ));
+    }
+
+    /// Rejects one delivery, not requeued (dead-lettered).
+    pub fn reject(&mut self, tag: u64) {
+        self.send(&method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Reject(basic::Reject {
+                delivery_tag: tag,
+                requeue: false,
+            })),
+        ));
+    }
+}
+
+/// The reason of the first `x-death` entry of a message's headers.
+fn first_death(props: &BasicProperties) -> Option<String> {
+    let deaths = props.headers().as_ref()?.inner().get("x-death")?.clone();
+    let AMQPValue::FieldArray(deaths) = deaths else {
+        return None;
+    };
+    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else {
+        return None;
+    };
+    match first.inner().get("reason")? {
+        AMQPValue::LongString(r) => Some(r.to_string()),
+        AMQPValue::ShortString(r) => Some(r.to_string()),
+        _ => None,
     }
 }
