@@ -44,7 +44,7 @@ impl Broker {
                 publisher: false,
                 targets: Vec::new(),
                 committing: None,
-                gets_waiting: 0,
+                replies_waiting: 0,
                 counters: stats::MessageCounters::default(),
                 latency: stats::LatencyHistogram::default(),
                 octets: stats::Octets::default(),
@@ -83,11 +83,10 @@ impl Broker {
     /// write); returns false once the connection is over (write `dst`, then
     /// close the socket and call [`disconnect`](Self::disconnect)).
     pub fn take_output(&mut self, id: ConnId, dst: &mut BytesMut) -> bool {
-        // Commands that waited for a get's answer go on now.
-        let resumed = self
-            .conns
-            .get(&id)
-            .is_some_and(|c| c.gets_waiting == 0 && c.committing.is_none() && c.amqp.has_events());
+        // Commands that waited for an earlier reply (a get, a declare) go on now.
+        let resumed = self.conns.get(&id).is_some_and(|c| {
+            c.replies_waiting == 0 && c.committing.is_none() && c.amqp.has_events()
+        });
         if resumed {
             self.current = id;
             self.process_events(id, None);
@@ -211,16 +210,16 @@ impl Broker {
         }
     }
 
-    /// One of connection `id`'s waiting `basic.get`s was answered: once
-    /// none waits, its input goes on (its task is woken, and
+    /// One of connection `id`'s waiting replies (`Conn::replies_waiting`)
+    /// went out: once none waits, its input goes on (its task is woken, and
     /// [`take_output`](Self::take_output) handles the commands that
     /// waited).
-    pub(super) fn get_answered(&mut self, id: ConnId) {
+    pub(super) fn reply_answered(&mut self, id: ConnId) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        c.gets_waiting = c.gets_waiting.saturating_sub(1);
-        if c.gets_waiting == 0 {
+        c.replies_waiting = c.replies_waiting.saturating_sub(1);
+        if c.replies_waiting == 0 {
             c.woken = true;
             (c.waker)();
         }
@@ -231,7 +230,7 @@ impl Broker {
             let Some(c) = self.conns.get_mut(&id) else {
                 return;
             };
-            if c.committing.is_some() || c.gets_waiting > 0 {
+            if c.committing.is_some() || c.replies_waiting > 0 {
                 // Its input waits until the commit is reported, or its
                 // gets are answered.
                 return;

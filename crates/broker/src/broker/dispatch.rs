@@ -501,7 +501,7 @@ impl Broker {
                 let req = c.defer_get();
                 if m.fetch(now, FetchForArgs::get(id, ch, g.no_ack, req)) {
                     if c.link.is_none() {
-                        c.gets_waiting += 1;
+                        c.replies_waiting += 1;
                     }
                 } else {
                     c.answering_get(req);

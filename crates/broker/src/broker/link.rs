@@ -706,6 +706,9 @@ impl Broker {
         queue: &str,
     ) {
         let req = self.links.next();
+        if let Some(c) = self.conns.get_mut(&conn).filter(|c| c.link.is_none()) {
+            c.replies_waiting += 1;
+        }
         self.links.counts.insert(
             req,
             PendingCount {
@@ -820,6 +823,7 @@ impl Broker {
                 },
             );
         }
+        self.reply_answered(p.conn);
     }
 
     /// Forwards a `basic.get`.
@@ -838,8 +842,8 @@ impl Broker {
             return;
         };
         let req = self.links.next();
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.gets_waiting += 1;
+        if let Some(c) = self.conns.get_mut(&conn).filter(|c| c.link.is_none()) {
+            c.replies_waiting += 1;
         }
         self.links.gets.insert(
             req,
@@ -1045,7 +1049,7 @@ impl Broker {
                 publisher: false,
                 targets: Vec::new(),
                 committing: None,
-                gets_waiting: 0,
+                replies_waiting: 0,
                 counters: super::stats::MessageCounters::default(),
                 latency: super::stats::LatencyHistogram::default(),
                 octets: super::stats::Octets::default(),
@@ -1303,7 +1307,7 @@ impl Broker {
                 };
                 let waiter = get.conn;
                 self.get_reply(get, msg);
-                self.get_answered(waiter);
+                self.reply_answered(waiter);
             }
         }
     }
@@ -1502,7 +1506,7 @@ impl Broker {
             if let Some(c) = self.conns.get_mut(&g.conn) {
                 c.amqp.reply(g.channel, Reply::BasicGetEmpty);
             }
-            self.get_answered(g.conn);
+            self.reply_answered(g.conn);
         }
         // Declares waiting for its counts keep waiting: asked again on the
         // next link session (`resubscribe`), of the next master if the queue

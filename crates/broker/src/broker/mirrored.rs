@@ -323,7 +323,7 @@ impl Broker {
         if self
             .conns
             .get(&id)
-            .is_some_and(|c| c.committing.is_some() || c.gets_waiting > 0)
+            .is_some_and(|c| c.committing.is_some() || c.replies_waiting > 0)
         {
             return true;
         }
@@ -529,7 +529,7 @@ impl Broker {
         self.after_queue_op(vhost, name);
         self.wake_clients();
         for conn in answered {
-            self.get_answered(conn);
+            self.reply_answered(conn);
         }
     }
 
@@ -853,7 +853,7 @@ impl Broker {
             self.wake_clients();
         }
         for conn in answered {
-            self.get_answered(conn);
+            self.reply_answered(conn);
         }
     }
 

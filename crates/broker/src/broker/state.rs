@@ -268,11 +268,12 @@ pub(super) struct Conn {
     /// Its last command waits for its metadata commit (`commits.rs`):
     /// nothing more of its input is handled meanwhile.
     pub(super) committing: Option<super::commits::Parked>,
-    /// Its `basic.get`s answered later (forwarded to the queue's master, or
-    /// waiting for a mirrored queue's ring): nothing more of its input is
+    /// Its commands answered later: `basic.get`s (forwarded to the queue's
+    /// master, or waiting for a mirrored queue's ring) and `queue.declare`s
+    /// waiting for the master's counts. Nothing more of its input is
     /// handled meanwhile, so its replies keep the order of its commands
-    /// (RabbitMQ's channel waits for a get too).
-    pub(super) gets_waiting: u32,
+    /// (RabbitMQ's channel waits for these calls too).
+    pub(super) replies_waiting: u32,
 }
 
 /// A client connection that has left the broker, with everything it owned.

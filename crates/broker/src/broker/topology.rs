@@ -728,7 +728,7 @@ impl Broker {
             self.link_cancel(&node, vhost, cid);
         }
         for conn in answered {
-            self.get_answered(conn);
+            self.reply_answered(conn);
         }
         for e in emptied {
             if let Err(e) = self.remove_exchange(vhost, &e) {

@@ -1,7 +1,8 @@
 //! Handing messages to consumers and settling them: prefetch, round-robin,
 //! reject and requeue, basic.get, recover, cancel (`broker/dispatch.rs`).
 
-use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
+use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, queue};
+use warren_broker::LinkMsg;
 
 use crate::support::{Client, Incoming, Message, Node, START_MS, consume_method};
 
@@ -196,17 +197,42 @@ fn reusing_a_consumer_tag_on_a_channel_is_530() {
     assert_eq!(e.text, "NOT_ALLOWED - attempt to reuse consumer tag 'ctag'");
 }
 
+/// The request id of the first message the node sends down its links that
+/// `pick` recognises.
+fn forwarded(node: &Node, pick: impl Fn(&LinkMsg) -> Option<u64>) -> u64 {
+    let out = node.with_broker(warren_broker::Broker::take_link_out);
+    out.iter()
+        .flat_map(|(_, msgs)| msgs)
+        .find_map(pick)
+        .expect("a request forwarded to n2")
+}
+
+/// A client of a node with queue `far`, served by node `n2`, and queue
+/// `near`, served here and holding one message.
+fn far_and_near() -> (Node, Client) {
+    let (node, mut c) = Node::session();
+    c.queue(1, "far");
+    c.queue(1, "near");
+    c.publish(1, "", "near", Message::new("here"));
+    node.with_broker(|b| b.set_queue_master("/", "far", Some("n2")));
+    (node, c)
+}
+
+/// Node `n2`'s answer comes down its link; returns the `(class, method)`
+/// of what `c` receives then, in order.
+fn answer_from_n2(node: &Node, c: &mut Client, msg: LinkMsg) -> Vec<(u16, u16)> {
+    node.with_broker(|b| b.link_input("n2", vec![msg], START_MS));
+    c.pump();
+    c.drain().iter().map(Incoming::ids).collect()
+}
+
 /// A `basic.get` forwarded to the queue's master holds the connection's
 /// later commands back until it is answered, so the replies keep the order
 /// of the gets (a client matches each get-ok or get-empty with its get, in
 /// order), as RabbitMQ's channel does.
 #[test]
 fn replies_to_gets_keep_their_order_when_one_is_forwarded() {
-    let (node, mut c) = Node::session();
-    c.queue(1, "far");
-    c.queue(1, "near");
-    c.publish(1, "", "near", Message::new("here"));
-    node.with_broker(|b| b.set_queue_master("/", "far", Some("n2")));
+    let (node, mut c) = far_and_near();
     let get = |queue: &str| {
         AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
             queue: queue.into(),
@@ -220,28 +246,54 @@ fn replies_to_gets_keep_their_order_when_one_is_forwarded() {
         "a get answered before the forwarded one"
     );
     assert!(c.input_paused(), "input read while a get waits");
-    let out = node.with_broker(warren_broker::Broker::take_link_out);
-    let req = out
-        .iter()
-        .flat_map(|(_, msgs)| msgs)
-        .find_map(|m| match m {
-            warren_broker::LinkMsg::Get { req, .. } => Some(*req),
-            _ => None,
-        })
-        .expect("the get forwarded to n2");
-    node.with_broker(|b| {
-        b.link_input(
-            "n2",
-            vec![warren_broker::LinkMsg::GetReply { req, msg: None }],
-            START_MS,
-        );
+    let req = forwarded(&node, |m| match m {
+        LinkMsg::Get { req, .. } => Some(*req),
+        _ => None,
     });
-    c.pump();
-    let replies: Vec<(u16, u16)> = c.drain().iter().map(Incoming::ids).collect();
+    let replies = answer_from_n2(&node, &mut c, LinkMsg::GetReply { req, msg: None });
     assert_eq!(
         replies,
         [(60, 72), (60, 71)],
         "get-empty (far), then get-ok (near)"
     );
     assert!(!c.input_paused());
+}
+
+/// A `queue.declare` of a queue served on another node waits for the
+/// master's counts; the connection's next commands wait with it, so the
+/// declare-ok comes first.
+#[test]
+fn a_declare_waiting_for_the_masters_counts_keeps_its_place() {
+    let (node, mut c) = far_and_near();
+    c.send(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+            queue: "far".into(),
+            passive: true,
+            ..Default::default()
+        })),
+    );
+    c.send(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+            queue: "near".into(),
+            no_ack: true,
+        })),
+    );
+    assert!(c.drain().is_empty(), "the get answered before the declare");
+    let req = forwarded(&node, |m| match m {
+        LinkMsg::Count { req, .. } => Some(*req),
+        _ => None,
+    });
+    let counted = LinkMsg::Counted {
+        req,
+        messages: 7,
+        consumers: 0,
+    };
+    let replies = answer_from_n2(&node, &mut c, counted);
+    assert_eq!(
+        replies,
+        [(50, 11), (60, 71)],
+        "declare-ok (far), then get-ok (near)"
+    );
 }
