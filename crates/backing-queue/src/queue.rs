@@ -368,9 +368,53 @@ impl BackingQueue {
     }
 
     /// Changes [`StoreConfig::resident_bytes_max`] (a policy changed the
-    /// queue's mode): messages published from now on follow it.
-    pub fn set_resident_bytes_max(&mut self, bytes: u64) {
+    /// queue's mode). Messages held past the new budget go to disk now, as
+    /// RabbitMQ's switch to lazy pages a queue out: their bodies leave
+    /// memory (the oldest stay, up to the budget; a message not on disk yet
+    /// is written to the log first). Later messages follow it as they come.
+    pub fn set_resident_bytes_max(&mut self, bytes: u64) -> Result<(), QueueError> {
+        let lowered = bytes < self.resident_bytes_max;
         self.resident_bytes_max = bytes;
+        if !lowered {
+            return Ok(());
+        }
+        let resident: u64 = self
+            .core
+            .entries_mut()
+            .filter_map(|e| e.data.as_ref().map(|d| d.len() as u64))
+            .sum();
+        if resident <= bytes {
+            return Ok(());
+        }
+        if self.log.is_none() {
+            self.open_spill()?;
+        }
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
+        };
+        let mut kept = 0u64;
+        for e in self.core.entries_mut() {
+            let Some(data) = &e.data else { continue };
+            let len = data.len() as u64;
+            if kept + len <= bytes {
+                kept += len;
+                continue;
+            }
+            if !e.store.is_some() {
+                let props_len = (e.props_len as usize).min(data.len());
+                let meta = PublishMeta {
+                    seq: e.seq,
+                    id: e.id,
+                    expiry_ms: e.expiry_ms,
+                    delivered: e.delivered(),
+                    transient: true,
+                    priority: e.priority,
+                };
+                e.store = log.append_publish(meta, &data[..props_len], &data.slice(props_len..))?;
+            }
+            e.data = None;
+        }
+        Ok(())
     }
 
     /// Changes the limits (a policy changed) and applies them at once.

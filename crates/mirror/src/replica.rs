@@ -724,10 +724,12 @@ impl Replica {
 
     /// Changes how many body bytes this replica's store keeps in memory (a
     /// policy changed the queue's mode): in any role, each replica pages
-    /// its own store.
+    /// its own store (what could not be written out stays in memory).
     pub fn set_resident_bytes_max(&mut self, bytes: u64) {
-        if let Some(bq) = self.bq.as_mut() {
-            bq.set_resident_bytes_max(bytes);
+        if let Some(bq) = self.bq.as_mut()
+            && let Err(e) = bq.set_resident_bytes_max(bytes)
+        {
+            tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "paging the queue out failed: its messages stay in memory");
         }
     }
 

@@ -384,3 +384,42 @@ fn a_spilling_queue_opens_its_log_only_past_its_budget() {
         assert_eq!(d.body, vec![d.id as u8; 100]);
     }
 }
+
+/// Lowering the budget (a policy made the queue lazy) pages out what the
+/// queue already holds: a durable queue writes its transient messages to
+/// its log, a non-durable one opens its spill log; every body comes back
+/// whole, in order.
+#[test]
+fn a_lower_budget_pages_out_the_messages_already_held() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roomy = StoreConfig {
+        resident_bytes_max: 1 << 20,
+        ..StoreConfig::default()
+    };
+    let durable = open(&tmp.path().join("durable"), roomy);
+    let spill_dir = tmp.path().join("transient");
+    let spilling = BackingQueue::spilling(
+        warren_backing_queue::FsStorage::shared(),
+        &spill_dir,
+        QueueConfig::default(),
+        roomy,
+    );
+    for mut q in [durable, spilling] {
+        for id in 0..100 {
+            q.publish(0, msg(id, 100, id % 2 == 0)).unwrap();
+        }
+        let before = q.stats().disk_bytes;
+        q.set_resident_bytes_max(1000).unwrap();
+        assert!(
+            q.stats().disk_bytes >= before + 40 * 100,
+            "the transient ones were not written out: {before} then {:?}",
+            q.stats()
+        );
+        let got = drain(&mut q, 0);
+        assert_eq!(got.len(), 100);
+        for (i, d) in got.iter().enumerate() {
+            assert_eq!(d.id, i as u64);
+            assert_eq!(d.body, vec![d.id as u8; 100]);
+        }
+    }
+}

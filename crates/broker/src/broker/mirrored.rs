@@ -258,7 +258,11 @@ impl Store {
     /// changed the queue's mode).
     pub(crate) fn set_resident_bytes_max(&mut self, bytes: u64) {
         match self {
-            Store::Local(bq) => bq.set_resident_bytes_max(bytes),
+            Store::Local(bq) => {
+                if let Err(e) = bq.set_resident_bytes_max(bytes) {
+                    tracing::warn!(error = %e, "paging a queue out failed: its messages stay in memory");
+                }
+            }
             Store::Replica(m) => m.replica.set_resident_bytes_max(bytes),
         }
     }
