@@ -383,8 +383,19 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 return;
             }
             Err(e) => {
-                tracing::warn!(node = %self.node, %vhost, queue = %name, error = %e, "could not start a replica; will retry");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // A queue deleted (or declared again) meanwhile wants no
+                // replica of this declaration: nothing to retry.
+                let current = self
+                    .source
+                    .local()
+                    .queue(&vhost, &name)
+                    .is_some_and(|q| q.serial == serial);
+                if current {
+                    tracing::warn!(node = %self.node, %vhost, queue = %name, error = %e, "could not start a replica; will retry");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                } else {
+                    tracing::debug!(node = %self.node, %vhost, queue = %name, error = %e, "queue deleted before its replica started");
+                }
                 self.forget(&key);
                 return;
             }
