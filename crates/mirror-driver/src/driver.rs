@@ -589,6 +589,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 tokio::spawn(async move {
                     let rec = match records.compare_and_set(expected, &view).await {
                         Ok(r) | Err(RecordError::Conflict(r)) => r,
+                        // Deleted (or declared again): nothing to update.
+                        Err(RecordError::Gone) => return,
                         Err(e) => {
                             tracing::warn!(error = %e, "queue record update failed");
                             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -18,9 +18,13 @@ pub enum RecordError {
     /// The record moved on: here is the current one.
     #[error("queue record conflict (now at version {})", .0.version)]
     Conflict(RecordView),
-    /// The store could not answer (no majority, stopped, no such queue).
+    /// The store could not answer (no majority, stopped).
     #[error("queue record store: {0}")]
     Unavailable(String),
+    /// The queue was deleted (and perhaps declared again since): this
+    /// record is no more.
+    #[error("the queue was deleted")]
+    Gone,
 }
 
 /// Where a queue's record lives: read, compare-and-set, and change notices.
@@ -31,7 +35,8 @@ pub enum RecordError {
 /// [`RecordError::Conflict`] with the current record, so of racing writers
 /// exactly one wins. A placement the store refuses (the master also a
 /// mirror, a mirror twice, a synchronised node that is no mirror) is
-/// [`RecordError::Unavailable`] and changes nothing. `local` never runs
+/// [`RecordError::Unavailable`] and changes nothing; once the queue is
+/// deleted both are [`RecordError::Gone`]. `local` never runs
 /// ahead of the store and catches up; a `changes` receiver sees every
 /// change made after it was taken. The suite `conformance::record_store`
 /// (feature `conformance`) checks this.
@@ -93,7 +98,7 @@ impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
     fn local(&self) -> Result<RecordView, RecordError> {
         self.find(&self.source.local())
             .map(record_view)
-            .ok_or_else(|| RecordError::Unavailable(format!("no queue {:?}", self.name)))
+            .ok_or(RecordError::Gone)
     }
 
     async fn compare_and_set(
@@ -117,6 +122,7 @@ impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
             Ok(other) => Err(RecordError::Unavailable(format!(
                 "unexpected outcome {other:?}"
             ))),
+            Err(ClusterError::Rejected(Rejection::NoQueue { .. })) => Err(RecordError::Gone),
             Err(ClusterError::Rejected(Rejection::ViewConflict { .. })) => {
                 let meta = self
                     .source
@@ -125,7 +131,7 @@ impl<S: MetadataSource> RecordStore for ClusterRecords<S> {
                     .map_err(|e| RecordError::Unavailable(e.to_string()))?;
                 self.find(&meta)
                     .map(|q| RecordError::Conflict(record_view(q)))
-                    .ok_or_else(|| RecordError::Unavailable("queue deleted".into()))
+                    .ok_or(RecordError::Gone)
                     .and_then(Err)
             }
             Err(e) => Err(RecordError::Unavailable(e.to_string())),

@@ -283,6 +283,21 @@ enum MirrorSync {
     Holding,
 }
 
+/// How long a mirror waits for a master before it warns (see
+/// `Replica::waiting`).
+const WAITING_WARN_MS: u64 = 5_000;
+
+/// A mirror's wait for a master.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    /// The ring view it began in.
+    view: ViewVersion,
+    /// The first tick that saw it.
+    since_ms: Option<u64>,
+    /// Warned about already.
+    warned: bool,
+}
+
 /// One replica of a mirrored queue: master or mirror, as a sans-IO state machine.
 ///
 /// Inputs: the caller's operations on the master ([`publish`](Self::publish),
@@ -336,9 +351,11 @@ pub struct Replica {
     /// A sync could not be installed (its disk failed): ask again on the
     /// next tick, not at once (each sync carries the whole queue).
     sync_retry: bool,
-    /// The ring view in which this mirror last said it waits for a master
-    /// (said once per view, not on every check).
-    warned_waiting: ViewVersion,
+    /// Since when this mirror waits for a master (its master gone, no
+    /// synchronised mirror to take over): said at once, and warned about
+    /// only if it lasts ([`WAITING_WARN_MS`]; a deleted queue's mirrors wait
+    /// the moment before the deletion reaches them).
+    waiting: Option<Waiting>,
     /// The node of the master this mirror follows.
     master_node: Option<String>,
     /// The highest queue seq this mirror has applied.
@@ -457,7 +474,7 @@ impl Replica {
             promoting: false,
             asked_sync: false,
             sync_retry: false,
-            warned_waiting: 0,
+            waiting: None,
             master_node: None,
             applied_seq: 0,
             reported_stored: 0,
@@ -754,6 +771,7 @@ impl Replica {
         if self.role == Role::Mirror && std::mem::take(&mut self.sync_retry) && self.bq.is_none() {
             self.ask_sync();
         }
+        self.check_waiting(now_ms);
         if self.role != Role::Master {
             return;
         }
@@ -1653,6 +1671,21 @@ impl Replica {
         }
     }
 
+    /// Warns once a wait for a master ([`Self::waiting`]) has lasted
+    /// [`WAITING_WARN_MS`]; forgets it once there is a master again.
+    fn check_waiting(&mut self, now_ms: u64) {
+        let still = self.role == Role::Mirror && self.master_is_gone();
+        let Some(w) = self.waiting.as_mut().filter(|_| still) else {
+            self.waiting = None;
+            return;
+        };
+        let since = *w.since_ms.get_or_insert(now_ms);
+        if !w.warned && now_ms.saturating_sub(since) >= WAITING_WARN_MS {
+            w.warned = true;
+            tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, ring = self.view.version, waited_ms = now_ms - since, "master gone and no synchronised mirror: the queue waits for its master");
+        }
+    }
+
     fn maybe_promote(&mut self) {
         tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, promoting = self.promoting, inflight = self.record_inflight, ring = self.view.version, gone = self.master_is_gone(), "promotion check");
         if self.role != Role::Mirror
@@ -1703,9 +1736,13 @@ impl Replica {
             return;
         }
         if candidate != Some(self.member) {
-            if candidate.is_none() && self.warned_waiting != self.view.version {
-                self.warned_waiting = self.view.version;
-                tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, ring = self.view.version, "master gone and no synchronised mirror: the queue waits for its master");
+            if candidate.is_none() && self.waiting.is_none_or(|w| w.view != self.view.version) {
+                self.waiting = Some(Waiting {
+                    view: self.view.version,
+                    since_ms: None,
+                    warned: false,
+                });
+                tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, ring = self.view.version, "master gone and no synchronised mirror: waiting for the master");
             }
             return;
         }

@@ -13,6 +13,7 @@ use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
     BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
@@ -1756,4 +1757,49 @@ fn a_clean_stop_of_a_cluster_in_use_logs_no_warning_or_error() {
     drop(clients);
     let logged: Vec<String> = nodes.iter().flat_map(peers::warnings).collect();
     assert!(logged.is_empty(), "{logged:#?}");
+}
+
+#[test]
+fn deleting_mirrored_queues_logs_no_warning() {
+    // Deleting a mirrored queue (a synchronised one holding messages, and
+    // fresh ones declared and deleted at once) is no fault: its mirrors see
+    // the master leave just before the deletion reaches them, and say so
+    // at info only.
+    peers::use_default_logs();
+    let root = peers::test_root();
+    let (_secret, mut nodes, rt) = mirrored_three(root.path());
+    rt.block_on(async {
+        let (_pc, pch) = confirming(&nodes[1]).await;
+        for _ in 0..20 {
+            let confirm = publish_persistent(&pch, QUEUE, b"m").await;
+            assert!(confirm.await.unwrap().is_ack());
+        }
+        let conn = connect(&nodes[2]).await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_delete(QUEUE.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        for i in 0..12u64 {
+            let name = format!("ha.brief-{i}");
+            ch.queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+            // Deleted before, while or after its mirrors start.
+            tokio::time::sleep(Duration::from_millis(i * 25)).await;
+            ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+        }
+    });
+    // Longer than a mirror waits before it warns of a missing master.
+    std::thread::sleep(Duration::from_secs(7));
+    let running: Vec<String> = nodes.iter().flat_map(peers::warnings).collect();
+    assert!(running.is_empty(), "{running:#?}");
+    for i in [2, 1, 0] {
+        nodes[i].terminate();
+    }
 }
