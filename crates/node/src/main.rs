@@ -398,6 +398,12 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         }
         tokio::spawn(warren_management::serve_metrics(l, metrics));
     }
+    // Before the ready line: a SIGTERM or SIGINT sent as soon as it is read
+    // stops the node cleanly (installed later, it killed the process).
+    use tokio::signal::unix::{SignalKind, signal as unix_signal};
+    let mut term =
+        unix_signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = unix_signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let metrics_text = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
     let http_text = http.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(node = %args.node_name, %amqp_addr, http = %http_text, metrics = %metrics_text, "ready");
@@ -413,8 +419,6 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         args.node_name
     );
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
     let exit = loop {
         tokio::select! {
             accepted = app.accept() => match accepted {
@@ -432,7 +436,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
                 }
             }
             _ = term.recv() => break app::Exit::Stop,
-            _ = tokio::signal::ctrl_c() => break app::Exit::Stop,
+            _ = int.recv() => break app::Exit::Stop,
         }
     };
 
