@@ -196,6 +196,16 @@ def x_death(props):
     ]
 
 
+def wait_for_count(conn, queue, n, seconds=5.0):
+    """Waits (at most `seconds`) until `queue` holds at least `n` messages."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        count = passive_count(conn, queue)
+        if not isinstance(count, int) or count >= n:
+            return
+        time.sleep(0.05)
+
+
 def get_dead(ch, queue):
     got = []
     for _ in range(100):
@@ -329,10 +339,15 @@ def reject_dead_letter(ctx):
     ctx.declare(q, arguments=args)
     ch = ctx.channel(ctx.use, confirm=True)
     acks = publish_each(ch, q, ["r0", "r1"])
+    rejected = 0
     for _ in range(2):
         m, _props, _body = ch.basic_get(q, auto_ack=False)
         if m is not None:
             ch.basic_reject(m.delivery_tag, requeue=False)
+            rejected += 1
+    # Dead-lettering is asynchronous (RabbitMQ's too): the dead letters may
+    # reach their queue, on another node, after the client's next get.
+    wait_for_count(ctx.use, dlq, rejected)
     out = {"publish": acks, "left": get_all(ch, q), "dead": get_dead(ch, dlq)}
     delete(ctx.admin, dlq)
     return out
