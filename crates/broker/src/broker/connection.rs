@@ -232,7 +232,7 @@ impl Broker {
             };
             if c.committing.is_some() || c.replies_waiting > 0 {
                 // Its input waits until the commit is reported, or its
-                // gets are answered.
+                // waiting replies have gone out.
                 return;
             }
             let Some(ev) = c.amqp.poll_event() else {

@@ -500,9 +500,7 @@ impl Broker {
                 let c = self.conns.get_mut(&id).expect("connection present");
                 let req = c.defer_get();
                 if m.fetch(now, FetchForArgs::get(id, ch, g.no_ack, req)) {
-                    if c.link.is_none() {
-                        c.replies_waiting += 1;
-                    }
+                    c.reply_waits();
                 } else {
                     c.answering_get(req);
                     c.send_get_empty(ch);

@@ -422,6 +422,15 @@ impl Conn {
         self.link.as_mut()?.gets.pop_back()
     }
 
+    /// A reply of this client's is answered later: its next commands wait
+    /// for it (see `Conn::replies_waiting`; a link's own order is kept by
+    /// its requests).
+    pub(crate) fn reply_waits(&mut self) {
+        if self.link.is_none() {
+            self.replies_waiting += 1;
+        }
+    }
+
     /// Answers a get with get-empty (to a client or down a link).
     pub(crate) fn send_get_empty(&mut self, ch: ChannelId) {
         match &mut self.link {
@@ -706,8 +715,8 @@ impl Broker {
         queue: &str,
     ) {
         let req = self.links.next();
-        if let Some(c) = self.conns.get_mut(&conn).filter(|c| c.link.is_none()) {
-            c.replies_waiting += 1;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.reply_waits();
         }
         self.links.counts.insert(
             req,
@@ -842,8 +851,8 @@ impl Broker {
             return;
         };
         let req = self.links.next();
-        if let Some(c) = self.conns.get_mut(&conn).filter(|c| c.link.is_none()) {
-            c.replies_waiting += 1;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.reply_waits();
         }
         self.links.gets.insert(
             req,
