@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
-use warren_backing_queue::SyncJob;
+use warren_backing_queue::{StoreError, SyncJob};
 
 use super::publish::confirm_one;
 use super::{Broker, Store};
@@ -41,7 +41,21 @@ fn dir_name(vhost: &str, name: &str) -> String {
 /// broker's lock and hand back to [`Broker::complete_sync`].
 #[derive(Debug, Default)]
 pub struct SyncBatch {
-    jobs: Vec<(String, Arc<str>, u64, SyncJob, bool)>,
+    jobs: Vec<SyncEntry>,
+}
+
+/// One queue's part of a [`SyncBatch`]: which declaration (vhost, name,
+/// uid) it is for, its job, and the job's outcome once run.
+#[derive(Debug)]
+struct SyncEntry {
+    vhost: String,
+    queue: Arc<str>,
+    uid: u64,
+    job: SyncJob,
+    /// `None` until [`SyncBatch::run`]; an error is logged at completion
+    /// only if the queue still exists (deleting a queue removes its log
+    /// while a commit may be running).
+    outcome: Option<Result<(), StoreError>>,
 }
 
 impl SyncBatch {
@@ -54,13 +68,10 @@ impl SyncBatch {
     /// Runs the fsyncs (blocking), all queues' together
     /// ([`SyncJob::run_all`]: one `syncfs` for many logs).
     pub fn run(&mut self) {
-        let mut jobs: Vec<&mut SyncJob> = self.jobs.iter_mut().map(|j| &mut j.3).collect();
+        let mut jobs: Vec<&mut SyncJob> = self.jobs.iter_mut().map(|j| &mut j.job).collect();
         let results = SyncJob::run_all(&mut jobs);
-        for ((vhost, name, _, _, ok), res) in self.jobs.iter_mut().zip(results) {
-            match res {
-                Ok(()) => *ok = true,
-                Err(e) => tracing::error!(%vhost, queue = %name, error = %e, "group commit failed"),
-            }
+        for (entry, res) in self.jobs.iter_mut().zip(results) {
+            entry.outcome = Some(res);
         }
     }
 }
@@ -99,11 +110,13 @@ impl Broker {
                     continue;
                 }
                 match q.store.prepare_sync() {
-                    Ok(Some(job)) => {
-                        batch
-                            .jobs
-                            .push((vname.clone(), q.name.clone(), q.uid, job, false))
-                    }
+                    Ok(Some(job)) => batch.jobs.push(SyncEntry {
+                        vhost: vname.clone(),
+                        queue: q.name.clone(),
+                        uid: q.uid,
+                        job,
+                        outcome: None,
+                    }),
                     Ok(None) => {}
                     Err(e) => {
                         tracing::error!(vhost = %vname, queue = %q.name, error = %e, "preparing a group commit failed");
@@ -121,7 +134,14 @@ impl Broker {
         self.current = 0;
         let mut seqs = Vec::new();
         let mut replicas = Vec::new();
-        for (vname, qname, uid, job, ok) in batch.jobs {
+        for entry in batch.jobs {
+            let SyncEntry {
+                vhost: vname,
+                queue: qname,
+                uid,
+                job,
+                outcome,
+            } = entry;
             let Some(q) = self
                 .vhosts
                 .get_mut(&vname)
@@ -132,6 +152,16 @@ impl Broker {
             if q.uid != uid {
                 continue;
             }
+            // The queue is still this declaration, so a failure is its own
+            // (a deleted queue's log vanishing under its commit is not).
+            let ok = match outcome {
+                Some(Ok(())) => true,
+                Some(Err(e)) => {
+                    tracing::error!(vhost = %vname, queue = %qname, error = %e, "group commit failed");
+                    false
+                }
+                None => false,
+            };
             let bq = match &mut q.store {
                 Store::Local(_) if !ok => continue,
                 Store::Local(bq) => bq,
