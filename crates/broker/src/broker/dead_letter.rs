@@ -34,6 +34,7 @@ impl Broker {
         self.last_tick_ms = now_ms;
         self.expire_remote_alarms(now_ms);
         self.expire_counts(now_ms);
+        self.expire_consume_oks(now_ms);
         self.peek_masters(now_ms);
         let mut expire = Vec::new();
         let mut delete = Vec::new();

@@ -409,9 +409,7 @@ impl Broker {
                 Some(AMQPValue::Boolean(true))
             ),
         };
-        if q.remote.is_some() {
-            self.link_consume(&vhost, &qarc, &mut consumer);
-        }
+        let waits = q.remote.is_some() && self.link_consume(&vhost, &qarc, &mut consumer, c.nowait);
         let q = self
             .vhosts
             .get_mut(&vhost)
@@ -425,7 +423,7 @@ impl Broker {
             .expect("channel present")
             .consumers
             .insert(tag.clone(), qarc.clone());
-        if !c.nowait {
+        if !c.nowait && !waits {
             conn.amqp.reply(
                 ch,
                 Reply::BasicConsumeOk {

@@ -203,6 +203,15 @@ pub enum LinkMsg {
         /// The asked queues it serves (vhost, name), with their figures.
         counts: Vec<(String, String, QueueFigures)>,
     },
+    /// Master → origin: consumer `cid` ([`LinkMsg::Consume`]) is one of
+    /// the queue's consumers now. The client's `basic.consume-ok` waits for
+    /// it, as RabbitMQ's channel waits for the queue's master: a consumer
+    /// that a client was told about counts for auto-delete and exclusive
+    /// use at once, on every node.
+    ConsumeOk {
+        /// The origin's consumer id.
+        cid: u64,
+    },
 }
 
 /// A queue's figures as its master has them ([`LinkMsg::Peeked`]).
@@ -272,6 +281,19 @@ struct PendingCount {
 /// before this node's own copy answers.
 const COUNT_WAIT_MS: u64 = 5_000;
 
+/// A client's `basic.consume` of a forwarded queue whose `consume-ok`
+/// waits for the master's [`LinkMsg::ConsumeOk`].
+#[derive(Debug)]
+struct PendingConsumeOk {
+    conn: ConnId,
+    channel: ChannelId,
+    tag: Arc<str>,
+    /// When it was asked: unanswered after [`COUNT_WAIT_MS`] (the master
+    /// stays unreachable), it is answered anyway; the consumer is asked
+    /// for again when a master is reachable (`resubscribe`).
+    since_ms: u64,
+}
+
 /// Messages for one node, waiting to be written to its link, past which
 /// the publishers that send through that link wait (flow control): the
 /// node stops reading a link while its queues hold 4,096 forwarded
@@ -295,6 +317,9 @@ pub(crate) struct Links {
     gets: HashMap<u64, RemoteGet>,
     /// Declares waiting for their queue's counts, by request id.
     counts: HashMap<u64, PendingCount>,
+    /// Consumes waiting for their master's [`LinkMsg::ConsumeOk`], by
+    /// consumer id.
+    consume_oks: HashMap<u64, PendingConsumeOk>,
     /// When the masters were last asked for their queues' figures.
     peeked_at_ms: u64,
     /// Master-side internal connections by (origin node, vhost).
@@ -594,12 +619,16 @@ impl Broker {
                 self.links.send(m, msg);
             }
         } else {
-            for (cid, _) in consumers {
-                self.links.consumers.remove(&cid);
+            for (cid, _) in &consumers {
+                self.links.consumers.remove(cid);
             }
             for c in q.consumers.iter_mut() {
                 c.remote_cid = 0;
                 c.unacked = 0;
+            }
+            // This node has them now.
+            for (cid, _) in consumers {
+                self.answer_consume_ok(cid);
             }
             self.after_queue_op(vhost, name);
         }
@@ -643,14 +672,23 @@ impl Broker {
     }
 
     /// A new consumer of a forwarded queue: asks the master for deliveries.
-    pub(super) fn link_consume(&mut self, vhost: &str, queue: &Arc<str>, c: &mut Consumer) {
+    /// Unless `nowait`, the client's `consume-ok` is sent when the master
+    /// has the consumer ([`LinkMsg::ConsumeOk`]); returns whether it waits
+    /// (no master is known right now: it does not).
+    pub(super) fn link_consume(
+        &mut self,
+        vhost: &str,
+        queue: &Arc<str>,
+        c: &mut Consumer,
+        nowait: bool,
+    ) -> bool {
         let Some(to) = self
             .vhosts
             .get(vhost)
             .and_then(|v| v.queues.get(queue))
             .and_then(|q| q.remote.clone())
         else {
-            return;
+            return false;
         };
         c.remote_cid = self.links.next();
         self.links.consumers.insert(
@@ -671,7 +709,57 @@ impl Broker {
             prefetch: c.prefetch,
             no_ack: c.no_ack,
         };
+        let waits = !nowait && matches!(to, Elsewhere::Node(_));
+        if waits {
+            self.links.consume_oks.insert(
+                c.remote_cid,
+                PendingConsumeOk {
+                    conn: c.conn,
+                    channel: c.channel,
+                    tag: c.tag.clone(),
+                    since_ms: self.now,
+                },
+            );
+            if let Some(conn) = self.conns.get_mut(&c.conn) {
+                conn.reply_waits();
+            }
+        }
         self.links.send_to(&to, msg);
+        waits
+    }
+
+    /// Sends the `consume-ok` of consumer `cid` if it still waits.
+    fn answer_consume_ok(&mut self, cid: u64) {
+        let Some(p) = self.links.consume_oks.remove(&cid) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&p.conn)
+            && c.channels.contains_key(&p.channel)
+        {
+            c.amqp.reply(
+                p.channel,
+                Reply::BasicConsumeOk {
+                    consumer_tag: p.tag.to_string(),
+                },
+            );
+        }
+        self.reply_answered(p.conn);
+    }
+
+    /// Answers the consumes that waited longer than [`COUNT_WAIT_MS`] for
+    /// their master (it stays unreachable; the consumer is asked for again
+    /// on the next link session).
+    pub(crate) fn expire_consume_oks(&mut self, now_ms: u64) {
+        let late: Vec<u64> = self
+            .links
+            .consume_oks
+            .iter()
+            .filter(|(_, p)| now_ms.saturating_sub(p.since_ms) >= COUNT_WAIT_MS)
+            .map(|(cid, _)| *cid)
+            .collect();
+        for cid in late {
+            self.answer_consume_ok(cid);
+        }
     }
 
     /// A consumer of a forwarded queue is gone.
@@ -1156,6 +1244,7 @@ impl Broker {
                     .iter()
                     .any(|c| c.conn == pc && c.channel == LINK_CHANNEL && c.tag == tag)
                 {
+                    self.links.send(from, LinkMsg::ConsumeOk { cid });
                     return;
                 }
                 let qname = q.name.clone();
@@ -1179,6 +1268,8 @@ impl Broker {
                 {
                     ch.consumers.insert(tag, qname.clone());
                 }
+                // Before its first delivery, on the same link.
+                self.links.send(from, LinkMsg::ConsumeOk { cid });
                 self.after_queue_op(&vhost, &qname);
             }
             LinkMsg::Cancel { vhost, cid } => {
@@ -1293,7 +1384,10 @@ impl Broker {
                 meta,
                 body,
             } => self.link_deliver(from, cid, tag, redelivered, &vhost, &meta, &body),
+            LinkMsg::ConsumeOk { cid } => self.answer_consume_ok(cid),
             LinkMsg::Cancelled { cid } => {
+                // Told it exists before it is told it is gone.
+                self.answer_consume_ok(cid);
                 if let Some(rc) = self.links.consumers.remove(&cid)
                     && let Some(c) = self.conns.get_mut(&rc.conn)
                 {
@@ -1516,6 +1610,26 @@ impl Broker {
                 c.amqp.reply(g.channel, Reply::BasicGetEmpty);
             }
             self.reply_answered(g.conn);
+        }
+        // Consumes waiting for it are answered: the consumers stay, and are
+        // asked for again on the next link session (`resubscribe`) or at
+        // the queue's next master.
+        let waiting: Vec<u64> = self
+            .links
+            .consume_oks
+            .keys()
+            .copied()
+            .filter(|cid| {
+                self.links.consumers.get(cid).is_some_and(|rc| {
+                    self.vhosts
+                        .get(&rc.vhost)
+                        .and_then(|v| v.queues.get(&rc.queue))
+                        .is_none_or(|q| q.remote.as_ref().is_none_or(|at| at.is(node)))
+                })
+            })
+            .collect();
+        for cid in waiting {
+            self.answer_consume_ok(cid);
         }
         // Declares waiting for its counts keep waiting: asked again on the
         // next link session (`resubscribe`), of the next master if the queue

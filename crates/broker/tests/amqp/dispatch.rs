@@ -297,3 +297,79 @@ fn a_declare_waiting_for_the_masters_counts_keeps_its_place() {
         "declare-ok (far), then get-ok (near)"
     );
 }
+
+/// A `basic.consume` of a queue served on another node is answered once the
+/// master has the consumer (as RabbitMQ's channel waits for the queue), so a
+/// client told `consume-ok` holds an auto-delete or exclusive queue at once;
+/// the connection's next commands wait with it.
+#[test]
+fn a_consume_of_a_forwarded_queue_is_answered_once_the_master_has_it() {
+    let (node, mut c) = far_and_near();
+    c.send(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+            queue: "far".into(),
+            consumer_tag: "t".into(),
+            ..Default::default()
+        })),
+    );
+    c.send(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+            queue: "near".into(),
+            no_ack: true,
+        })),
+    );
+    assert!(
+        c.drain().is_empty(),
+        "consume-ok before the master has the consumer"
+    );
+    assert!(c.input_paused(), "input read while the consume waits");
+    let cid = forwarded(&node, |m| match m {
+        LinkMsg::Consume { cid, .. } => Some(*cid),
+        _ => None,
+    });
+    let replies = answer_from_n2(&node, &mut c, LinkMsg::ConsumeOk { cid });
+    assert_eq!(
+        replies,
+        [(60, 21), (60, 71)],
+        "consume-ok (far), then get-ok (near)"
+    );
+}
+
+/// A master that has a forwarded consumer says so on the link before it
+/// delivers to it.
+#[test]
+fn a_master_confirms_a_forwarded_consumer_before_its_first_delivery() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    c.publish(1, "", "q", Message::new("m"));
+    let out = node.with_broker(|b| {
+        b.link_input(
+            "n2",
+            vec![LinkMsg::Consume {
+                vhost: "/".into(),
+                queue: "q".into(),
+                cid: 9,
+                prefetch: 0,
+                no_ack: true,
+            }],
+            START_MS,
+        );
+        b.take_link_out()
+    });
+    let msgs: Vec<&LinkMsg> = out
+        .iter()
+        .filter(|(n, _)| n == "n2")
+        .flat_map(|(_, m)| m)
+        .collect();
+    let ok = msgs
+        .iter()
+        .position(|m| matches!(m, LinkMsg::ConsumeOk { cid: 9 }))
+        .expect("consume-ok sent down the link");
+    let delivered = msgs
+        .iter()
+        .position(|m| matches!(m, LinkMsg::Deliver { cid: 9, .. }))
+        .expect("the message delivered down the link");
+    assert!(ok < delivered, "{msgs:?}");
+}
