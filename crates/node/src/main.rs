@@ -26,6 +26,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
 use tokio::net::TcpListener;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::FileStore;
 use warren_broker::{Broker, BrokerConfig};
@@ -71,6 +74,20 @@ struct Args {
 
 type Shared = Arc<Mutex<Broker>>;
 
+/// Whether an event is openraft's report of one failed call to one peer
+/// (a leadership confirmation or a vote that timed out: the events of its
+/// core that name a `target` peer and an `error`). A peer that is slow for a
+/// moment or down makes several a second; the failure detector's "node
+/// down" says what an operator needs, and a read or change that fails for
+/// it is reported by whoever asked. openraft's other errors still show.
+fn openraft_peer_call_failure(m: &tracing::Metadata<'_>) -> bool {
+    m.is_event()
+        && *m.level() == tracing::Level::ERROR
+        && m.target() == "openraft::core::raft_core"
+        && m.fields().field("target").is_some()
+        && m.fields().field("error").is_some()
+}
+
 /// The log directives for openraft beside the node's level (see `main`).
 const OPENRAFT_LOG: &str =
     "openraft=error,openraft::replication=off,openraft::engine::handler::replication_handler=off";
@@ -97,15 +114,21 @@ fn main() -> anyhow::Result<()> {
     // level, several a second) and routine vote races: the failure
     // detector's "node down" says what an operator needs. `RUST_LOG`
     // shows them again.
-    let filter = format!("{level},{OPENRAFT_LOG}");
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
-        )
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let quiet_calls = from_env.is_none();
+    let filter = from_env
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(format!("{level},{OPENRAFT_LOG}")));
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: a log file reads plain.
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(std::io::stderr().is_terminal());
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            fmt.with_filter(tracing_subscriber::filter::filter_fn(move |m| {
+                !(quiet_calls && openraft_peer_call_failure(m))
+            })),
+        )
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(broker_threads())
