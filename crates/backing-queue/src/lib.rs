@@ -58,5 +58,5 @@ pub use message::{
     Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,
     SnapshotMessage,
 };
-pub use queue::{BackingQueue, OpOutcome, QueueConfig, Stats};
+pub use queue::{BackingQueue, LazySnapshot, OpOutcome, QueueConfig, Stats};
 pub use storage::{FsStorage, MemStorage, Storage, StorageFile};

@@ -129,6 +129,9 @@ pub(crate) struct SegmentLog {
     poisoned: bool,
     /// The write buffer last handed to a sync job, until written.
     deferred: DeferredSlot,
+    /// No segment is retired or compacted while set: a lazy snapshot reads
+    /// its records later (see `BackingQueue::snapshot_lazy`).
+    pinned: bool,
 }
 
 /// A log's write buffer handed to a [`SyncJob`] by `prepare_sync`: written
@@ -481,6 +484,7 @@ impl SegmentLog {
             gen_completed: 0,
             poisoned: false,
             deferred: DeferredSlot::default(),
+            pinned: false,
         };
         let next_seq = max_seq + 1;
         match log.segments.back() {
@@ -730,7 +734,19 @@ impl SegmentLog {
         self.check_marks()
     }
 
+    /// Keeps every segment (and so every record's bytes, live or not) until
+    /// unpinned; unpinning retires what became empty meanwhile.
+    pub(crate) fn pin(&mut self, on: bool) {
+        self.pinned = on;
+        if !on {
+            self.retire_empty_head();
+        }
+    }
+
     fn retire_empty_head(&mut self) {
+        if self.pinned {
+            return;
+        }
         while self.segments.len() > 1 && self.segments.front().is_some_and(|s| s.live == 0) {
             self.retire_front();
         }
@@ -751,7 +767,7 @@ impl SegmentLog {
     /// than twice the live bytes plus two segments.
     pub(crate) fn compaction_candidate(&self) -> Option<u32> {
         let slack = 2 * self.cfg.segment_bytes;
-        (self.segments.len() > 2 && self.disk_bytes > 2 * self.live_bytes + slack)
+        (!self.pinned && self.segments.len() > 2 && self.disk_bytes > 2 * self.live_bytes + slack)
             .then(|| self.segments.front().map(|s| s.id))
             .flatten()
     }

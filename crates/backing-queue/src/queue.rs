@@ -90,6 +90,57 @@ pub struct BackingQueue {
     unconfirmed: VecDeque<SeqId>,
     ops: Option<Vec<Op>>,
     report_dropped: bool,
+    /// Messages of a snapshot being installed ([`BackingQueue::install_part`]).
+    installing: Option<Staged>,
+}
+
+/// The parts of a snapshot installed so far, held until
+/// [`BackingQueue::finish_install`].
+#[derive(Debug, Default)]
+struct Staged {
+    ready: Vec<Entry>,
+    unacked: Vec<(DeliveryTag, Entry)>,
+    /// Body bytes held in memory.
+    resident: u64,
+}
+
+/// A queue's state at one point, for a mirror's synchronisation, whose
+/// paged-out bodies are read back one batch at a time
+/// ([`BackingQueue::snapshot_lazy`]).
+#[derive(Debug)]
+pub struct LazySnapshot {
+    /// The next sequence number the queue gives.
+    pub next_seq: SeqId,
+    /// The next delivery tag the queue gives.
+    pub next_tag: DeliveryTag,
+    /// Its limits.
+    pub limits: Limits,
+    rest: VecDeque<LazyMessage>,
+}
+
+impl LazySnapshot {
+    /// Messages not yet taken.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.rest.len()
+    }
+
+    /// Whether every message has been taken.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
+}
+
+/// One message of a [`LazySnapshot`]: its body, or where the log has it.
+#[derive(Debug)]
+struct LazyMessage {
+    msg: SnapshotMessage,
+    paged: Option<StoreRef>,
+    /// Props and body bytes.
+    bytes: usize,
+    /// Props bytes (of `bytes`).
+    props_len: usize,
 }
 
 /// Props ++ body as one buffer; without props, the body itself (no copy, and
@@ -123,6 +174,7 @@ impl BackingQueue {
             unconfirmed: VecDeque::new(),
             ops: cfg.record_ops.then(Vec::new),
             report_dropped: cfg.report_dropped,
+            installing: None,
         }
     }
 
@@ -513,34 +565,111 @@ impl BackingQueue {
     }
 
     /// The queue's whole state (bodies read back from the log when paged
-    /// out), for a mirror's synchronisation.
+    /// out), for a mirror's synchronisation. Holds every body in memory at
+    /// once: a sync sends [`snapshot_lazy`](Self::snapshot_lazy) instead.
     pub fn snapshot(&mut self) -> Result<Snapshot, QueueError> {
-        let mut messages = Vec::new();
-        for (tag, e) in self.core.held() {
-            let data = match (&e.data, &mut self.log) {
-                (Some(d), _) => d.clone(),
-                (None, Some(log)) => log.read(e.store)?,
-                (None, None) => Bytes::new(),
-            };
-            let props_len = (e.props_len as usize).min(data.len());
-            messages.push(SnapshotMessage {
-                seq: e.seq,
-                id: e.id,
-                props: data.slice(..props_len),
-                body: data.slice(props_len..),
-                persistent: e.persistent(),
-                expiry_ms: e.expiry_ms,
-                delivered: e.delivered(),
-                tag,
-                priority: e.priority,
-            });
-        }
+        let mut lazy = self.snapshot_lazy();
+        let messages = self.snapshot_batch(&mut lazy, usize::MAX, usize::MAX);
+        self.end_snapshot();
         Ok(Snapshot {
+            next_seq: lazy.next_seq,
+            next_tag: lazy.next_tag,
+            limits: lazy.limits,
+            messages: messages?,
+        })
+    }
+
+    /// The queue's state now, for a mirror's synchronisation, without its
+    /// paged-out bodies: [`snapshot_batch`](Self::snapshot_batch) reads them
+    /// back a batch at a time, so memory holds one batch rather than the
+    /// queue. Until [`end_snapshot`](Self::end_snapshot) the log keeps every
+    /// segment (what the queue removes meanwhile stays on disk).
+    pub fn snapshot_lazy(&mut self) -> LazySnapshot {
+        if let Some(log) = &mut self.log {
+            log.pin(true);
+        }
+        let rest = self
+            .core
+            .held()
+            .map(|(tag, e)| {
+                let (props, body) = match &e.data {
+                    Some(d) => {
+                        let props_len = (e.props_len as usize).min(d.len());
+                        (d.slice(..props_len), d.slice(props_len..))
+                    }
+                    None => (Bytes::new(), Bytes::new()),
+                };
+                let paged = e.data.is_none() && e.store.is_some();
+                let bytes = e.props_len as usize + e.body_len as usize;
+                let msg = SnapshotMessage {
+                    seq: e.seq,
+                    id: e.id,
+                    props,
+                    body,
+                    persistent: e.persistent(),
+                    expiry_ms: e.expiry_ms,
+                    delivered: e.delivered(),
+                    tag,
+                    priority: e.priority,
+                };
+                LazyMessage {
+                    msg,
+                    paged: paged.then_some(e.store),
+                    bytes,
+                    props_len: e.props_len as usize,
+                }
+            })
+            .collect();
+        LazySnapshot {
             next_seq: self.core.next_seq(),
             next_tag: self.core.next_tag(),
             limits: self.core.limits(),
-            messages,
-        })
+            rest,
+        }
+    }
+
+    /// The next messages of `snap`: at most `max_msgs`, and no more once
+    /// they carry `max_bytes` (at least one), paged-out bodies read back from
+    /// the log.
+    pub fn snapshot_batch(
+        &mut self,
+        snap: &mut LazySnapshot,
+        max_msgs: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<SnapshotMessage>, QueueError> {
+        let mut bytes = 0usize;
+        let take = snap
+            .rest
+            .iter()
+            .take(max_msgs.max(1))
+            .take_while(|m| {
+                let fits = bytes < max_bytes;
+                bytes = bytes.saturating_add(m.bytes);
+                fits
+            })
+            .count()
+            .max(1)
+            .min(snap.rest.len());
+        let mut out = Vec::with_capacity(take);
+        for m in snap.rest.drain(..take) {
+            let mut msg = m.msg;
+            if let (Some(at), Some(log)) = (m.paged, &mut self.log) {
+                let data = log.read(at)?;
+                let props_len = m.props_len.min(data.len());
+                msg.props = data.slice(..props_len);
+                msg.body = data.slice(props_len..);
+            }
+            out.push(msg);
+        }
+        Ok(out)
+    }
+
+    /// Ends a [`snapshot_lazy`](Self::snapshot_lazy): the log retires and
+    /// compacts again. Harmless without one.
+    pub fn end_snapshot(&mut self) {
+        if let Some(log) = &mut self.log {
+            log.pin(false);
+        }
     }
 
     /// Makes this queue, which must hold no message, a copy of the snapshot's
@@ -549,40 +678,89 @@ impl BackingQueue {
     /// durable queue (durable after the next sync). Returns `false` (and
     /// changes nothing) if the queue holds messages.
     pub fn install_snapshot(&mut self, snap: Snapshot) -> Result<bool, QueueError> {
+        if !self.install_part(snap.messages)? {
+            return Ok(false);
+        }
+        self.finish_install(snap.next_seq, snap.next_tag, snap.limits)
+    }
+
+    /// Takes a part of a snapshot ([`snapshot_batch`](Self::snapshot_batch))
+    /// into this queue, which must hold no message (`false`, and nothing
+    /// changes, if it does): persistent messages are appended to the log of
+    /// a durable queue, and bodies past the memory budget live only in the
+    /// log, as [`publish`](Self::publish) keeps them. The queue holds them
+    /// once [`finish_install`](Self::finish_install) is called.
+    pub fn install_part(&mut self, msgs: Vec<SnapshotMessage>) -> Result<bool, QueueError> {
         if !self.core.is_empty() {
             return Ok(false);
         }
-        let mut ready = Vec::new();
-        let mut unacked = Vec::new();
-        let mut msgs = snap.messages;
-        msgs.sort_by_key(|m| m.seq);
-        for m in &msgs {
+        let mut staged = self.installing.take().unwrap_or_default();
+        let res = self.stage(&mut staged, msgs);
+        self.installing = Some(staged);
+        res.map(|()| true)
+    }
+
+    fn stage(&mut self, staged: &mut Staged, msgs: Vec<SnapshotMessage>) -> Result<(), QueueError> {
+        for m in msgs {
             let priority = self.core.priority_for(m.priority);
+            let len = (m.props.len() + m.body.len()) as u64;
+            let resident = staged.resident.saturating_add(len) <= self.resident_bytes_max;
+            if !resident && self.log.is_none() {
+                self.open_spill()?;
+            }
             let mut store = StoreRef::NONE;
             if let Some(log) = &mut self.log
-                && m.persistent
+                && (m.persistent || !resident)
             {
                 let meta = PublishMeta {
                     seq: m.seq,
                     id: m.id,
                     expiry_ms: m.expiry_ms,
                     delivered: m.delivered,
-                    transient: false,
+                    transient: !m.persistent,
                     priority,
                 };
                 store = log.append_publish(meta, &m.props, &m.body)?;
-                self.unconfirmed.push_back(m.seq);
+                if m.persistent {
+                    self.unconfirmed.push_back(m.seq);
+                }
             }
-            let mut e = Entry::from_snapshot(m, store);
+            let mut e = Entry::from_snapshot(&m, store);
             e.priority = priority;
-            e.data = Some(join(&m.props, m.body.clone()));
+            if resident || !store.is_some() {
+                staged.resident += len;
+                e.data = Some(join(&m.props, m.body));
+            }
             match m.tag {
-                Some(t) => unacked.push((t, e)),
-                None => ready.push(e),
+                Some(t) => staged.unacked.push((t, e)),
+                None => staged.ready.push(e),
             }
         }
+        Ok(())
+    }
+
+    /// Ends an install begun with [`install_part`](Self::install_part): the
+    /// queue now holds every part, with the source's counters and limits.
+    /// `false` (nothing changes) if the queue holds messages.
+    pub fn finish_install(
+        &mut self,
+        next_seq: SeqId,
+        next_tag: DeliveryTag,
+        limits: Limits,
+    ) -> Result<bool, QueueError> {
+        if !self.core.is_empty() {
+            return Ok(false);
+        }
+        let Staged {
+            mut ready,
+            mut unacked,
+            ..
+        } = self.installing.take().unwrap_or_default();
+        ready.sort_by_key(|e| e.seq);
+        unacked.sort_by_key(|(_, e)| e.seq);
+        self.unconfirmed.make_contiguous().sort_unstable();
         self.core
-            .install(ready, unacked, snap.next_seq, snap.next_tag, snap.limits);
+            .install(ready, unacked, next_seq, next_tag, limits);
         Ok(true)
     }
 

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use warren_backing_queue::{
-    BackingQueue, Delivery, DeliveryTag, Dropped, NewMessage, Op, OpOutcome, QueueConfig,
-    QueueError, SeqId, Snapshot, SnapshotMessage, Stats, StoreError, SyncJob,
+    BackingQueue, Delivery, DeliveryTag, Dropped, LazySnapshot, NewMessage, Op, OpOutcome,
+    QueueConfig, QueueError, SeqId, Stats, StoreError, SyncJob,
 };
 use warren_gm::{MemberId, RingEvent, Seq, View, ViewVersion};
 use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
@@ -261,27 +261,44 @@ struct PendingFetch {
 struct SyncRun {
     id: u64,
     targets: BTreeSet<MemberId>,
-    rest: VecDeque<SnapshotMessage>,
+    /// What is left to send, bodies still on disk where the queue paged
+    /// them out.
+    rest: LazySnapshot,
     total: u64,
     sent: u64,
+    /// The ring sequence numbers of the batches sent and not yet confirmed
+    /// round the ring: at most [`SYNC_BATCHES_IN_FLIGHT`].
+    in_flight: VecDeque<Seq>,
     end: Body,
 }
+
+/// Sync batches a master has on its ring at once: the next goes when the
+/// ring confirms one, so a sync of any backlog holds a few batches in
+/// memory (each at most [`RING_MSG_BYTES`]), not the queue.
+const SYNC_BATCHES_IN_FLIGHT: usize = 2;
 
 /// A mirror's synchronisation state.
 #[derive(Debug)]
 enum MirrorSync {
     /// Holds nothing; ignores the master's ops.
     Idle,
-    /// Receiving a sync; buffers the master's ops that follow the sync point.
+    /// Receiving a sync into a new backing queue, a batch at a time
+    /// (bodies past its memory budget go to its log as they come); buffers
+    /// the master's ops that follow the sync point.
     Receiving {
         sync: u64,
         total: u64,
-        msgs: Vec<SnapshotMessage>,
+        received: u64,
+        bq: Box<BackingQueue>,
         buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
     },
     /// Holds the master's state (the backing queue is present) and applies its ops.
     Holding,
 }
+
+/// How often a mirror that holds nothing asks its master for a sync while
+/// none comes (see `Replica::tick`).
+const SYNC_ASK_AGAIN_MS: u64 = 2_000;
 
 /// How long a mirror waits for a master before it warns (see
 /// `Replica::waiting`).
@@ -351,6 +368,10 @@ pub struct Replica {
     /// A sync could not be installed (its disk failed): ask again on the
     /// next tick, not at once (each sync carries the whole queue).
     sync_retry: bool,
+    /// When this mirror last asked for a sync ([`Body::NeedSync`]).
+    asked_at_ms: u64,
+    /// The time of the last [`tick`](Self::tick).
+    now_ms: u64,
     /// Since when this mirror waits for a master (its master gone, no
     /// synchronised mirror to take over): said at once, and warned about
     /// only if it lasts ([`WAITING_WARN_MS`]; a deleted queue's mirrors wait
@@ -474,6 +495,8 @@ impl Replica {
             promoting: false,
             asked_sync: false,
             sync_retry: false,
+            asked_at_ms: 0,
+            now_ms: 0,
             waiting: None,
             master_node: None,
             applied_seq: 0,
@@ -547,8 +570,14 @@ impl Replica {
                 synced: run.sent,
                 total: run.total,
             }),
-            (Role::Mirror, MirrorSync::Receiving { total, msgs, .. }, _) => Some(SyncProgress {
-                synced: msgs.len() as u64,
+            (
+                Role::Mirror,
+                MirrorSync::Receiving {
+                    total, received, ..
+                },
+                _,
+            ) => Some(SyncProgress {
+                synced: *received,
                 total: *total,
             }),
             _ => None,
@@ -768,7 +797,20 @@ impl Replica {
     /// Time passes (master: expires messages at the head; a mirror that
     /// could not install a sync asks for one again).
     pub fn tick(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
         if self.role == Role::Mirror && std::mem::take(&mut self.sync_retry) && self.bq.is_none() {
+            self.ask_sync();
+        }
+        // A mirror that holds nothing and receives nothing asks again now
+        // and then: its ask, or the master's sync, may have been lost with
+        // a link or a view.
+        if self.role == Role::Mirror
+            && self.settings.sync_mode == SyncMode::Automatic
+            && self.asked_sync
+            && self.bq.is_none()
+            && matches!(self.msync, MirrorSync::Idle)
+            && now_ms.saturating_sub(self.asked_at_ms) >= SYNC_ASK_AGAIN_MS
+        {
             self.ask_sync();
         }
         self.check_waiting(now_ms);
@@ -901,6 +943,7 @@ impl Replica {
     /// nothing. Stop the replica's ring member first.
     pub fn into_queue(self) -> Option<BackingQueue> {
         let mut bq = self.bq?;
+        bq.end_snapshot();
         bq.set_record_ops(false);
         let _ = bq.take_ops();
         Some(bq)
@@ -932,7 +975,7 @@ impl Replica {
     /// and stay unsynchronised. `false` if no sync was running.
     pub fn cancel_sync(&mut self) -> Result<bool, MirrorError> {
         self.master_bq()?;
-        let Some(run) = self.sync_run.take() else {
+        let Some(run) = self.end_sync_run() else {
             return Ok(false);
         };
         tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, "synchronisation cancelled");
@@ -1007,6 +1050,7 @@ impl Replica {
     /// broadcasts before it saw this member in its view never reach it).
     fn ask_sync(&mut self) {
         if matches!(self.msync, MirrorSync::Idle) {
+            self.asked_at_ms = self.now_ms;
             self.push_msg(Body::NeedSync);
         }
     }
@@ -1014,6 +1058,10 @@ impl Replica {
     /// The ring confirmed this replica's broadcasts up to `up_to`.
     pub fn handle_confirm(&mut self, up_to: Seq) {
         self.gm_confirmed = self.gm_confirmed.max(up_to);
+        if self.role == Role::Master {
+            // Room for the next sync batch.
+            self.send_sync_batch();
+        }
         self.release();
     }
 
@@ -1300,7 +1348,7 @@ impl Replica {
 
     fn depose(&mut self) {
         self.fail_pending();
-        self.sync_run = None;
+        self.end_sync_run();
         self.outputs
             .push_back(Output::Deposed { epoch: self.epoch });
         self.role = Role::Stopped;
@@ -1402,12 +1450,12 @@ impl Replica {
         // The sync point: everything applied so far goes out first.
         self.flush_ops();
         let (snap, digest) = match self.bq.as_mut() {
-            Some(bq) => (bq.snapshot()?, bq.digest()),
+            Some(bq) => (bq.snapshot_lazy(), bq.digest()),
             None => return Err(MirrorError::Stopped),
         };
         let id = self.next_sync;
         self.next_sync += 1;
-        let total = snap.messages.len() as u64;
+        let total = snap.len() as u64;
         tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = id, mirrors = targets.len(), messages = total, batch = self.settings.sync_batch_size, "synchronising");
         self.push_msg(Body::SyncStart {
             sync: id,
@@ -1415,52 +1463,74 @@ impl Replica {
             total,
             digest,
         });
+        let end = Body::SyncEnd {
+            sync: id,
+            next_seq: snap.next_seq,
+            next_tag: snap.next_tag,
+            limits: snap.limits,
+            held: self.held.clone(),
+        };
         self.sync_run = Some(SyncRun {
             id,
             targets,
-            rest: snap.messages.into(),
+            rest: snap,
             total,
             sent: 0,
-            end: Body::SyncEnd {
-                sync: id,
-                next_seq: snap.next_seq,
-                next_tag: snap.next_tag,
-                limits: snap.limits,
-                held: self.held.clone(),
-            },
+            in_flight: VecDeque::new(),
+            end,
         });
         self.send_sync_batch();
         Ok(())
     }
 
+    /// Ends the running sync, if any: the queue's log may retire and compact
+    /// again.
+    fn end_sync_run(&mut self) -> Option<SyncRun> {
+        let run = self.sync_run.take()?;
+        if let Some(bq) = self.bq.as_mut() {
+            bq.end_snapshot();
+        }
+        Some(run)
+    }
+
     fn send_sync_batch(&mut self) {
-        let Some(run) = self.sync_run.as_mut() else {
+        let confirmed = self.gm_confirmed;
+        let (Some(run), Some(bq)) = (self.sync_run.as_mut(), self.bq.as_mut()) else {
             return;
         };
-        let n = (self.settings.sync_batch_size as usize).max(1);
+        while run.in_flight.front().is_some_and(|&s| s <= confirmed) {
+            run.in_flight.pop_front();
+        }
         if !run.rest.is_empty() {
+            if run.in_flight.len() >= SYNC_BATCHES_IN_FLIGHT {
+                return;
+            }
             // `ha-sync-batch-size` messages, fewer when they are large.
-            let mut bytes = 0;
-            let take = run
-                .rest
-                .iter()
-                .take(n)
-                .take_while(|m| {
-                    let fits = bytes < RING_MSG_BYTES;
-                    bytes += m.props.len() + m.body.len();
-                    fits
-                })
-                .count();
-            let msgs: Vec<SnapshotMessage> = run.rest.drain(..take).collect();
+            let n = (self.settings.sync_batch_size as usize).max(1);
+            let msgs = match bq.snapshot_batch(&mut run.rest, n, RING_MSG_BYTES) {
+                Ok(msgs) => msgs,
+                Err(e) => {
+                    // Its mirrors stay unsynchronised and ask again.
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "reading the queue for a sync failed: cancelling it");
+                    let _ = self.cancel_sync();
+                    return;
+                }
+            };
             run.sent += msgs.len() as u64;
             let sync = run.id;
             self.push_msg(Body::SyncBatch { sync, msgs });
+            let seq = self.broadcasts;
+            if let Some(run) = self.sync_run.as_mut() {
+                run.in_flight.push_back(seq);
+            }
             return;
         }
-        if let Some(run) = self.sync_run.take() {
+        if let Some(run) = self.end_sync_run() {
             self.sync_awaiting.extend(run.targets.iter().copied());
             tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = run.id, messages = run.total, "synchronisation sent");
             self.push_msg(run.end);
+            // Mirrors that asked while it ran (a sync spans ring rounds).
+            self.maybe_auto_sync();
         }
     }
 
@@ -1537,22 +1607,47 @@ impl Replica {
                     if matches!(self.msync, MirrorSync::Holding) {
                         tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, sync, "mirror differs from its master: receiving its state again");
                     }
+                    // The old state (and a sync received before) goes
+                    // before the new queue opens the same log directory.
                     self.bq = None;
-                    self.msync = MirrorSync::Receiving {
-                        sync,
-                        total,
-                        msgs: Vec::new(),
-                        buffered: Vec::new(),
-                    };
+                    self.msync = MirrorSync::Idle;
+                    match (self.factory)(queue_config(&self.settings, Default::default())) {
+                        Ok(bq) => {
+                            self.msync = MirrorSync::Receiving {
+                                sync,
+                                total,
+                                received: 0,
+                                bq: Box::new(bq),
+                                buffered: Vec::new(),
+                            };
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not open a queue for the sync; asking again on the next tick");
+                            self.sync_retry = true;
+                        }
+                    }
                 }
             }
             Body::SyncBatch { sync, msgs } => {
-                if let MirrorSync::Receiving {
-                    sync: s, msgs: got, ..
+                let MirrorSync::Receiving {
+                    sync: s,
+                    received,
+                    bq,
+                    ..
                 } = &mut self.msync
-                    && *s == sync
-                {
-                    got.extend(msgs);
+                else {
+                    return;
+                };
+                if *s != sync {
+                    return;
+                }
+                *received += msgs.len() as u64;
+                let res = bq.install_part(msgs);
+                if !matches!(res, Ok(true)) {
+                    let e = res.err().map(|e| e.to_string()).unwrap_or_default();
+                    tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not take a sync batch; asking again on the next tick");
+                    self.msync = MirrorSync::Idle;
+                    self.sync_retry = true;
                 }
             }
             Body::SyncEnd {
@@ -1565,21 +1660,12 @@ impl Replica {
                 if !matches!(self.msync, MirrorSync::Receiving { sync: s, .. } if s == sync) {
                     return;
                 }
-                let MirrorSync::Receiving { msgs, buffered, .. } =
+                let MirrorSync::Receiving { bq, buffered, .. } =
                     std::mem::replace(&mut self.msync, MirrorSync::Idle)
                 else {
                     return;
                 };
-                if let Err(e) = self.install(
-                    Snapshot {
-                        next_seq,
-                        next_tag,
-                        limits,
-                        messages: msgs,
-                    },
-                    held,
-                    buffered,
-                ) {
+                if let Err(e) = self.install(*bq, (next_seq, next_tag, limits), held, buffered) {
                     tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not install the sync; asking again on the next tick");
                     self.bq = None;
                     self.sync_retry = true;
@@ -1603,16 +1689,19 @@ impl Replica {
         }
     }
 
+    /// Ends a received sync: `bq` (which took its batches) holds the
+    /// master's state at the sync point with its counters and limits, then
+    /// applies the ops that followed.
     fn install(
         &mut self,
-        snap: Snapshot,
+        mut bq: BackingQueue,
+        (next_seq, next_tag, limits): (SeqId, DeliveryTag, warren_backing_queue::Limits),
         held: HeldPublishes,
         buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
     ) -> Result<(), MirrorError> {
-        let mut bq = (self.factory)(queue_config(&self.settings, snap.limits))?;
-        self.applied_seq = snap.next_seq.saturating_sub(1);
+        self.applied_seq = next_seq.saturating_sub(1);
         self.reported_stored = 0;
-        if !bq.install_snapshot(snap)? {
+        if !bq.finish_install(next_seq, next_tag, limits)? {
             return Err(MirrorError::Stopped);
         }
         self.bq = Some(bq);

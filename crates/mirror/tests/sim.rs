@@ -1148,23 +1148,31 @@ fn no_promotion_without_a_synchronised_mirror_unless_always() {
     }
 }
 
-#[test]
-fn sync_under_load_with_progress_and_cancel() {
-    let mut sim = Sim::new(5, settings(SyncMode::Manual, 1));
+/// A master holding 40 messages (`fetched` of them delivered), a new
+/// mirror, and a manual sync (one message per batch) just started; returns
+/// the master's index.
+fn forty_and_a_manual_sync(seed: u64, fetched: usize) -> (Sim, usize) {
+    let mut sim = Sim::new(seed, settings(SyncMode::Manual, 1));
     for _ in 0..40 {
         sim.publish();
     }
     sim.quiesce();
-    for _ in 0..5 {
+    for _ in 0..fetched {
         sim.fetch();
     }
     sim.quiesce();
     sim.add_node(false);
     sim.quiesce();
     let m = sim.master().unwrap();
-    // Cancel: the mirror drops what it got and stays unsynchronised.
     sim.nodes[m].replica.sync().unwrap();
     sim.drive(m);
+    (sim, m)
+}
+
+#[test]
+fn sync_under_load_with_progress_and_cancel() {
+    let (mut sim, m) = forty_and_a_manual_sync(5, 5);
+    // Cancel: the mirror drops what it got and stays unsynchronised.
     for _ in 0..3 {
         sim.flush_all();
     }
@@ -1195,6 +1203,25 @@ fn sync_under_load_with_progress_and_cancel() {
     sim.quiesce();
     assert!(sim.nodes[1].replica.status().synchronised);
     assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+/// A master sends a sync a few batches at a time: the next batch goes when
+/// the ring has carried one round, so a sync of any backlog holds a few
+/// batches in memory on the master and on the ring, not the queue.
+#[test]
+fn a_sync_keeps_at_most_two_batches_on_the_ring() {
+    let (mut sim, m) = forty_and_a_manual_sync(12, 0);
+    // Turns without the ring moving: no more batches go out.
+    for _ in 0..10 {
+        sim.flush_all();
+    }
+    let p = sim.nodes[m].replica.status().syncing.expect("syncing");
+    assert_eq!(p.synced, 2, "batches sent before the ring carried any");
+    // As the ring carries them, the rest follow.
+    sim.quiesce();
+    assert!(sim.nodes[m].replica.status().syncing.is_none());
+    assert!(sim.nodes[1].replica.status().synchronised);
     sim.check_end();
 }
 

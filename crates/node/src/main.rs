@@ -102,7 +102,28 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// glibc's malloc raises its mmap threshold to the largest block freed so
+/// far (up to 32 MiB): from then on, message bodies up to that size come
+/// from its arenas, and freed ones stay resident there. A node that carried
+/// 512 MiB of 1 MiB messages through a mirrored queue kept 1.2 GiB resident
+/// (its mirror 0.8 GiB) once they were paged out to disk; with the
+/// threshold fixed, 0.4 GiB (0.08). Blocks of 128 KiB or more then go back
+/// to the system when freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn fix_malloc_mmap_threshold() {
+    // SAFETY: mallopt only sets a parameter of the allocator; it runs first
+    // in `main`, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn fix_malloc_mmap_threshold() {}
+
 fn main() -> anyhow::Result<()> {
+    fix_malloc_mmap_threshold();
     let matches = Args::command().get_matches();
     let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = config::merge(&mut args, &matches, &|k| std::env::var(k).ok()) {

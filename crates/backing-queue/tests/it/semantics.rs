@@ -423,3 +423,95 @@ fn a_lower_budget_pages_out_the_messages_already_held() {
         }
     }
 }
+
+/// A lazy snapshot reads paged-out bodies a batch at a time, as they were at
+/// the snapshot, even after the queue removed those messages and its log
+/// would have retired and compacted their segments; the log does so once
+/// the snapshot ends.
+#[test]
+fn a_lazy_snapshot_reads_paged_bodies_as_they_were_at_its_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StoreConfig {
+        resident_bytes_max: 0,
+        ..small_store()
+    };
+    let mut q = open(dir.path(), store);
+    for id in 0..40 {
+        q.publish(0, msg(id, 200, true)).unwrap();
+    }
+    q.sync().unwrap();
+    let mut snap = q.snapshot_lazy();
+    assert_eq!(snap.len(), 40);
+    // Everything leaves the queue meanwhile, and more comes and goes.
+    for d in drain(&mut q, 0) {
+        q.ack(d.tag).unwrap();
+    }
+    for id in 40..80 {
+        q.publish(0, msg(id, 200, true)).unwrap();
+    }
+    for d in drain(&mut q, 0) {
+        q.ack(d.tag).unwrap();
+    }
+    q.sync().unwrap();
+    let pinned = q.stats().disk_bytes;
+    let mut got = Vec::new();
+    while !snap.is_empty() {
+        let batch = q.snapshot_batch(&mut snap, 100, 1000).unwrap();
+        assert!(
+            (1..=5).contains(&batch.len()),
+            "{} messages of 200 bytes in a batch of 1,000",
+            batch.len()
+        );
+        got.extend(batch);
+    }
+    assert_eq!(got.len(), 40);
+    for (i, m) in got.iter().enumerate() {
+        assert_eq!(m.id, i as u64);
+        assert_eq!(m.body, vec![i as u8; 200]);
+    }
+    q.end_snapshot();
+    q.publish(0, msg(80, 10, true)).unwrap();
+    q.sync().unwrap();
+    assert!(
+        q.stats().disk_bytes < pinned / 2,
+        "segments retired after the snapshot: {} then {}",
+        pinned,
+        q.stats().disk_bytes
+    );
+}
+
+/// A snapshot installed in parts keeps no more bodies in memory than the
+/// queue's budget: the rest go to its log as they come.
+#[test]
+fn a_snapshot_installed_in_parts_pages_out_past_the_budget() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let mut src = open(src_dir.path(), small_store());
+    for id in 0..100 {
+        src.publish(0, msg(id, 100, false)).unwrap();
+    }
+    let d = src.fetch(0).unwrap().unwrap();
+    let mut snap = src.snapshot_lazy();
+    let dir = tempfile::tempdir().unwrap();
+    let store = StoreConfig {
+        resident_bytes_max: 1000,
+        ..StoreConfig::default()
+    };
+    let mut q = open(dir.path(), store);
+    while !snap.is_empty() {
+        let part = src.snapshot_batch(&mut snap, 7, usize::MAX).unwrap();
+        assert!(q.install_part(part).unwrap());
+    }
+    assert!(
+        q.finish_install(snap.next_seq, snap.next_tag, snap.limits)
+            .unwrap()
+    );
+    // About ten stay in memory, the other ninety went to the log.
+    assert!(q.stats().disk_bytes > 85 * 100, "{:?}", q.stats());
+    assert_eq!(q.digest(), src.digest());
+    assert_eq!(q.unacked_tags(), vec![d.tag]);
+    let got = drain(&mut q, 0);
+    assert_eq!(got.len(), 99);
+    for m in &got {
+        assert_eq!(m.body, vec![m.id as u8; 100]);
+    }
+}
