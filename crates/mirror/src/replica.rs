@@ -240,6 +240,8 @@ struct PendingConfirm {
     gm_seq: Seq,
     /// The queue seq the local fsync must cover, for persistent messages of durable queues.
     bq_seq: Option<SeqId>,
+    /// Props and body bytes of the publish (0 for a promotion).
+    bytes: usize,
     what: Confirmable,
 }
 
@@ -613,6 +615,12 @@ impl Replica {
         self.confirms.len() + self.fetches.len()
     }
 
+    /// Bytes of the publishes in [`backlog`](Self::backlog): what the ring
+    /// and the mirrors may still hold of them.
+    pub fn backlog_bytes(&self) -> usize {
+        self.confirms.iter().map(|c| c.bytes).sum()
+    }
+
     /// Whether no other member is alive in the ring's view.
     pub fn alone(&self) -> bool {
         self.view.alive().all(|m| m == self.member)
@@ -689,6 +697,7 @@ impl Replica {
         self.confirms.push_back(PendingConfirm {
             gm_seq: 0,
             bq_seq: published.needs_sync.then_some(published.seq),
+            bytes: len,
             what: Confirmable::Publish(id),
         });
         Ok(())
@@ -1911,6 +1920,7 @@ impl Replica {
         self.confirms.push_back(PendingConfirm {
             gm_seq: self.broadcasts,
             bq_seq,
+            bytes: 0,
             what: Confirmable::Promotion {
                 epoch,
                 held: self.held.clone(),

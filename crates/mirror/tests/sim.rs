@@ -1225,6 +1225,27 @@ fn a_sync_keeps_at_most_two_batches_on_the_ring() {
     sim.check_end();
 }
 
+/// A master counts the bytes of the publishes its ring and mirrors have not
+/// confirmed (the broker holds publishers back past 64 MiB of them): large
+/// messages count by their size.
+#[test]
+fn the_backlog_counts_the_bytes_waiting_for_the_ring() {
+    const MSG: usize = 1 << 20;
+    let mut sim = Sim::new(13, settings(SyncMode::Automatic, 4096));
+    sim.padding = MSG;
+    sim.add_node(false);
+    sim.quiesce();
+    let m = sim.master().unwrap();
+    for _ in 0..3 {
+        sim.publish();
+    }
+    assert_eq!(sim.nodes[m].replica.backlog(), 3);
+    assert!(sim.nodes[m].replica.backlog_bytes() >= 3 * MSG);
+    sim.quiesce();
+    assert_eq!(sim.nodes[m].replica.backlog_bytes(), 0);
+    sim.check_end();
+}
+
 /// Large messages published in one turn go round the ring in several
 /// broadcasts, and a sync of them in several batches, each of a few MiB and
 /// one message at most (so each fits a peer frame), and nothing is lost.

@@ -308,10 +308,16 @@ impl Store {
 }
 
 /// A mirrored queue with this many publishes and fetches waiting for its
-/// ring holds publishers back until it is under [`BACKLOG_LOW`].
+/// ring, or publishes of [`BACKLOG_HIGH_BYTES`], holds publishers back until
+/// it is under [`BACKLOG_LOW`] and [`BACKLOG_LOW_BYTES`].
 const BACKLOG_HIGH: usize = 4_000;
 /// See [`BACKLOG_HIGH`].
 const BACKLOG_LOW: usize = 2_000;
+/// See [`BACKLOG_HIGH`]: large messages count by their size (4,000 of
+/// 1 MiB on the ring at once held 4 GiB in memory).
+const BACKLOG_HIGH_BYTES: usize = 64 << 20;
+/// See [`BACKLOG_HIGH`].
+const BACKLOG_LOW_BYTES: usize = 32 << 20;
 
 impl Broker {
     /// Whether connection `id` must wait before more of its input is read:
@@ -843,13 +849,17 @@ impl Broker {
             (m.waker)();
         }
         let backlog = m.replica.backlog();
+        let backlog_bytes = m.replica.backlog_bytes();
         if want_sync || m.replica.needs_storage_sync() {
             self.want_sync();
         }
         let key = (vhost.to_owned(), qname.clone());
-        if backlog > BACKLOG_HIGH {
+        if backlog > BACKLOG_HIGH || backlog_bytes > BACKLOG_HIGH_BYTES {
             self.backlogged.insert(key);
-        } else if backlog < BACKLOG_LOW && self.backlogged.remove(&key) {
+        } else if backlog < BACKLOG_LOW
+            && backlog_bytes < BACKLOG_LOW_BYTES
+            && self.backlogged.remove(&key)
+        {
             self.wake_clients();
         }
         // Deliveries went to clients or down links: wake whoever carries them.
