@@ -1188,6 +1188,15 @@ impl Broker {
                     .map(|(k, _)| k.clone())
                     .into_iter()
                     .collect();
+                if target.is_empty() {
+                    // Not (or no longer, or not yet) a queue here: the
+                    // publisher hears it may be lost and resends, rather
+                    // than a confirm for a message nobody holds.
+                    if confirm {
+                        self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
+                    }
+                    return;
+                }
                 let msg = Msg {
                     meta,
                     body,

@@ -373,3 +373,38 @@ fn a_master_confirms_a_forwarded_consumer_before_its_first_delivery() {
         .expect("the message delivered down the link");
     assert!(ok < delivered, "{msgs:?}");
 }
+
+/// A publish forwarded for a queue this master does not have (deleted, or
+/// not known here yet) is nacked, never confirmed: nobody holds it.
+#[test]
+fn a_forwarded_publish_for_a_queue_the_master_lacks_is_nacked() {
+    let (node, _c) = Node::session();
+    let out = node.with_broker(|b| {
+        b.link_input(
+            "n2",
+            vec![LinkMsg::Publish {
+                vhost: "/".into(),
+                queue: "nowhere".into(),
+                id: 7,
+                confirm: true,
+                meta: bytes::Bytes::new(),
+                body: bytes::Bytes::from_static(b"m"),
+                persistent: true,
+                expiration_ms: None,
+                priority: 0,
+            }],
+            START_MS,
+        );
+        b.take_link_out()
+    });
+    let msgs: Vec<&LinkMsg> = out.iter().flat_map(|(_, m)| m).collect();
+    assert!(
+        msgs.iter()
+            .any(|m| matches!(m, LinkMsg::Nacked { ids } if ids == &[7])),
+        "{msgs:?}"
+    );
+    assert!(
+        !msgs.iter().any(|m| matches!(m, LinkMsg::Confirmed { .. })),
+        "{msgs:?}"
+    );
+}
