@@ -1200,8 +1200,20 @@ async fn queue_get(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let mut v = one_queue(&s, &vhost, &name, &Ranges::from_query(&q))?;
+    // Its consumers on every node, as RabbitMQ lists them from any node
+    // (each node knows its own clients' consumers).
+    let path = format!("/api/consumers/{}", crate::fanout::segment(&vhost));
+    let elsewhere = crate::fanout::gather(&s, &headers, &path, &HashMap::new()).await;
+    if let Some(Value::Array(list)) = v.get_mut("consumer_details") {
+        list.extend(
+            elsewhere
+                .into_iter()
+                .filter(|c| c["queue"]["name"] == name.as_str()),
+        );
+    }
     // `?digest=true`: this node's copy's digest, to compare replicas (a
     // Warren extension). Asked for only: it reads every message held,
     // under the broker's lock.

@@ -1647,6 +1647,18 @@ fn every_node_shows_a_queues_figures_as_its_master_has_them() {
                 && v["messages"] == 5
                 && v["consumers"] == 1
         });
+        // Its consumer too, whichever node is asked.
+        let v = n.get(&format!("/api/queues/%2F/{Q}"));
+        let details = v["consumer_details"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(details.len(), 1, "{}: {v}", n.name);
+        assert_eq!(details[0]["consumer_tag"], "holder");
+        assert_eq!(
+            details[0]["channel_details"]["node"],
+            nodes[2].name.as_str()
+        );
     }
 }
 
