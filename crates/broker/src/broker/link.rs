@@ -278,7 +278,8 @@ struct PendingCount {
 }
 
 /// How long a declare waits for its master's counts across link resets
-/// before this node's own copy answers.
+/// before this node's own copy answers, and a consume for its master's
+/// [`LinkMsg::ConsumeOk`] before its consume-ok goes anyway.
 const COUNT_WAIT_MS: u64 = 5_000;
 
 /// A client's `basic.consume` of a forwarded queue whose `consume-ok`
