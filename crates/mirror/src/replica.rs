@@ -302,6 +302,21 @@ enum MirrorSync {
 /// none comes (see `Replica::tick`).
 const SYNC_ASK_AGAIN_MS: u64 = 2_000;
 
+/// How long after a sync started for a mirror the master takes that
+/// mirror's asks from before it (they crossed the sync on the ring) as
+/// stale; an ask still that old after this means the mirror missed the sync,
+/// and it gets another.
+const SYNC_ASK_STALE_MS: u64 = 10_000;
+
+/// A sync sent (or being sent) to a mirror that has not said it holds it.
+#[derive(Debug, Clone, Copy)]
+struct SyncSent {
+    /// The sync's id.
+    sync: u64,
+    /// When it started (the replica's clock).
+    at_ms: u64,
+}
+
 /// How long a mirror waits for a master before it warns (see
 /// `Replica::waiting`).
 const WAITING_WARN_MS: u64 = 5_000;
@@ -355,8 +370,8 @@ pub struct Replica {
     fetches: VecDeque<PendingFetch>,
     next_token: u64,
     sync_run: Option<SyncRun>,
-    /// Mirrors sent a whole sync that have not said they hold it yet.
-    sync_awaiting: BTreeSet<MemberId>,
+    /// Mirrors a sync runs or ran for that have not said they hold it yet.
+    sync_awaiting: BTreeMap<MemberId, SyncSent>,
     /// Per mirror, the queue seq up to which it reported its persistent
     /// messages on disk ([`Body::Stored`]).
     stored: BTreeMap<MemberId, SeqId>,
@@ -372,6 +387,9 @@ pub struct Replica {
     sync_retry: bool,
     /// When this mirror last asked for a sync ([`Body::NeedSync`]).
     asked_at_ms: u64,
+    /// The newest sync of the master it follows that this mirror saw start
+    /// for it ([`Body::NeedSync`]'s `after`).
+    seen_sync: u64,
     /// The time of the last [`tick`](Self::tick).
     now_ms: u64,
     /// Since when this mirror waits for a master (its master gone, no
@@ -488,7 +506,7 @@ impl Replica {
             fetches: VecDeque::new(),
             next_token: 1,
             sync_run: None,
-            sync_awaiting: BTreeSet::new(),
+            sync_awaiting: BTreeMap::new(),
             stored: BTreeMap::new(),
             next_sync: 1,
             record_inflight: false,
@@ -498,6 +516,7 @@ impl Replica {
             asked_sync: false,
             sync_retry: false,
             asked_at_ms: 0,
+            seen_sync: 0,
             now_ms: 0,
             waiting: None,
             master_node: None,
@@ -987,6 +1006,7 @@ impl Replica {
         let Some(run) = self.end_sync_run() else {
             return Ok(false);
         };
+        self.sync_awaiting.retain(|_, sent| sent.sync != run.id);
         tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, "synchronisation cancelled");
         self.push_msg(Body::SyncCancel { sync: run.id });
         Ok(true)
@@ -1027,7 +1047,7 @@ impl Replica {
                 let before = self.synced_members.len();
                 let view = &self.view;
                 self.synced_members.retain(|m| view.is_alive(*m));
-                self.sync_awaiting.retain(|m| view.is_alive(*m));
+                self.sync_awaiting.retain(|m, _| view.is_alive(*m));
                 self.stored.retain(|m, _| view.is_alive(*m));
                 let mut cancel = false;
                 if let Some(run) = &mut self.sync_run {
@@ -1060,7 +1080,9 @@ impl Replica {
     fn ask_sync(&mut self) {
         if matches!(self.msync, MirrorSync::Idle) {
             self.asked_at_ms = self.now_ms;
-            self.push_msg(Body::NeedSync);
+            self.push_msg(Body::NeedSync {
+                after: self.seen_sync,
+            });
         }
     }
 
@@ -1186,8 +1208,17 @@ impl Replica {
             self.on_sync_done(publisher, msg.epoch, sync);
             return;
         }
-        if let Body::NeedSync = msg.body {
+        if let Body::NeedSync { after } = msg.body {
             if self.role == Role::Master {
+                if let Some(sent) = self.sync_awaiting.get(&publisher)
+                    && sent.sync > after
+                    && self.now_ms.saturating_sub(sent.at_ms) < SYNC_ASK_STALE_MS
+                {
+                    // Asked before the sync on its way reached it: that
+                    // sync answers it (another would copy the queue again).
+                    tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, mirror = %publisher, sync = sent.sync, "an ask that predates its sync: ignored");
+                    return;
+                }
                 // A mirror that asks for a sync does not hold this state.
                 if self.synced_members.remove(&publisher) {
                     tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, mirror = %publisher, "mirror left the synchronised set");
@@ -1197,6 +1228,14 @@ impl Replica {
                     self.release();
                 }
                 self.sync_awaiting.remove(&publisher);
+                // A running sync it missed the start of gives it nothing.
+                let missed = self
+                    .sync_run
+                    .as_mut()
+                    .is_some_and(|run| run.targets.remove(&publisher) && run.targets.is_empty());
+                if missed {
+                    let _ = self.cancel_sync();
+                }
                 self.maybe_auto_sync();
             }
             return;
@@ -1440,7 +1479,7 @@ impl Replica {
             return;
         }
         let mut targets = self.unsynced_mirrors();
-        targets.retain(|m| !self.sync_awaiting.contains(m));
+        targets.retain(|m| !self.sync_awaiting.contains_key(m));
         if targets.is_empty() {
             return;
         }
@@ -1464,6 +1503,12 @@ impl Replica {
         };
         let id = self.next_sync;
         self.next_sync += 1;
+        let sent = SyncSent {
+            sync: id,
+            at_ms: self.now_ms,
+        };
+        self.sync_awaiting
+            .extend(targets.iter().map(|&m| (m, sent)));
         let total = snap.len() as u64;
         tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = id, mirrors = targets.len(), messages = total, batch = self.settings.sync_batch_size, "synchronising");
         self.push_msg(Body::SyncStart {
@@ -1535,7 +1580,6 @@ impl Replica {
             return;
         }
         if let Some(run) = self.end_sync_run() {
-            self.sync_awaiting.extend(run.targets.iter().copied());
             tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = run.id, messages = run.total, "synchronisation sent");
             self.push_msg(run.end);
             // Mirrors that asked while it ran (a sync spans ring rounds).
@@ -1562,8 +1606,10 @@ impl Replica {
         tracing::info!(node = %self.node, queue = %self.queue, view = epoch, master = %master, "following a new master");
         self.epoch = epoch;
         self.master_member = Some(master);
-        // The new master hears of this disk from scratch.
+        // The new master hears of this disk from scratch, and numbers its
+        // syncs afresh.
         self.reported_stored = 0;
+        self.seen_sync = 0;
         self.master_node = Some(
             self.node_of(master)
                 .unwrap_or_else(|| self.record.master.clone()),
@@ -1581,7 +1627,7 @@ impl Replica {
 
     fn on_master_msg(&mut self, body: Body) {
         match body {
-            Body::Master | Body::SyncDone { .. } | Body::NeedSync | Body::Stored { .. } => {}
+            Body::Master | Body::SyncDone { .. } | Body::NeedSync { .. } | Body::Stored { .. } => {}
             Body::Ops { ops, publishes } => match &mut self.msync {
                 MirrorSync::Holding => self.apply_ops(ops, &publishes),
                 MirrorSync::Receiving { buffered, .. } => buffered.push((ops, publishes)),
@@ -1605,6 +1651,9 @@ impl Replica {
                 total,
                 digest,
             } => {
+                if targets.contains(&self.member) {
+                    self.seen_sync = self.seen_sync.max(sync);
+                }
                 let same = self.bq.as_ref().is_some_and(|bq| bq.digest() == digest);
                 if targets.contains(&self.member)
                     && matches!(self.msync, MirrorSync::Holding)

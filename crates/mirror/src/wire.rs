@@ -89,8 +89,14 @@ pub(crate) enum Body {
         sync: u64,
     },
     /// From a mirror that holds nothing: it asks to be synchronised (sent
-    /// when it joins and when it starts following a new master).
-    NeedSync,
+    /// when it joins, when it starts following a new master, and again now
+    /// and then while nothing comes).
+    NeedSync {
+        /// The newest sync of its current master it has seen start for it
+        /// (0: none). The master does not start another for an ask that
+        /// predates the sync already on its way to this mirror.
+        after: u64,
+    },
     /// From a mirror: it holds everything the master holds.
     SyncDone {
         /// The sync's id.

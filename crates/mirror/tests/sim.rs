@@ -118,6 +118,8 @@ struct Sim {
     padding: usize,
     /// The largest payload a replica broadcast.
     largest_broadcast: usize,
+    /// The bytes replicas broadcast.
+    broadcast_bytes: usize,
     check: Checker,
 }
 
@@ -158,6 +160,7 @@ impl Sim {
             mem: BTreeMap::new(),
             padding: 0,
             largest_broadcast: 0,
+            broadcast_bytes: 0,
             check: Checker::default(),
         }
     }
@@ -413,6 +416,7 @@ impl Sim {
         match o {
             Output::Broadcast(b) => {
                 self.largest_broadcast = self.largest_broadcast.max(b.len());
+                self.broadcast_bytes += b.len();
                 self.nodes[i]
                     .member
                     .broadcast(b)
@@ -1277,6 +1281,43 @@ fn large_messages_go_in_broadcasts_and_sync_batches_of_bounded_size() {
         (MSG..=bound).contains(&sim.largest_broadcast),
         "a sync batch of {} bytes",
         sim.largest_broadcast
+    );
+    sim.check_end();
+}
+
+/// A new mirror asks for a sync when it joins, when it first hears its
+/// master and every 2 s until a sync reaches it; the asks that cross the
+/// sync started for it copy the queue no second time.
+#[test]
+fn a_new_mirror_gets_the_queue_copied_once() {
+    const MSG: usize = 64 << 10;
+    const COUNT: usize = 20;
+    let mut sim = Sim::new(14, settings(SyncMode::Automatic, 4096));
+    sim.padding = MSG;
+    for _ in 0..COUNT {
+        sim.publish();
+    }
+    sim.quiesce();
+    sim.broadcast_bytes = 0;
+    let n = sim.add_node(false);
+    // Time passes while the ring carries the sync: the mirror asks again.
+    for _ in 0..3 {
+        sim.now_ms += 2_100;
+        let now = sim.now_ms;
+        for i in 0..sim.nodes.len() {
+            sim.nodes[i].replica.tick(now);
+            sim.drive(i);
+        }
+        sim.flush_all();
+        sim.deliver_frame();
+    }
+    sim.quiesce();
+    assert!(sim.nodes[n].replica.status().synchronised);
+    let queue = COUNT * MSG;
+    assert!(
+        (queue..2 * queue).contains(&sim.broadcast_bytes),
+        "{} bytes broadcast to copy a queue of {queue}",
+        sim.broadcast_bytes
     );
     sim.check_end();
 }
