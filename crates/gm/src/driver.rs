@@ -1160,6 +1160,42 @@ impl NodeTask {
             self.drive(ring, id);
         }
         self.run_loopback();
+        self.report_suspected_neighbours(ring);
+    }
+
+    /// Reports the members of `ring` next to a local member that live on a
+    /// node still suspected dead. A suspicion is reported when it starts
+    /// ([`Self::report_neighbours_on`]); a view installed later (a member
+    /// joined, or this node's own new member) can put such a member next to
+    /// one of ours again, and the ring would stall on it until the node is
+    /// heard from.
+    fn report_suspected_neighbours(&mut self, ring: &str) {
+        let suspects = self
+            .suspects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if suspects.is_empty() {
+            return;
+        }
+        let mut victims = Vec::new();
+        for (&id, local) in self.rings.get(ring).into_iter().flatten() {
+            if local.member.phase() == Phase::Removed {
+                continue;
+            }
+            let view = local.member.view();
+            for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
+                if let Some(e) = view
+                    .entry(n)
+                    .filter(|e| e.alive && suspects.contains(&e.node))
+                {
+                    victims.push((n, e.node.clone()));
+                }
+            }
+        }
+        for (victim, node) in victims {
+            self.remove(ring.to_owned(), victim, Some(node));
+        }
     }
 
     fn ring_frame(&self, ring: &str, msg: &RingMsg) -> Option<Outgoing> {

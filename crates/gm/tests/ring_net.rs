@@ -2,8 +2,9 @@
 //! members on five nodes broadcast; one node crashes; a sixth node joins;
 //! then the guarantees are checked on what every member delivered. Also: a
 //! short cut heals without a view change, a link whose frames vanish is
-//! replaced, a large broadcast holds back no other ring, and a suspicion that heals while its removal cannot commit (a
-//! minority) removes nobody.
+//! replaced, a large broadcast holds back no other ring, a suspicion that heals while its removal cannot commit (a
+//! minority) removes nobody, and a member that joins beside a suspected
+//! node's member gets that member removed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -923,4 +924,50 @@ async fn the_safety_net_poll_reads_views_locally() {
         fresh,
         "fresh reads on a quiet ring"
     );
+}
+
+/// A node that suspects a peer removes that peer's members from beside its
+/// own, also from beside a member it starts later: a ring a new member
+/// joins next to the unreachable node's member would otherwise stall (no
+/// broadcast confirmed) until the two nodes hear each other again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_joins_beside_a_suspected_node_gets_it_removed() {
+    let net = Net::mem(12);
+    let authority = Arc::new(InMemoryAuthority::new());
+    let suspect = Arc::new(Mutex::new(Vec::new()));
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let detector = if i == 1 {
+            Scripted(suspect.clone())
+        } else {
+            Scripted::default()
+        };
+        let name = format!("j{i}@gm");
+        nodes.push(start_node_with(&net, &name, authority.clone(), Box::new(detector)).await);
+    }
+    introduce(&nodes).await;
+    // Members on j2 and j3; then j1 loses j2 and suspects it while it has
+    // no member (nothing to report then).
+    let mut members = join_in_turn(&nodes[1..]).await;
+    net.mem.cut(nodes[0].node(), nodes[1].node());
+    *suspect.lock().unwrap() = vec![nodes[1].node().clone()];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        suspect.lock().unwrap().is_empty(),
+        "the suspicion was polled"
+    );
+    // j1's new member joins between j3's and j2's.
+    members.push(join(&nodes[0]).await);
+    let j2 = members[0].handle.member();
+    wait_until("j2's member removed", || {
+        !authority.current_now("q").is_alive(j2)
+    })
+    .await;
+    broadcast_round(&mut members, &[1, 2]).await;
+    wait_until("j3's and j1's broadcasts confirmed", || {
+        members[1..]
+            .iter()
+            .all(|m| m.seen.lock().unwrap().confirmed == m.sent)
+    })
+    .await;
 }
