@@ -3,8 +3,11 @@
 //! between their addresses: the master isolated from both mirrors; the
 //! master cut from one mirror's node only, both ways or one way, with
 //! publishers and consumers on both other nodes. Every test checks that no
-//! confirmed message is lost and that clients are served again after the
-//! heal; the first also that every repeat carries the redelivered flag.
+//! confirmed message is lost, that clients are served again after the heal,
+//! that publishers of the nodes that reach a master are answered and
+//! confirmed within `--net-ticktime` (plus [`SLACK`]) throughout, and that
+//! the drain after the load takes at most a fifth of the load's time; the
+//! first also that every repeat carries the redelivered flag.
 //!
 //! Needs root, `ip` and iptables. Without them the test is skipped with a
 //! message, unless `WARREN_REQUIRE_NETNS=1` makes it fail.
@@ -105,7 +108,82 @@ struct History {
     /// Per publisher tag, when each publish was sent and how long its
     /// confirm or nack took (`None`: no answer within [`ANSWER_WAIT`]).
     answers: Vec<(&'static str, Instant, Option<Duration>)>,
+    /// When the last delivery came.
+    last_delivered: Option<Instant>,
 }
+
+impl History {
+    /// Bodies delivered again without the redelivered flag.
+    fn unflagged(&self) -> Vec<&str> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.delivered
+            .iter()
+            .filter(|(body, redelivered)| !seen.insert(body.as_str()) && !redelivered)
+            .map(|(body, _)| body.as_str())
+            .collect()
+    }
+
+    /// Asserts that every repeat carried the redelivered flag.
+    fn assert_flagged(&self) {
+        let unflagged = self.unflagged();
+        assert!(
+            unflagged.is_empty(),
+            "repeated without the redelivered flag: {unflagged:?}"
+        );
+    }
+
+    /// Asserts that the drain after the load (`stopped`, `load` long) took
+    /// at most [`DRAIN_SHARE`] of the load's time.
+    fn assert_kept_pace(&self, stopped: Instant, load: Duration) {
+        let drain = self.drain(stopped);
+        assert!(
+            drain.as_secs_f64() <= DRAIN_SHARE * load.as_secs_f64(),
+            "the drain took {drain:?} after {load:?} of load"
+        );
+    }
+
+    /// How long deliveries went on after `stopped`.
+    fn drain(&self, stopped: Instant) -> Duration {
+        self.last_delivered
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(stopped))
+    }
+
+    /// The longest a publish of publisher `tag` sent in `during` waited
+    /// for its confirm or nack ([`Duration::MAX`]: one never came).
+    fn longest_answer(&self, tag: &str, during: (Instant, Instant)) -> Duration {
+        self.answers
+            .iter()
+            .filter(|(t, sent, _)| *t == tag && *sent >= during.0 && *sent < during.1)
+            .map(|(_, _, waited)| waited.unwrap_or(Duration::MAX))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The longest time in `during` without a confirm to publisher `tag`,
+    /// and how long after `during`'s start it began.
+    fn longest_confirm_gap(&self, tag: &str, during: (Instant, Instant)) -> (Duration, Duration) {
+        let mut at: Vec<Instant> = self
+            .confirmed
+            .values()
+            .filter(|(by, at)| by == tag && *at > during.0 && *at < during.1)
+            .map(|(_, at)| *at)
+            .collect();
+        at.sort();
+        let mut last = during.0;
+        let mut gap = (Duration::ZERO, Duration::ZERO);
+        for t in at.into_iter().chain([during.1]) {
+            if t - last > gap.0 {
+                gap = (t - last, last - during.0);
+            }
+            last = t;
+        }
+        gap
+    }
+}
+
+/// The most the drain after the load may take, as a share of the load's
+/// time: consumers keep pace within 20 % of what is confirmed.
+const DRAIN_SHARE: f64 = 0.2;
 
 /// How long a publisher waits for a batch's confirms or nacks before it
 /// gives up on the connection.
@@ -113,6 +191,11 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
 /// The nodes' `--net-ticktime` (the default).
 const NET_TICKTIME: Duration = Duration::from_secs(3);
+
+/// What a client may wait beyond `--net-ticktime` for an answer or a
+/// confirm. The issue asks for a second; a second more here absorbs a
+/// loaded machine (runs on an idle one: docs/faults.md).
+const SLACK: Duration = Duration::from_secs(2);
 
 fn queue(p: &Peer) -> Value {
     let (status, v) = p.http("GET", &format!("/api/queues/%2F/{QUEUE}"), None);
@@ -220,6 +303,7 @@ async fn consume(url: String, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
                         {
                             let mut h = h.lock().unwrap();
                             h.delivered.push((body, d.redelivered));
+                            h.last_delivered = Some(Instant::now());
                             *h.delivered_to.entry(name.clone()).or_default() += 1;
                         }
                         d.ack(BasicAckOptions::default()).await?;
@@ -282,6 +366,7 @@ fn isolating_the_master_loses_no_confirmed_message() {
     // the consumer on c.
     let h = Arc::new(Mutex::new(History::default()));
     let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
     let pub_b = rt.spawn(publish(b.amqp_url(), "b-", stop.clone(), h.clone()));
     let pub_a = rt.spawn(publish(a.amqp_url(), "a-", stop.clone(), h.clone()));
     let consumer = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
@@ -350,6 +435,7 @@ fn isolating_the_master_loses_no_confirmed_message() {
     );
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::SeqCst);
+    let stopped = Instant::now();
     rt.block_on(pub_b).unwrap();
     rt.block_on(pub_a).unwrap();
     // The consumer ends after 5 s without deliveries: the queue is drained.
@@ -358,14 +444,10 @@ fn isolating_the_master_loses_no_confirmed_message() {
 
     let h = h.lock().unwrap();
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut unflagged = Vec::new();
-    for (body, redelivered) in &h.delivered {
-        let n = count.entry(body).or_default();
-        *n += 1;
-        if *n > 1 && !redelivered {
-            unflagged.push(body.clone());
-        }
+    for (body, _) in &h.delivered {
+        *count.entry(body).or_default() += 1;
     }
+    let unflagged = h.unflagged();
     let lost: Vec<String> = h
         .confirmed
         .iter()
@@ -397,12 +479,17 @@ fn isolating_the_master_loses_no_confirmed_message() {
         .map(|(_, _, waited)| waited.unwrap_or(Duration::MAX))
         .max()
         .unwrap_or_default();
+    // The majority side's publisher: answered, and confirmed again, soon.
+    let answer_b = h.longest_answer("b-", (cut_at, stopped));
+    let (gap_b, gap_b_at) = h.longest_confirm_gap("b-", (cut_at, stopped));
+    let (load, drain) = (stopped - started, h.drain(stopped));
     #[allow(clippy::print_stderr)]
     {
         eprintln!(
             "confirmed {} ({} via a, {} via b from 1 s after the cut to the heal), delivered {} ({repeats} \
              repeats, all flagged: {}); the isolated master's publishers waited at most {} for \
-             an answer; master while cut off: {master_during}; the queue \
+             an answer; b's at most {answer_b:?}, and b went {gap_b:?} at most without a confirm (from {gap_b_at:?} after the cut); \
+             drain {drain:?} after {load:?} of load; master while cut off: {master_during}; the queue \
              after: master {}, synchronised {:?}, {} messages",
             h.confirmed.len(),
             during("a-"),
@@ -429,18 +516,30 @@ fn isolating_the_master_loses_no_confirmed_message() {
         lost.len(),
         h.confirmed.len()
     );
-    assert!(
-        unflagged.is_empty(),
-        "repeated without the redelivered flag: {unflagged:?}"
-    );
+    h.assert_flagged();
     // Fail fast: the cut-off master nacks what it cannot confirm once its
     // failure detector sees the majority gone (`--net-ticktime`), instead
-    // of leaving its publishers waiting for the heal. The issue asks for
-    // `--net-ticktime` + 1 s; a second more here absorbs a loaded machine.
+    // of leaving its publishers waiting for the heal.
     assert!(
-        slowest_a <= NET_TICKTIME + Duration::from_secs(2),
+        slowest_a <= NET_TICKTIME + SLACK,
         "a publisher of the isolated master waited {slowest_a:?} for a confirm or nack"
     );
+    // The majority side's clients: answered, and confirmed again, within
+    // the failure timeout; consumers kept pace.
+    assert!(
+        answer_b <= NET_TICKTIME + SLACK && gap_b <= NET_TICKTIME + SLACK,
+        "b's publisher waited {answer_b:?} for an answer, went {gap_b:?} without a confirm"
+    );
+    h.assert_kept_pace(stopped, load);
+}
+
+/// How long after `from` publisher `tag` got its first confirm.
+fn first_confirm_after(h: &History, tag: &str, from: Instant) -> Option<Duration> {
+    h.confirmed
+        .values()
+        .filter(|(by, at)| by == tag && *at > from)
+        .map(|(_, at)| *at - from)
+        .min()
 }
 
 /// Confirms through `tag` (the node's publisher) after `from`.
@@ -478,6 +577,7 @@ fn cut_between_the_master_and_one_mirror(both_ways: bool) {
     // forwarded to the master on a.
     let h = Arc::new(Mutex::new(History::default()));
     let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
     let pub_b = rt.spawn(publish(b.amqp_url(), "b-", stop.clone(), h.clone()));
     let pub_c = rt.spawn(publish(c.amqp_url(), "c-", stop.clone(), h.clone()));
     let consumer_b = rt.spawn(consume(b.amqp_url(), stop.clone(), h.clone()));
@@ -494,6 +594,7 @@ fn cut_between_the_master_and_one_mirror(both_ways: bool) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
+    let first_cut = Instant::now();
     for i in 0..cuts {
         if i > 0 {
             std::thread::sleep(Duration::from_secs(10));
@@ -537,6 +638,7 @@ fn cut_between_the_master_and_one_mirror(both_ways: bool) {
         to(&h, &c) > at_heal_c + 100
     });
     stop.store(true, Ordering::SeqCst);
+    let stopped = Instant::now();
     rt.block_on(pub_b).unwrap();
     rt.block_on(pub_c).unwrap();
     // The consumer drains the backlog (liveness), then ends after 5 s
@@ -554,14 +656,54 @@ fn cut_between_the_master_and_one_mirror(both_ways: bool) {
     let h = h.lock().unwrap();
     let delivered: std::collections::BTreeSet<&str> =
         h.delivered.iter().map(|(b, _)| b.as_str()).collect();
+    let unflagged = h.unflagged();
+    // After the last heal, b's publisher (cut from the master) is
+    // confirmed again within the failure timeout.
+    let back_b = first_confirm_after(&h, "b-", healed_at).unwrap_or(Duration::MAX);
     let lost: Vec<&String> = h
         .confirmed
         .keys()
         .filter(|b| !delivered.contains(b.as_str()))
         .collect();
+    let during = (first_cut, stopped);
+    let (load, drain) = (stopped - started, h.drain(stopped));
+    let (answer_b, answer_c) = (
+        h.longest_answer("b-", during),
+        h.longest_answer("c-", during),
+    );
+    let (gap_c, gap_c_at) = h.longest_confirm_gap("c-", during);
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "{tag}: confirmed {}, delivered {} ({} repeats without the redelivered flag); longest \
+             wait for an answer: b {answer_b:?}, c {answer_c:?}; c went {gap_c:?} at most without a \
+             confirm (from {gap_c_at:?} after the first cut); b confirmed again {back_b:?} after the \
+             heal; drain {drain:?} after {load:?} of load",
+            h.confirmed.len(),
+            h.delivered.len(),
+            unflagged.len(),
+        );
+    }
     assert!(
         lost.is_empty(),
         "{} confirmed messages lost: {lost:?}",
         lost.len()
     );
+    h.assert_flagged();
+    // Every publisher is answered (b's with nacks while it cannot reach the
+    // master), c's confirmed throughout, b's again after the heal, within
+    // the failure timeout; the consumers kept pace.
+    assert!(
+        back_b <= NET_TICKTIME + SLACK,
+        "b's publisher was confirmed again {back_b:?} after the heal"
+    );
+    assert!(
+        answer_b <= NET_TICKTIME + SLACK && answer_c <= NET_TICKTIME + SLACK,
+        "longest wait for an answer: b {answer_b:?}, c {answer_c:?}"
+    );
+    assert!(
+        gap_c <= NET_TICKTIME + SLACK,
+        "c went {gap_c:?} without a confirm, from {gap_c_at:?} after the first cut"
+    );
+    h.assert_kept_pace(stopped, load);
 }
