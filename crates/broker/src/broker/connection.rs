@@ -391,7 +391,7 @@ impl Broker {
             }
             if let Some(q) = v.queues.get_mut(&u.queue) {
                 if let Err(e) = q.store.requeue(u.bq_tag) {
-                    tracing::error!(queue = %u.queue, error = %e, "requeue failed");
+                    q.settle_failed("requeue", &e);
                 }
                 touched.push(u.queue);
             }

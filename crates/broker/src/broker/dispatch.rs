@@ -275,7 +275,7 @@ impl Broker {
                 Settle::Discard => q.store.discard(u.bq_tag),
             };
             if let Err(e) = res {
-                tracing::error!(queue = %u.queue, error = %e, "settling a delivery failed");
+                q.settle_failed("settling a delivery", &e);
             }
             if let Some(t) = &u.consumer
                 && let Some(cons) = q
@@ -339,7 +339,7 @@ impl Broker {
                 .and_then(|v| v.queues.get_mut(&u.queue))
             {
                 if let Err(e) = q.store.requeue(u.bq_tag) {
-                    tracing::error!(queue = %u.queue, error = %e, "requeue failed");
+                    q.settle_failed("requeue", &e);
                 }
                 if let Some(t) = &u.consumer
                     && let Some(cons) = q

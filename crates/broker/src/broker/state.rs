@@ -154,6 +154,18 @@ impl Queue {
         }
     }
 
+    /// Logs that settling delivery `what` of this queue failed: an error,
+    /// unless this node no longer serves the queue (its master was deposed
+    /// here; the new master requeued the old master's deliveries, and their
+    /// acks are void, as RabbitMQ's are).
+    pub(super) fn settle_failed(&self, what: &str, e: &dyn fmt::Display) {
+        if self.store.serves() {
+            tracing::error!(queue = %self.name, error = %e, "{what} failed");
+        } else {
+            tracing::debug!(queue = %self.name, error = %e, "{what} of a former master's delivery: void");
+        }
+    }
+
     /// A message of this queue (in `vhost`) to dead-letter for `reason`;
     /// `None` without a dead-letter exchange.
     pub(super) fn dead_letter(
