@@ -367,6 +367,8 @@ pub struct Replica {
     /// Bytes of the messages published into `out_ops`.
     out_bytes: usize,
     confirms: VecDeque<PendingConfirm>,
+    /// The `bytes` of `confirms`, summed.
+    confirm_bytes: usize,
     fetches: VecDeque<PendingFetch>,
     next_token: u64,
     sync_run: Option<SyncRun>,
@@ -503,6 +505,7 @@ impl Replica {
             out_pubs: Vec::new(),
             out_bytes: 0,
             confirms: VecDeque::new(),
+            confirm_bytes: 0,
             fetches: VecDeque::new(),
             next_token: 1,
             sync_run: None,
@@ -637,7 +640,7 @@ impl Replica {
     /// Bytes of the publishes in [`backlog`](Self::backlog): what the ring
     /// and the mirrors may still hold of them.
     pub fn backlog_bytes(&self) -> usize {
-        self.confirms.iter().map(|c| c.bytes).sum()
+        self.confirm_bytes
     }
 
     /// Whether no other member is alive in the ring's view.
@@ -713,6 +716,7 @@ impl Replica {
         self.out_bytes += len;
         self.out_pubs.push(id);
         note_held(&mut self.held, id);
+        self.confirm_bytes += len;
         self.confirms.push_back(PendingConfirm {
             gm_seq: 0,
             bq_seq: published.needs_sync.then_some(published.seq),
@@ -745,6 +749,8 @@ impl Replica {
             }
             Confirmable::Promotion { .. } => true,
         });
+        // Promotions carry no bytes.
+        self.confirm_bytes = 0;
         tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, nacked = nacked.len(), "cut off from a majority of the cluster: unconfirmed publishes nacked, new ones refused until it is back");
         if !nacked.is_empty() {
             self.outputs.push_back(Output::Nacked(nacked));
@@ -1341,6 +1347,7 @@ impl Replica {
             let Some(c) = self.confirms.pop_front() else {
                 break;
             };
+            self.confirm_bytes -= c.bytes;
             match c.what {
                 Confirmable::Publish(id) => confirmed.push(id),
                 Confirmable::Promotion { epoch, held } => {
@@ -1370,6 +1377,7 @@ impl Replica {
     }
 
     fn fail_pending(&mut self) {
+        self.confirm_bytes = 0;
         let nacked: Vec<PublishId> = self
             .confirms
             .drain(..)

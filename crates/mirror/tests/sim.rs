@@ -751,6 +751,16 @@ impl Sim {
                 self.record
             );
         };
+        // The backlog's byte count follows its publishes.
+        let r = &self.nodes[m].replica;
+        if r.backlog() == 0 {
+            assert_eq!(
+                r.backlog_bytes(),
+                0,
+                "seed {}: bytes of no backlog",
+                self.seed
+            );
+        }
         // Synchronised mirrors hold exactly the master's state.
         let master_seqs = self.nodes[m].replica.ready_seqs();
         let master_stats = self.nodes[m].replica.stats();
