@@ -114,6 +114,43 @@ fn lane(ring: &str) -> u64 {
 /// Most ring views the driver's safety-net poll reads in one tick.
 const MAX_VIEW_POLLS_PER_TICK: usize = 10;
 
+/// Proposes `change` to `ring`'s `view` once. Returns whether that settled
+/// it (made, the new view handed to the node task; or refused) rather than
+/// lost to a concurrent change (read the view again and retry).
+async fn update_view(
+    authority: &dyn ViewAuthority,
+    in_tx: &mpsc::Sender<Inbound>,
+    ring: &str,
+    view: &View,
+    change: ViewChange,
+) -> bool {
+    match authority.update(ring, view.version, change).await {
+        Ok(view) => {
+            let _ = in_tx
+                .send(Inbound::View {
+                    ring: ring.to_owned(),
+                    view,
+                    announce: true,
+                    polled: false,
+                })
+                .await;
+            true
+        }
+        Err(ViewError::Conflict { .. }) => {
+            tokio::task::yield_now().await;
+            false
+        }
+        Err(e) => {
+            tracing::debug!(%ring, error = %e, "view change refused");
+            true
+        }
+    }
+}
+
+/// How often a join waiting for a suspected node's members to leave the
+/// ring looks again (see [`NodeTask::propose_join`]).
+const JOIN_RETRY: Duration = Duration::from_millis(500);
+
 /// The body of a [`PeerFrame::Ring`].
 #[derive(Debug, Clone, Serialize)]
 enum RingMsg {
@@ -652,15 +689,7 @@ impl NodeTask {
                     cmd: self.cmd_tx.clone(),
                     events,
                 });
-                let node = self.cfg.node.clone();
-                self.propose(ring, move |view| {
-                    let after = view.alive().last();
-                    Some(ViewChange::Join {
-                        member: id,
-                        after,
-                        node: node.clone(),
-                    })
-                });
+                self.propose_join(ring, id);
             }
             Command::Broadcast {
                 ring,
@@ -1034,6 +1063,51 @@ impl NodeTask {
         });
     }
 
+    /// Proposes that member `id` of this node joins `ring`, after its last
+    /// alive member; while a member of the ring lives on a node this node
+    /// suspects, it waits (the two could not pass the ring's traffic to
+    /// each other: the member beside it would be removed at once, and ours
+    /// by the other side, over and over while the cut lasts).
+    fn propose_join(&self, ring: String, id: MemberId) {
+        let authority = self.authority.clone();
+        let in_tx = self.in_tx.clone();
+        let suspects = self.suspects.clone();
+        let node = self.cfg.node.clone();
+        self.spawn(async move {
+            let mut waited = false;
+            loop {
+                let Ok(view) = authority.current(&ring).await else {
+                    return;
+                };
+                let blocked = {
+                    let suspects = suspects
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    view.alive()
+                        .filter_map(|m| view.entry(m))
+                        .find(|e| suspects.contains(&e.node))
+                        .map(|e| e.node.clone())
+                };
+                if let Some(suspect) = blocked {
+                    if !waited {
+                        tracing::info!(node = %node, %ring, %suspect, "joining once a suspected node's member is out of the ring");
+                        waited = true;
+                    }
+                    tokio::time::sleep(JOIN_RETRY).await;
+                    continue;
+                }
+                let change = ViewChange::Join {
+                    member: id,
+                    after: view.alive().last(),
+                    node: node.clone(),
+                };
+                if update_view(&*authority, &in_tx, &ring, &view, change).await {
+                    return;
+                }
+            }
+        });
+    }
+
     /// Proposes the change `make` builds from the current view, retrying on conflicts.
     fn propose<F>(&self, ring: String, make: F)
     where
@@ -1049,23 +1123,8 @@ impl NodeTask {
                 let Some(change) = make(&view) else {
                     return;
                 };
-                match authority.update(&ring, view.version, change).await {
-                    Ok(view) => {
-                        let _ = in_tx
-                            .send(Inbound::View {
-                                ring,
-                                view,
-                                announce: true,
-                                polled: false,
-                            })
-                            .await;
-                        return;
-                    }
-                    Err(ViewError::Conflict { .. }) => tokio::task::yield_now().await,
-                    Err(e) => {
-                        tracing::debug!(%ring, error = %e, "view change refused");
-                        return;
-                    }
+                if update_view(&*authority, &in_tx, &ring, &view, change).await {
+                    return;
                 }
             }
         });

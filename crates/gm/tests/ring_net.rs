@@ -3,8 +3,9 @@
 //! then the guarantees are checked on what every member delivered. Also: a
 //! short cut heals without a view change, a link whose frames vanish is
 //! replaced, a large broadcast holds back no other ring, a suspicion that heals while its removal cannot commit (a
-//! minority) removes nobody, and a member that joins beside a suspected
-//! node's member gets that member removed.
+//! minority) removes nobody, a member that joins beside a node that
+//! suspects its node is removed, and a node joins no ring beside a node it
+//! suspects.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -926,14 +927,12 @@ async fn the_safety_net_poll_reads_views_locally() {
     );
 }
 
-/// A node that suspects a peer removes that peer's members from beside its
-/// own, also from beside a member it starts later: a ring a new member
-/// joins next to the unreachable node's member would otherwise stall (no
-/// broadcast confirmed) until the two nodes hear each other again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_that_joins_beside_a_suspected_node_gets_it_removed() {
-    let net = Net::mem(12);
-    let authority = Arc::new(InMemoryAuthority::new());
+/// Three nodes with scripted detectors, j1's fed from the returned list,
+/// introduced to each other.
+async fn three_scripted(
+    net: &Net,
+    authority: &Arc<InMemoryAuthority>,
+) -> (Vec<GmNode>, Arc<Mutex<Vec<NodeName>>>) {
     let suspect = Arc::new(Mutex::new(Vec::new()));
     let mut nodes = Vec::new();
     for i in 1..=3 {
@@ -943,12 +942,36 @@ async fn a_member_that_joins_beside_a_suspected_node_gets_it_removed() {
             Scripted::default()
         };
         let name = format!("j{i}@gm");
-        nodes.push(start_node_with(&net, &name, authority.clone(), Box::new(detector)).await);
+        nodes.push(start_node_with(net, &name, authority.clone(), Box::new(detector)).await);
     }
     introduce(&nodes).await;
-    // Members on j2 and j3; then j1 loses j2 and suspects it while it has
+    (nodes, suspect)
+}
+
+/// Waits until every broadcast of `members[live]` is confirmed.
+async fn wait_confirmed(members: &[Member], live: &[usize]) {
+    wait_until("the broadcasts confirmed", || {
+        live.iter()
+            .all(|&i| members[i].seen.lock().unwrap().confirmed == members[i].sent)
+    })
+    .await;
+}
+
+/// A node that suspects a peer removes that peer's members from beside its
+/// own, also one that joins later (from a node that does not suspect it):
+/// a ring whose new member sits beside a member that cannot pass it the
+/// traffic would stall until the two nodes hear each other again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_joins_beside_a_suspecting_node_is_removed() {
+    let net = Net::mem(12);
+    let authority = Arc::new(InMemoryAuthority::new());
+    let (nodes, suspect) = three_scripted(&net, &authority).await;
+    // Members on j1 and j3; then j1 loses j2 and suspects it while j2 has
     // no member (nothing to report then).
-    let mut members = join_in_turn(&nodes[1..]).await;
+    let mut members = vec![join(&nodes[0]).await];
+    wait_full_views(&members, 1).await;
+    members.push(join(&nodes[2]).await);
+    wait_full_views(&members, 2).await;
     net.mem.cut(nodes[0].node(), nodes[1].node());
     *suspect.lock().unwrap() = vec![nodes[1].node().clone()];
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -956,18 +979,46 @@ async fn a_member_that_joins_beside_a_suspected_node_gets_it_removed() {
         suspect.lock().unwrap().is_empty(),
         "the suspicion was polled"
     );
-    // j1's new member joins between j3's and j2's.
-    members.push(join(&nodes[0]).await);
-    let j2 = members[0].handle.member();
+    // j2's new member joins (j2 suspects nobody), beside j1's.
+    members.push(join(&nodes[1]).await);
+    let j2 = members[2].handle.member();
     wait_until("j2's member removed", || {
         !authority.current_now("q").is_alive(j2)
     })
     .await;
-    broadcast_round(&mut members, &[1, 2]).await;
-    wait_until("j3's and j1's broadcasts confirmed", || {
-        members[1..]
-            .iter()
-            .all(|m| m.seen.lock().unwrap().confirmed == m.sent)
+    broadcast_round(&mut members, &[0, 1]).await;
+    wait_confirmed(&members, &[0, 1]).await;
+}
+
+/// A node does not join a ring while a member of it lives on a node it
+/// suspects (its member and that one would remove each other for as long
+/// as the cut lasts); it joins once it hears from that node again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_no_ring_beside_a_node_it_suspects() {
+    let net = Net::mem(13);
+    let authority = Arc::new(InMemoryAuthority::new());
+    let (nodes, suspect) = three_scripted(&net, &authority).await;
+    let mut members = join_in_turn(&nodes[1..]).await;
+    net.mem.cut(nodes[0].node(), nodes[1].node());
+    *suspect.lock().unwrap() = vec![nodes[1].node().clone()];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    members.push(join(&nodes[0]).await);
+    let j1 = members[2].handle.member();
+    // The ring of j2 and j3 goes on; j1's member waits outside it.
+    broadcast_round(&mut members, &[0, 1]).await;
+    wait_confirmed(&members, &[0, 1]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        authority.current_now("q").entry(j1).is_none(),
+        "joined beside a suspected node"
+    );
+    // Healed: j1 hears j2 again, joins, and the three carry on.
+    net.mem.heal();
+    wait_until("j1's member joined", || {
+        authority.current_now("q").is_alive(j1)
     })
     .await;
+    wait_full_views(&members, authority.current_now("q").version).await;
+    broadcast_round(&mut members, &[0, 1, 2]).await;
+    wait_confirmed(&members, &[0, 1, 2]).await;
 }
