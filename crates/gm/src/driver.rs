@@ -1011,22 +1011,29 @@ impl NodeTask {
 
     /// Reports members on `suspect` that neighbour a local member.
     fn report_neighbours_on(&mut self, suspect: &NodeName) {
+        let rings: Vec<String> = self.rings.keys().cloned().collect();
+        for ring in rings {
+            self.report_neighbours(&ring, |node| node == suspect);
+        }
+    }
+
+    /// Proposes removing each member of `ring` next to a local member whose
+    /// node `suspected` says is suspected dead.
+    fn report_neighbours(&mut self, ring: &str, suspected: impl Fn(&NodeName) -> bool) {
         let mut victims = Vec::new();
-        for (ring, members) in &self.rings {
-            for (&id, local) in members {
-                if local.member.phase() == Phase::Removed {
-                    continue;
-                }
-                let view = local.member.view();
-                for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
-                    if view.entry(n).is_some_and(|e| &e.node == suspect) {
-                        victims.push((ring.clone(), n));
-                    }
+        for (&id, local) in self.rings.get(ring).into_iter().flatten() {
+            if local.member.phase() == Phase::Removed {
+                continue;
+            }
+            let view = local.member.view();
+            for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
+                if let Some(e) = view.entry(n).filter(|e| e.alive && suspected(&e.node)) {
+                    victims.push((n, e.node.clone()));
                 }
             }
         }
-        for (ring, victim) in victims {
-            self.remove(ring, victim, Some(suspect.clone()));
+        for (victim, node) in victims {
+            self.remove(ring.to_owned(), victim, Some(node));
         }
     }
 
@@ -1234,26 +1241,8 @@ impl NodeTask {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        if suspects.is_empty() {
-            return;
-        }
-        let mut victims = Vec::new();
-        for (&id, local) in self.rings.get(ring).into_iter().flatten() {
-            if local.member.phase() == Phase::Removed {
-                continue;
-            }
-            let view = local.member.view();
-            for n in [view.left_of(id), view.right_of(id)].into_iter().flatten() {
-                if let Some(e) = view
-                    .entry(n)
-                    .filter(|e| e.alive && suspects.contains(&e.node))
-                {
-                    victims.push((n, e.node.clone()));
-                }
-            }
-        }
-        for (victim, node) in victims {
-            self.remove(ring.to_owned(), victim, Some(node));
+        if !suspects.is_empty() {
+            self.report_neighbours(ring, |node| suspects.contains(node));
         }
     }
 
