@@ -13,7 +13,7 @@ use warren_transport::mem::MemNetwork;
 use warren_transport::{NodeName, PeerAddr, TransportError};
 
 /// The longest any single wait in a test may take before it counts as a hang.
-pub const LIMIT: Duration = Duration::from_secs(20);
+pub const LIMIT: Duration = Duration::from_secs(40);
 
 pub fn n(s: &str) -> NodeName {
     NodeName::new(s).unwrap()
@@ -37,7 +37,9 @@ pub fn short_timeouts(c: &mut ClusterConfig) {
     c.heartbeat_interval = Duration::from_millis(100);
     c.failure_timeout = Duration::from_millis(600);
     c.boot_wait_timeout = Duration::from_secs(2);
-    c.boot_wait_retries = 5;
+    // 30 s for a restarted node to find a majority: a loaded CI machine
+    // took over 10 s while the others elected and caught it up by snapshot.
+    c.boot_wait_retries = 15;
     c.boot_log_interval = Duration::from_millis(500);
 }
 
@@ -59,7 +61,7 @@ impl TestCluster {
             nodes: BTreeMap::new(),
             snapshot_every: 10_000,
             boot_wait_timeout: Duration::from_secs(2),
-            boot_wait_retries: 5,
+            boot_wait_retries: 15,
         }
     }
 
