@@ -13,6 +13,7 @@
 //!   ([`Broker::take_mirror_io`]), broadcasts and record compare-and-sets.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -107,8 +108,9 @@ struct Running {
     settings: Settings,
     /// Wakes the replica's task.
     notify: Arc<Notify>,
-    /// Set when the reconciler wants the replica gone.
-    stopping: bool,
+    /// Set when the reconciler wants the replica gone; read by the
+    /// replica's task on each turn.
+    stopping: Arc<AtomicBool>,
     /// Whether a master keeps its messages when it stops (the queue stops
     /// being mirrored) rather than handing over (the master moves).
     keep: bool,
@@ -305,6 +307,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             match reps.get_mut(key) {
                 None => {
                     let notify = Arc::new(Notify::new());
+                    let stopping = Arc::new(AtomicBool::new(false));
                     reps.insert(
                         key.clone(),
                         Running {
@@ -312,7 +315,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                             master: *master,
                             settings: *settings,
                             notify: notify.clone(),
-                            stopping: false,
+                            stopping: stopping.clone(),
                             keep: true,
                         },
                     );
@@ -321,10 +324,10 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     self.tasks
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .spawn(async move { me.run_replica(k, n, m, s, notify).await });
+                        .spawn(async move { me.run_replica(k, n, m, s, notify, stopping).await });
                 }
                 Some(r) if r.serial != *serial => {}
-                Some(r) if r.settings != *settings && !r.stopping => {
+                Some(r) if r.settings != *settings && !r.stopping.load(Ordering::SeqCst) => {
                     r.settings = *settings;
                     lock(&self.broker).set_replica_settings(&key.0, &key.1, *settings);
                 }
@@ -333,7 +336,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         }
         for (key, r) in reps.iter_mut() {
             let same = |(_, _, serial): &(bool, Settings, u64)| *serial == r.serial;
-            if wanted.get(key).is_some_and(same) || r.stopping {
+            if wanted.get(key).is_some_and(same) || r.stopping.load(Ordering::SeqCst) {
                 continue;
             }
             // A master that stops being mirrored keeps its queue: it leaves
@@ -347,7 +350,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 continue;
             }
             r.keep = unmirrored;
-            r.stopping = true;
+            r.stopping.store(true, Ordering::SeqCst);
             tracing::info!(node = %self.node, vhost = %key.0, queue = %key.1, master = r.master, "dropping this node's replica");
             r.notify.notify_one();
         }
@@ -363,6 +366,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         master: bool,
         settings: Settings,
         notify: Arc<Notify>,
+        stopping: Arc<AtomicBool>,
     ) {
         let (vhost, name) = (key.0.clone(), key.1.clone());
         let ring_id = match self.source.local().queue(&vhost, &name) {
@@ -400,7 +404,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 return;
             }
         };
-        self.pump(&vhost, &name, ring, &notify, &records).await;
+        self.pump(&vhost, &name, ring, &notify, &stopping, &records)
+            .await;
         self.forget(&key);
     }
 
@@ -519,6 +524,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         name: &str,
         ring: RingHandle,
         notify: &Notify,
+        stopping: &AtomicBool,
         records: &ClusterRecords<S>,
     ) {
         let ring_id = ring.ring().to_owned();
@@ -537,6 +543,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let mut outgoing = Vec::new();
         let mut events = Vec::new();
         let mut stop_requested = false;
+        let stopped = self.stopped();
+        tokio::pin!(stopped);
         loop {
             tokio::select! {
                 alive = ring.next_events(&mut events) => {
@@ -561,12 +569,12 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     }
                 }
                 _ = tick.tick() => self.input(vhost, name, MirrorInput::Tick),
-                () = self.stopped(), if !stop_requested => {
+                () = &mut stopped, if !stop_requested => {
                     stop_requested = true;
                     self.input(vhost, name, MirrorInput::Stop);
                 }
             }
-            if !stop_requested && self.is_stopping(vhost, name) {
+            if !stop_requested && stopping.load(Ordering::SeqCst) {
                 stop_requested = true;
                 self.input(vhost, name, MirrorInput::Stop);
             }
@@ -664,14 +672,6 @@ impl<S: MetadataSource> MirrorDriver<S> {
     async fn stopped(&self) {
         let mut rx = self.stop.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
-    }
-
-    fn is_stopping(&self, vhost: &str, name: &str) -> bool {
-        self.replicas
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&(vhost.to_owned(), name.to_owned()))
-            .is_none_or(|r| r.stopping)
     }
 
     /// Feeds ring events; a view change is read from the authority first.

@@ -1319,9 +1319,28 @@ impl Replica {
     }
 
     fn release(&mut self) {
-        if self.role != Role::Master {
+        if self.role != Role::Master || self.bq.is_none() {
             return;
         }
+        if !self.confirms.is_empty() {
+            self.release_confirms();
+        }
+        while let Some(f) = self.fetches.front() {
+            if f.gm_seq == 0 || f.gm_seq > self.gm_confirmed {
+                break;
+            }
+            if let Some(f) = self.fetches.pop_front() {
+                self.outputs.push_back(Output::Fetched {
+                    token: f.token,
+                    delivery: f.delivery,
+                });
+            }
+        }
+    }
+
+    /// Confirms the publishes (and promotions) at the head of `confirms`
+    /// that the ring and every synchronised replica's disk now hold.
+    fn release_confirms(&mut self) {
         let Some(bq) = self.bq.as_ref() else { return };
         // A persistent message is on disk everywhere once the local fsync and
         // every synchronised mirror's cover it.
@@ -1362,17 +1381,6 @@ impl Replica {
         }
         if !confirmed.is_empty() {
             self.outputs.push_back(Output::Confirmed(confirmed));
-        }
-        while let Some(f) = self.fetches.front() {
-            if f.gm_seq == 0 || f.gm_seq > self.gm_confirmed {
-                break;
-            }
-            if let Some(f) = self.fetches.pop_front() {
-                self.outputs.push_back(Output::Fetched {
-                    token: f.token,
-                    delivery: f.delivery,
-                });
-            }
         }
     }
 

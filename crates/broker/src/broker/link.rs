@@ -23,7 +23,8 @@ use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply};
 
 use super::{
-    Broker, Channel, Conn, ConnId, Consumer, Msg, Settle, Unacked, Waker, confirm_one, nack_one,
+    Broker, Channel, Conn, ConnId, Consumer, IdMap, Msg, Settle, Unacked, Waker, confirm_one,
+    nack_one,
 };
 use crate::auth::{Permission, PermissionDef};
 use crate::routing::decode_meta;
@@ -310,17 +311,17 @@ pub(crate) struct Links {
     /// and not yet written or given up ([`Broker::link_sent`]).
     unsent: HashMap<String, usize>,
     /// Forwarded publishes awaiting a confirm: id → (node, conn, channel, seq).
-    publishes: HashMap<u64, (Arc<str>, ConnId, ChannelId, u64)>,
+    publishes: IdMap<u64, (Arc<str>, ConnId, ChannelId, u64)>,
     next_id: u64,
     /// Forwarded consumers by id.
-    consumers: HashMap<u64, RemoteConsumer>,
+    consumers: IdMap<u64, RemoteConsumer>,
     /// Forwarded gets by request id.
-    gets: HashMap<u64, RemoteGet>,
+    gets: IdMap<u64, RemoteGet>,
     /// Declares waiting for their queue's counts, by request id.
-    counts: HashMap<u64, PendingCount>,
+    counts: IdMap<u64, PendingCount>,
     /// Consumes waiting for their master's [`LinkMsg::ConsumeOk`], by
     /// consumer id.
-    consume_oks: HashMap<u64, PendingConsumeOk>,
+    consume_oks: IdMap<u64, PendingConsumeOk>,
     /// When the masters were last asked for their queues' figures.
     peeked_at_ms: u64,
     /// Master-side internal connections by (origin node, vhost).
@@ -1119,7 +1120,7 @@ impl Broker {
         let id = self.next_conn;
         self.next_conn += 1;
         let waker = self.links.waker.clone().unwrap_or_else(|| Arc::new(|| {}));
-        let mut channels = super::IdMap::default();
+        let mut channels = IdMap::default();
         channels.insert(LINK_CHANNEL, Channel::default());
         let all = Permission::new(&PermissionDef {
             user: from.to_owned(),

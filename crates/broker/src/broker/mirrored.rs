@@ -10,7 +10,6 @@
 //! record compare-and-sets to run, and the queue's [`Waker`] says when there
 //! is some.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -20,7 +19,7 @@ use warren_gm::{MemberId, RingEvent, View};
 use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
 
 use super::link::Elsewhere;
-use super::{Broker, ConnId, Unacked, Waker, confirm_one};
+use super::{Broker, ConnId, IdMap, Unacked, Waker, confirm_one};
 use crate::routing::decode_meta;
 
 /// Where a queue's messages live. (Most queues are local: the backing
@@ -47,9 +46,9 @@ pub(crate) struct Mirrored {
     /// Record compare-and-sets waiting for the shell.
     proposals: Vec<(u64, RecordView)>,
     /// Who a pending fetch is for, by token.
-    fetches: HashMap<u64, FetchFor>,
+    fetches: IdMap<u64, FetchFor>,
     /// The confirm a publish owes, by publish id.
-    publishes: HashMap<PublishId, (ConnId, ChannelId, u64)>,
+    publishes: IdMap<PublishId, (ConnId, ChannelId, u64)>,
     /// Messages the master dropped, for dead-lettering.
     dropped: Vec<Dropped>,
     /// Whether the replica was this queue's master when it last acted (not
@@ -453,8 +452,8 @@ impl Broker {
             outbox: Vec::new(),
             sends: Vec::new(),
             proposals: Vec::new(),
-            fetches: HashMap::new(),
-            publishes: HashMap::new(),
+            fetches: IdMap::default(),
+            publishes: IdMap::default(),
             dropped: Vec::new(),
             master: start.master,
         }));
@@ -925,7 +924,7 @@ impl Mirrored {
     /// returned.
     pub(super) fn answer_gets_empty(
         &mut self,
-        conns: &mut super::IdMap<ConnId, super::Conn>,
+        conns: &mut IdMap<ConnId, super::Conn>,
     ) -> Vec<ConnId> {
         let mut answered = Vec::new();
         for (_, f) in self.fetches.drain() {
@@ -992,7 +991,7 @@ enum After {
 
 /// Hands a fetched message to whoever it was fetched for.
 fn hand_out(
-    conns: &mut super::IdMap<ConnId, super::Conn>,
+    conns: &mut IdMap<ConnId, super::Conn>,
     consumers: &mut [super::Consumer],
     queue: &Arc<str>,
     f: FetchFor,
@@ -1115,7 +1114,7 @@ fn hand_out(
 /// Sends `basic.nack` for publish `cseq` of channel `ch` (a transaction's
 /// publish cannot be refused: its commit goes on, and the loss is logged).
 pub(super) fn nack_one(
-    conns: &mut super::IdMap<ConnId, super::Conn>,
+    conns: &mut IdMap<ConnId, super::Conn>,
     conn: ConnId,
     ch: ChannelId,
     cseq: u64,
