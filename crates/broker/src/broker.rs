@@ -207,6 +207,8 @@ pub struct Broker {
     retired_counters: stats::MessageCounters,
     /// The confirm latencies of closed client connections.
     retired_latency: stats::LatencyHistogram,
+    /// The group commits run so far.
+    io: stats::IoStats,
     /// The stored policies, as applied to queues ([`Broker::apply_policies`]).
     policies: warren_policy::PolicySet,
     /// Metadata commits made off the lock, for clients that wait for them.
@@ -278,6 +280,7 @@ impl Broker {
             alarms: alarm::Alarms::default(),
             retired_counters: stats::MessageCounters::default(),
             retired_latency: stats::LatencyHistogram::default(),
+            io: stats::IoStats::default(),
             policies: warren_policy::PolicySet::new(),
             commits: commits::Commits::default(),
         };

@@ -36,7 +36,8 @@ pub use broker::link::{GetReplyMsg, LINK_BEHIND_MAX, LinkMsg, QueueFigures};
 pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaEnd, ReplicaStart};
 pub use broker::policies::policy_set;
 pub use broker::stats::{
-    LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, Octets, QueueCounters, QueueSample,
+    IoStats, LATENCY_BUCKETS_MS, LatencyHistogram, MessageCounters, Octets, QueueCounters,
+    QueueSample,
 };
 pub use broker::{
     Broker, BrokerConfig, CommitDone, ConnId, Departed, FLOW_READY_MAX, MetaCommit, Overview,

@@ -440,6 +440,7 @@ async fn cluster_name(State(s): State<Management>) -> Response {
 fn node_json(s: &Management) -> Value {
     let b = s.broker();
     let r = b.resources();
+    let io = b.io_stats();
     let mut node = json!({
         "name": s.node,
         "type": "disc",
@@ -458,6 +459,7 @@ fn node_json(s: &Management) -> Value {
         "cluster_links": cluster_links(s),
         "rates_mode": "basic",
         "being_drained": false,
+        "io_sync_count": io.syncs,
     });
     // What cannot be read is left out, not shown as 0.
     if let Value::Object(n) = &mut node {

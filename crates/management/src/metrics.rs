@@ -289,6 +289,33 @@ pub fn render(s: &Management) -> String {
         family(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name}{{protocol=\"amqp091\"}} {v}");
     }
+    // rabbitmq_prometheus's I/O families: a group commit is Warren's sync.
+    let io = s.broker().io_stats();
+    family(
+        &mut out,
+        "rabbitmq_io_sync_ops_total",
+        "counter",
+        "Group commits (the queue logs' appends written and synced together)",
+    );
+    let _ = writeln!(out, "rabbitmq_io_sync_ops_total {}", io.syncs);
+    family(
+        &mut out,
+        "rabbitmq_io_sync_time_seconds_total",
+        "counter",
+        "Time spent in group commits",
+    );
+    let _ = writeln!(
+        out,
+        "rabbitmq_io_sync_time_seconds_total {}",
+        io.sync_micros as f64 / 1e6
+    );
+    family(
+        &mut out,
+        "warren_io_synced_logs_total",
+        "counter",
+        "Queue logs written and synced, summed over the group commits",
+    );
+    let _ = writeln!(out, "warren_io_synced_logs_total {}", io.logs_synced);
     let name = "warren_confirm_latency_seconds";
     family(
         &mut out,

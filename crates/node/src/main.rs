@@ -21,7 +21,7 @@ mod resources;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
@@ -231,7 +231,9 @@ fn sync_loop(broker: Shared, signal: Arc<SyncSignal>) {
             if batch.is_empty() {
                 break;
             }
+            let started = Instant::now();
             batch.run();
+            batch.ran_for(started.elapsed());
             if !lock(&broker).complete_sync(batch, now_ms()) {
                 break;
             }

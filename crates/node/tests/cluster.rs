@@ -208,7 +208,7 @@ fn each_node_exports_the_queues_it_serves_and_lists_every_listener() {
                     q.into(),
                     BasicPublishOptions::default(),
                     b"m",
-                    BasicProperties::default(),
+                    BasicProperties::default().with_delivery_mode(2),
                 )
                 .await
                 .unwrap()
@@ -243,6 +243,36 @@ fn each_node_exports_the_queues_it_serves_and_lists_every_listener() {
             n.name
         );
         eventually("every replica's ring view", || n.metric(&ring).is_some());
+    }
+    // Persistent messages in durable queues: every node holding a replica
+    // of ha.q ran group commits, timed, and shows them as rabbitmq_prometheus
+    // and the management API do.
+    for n in &nodes {
+        let syncs = n.metric("rabbitmq_io_sync_ops_total").unwrap_or(0);
+        let logs = n.metric("warren_io_synced_logs_total").unwrap_or(0);
+        assert!(
+            syncs > 0 && logs >= syncs,
+            "{}: {syncs} syncs, {logs} logs",
+            n.name
+        );
+        let text = ureq::get(&format!("http://{}/metrics", n.metrics))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        let secs: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("rabbitmq_io_sync_time_seconds_total "))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!(secs > 0.0, "{}: group commits took no time", n.name);
+        let listed = n.get("/api/nodes");
+        let me = listed
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == n.name.as_str()))
+            .cloned()
+            .unwrap();
+        assert!(me["io_sync_count"].as_u64().unwrap() > 0, "{me}");
     }
     let queues: Vec<Option<u64>> = nodes.iter().map(|n| n.metric("rabbitmq_queues")).collect();
     assert_eq!(queues, vec![Some(1), Some(1), Some(0)]);

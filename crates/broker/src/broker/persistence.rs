@@ -42,6 +42,9 @@ fn dir_name(vhost: &str, name: &str) -> String {
 #[derive(Debug, Default)]
 pub struct SyncBatch {
     jobs: Vec<SyncEntry>,
+    /// How long [`run`](Self::run) took, as the shell timed it
+    /// ([`ran_for`](Self::ran_for)).
+    took_micros: u64,
 }
 
 /// One queue's part of a [`SyncBatch`]: which declaration (vhost, name,
@@ -73,6 +76,12 @@ impl SyncBatch {
         for (entry, res) in self.jobs.iter_mut().zip(results) {
             entry.outcome = Some(res);
         }
+    }
+
+    /// Records how long [`run`](Self::run) took (the broker has no clock of
+    /// its own), for [`Broker::io_stats`].
+    pub fn ran_for(&mut self, took: std::time::Duration) {
+        self.took_micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
     }
 }
 
@@ -132,6 +141,9 @@ impl Broker {
     pub fn complete_sync(&mut self, batch: SyncBatch, now_ms: u64) -> bool {
         self.now = now_ms;
         self.current = 0;
+        self.io.syncs += 1;
+        self.io.sync_micros += batch.took_micros;
+        self.io.logs_synced += batch.jobs.len() as u64;
         let mut seqs = Vec::new();
         let mut replicas = Vec::new();
         for entry in batch.jobs {

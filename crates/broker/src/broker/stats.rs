@@ -5,6 +5,19 @@
 //! the broker lock; client connections and their channels keep their own
 //! counts, a connection's folded into the node's totals when it closes.
 
+/// The node's group commits since it started: how many ran, the time they
+/// took (writing the logs' appends and syncing them) and how many queue
+/// logs they covered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Group commits run (each one `syncfs` per file system).
+    pub syncs: u64,
+    /// Their total time in microseconds, as the shell timed them.
+    pub sync_micros: u64,
+    /// Queue logs written and synced, summed over the commits.
+    pub logs_synced: u64,
+}
+
 /// Node-wide counts of client traffic since the node started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MessageCounters {
@@ -186,6 +199,12 @@ impl crate::Broker {
             h.add(&c.latency);
         }
         (n, h)
+    }
+
+    /// The group commits run since the node started.
+    #[must_use]
+    pub fn io_stats(&self) -> IoStats {
+        self.io
     }
 
     /// The connections of clients of this node (not the forwarding links
