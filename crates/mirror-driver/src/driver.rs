@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use warren_backing_queue::{BackingQueue, QueueConfig};
 use warren_broker::{Broker, MirrorInput, ReplicaEnd, ReplicaStart};
 use warren_cluster::{Command, Metadata};
@@ -99,6 +99,16 @@ impl DriverConfig {
     }
 }
 
+/// What wakes one replica's task, from the reconciler.
+struct Signals {
+    /// Ring traffic or broker output for the replica.
+    notify: Arc<Notify>,
+    /// The reconciler wants the replica gone.
+    stopping: Arc<AtomicBool>,
+    /// The queue record's view version changed.
+    record: watch::Receiver<u64>,
+}
+
 /// This node's replica of one queue, as the reconciler tracks it.
 struct Running {
     /// The declaration of the queue it is a replica of
@@ -111,6 +121,10 @@ struct Running {
     /// Set when the reconciler wants the replica gone; read by the
     /// replica's task on each turn.
     stopping: Arc<AtomicBool>,
+    /// The queue record's view version as the reconciler last saw it: the
+    /// replica's task reads the record again when it changes (rather than
+    /// on every change of the cluster's metadata).
+    record: watch::Sender<u64>,
     /// Whether a master keeps its messages when it stops (the queue stops
     /// being mirrored) rather than handing over (the master moves).
     keep: bool,
@@ -133,7 +147,7 @@ pub struct MirrorDriver<S: MetadataSource> {
     /// Set when the node is shutting down: replicas stop but leave their
     /// files as they are (the next start decides what they are). A watch,
     /// not a `Notify`: a task busy when it is set still sees it.
-    stop: tokio::sync::watch::Sender<bool>,
+    stop: watch::Sender<bool>,
 }
 
 impl<S: MetadataSource> std::fmt::Debug for MirrorDriver<S> {
@@ -177,7 +191,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             authority,
             replicas: Mutex::new(HashMap::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
-            stop: tokio::sync::watch::channel(false).0,
+            stop: watch::channel(false).0,
         });
         // Before the node takes clients: its broker serves the queues it
         // recovered from its own disk, and a mirror's copy is stale. Point
@@ -240,6 +254,9 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 running.push(self.node.clone());
             }
             self.reconcile(&meta, &running);
+            // Not held while waiting: the state machine would copy the
+            // whole metadata for each change it applies.
+            drop(meta);
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return },
                 r = up.changed() => if r.is_err() { return },
@@ -308,6 +325,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 None => {
                     let notify = Arc::new(Notify::new());
                     let stopping = Arc::new(AtomicBool::new(false));
+                    let version = meta.queues.get(key).map_or(0, |q| q.view_version);
+                    let (record, record_rx) = watch::channel(version);
                     reps.insert(
                         key.clone(),
                         Running {
@@ -316,6 +335,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                             settings: *settings,
                             notify: notify.clone(),
                             stopping: stopping.clone(),
+                            record,
                             keep: true,
                         },
                     );
@@ -324,7 +344,14 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     self.tasks
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .spawn(async move { me.run_replica(k, n, m, s, notify, stopping).await });
+                        .spawn(async move {
+                            let signals = Signals {
+                                notify,
+                                stopping,
+                                record: record_rx,
+                            };
+                            me.run_replica(k, n, m, s, signals).await;
+                        });
                 }
                 Some(r) if r.serial != *serial => {}
                 Some(r) if r.settings != *settings && !r.stopping.load(Ordering::SeqCst) => {
@@ -332,6 +359,14 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     lock(&self.broker).set_replica_settings(&key.0, &key.1, *settings);
                 }
                 Some(_) => {}
+            }
+        }
+        for (key, r) in reps.iter() {
+            if let Some(q) = meta.queues.get(key)
+                && q.serial == r.serial
+            {
+                r.record
+                    .send_if_modified(|v| std::mem::replace(v, q.view_version) != q.view_version);
             }
         }
         for (key, r) in reps.iter_mut() {
@@ -365,8 +400,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         serial: u64,
         master: bool,
         settings: Settings,
-        notify: Arc<Notify>,
-        stopping: Arc<AtomicBool>,
+        signals: Signals,
     ) {
         let (vhost, name) = (key.0.clone(), key.1.clone());
         let ring_id = match self.source.local().queue(&vhost, &name) {
@@ -378,7 +412,15 @@ impl<S: MetadataSource> MirrorDriver<S> {
         };
         let records = ClusterRecords::new(self.source.clone(), vhost.clone(), name.clone(), serial);
         let started = self
-            .start_replica(&vhost, &name, &ring_id, master, settings, &notify, &records)
+            .start_replica(
+                &vhost,
+                &name,
+                &ring_id,
+                master,
+                settings,
+                &signals.notify,
+                &records,
+            )
             .await;
         let ring = match started {
             Ok(Some(ring)) => ring,
@@ -404,8 +446,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 return;
             }
         };
-        self.pump(&vhost, &name, ring, &notify, &stopping, &records)
-            .await;
+        self.pump(&vhost, &name, ring, signals, &records).await;
         self.forget(&key);
     }
 
@@ -523,22 +564,27 @@ impl<S: MetadataSource> MirrorDriver<S> {
         vhost: &str,
         name: &str,
         ring: RingHandle,
-        notify: &Notify,
-        stopping: &AtomicBool,
+        signals: Signals,
         records: &ClusterRecords<S>,
     ) {
+        let Signals {
+            notify,
+            stopping,
+            record: mut changes,
+        } = signals;
         let ring_id = ring.ring().to_owned();
         // Expiries are the broker's tick's; this one is only a safety net,
         // rare because every replica has one (1,000 queues at 50 ms were
         // 20,000 wake-ups a second per node).
         let mut tick = tokio::time::interval(self.replica_tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut changes = records.changes();
         let mut majority = self.source.majority();
         if !*majority.borrow_and_update() {
             self.input(vhost, name, MirrorInput::Majority(false));
         }
         let (rec_tx, mut rec_rx) = mpsc::channel::<RecordView>(16);
+        // The record as the replica last had it.
+        let mut seen: Option<RecordView> = None;
         let mut joined = false;
         let mut outgoing = Vec::new();
         let mut events = Vec::new();
@@ -557,11 +603,18 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 }
                 () = notify.notified() => {}
                 r = changes.changed() => {
-                    if r.is_ok() && let Ok(rec) = records.local() {
+                    if r.is_ok()
+                        && let Ok(rec) = records.local()
+                        && seen.as_ref() != Some(&rec)
+                    {
+                        seen = Some(rec.clone());
                         self.input(vhost, name, MirrorInput::Record(rec));
                     }
                 }
-                Some(rec) = rec_rx.recv() => self.input(vhost, name, MirrorInput::RecordSettled(rec)),
+                Some(rec) = rec_rx.recv() => {
+                    seen = Some(rec.clone());
+                    self.input(vhost, name, MirrorInput::RecordSettled(rec));
+                }
                 r = majority.changed() => {
                     if r.is_ok() {
                         let m = *majority.borrow_and_update();
@@ -639,7 +692,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 }
                 tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
                 if io.storage_failed {
-                    self.await_other_master(records, &mut changes).await;
+                    self.await_other_master(records).await;
                 }
                 return;
             }
@@ -650,11 +703,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
     /// starts none here) until the record names another master: started
     /// again now, it would claim the queue back from the poisoned log. With
     /// no synchronised mirror that is this node's restart.
-    async fn await_other_master(
-        &self,
-        records: &ClusterRecords<S>,
-        changes: &mut tokio::sync::watch::Receiver<u64>,
-    ) {
+    async fn await_other_master(&self, records: &ClusterRecords<S>) {
+        let mut changes = records.changes();
         while records.local().is_ok_and(|r| r.master == self.node) && !self.shutting_down() {
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return },

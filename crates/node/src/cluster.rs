@@ -23,7 +23,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
@@ -708,134 +708,225 @@ fn to_command(change: Change, node: &str) -> Command {
 pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
     Definitions {
         vhosts: m.vhosts.iter().cloned().collect(),
-        users: m
-            .users
-            .values()
-            .map(|u| UserDef {
-                name: u.name.clone(),
-                password_hash: u.password_hash.clone(),
-                tags: u.tags.clone(),
-                loopback_only: u.name == "guest",
-            })
-            .collect(),
-        permissions: m
-            .permissions
-            .iter()
-            .map(|((vhost, user), p)| PermissionDef {
-                user: user.clone(),
-                vhost: vhost.clone(),
-                configure: p.configure.clone(),
-                write: p.write.clone(),
-                read: p.read.clone(),
-            })
-            .collect(),
-        exchanges: m
-            .exchanges
-            .values()
-            .map(|e| ExchangeDef {
-                vhost: e.vhost.clone(),
-                name: e.name.clone(),
-                kind: e.kind.clone(),
-                durable: e.durable,
-                auto_delete: e.auto_delete,
-                internal: e.internal,
-                arguments: from_args(&e.arguments),
-            })
-            .collect(),
+        users: user_defs(m),
+        permissions: permission_defs(m),
+        exchanges: exchange_defs(m),
         queues: m
             .queues
             .values()
             .filter(|q| q.exclusive_owner.is_none())
-            .map(|q| QueueDef {
-                vhost: q.vhost.clone(),
-                name: q.name.clone(),
-                durable: q.durable,
-                master: None,
-                auto_delete: q.auto_delete,
-                arguments: from_args(&q.arguments),
-            })
+            .map(queue_def)
             .collect(),
-        bindings: m
-            .bindings
-            .iter()
-            .map(|b| BindingDef {
-                vhost: b.vhost.clone(),
-                source: b.source.clone(),
-                destination: b.destination.clone(),
-                destination_is_exchange: b.destination_kind == DestinationKind::Exchange,
-                routing_key: b.routing_key.clone(),
-                arguments: from_args(&b.arguments),
-            })
-            .collect(),
-        policies: m
-            .policies
-            .values()
-            .map(|p| {
-                let (name, operator) = match p.name.strip_prefix(OPERATOR_PREFIX) {
-                    Some(n) => (n.to_owned(), true),
-                    None => (p.name.clone(), false),
-                };
-                PolicyDef {
-                    vhost: p.vhost.clone(),
-                    name,
-                    pattern: p.pattern.clone(),
-                    apply_to: p.apply_to.clone(),
-                    priority: p.priority,
-                    definition: serde_json::from_str(&p.definition).unwrap_or(Value::Null),
-                    operator,
-                }
-            })
-            .collect(),
+        bindings: binding_defs(m),
+        policies: policy_defs(m),
     }
+}
+
+fn user_defs(m: &Metadata) -> Vec<UserDef> {
+    m.users
+        .values()
+        .map(|u| UserDef {
+            name: u.name.clone(),
+            password_hash: u.password_hash.clone(),
+            tags: u.tags.clone(),
+            loopback_only: u.name == "guest",
+        })
+        .collect()
+}
+
+fn permission_defs(m: &Metadata) -> Vec<PermissionDef> {
+    m.permissions
+        .iter()
+        .map(|((vhost, user), p)| PermissionDef {
+            user: user.clone(),
+            vhost: vhost.clone(),
+            configure: p.configure.clone(),
+            write: p.write.clone(),
+            read: p.read.clone(),
+        })
+        .collect()
+}
+
+fn exchange_defs(m: &Metadata) -> Vec<ExchangeDef> {
+    m.exchanges
+        .values()
+        .map(|e| ExchangeDef {
+            vhost: e.vhost.clone(),
+            name: e.name.clone(),
+            kind: e.kind.clone(),
+            durable: e.durable,
+            auto_delete: e.auto_delete,
+            internal: e.internal,
+            arguments: from_args(&e.arguments),
+        })
+        .collect()
+}
+
+fn queue_def(q: &QueueRecord) -> QueueDef {
+    QueueDef {
+        vhost: q.vhost.clone(),
+        name: q.name.clone(),
+        durable: q.durable,
+        master: None,
+        auto_delete: q.auto_delete,
+        arguments: from_args(&q.arguments),
+    }
+}
+
+fn binding_defs(m: &Metadata) -> Vec<BindingDef> {
+    m.bindings
+        .iter()
+        .map(|b| BindingDef {
+            vhost: b.vhost.clone(),
+            source: b.source.clone(),
+            destination: b.destination.clone(),
+            destination_is_exchange: b.destination_kind == DestinationKind::Exchange,
+            routing_key: b.routing_key.clone(),
+            arguments: from_args(&b.arguments),
+        })
+        .collect()
+}
+
+fn policy_defs(m: &Metadata) -> Vec<PolicyDef> {
+    m.policies
+        .values()
+        .map(|p| {
+            let (name, operator) = match p.name.strip_prefix(OPERATOR_PREFIX) {
+                Some(n) => (n.to_owned(), true),
+                None => (p.name.clone(), false),
+            };
+            PolicyDef {
+                vhost: p.vhost.clone(),
+                name,
+                pattern: p.pattern.clone(),
+                apply_to: p.apply_to.clone(),
+                priority: p.priority,
+                definition: serde_json::from_str(&p.definition).unwrap_or(Value::Null),
+                operator,
+            }
+        })
+        .collect()
 }
 
 // ------------------------------------------------------------ replay
 
-/// Brings the local broker in line with the cluster's metadata: creates
-/// what was declared on other nodes and removes what they deleted. Call
-/// with `replaying` set (so the broker's own writes are skipped).
-pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
-    let defs = to_definitions(m);
-    let warn = |what: &str, e: &dyn std::fmt::Display| {
-        tracing::warn!(what, error = %e, "could not apply a cluster metadata change locally");
-    };
-    // Vhosts.
+/// The parts of the cluster's metadata a replay brought the broker in line
+/// with, kept to compare the next metadata with (not the metadata itself:
+/// a reference held to it would have the Raft state machine copy the whole
+/// metadata on each change it applies).
+#[derive(Default)]
+pub(crate) struct Replayed {
+    vhosts: BTreeSet<String>,
+    users: BTreeMap<String, UserRecord>,
+    permissions: BTreeMap<(String, String), Permissions>,
+    exchanges: BTreeMap<(String, String), ExchangeRecord>,
+    bindings: Vec<BindingRecord>,
+    policies: BTreeMap<(String, String), PolicyRecord>,
+    /// Every queue, and whether it is exclusive.
+    queues: BTreeMap<(String, String), bool>,
+}
+
+/// Brings the local broker in line with the cluster's metadata `m`:
+/// creates what was declared on other nodes and removes what they deleted.
+/// Call with `replaying` set (so the broker's own writes are skipped).
+///
+/// With `prev`, what the last replay brought the broker in line with, only
+/// the parts of `m` that differ from it are gone over: the queue records'
+/// masters, mirrors and ring views, which change many times a second while
+/// mirrored queues are declared, cost nothing here, and a declare costs the
+/// queues added, not every queue of the cluster. Without it, every part is
+/// compared with what the broker holds.
+pub(crate) fn replay(b: &mut Broker, prev: Option<Replayed>, m: &Metadata, me: &str) -> Replayed {
+    let full = prev.is_none();
+    let mut r = prev.unwrap_or_default();
+    if full || r.vhosts != m.vhosts {
+        replay_vhosts(b, m);
+        r.vhosts.clone_from(&m.vhosts);
+    }
+    if full || r.users != m.users {
+        replay_users(b, m);
+        r.users.clone_from(&m.users);
+    }
+    if full || r.permissions != m.permissions {
+        replay_permissions(b, m);
+        r.permissions.clone_from(&m.permissions);
+    }
+    let exchanges_changed = full || r.exchanges != m.exchanges;
+    if exchanges_changed {
+        replay_exchanges(b, m);
+        r.exchanges.clone_from(&m.exchanges);
+    }
+    let queues_changed = full || !r.queues.keys().eq(m.queues.keys());
+    if full {
+        replay_queues(b, m, me);
+    } else if queues_changed {
+        replay_queues_since(b, &r.queues, m, me);
+    }
+    if queues_changed {
+        r.queues = m
+            .queues
+            .iter()
+            .map(|(k, q)| (k.clone(), q.exclusive_owner.is_some()))
+            .collect();
+    }
+    if exchanges_changed || r.bindings != m.bindings {
+        replay_bindings(b, m);
+        r.bindings.clone_from(&m.bindings);
+    }
+    // Policies may have changed: every queue's settings follow (a queue
+    // declared since took them when it was declared).
+    if full || r.policies != m.policies {
+        b.apply_policies(&policy_defs(m));
+        r.policies.clone_from(&m.policies);
+    }
+    r
+}
+
+fn warn_replay(what: &str, e: &dyn std::fmt::Display) {
+    tracing::warn!(what, error = %e, "could not apply a cluster metadata change locally");
+}
+
+fn replay_vhosts(b: &mut Broker, m: &Metadata) {
     let have: BTreeSet<String> = b.vhost_names().into_iter().collect();
-    for v in &defs.vhosts {
+    for v in &m.vhosts {
         if !have.contains(v)
             && let Err(e) = b.ensure_vhost(v)
         {
-            warn("vhost", &e);
+            warn_replay("vhost", &e);
         }
     }
     for v in have.iter().filter(|v| !m.vhosts.contains(*v)) {
         if let Err(e) = b.delete_vhost(v) {
-            warn("vhost delete", &e);
+            warn_replay("vhost delete", &e);
         }
     }
-    // Users.
+}
+
+fn replay_users(b: &mut Broker, m: &Metadata) {
     let users: BTreeMap<String, UserDef> =
         b.users().into_iter().map(|u| (u.name.clone(), u)).collect();
-    for u in &defs.users {
+    for u in user_defs(m) {
         let same = users
             .get(&u.name)
             .is_some_and(|x| x.password_hash == u.password_hash && x.tags == u.tags);
-        if !same && let Err(e) = b.put_user(u.clone()) {
-            warn("user", &e);
+        if !same && let Err(e) = b.put_user(u) {
+            warn_replay("user", &e);
         }
     }
     for name in users.keys().filter(|n| !m.users.contains_key(*n)) {
         if let Err(e) = b.delete_user(name) {
-            warn("user delete", &e);
+            warn_replay("user delete", &e);
         }
     }
-    // Permissions.
+}
+
+fn replay_permissions(b: &mut Broker, m: &Metadata) {
     let perms = b.permissions();
-    for p in &defs.permissions {
-        if !perms.contains(p)
-            && let Err(e) = b.set_permissions(p.clone())
+    for p in permission_defs(m) {
+        if !perms.contains(&p)
+            && let Err(e) = b.set_permissions(p)
         {
-            warn("permissions", &e);
+            warn_replay("permissions", &e);
         }
     }
     for p in &perms {
@@ -844,20 +935,23 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
             .contains_key(&(p.vhost.clone(), p.user.clone()))
             && let Err(e) = b.clear_permissions(&p.user, &p.vhost)
         {
-            warn("permissions delete", &e);
+            warn_replay("permissions delete", &e);
         }
     }
-    // Exchanges (durable and transient).
+}
+
+/// Exchanges, durable and transient.
+fn replay_exchanges(b: &mut Broker, m: &Metadata) {
     let exchanges: BTreeSet<(String, String)> = b
         .exchanges(None)
         .into_iter()
         .map(|e| (e.vhost, e.name))
         .collect();
-    for e in &defs.exchanges {
+    for e in exchange_defs(m) {
         if !exchanges.contains(&(e.vhost.clone(), e.name.clone()))
-            && let Err(err) = b.admin_declare_exchange(e.clone())
+            && let Err(err) = b.admin_declare_exchange(e)
         {
-            warn("exchange", &err);
+            warn_replay("exchange", &err);
         }
     }
     for e in b.exchanges(None) {
@@ -866,56 +960,79 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
             && !m.exchanges.contains_key(&(e.vhost.clone(), e.name.clone()))
             && let Err(err) = b.admin_delete_exchange(&e.vhost, &e.name)
         {
-            warn("exchange delete", &err);
+            warn_replay("exchange delete", &err);
         }
     }
-    // Queues (but exclusive ones, which stay on their connection's node).
-    let queues = b.queues(None);
-    let local: BTreeSet<(String, String)> = queues
+}
+
+/// Declares queue `q` of the cluster here, served by its master from the
+/// start: a queue declared on another node must not take publishes here,
+/// even before the mirroring reconciler's next pass (they would be
+/// confirmed into a local store that the queue's replica then replaces).
+fn replay_declare(b: &mut Broker, q: &QueueRecord, me: &str) {
+    let d = queue_def(q);
+    if let Err(e) = b.admin_declare_queue(&d.vhost, &d.name, d.durable, d.auto_delete, d.arguments)
+    {
+        warn_replay("queue", &e);
+        return;
+    }
+    if q.master != me {
+        b.set_queue_master(&q.vhost, &q.name, Some(&q.master));
+    }
+}
+
+/// Queues (but exclusive ones, which stay on their connection's node),
+/// compared with the broker's.
+fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
+    let local = b.queue_names();
+    let have: BTreeSet<(&str, &str)> = local
         .iter()
-        .map(|q| (q.vhost.clone(), q.name.clone()))
+        .map(|(v, q, _)| (v.as_str(), q.as_str()))
         .collect();
-    for q in &defs.queues {
-        let key = (q.vhost.clone(), q.name.clone());
-        if local.contains(&key) {
-            continue;
-        }
-        if let Err(e) = b.admin_declare_queue(
-            &q.vhost,
-            &q.name,
-            q.durable,
-            q.auto_delete,
-            q.arguments.clone(),
-        ) {
-            warn("queue", &e);
-            continue;
-        }
-        // Served by its master from the start: a queue declared on another
-        // node must not take publishes here, even before the mirroring
-        // reconciler's next pass (they would be confirmed into a local
-        // store that the queue's replica then replaces).
-        if let Some(r) = m.queues.get(&key)
-            && r.master != me
-        {
-            b.set_queue_master(&q.vhost, &q.name, Some(&r.master));
+    for q in m.queues.values() {
+        if q.exclusive_owner.is_none() && !have.contains(&(q.vhost.as_str(), q.name.as_str())) {
+            replay_declare(b, q, me);
         }
     }
-    for q in queues.iter().filter(|q| !q.exclusive) {
-        if !m.queues.contains_key(&(q.vhost.clone(), q.name.clone())) {
-            b.admin_delete_queue(&q.vhost, &q.name);
+    for (vhost, name, exclusive) in &local {
+        if !exclusive && !m.queues.contains_key(&(vhost.clone(), name.clone())) {
+            b.admin_delete_queue(vhost, name);
         }
     }
-    // Bindings: drop those between shared entities (any exchange, a queue
-    // but an exclusive one) that the cluster no longer has, then add the
-    // missing ones.
+}
+
+/// Queues added to or removed from the cluster since the last replay
+/// (`prev`: each queue then, and whether it was exclusive).
+fn replay_queues_since(
+    b: &mut Broker,
+    prev: &BTreeMap<(String, String), bool>,
+    m: &Metadata,
+    me: &str,
+) {
+    for (key, q) in &m.queues {
+        if q.exclusive_owner.is_none() && !prev.contains_key(key) {
+            replay_declare(b, q, me);
+        }
+    }
+    for (key, exclusive) in prev {
+        if !exclusive && !m.queues.contains_key(key) {
+            b.admin_delete_queue(&key.0, &key.1);
+        }
+    }
+}
+
+/// Bindings: drops those between shared entities (any exchange, a queue but
+/// an exclusive one) that the cluster no longer has, then adds the missing
+/// ones.
+fn replay_bindings(b: &mut Broker, m: &Metadata) {
     let shared_q: BTreeSet<(String, String)> = b
-        .queues(None)
+        .queue_names()
         .into_iter()
-        .filter(|q| !q.exclusive)
-        .map(|q| (q.vhost, q.name))
+        .filter(|(_, _, exclusive)| !exclusive)
+        .map(|(v, q, _)| (v, q))
         .collect();
+    let defs = binding_defs(m);
     let wanted: BTreeSet<(String, String, String, bool, String, String)> = defs
-        .bindings
         .iter()
         .map(|d| {
             (
@@ -953,17 +1070,15 @@ pub(crate) fn replay(b: &mut Broker, m: &Metadata, me: &str) {
                 arguments: json_to_table(&bi.arguments),
             };
             if let Err(e) = b.admin_unbind(&def) {
-                warn("unbind", &e);
+                warn_replay("unbind", &e);
             }
         }
     }
-    for bd in defs.bindings {
+    for bd in defs {
         if let Err(e) = b.admin_bind(bd) {
-            warn("binding", &e);
+            warn_replay("binding", &e);
         }
     }
-    // Policies may have changed: every queue's settings follow.
-    b.apply_policies(&defs.policies);
 }
 
 /// Deletes the non-durable queues this node served alone before it
@@ -998,7 +1113,16 @@ async fn forget_transient_queues(cluster: Cluster) {
     }
 }
 
-/// Replays the cluster's metadata on the broker now and after every change.
+/// How often the broker is compared with the whole of the cluster's
+/// metadata, rather than only with what changed since the last replay: a
+/// broker that went astray some way the replays do not know of is back in
+/// line within this.
+const FULL_REPLAY_EVERY: Duration = Duration::from_secs(10);
+
+/// Replays the cluster's metadata on the broker now and after every change:
+/// in full at first, when asked (`again`: a commit was refused, the broker
+/// holds a change the cluster does not) and every [`FULL_REPLAY_EVERY`];
+/// otherwise only what changed since the last replay.
 pub(crate) async fn replay_loop(
     cluster: Cluster,
     broker: Arc<Mutex<Broker>>,
@@ -1007,6 +1131,10 @@ pub(crate) async fn replay_loop(
 ) {
     let mut changes = cluster.metadata_changes();
     let me = cluster.node().to_string();
+    // What the broker was last brought in line with (the cluster's
+    // metadata and this node's changes in flight).
+    let mut last: Option<Replayed> = None;
+    let mut full_at = Instant::now();
     loop {
         {
             let mut b = broker
@@ -1027,7 +1155,13 @@ pub(crate) async fn replay_loop(
                 }
                 Arc::new(m)
             };
-            replay(&mut b, &meta, &me);
+            if full_at.elapsed() >= FULL_REPLAY_EVERY {
+                last = None;
+            }
+            if last.is_none() {
+                full_at = Instant::now();
+            }
+            last = Some(replay(&mut b, last.take(), &meta, &me));
             replaying.store(false, Ordering::SeqCst);
             // A client's change through another node is answered once
             // this broker has it (Cluster::write_everywhere).
@@ -1037,7 +1171,7 @@ pub(crate) async fn replay_loop(
             r = changes.changed() => if r.is_err() {
                 return;
             },
-            () = again.notified() => {}
+            () = again.notified() => last = None,
         }
     }
 }

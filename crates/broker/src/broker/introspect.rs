@@ -288,6 +288,20 @@ impl Broker {
         v
     }
 
+    /// Every queue's vhost, name and whether it is exclusive, cheaply (no
+    /// figures, arguments or policies): for comparing with the cluster's.
+    #[must_use]
+    pub fn queue_names(&self) -> Vec<(String, String, bool)> {
+        self.vhosts
+            .iter()
+            .flat_map(|(vn, v)| {
+                v.queues
+                    .values()
+                    .map(move |q| (vn.clone(), q.name.to_string(), q.opts.exclusive))
+            })
+            .collect()
+    }
+
     /// Every queue (of `vhost`, or of all vhosts), sorted by vhost then name.
     #[must_use]
     pub fn queues(&self, vhost: Option<&str>) -> Vec<QueueInfo> {
