@@ -315,6 +315,8 @@ struct SyncSent {
     sync: u64,
     /// When it started (the replica's clock).
     at_ms: u64,
+    /// How many messages it copies.
+    messages: u64,
 }
 
 /// How long a mirror waits for a master before it warns (see
@@ -1218,10 +1220,15 @@ impl Replica {
             if self.role == Role::Master {
                 if let Some(sent) = self.sync_awaiting.get(&publisher)
                     && sent.sync > after
+                    && sent.messages > 0
                     && self.now_ms.saturating_sub(sent.at_ms) < SYNC_ASK_STALE_MS
                 {
                     // Asked before the sync on its way reached it: that
                     // sync answers it (another would copy the queue again).
+                    // An empty one costs nothing to send again, and the
+                    // mirror may have missed its start (it joined the ring
+                    // as it went round): in manual mode, where only an empty
+                    // queue is synchronised, nothing would ask again.
                     tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, mirror = %publisher, sync = sent.sync, "an ask that predates its sync: ignored");
                     return;
                 }
@@ -1519,13 +1526,14 @@ impl Replica {
         };
         let id = self.next_sync;
         self.next_sync += 1;
+        let total = snap.len() as u64;
         let sent = SyncSent {
             sync: id,
             at_ms: self.now_ms,
+            messages: total,
         };
         self.sync_awaiting
             .extend(targets.iter().map(|&m| (m, sent)));
-        let total = snap.len() as u64;
         tracing::info!(node = %self.node, queue = %self.queue, view = self.epoch, sync = id, mirrors = targets.len(), messages = total, batch = self.settings.sync_batch_size, "synchronising");
         self.push_msg(Body::SyncStart {
             sync: id,
@@ -2160,6 +2168,54 @@ mod tests {
             ),
             Err(MirrorError::Stopped)
         ));
+    }
+
+    /// A mirror that joined the ring as the master's sync of an empty queue
+    /// went round missed its start; its ask is answered at once (in manual
+    /// mode nothing would ask again), while an ask that predates a sync
+    /// with messages still waits for it.
+    #[test]
+    fn an_ask_after_an_empty_sync_is_answered_with_another() {
+        let (me, mirror) = (MemberId(1), MemberId(2));
+        let mut r = master_at_epoch_2(me);
+        r.handle_view(alone(me));
+        let both = alone(me)
+            .apply(&ViewChange::Join {
+                member: mirror,
+                after: Some(me),
+                node: NodeName::new("b").unwrap(),
+            })
+            .unwrap();
+        r.handle_view(both.clone());
+        assert_eq!(
+            r.sync_awaiting[&mirror].sync, 1,
+            "an empty queue is synchronised"
+        );
+        r.handle_deliver(mirror, &msg(2, Body::NeedSync { after: 0 }));
+        assert_eq!(r.sync_awaiting[&mirror].sync, 2, "synchronised again");
+
+        let mut r = master_at_epoch_2(me);
+        r.handle_view(alone(me));
+        r.publish(
+            1,
+            PublishId {
+                publisher: 4,
+                seq: 1,
+            },
+            NewMessage::new(1, &b"x"[..], false),
+        )
+        .unwrap();
+        r.set_settings(Settings {
+            sync_mode: SyncMode::Automatic,
+            ..Settings::default()
+        });
+        r.handle_view(both);
+        assert_eq!(r.sync_awaiting[&mirror].sync, 1);
+        r.handle_deliver(mirror, &msg(2, Body::NeedSync { after: 0 }));
+        assert_eq!(
+            r.sync_awaiting[&mirror].sync, 1,
+            "the sync on its way answers it"
+        );
     }
 
     #[test]
