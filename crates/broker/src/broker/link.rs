@@ -263,6 +263,9 @@ struct RemoteGet {
     no_ack: bool,
     vhost: String,
     queue: Arc<str>,
+    /// When `conn` is another node's link: the request of that node's get,
+    /// which this one forwards on (the master moved on from here).
+    req: Option<u64>,
 }
 
 /// A client's `queue.declare` waiting for the master's counts.
@@ -941,9 +944,12 @@ impl Broker {
             return;
         };
         let req = self.links.next();
-        if let Some(c) = self.conns.get_mut(&conn) {
+        // A link's get waits out of line (its request is answered when the
+        // master's answer comes).
+        let asked = self.conns.get_mut(&conn).and_then(|c| {
             c.reply_waits();
-        }
+            c.defer_get()
+        });
         self.links.gets.insert(
             req,
             RemoteGet {
@@ -953,6 +959,7 @@ impl Broker {
                 no_ack,
                 vhost: vhost.to_owned(),
                 queue: queue.clone(),
+                req: asked,
             },
         );
         let msg = LinkMsg::Get {
@@ -1310,7 +1317,17 @@ impl Broker {
                 req,
                 no_ack,
             } => {
-                let Some(pc) = self.link_conn(from, &vhost) else {
+                // The asking node is the master as this node knows it (one
+                // of them has not seen a move yet): passed back, the get
+                // would go round between them.
+                let back = self
+                    .vhosts
+                    .get(&vhost)
+                    .and_then(|v| v.queues.get(queue.as_str()))
+                    .and_then(|q| q.remote.as_ref())
+                    .is_some_and(|at| at.is(from));
+                let pc = self.link_conn(from, &vhost).filter(|_| !back);
+                let Some(pc) = pc else {
                     self.links.send(from, LinkMsg::GetReply { req, msg: None });
                     return;
                 };
@@ -1435,6 +1452,7 @@ impl Broker {
             no_ack,
             vhost,
             queue,
+            req,
         } = get;
         let open = self
             .conns
@@ -1451,11 +1469,12 @@ impl Broker {
             }
             return;
         };
+        c.answering_get(req);
         let Some(chan) = c.channels.get_mut(&ch) else {
             return;
         };
         let Some((tag, redelivered, meta, body, remaining)) = msg else {
-            c.amqp.reply(ch, Reply::BasicGetEmpty);
+            c.send_get_empty(ch);
             return;
         };
         chan.next_tag += 1;
@@ -1472,8 +1491,7 @@ impl Broker {
             );
         }
         let m = decode_meta(&meta);
-        c.count_delivery(ch, redelivered);
-        c.amqp.send_content(
+        c.send_message(
             ch,
             &ContentMethod::GetOk {
                 delivery_tag: dtag,
@@ -1483,6 +1501,7 @@ impl Broker {
                 message_count: remaining,
             },
             &m.properties,
+            &meta,
             &body,
         );
         let _ = vhost;
@@ -1618,7 +1637,8 @@ impl Broker {
             .collect();
         for g in gets {
             if let Some(c) = self.conns.get_mut(&g.conn) {
-                c.amqp.reply(g.channel, Reply::BasicGetEmpty);
+                c.answering_get(g.req);
+                c.send_get_empty(g.channel);
             }
             self.reply_answered(g.conn);
         }

@@ -408,3 +408,90 @@ fn a_forwarded_publish_for_a_queue_the_master_lacks_is_nacked() {
         "{msgs:?}"
     );
 }
+
+/// The messages node `node` sends to `to` down its link.
+fn sent_to(node: &Node, to: &str) -> Vec<LinkMsg> {
+    node.with_broker(warren_broker::Broker::take_link_out)
+        .into_iter()
+        .filter(|(n, _)| n == to)
+        .flat_map(|(_, m)| m)
+        .collect()
+}
+
+/// A `basic.get` forwarded here by node n2 for a queue whose master moved on
+/// to n3 (n2 had not seen the move yet) goes on to n3, and n3's answer,
+/// empty or a message, comes back to n2 as the answer to n2's request. It
+/// was answered to nobody, and n2's client waited for it for ever.
+#[test]
+fn a_get_forwarded_on_to_a_new_master_is_answered_to_the_node_that_asked() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    c.publish(1, "", "q", Message::new("near"));
+    node.with_broker(|b| b.set_queue_master("/", "q", Some("n3")));
+    let _ = node.with_broker(warren_broker::Broker::take_link_out);
+    for (n2_req, answer) in [(5, None), (6, Some("m"))] {
+        let get = LinkMsg::Get {
+            vhost: "/".into(),
+            queue: "q".into(),
+            req: n2_req,
+            no_ack: false,
+        };
+        node.with_broker(|b| b.link_input("n2", vec![get], START_MS));
+        let req = sent_to(&node, "n3")
+            .iter()
+            .find_map(|m| match m {
+                LinkMsg::Get { req, .. } => Some(*req),
+                _ => None,
+            })
+            .expect("the get forwarded on to n3");
+        let msg = answer.map(|body: &str| {
+            (
+                41,
+                false,
+                bytes::Bytes::new(),
+                bytes::Bytes::from(body.to_owned()),
+                0,
+            )
+        });
+        node.with_broker(|b| b.link_input("n3", vec![LinkMsg::GetReply { req, msg }], START_MS));
+        let replies = sent_to(&node, "n2");
+        let reply = replies.iter().find_map(|m| match m {
+            LinkMsg::GetReply { req, msg } => Some((*req, msg.as_ref().map(|m| m.3.clone()))),
+            _ => None,
+        });
+        assert_eq!(
+            reply,
+            Some((n2_req, answer.map(|b| bytes::Bytes::from(b.to_owned())))),
+            "{replies:?}"
+        );
+    }
+}
+
+/// Two nodes that each take the other for a queue's master (one has not
+/// seen a move yet) do not pass a `basic.get` back and forth: the node asked
+/// by the one it would forward to answers it empty.
+#[test]
+fn a_get_from_the_node_taken_for_the_master_is_answered_empty() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    node.with_broker(|b| b.set_queue_master("/", "q", Some("n2")));
+    let _ = node.with_broker(warren_broker::Broker::take_link_out);
+    let get = LinkMsg::Get {
+        vhost: "/".into(),
+        queue: "q".into(),
+        req: 3,
+        no_ack: true,
+    };
+    node.with_broker(|b| b.link_input("n2", vec![get], START_MS));
+    let replies = sent_to(&node, "n2");
+    assert!(
+        replies
+            .iter()
+            .any(|m| matches!(m, LinkMsg::GetReply { req: 3, msg: None })),
+        "{replies:?}"
+    );
+    assert!(
+        !replies.iter().any(|m| matches!(m, LinkMsg::Get { .. })),
+        "{replies:?}"
+    );
+}
