@@ -48,12 +48,16 @@ pub(crate) async fn start(
         sent: Arc::new(Mutex::new(HashMap::new())),
         reached: Arc::new(Mutex::new(HashMap::new())),
         downs: Arc::new(Mutex::new(HashMap::new())),
+        accepted: Arc::new(Mutex::new(HashMap::new())),
     };
     {
         let (broker, me) = (broker.clone(), me.clone());
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let peer = conn.peer_node().to_string();
+                // Before its welcome: from now on the node's older link
+                // connections carry only what it has given up.
+                let generation = me.accept(&peer);
                 let (mut tx, rx) = conn.split();
                 let welcome = LinkMsg::Welcome {
                     incarnation: me.incarnation,
@@ -65,7 +69,7 @@ pub(crate) async fn start(
                         let _ = tokio::time::timeout(WELCOME_WAIT, tx.flush()).await;
                     }
                 });
-                tokio::spawn(receive(peer, rx, broker.clone(), me.clone()));
+                tokio::spawn(receive(peer, generation, rx, broker.clone(), me.clone()));
             }
         });
     }
@@ -139,12 +143,35 @@ struct Me {
     /// node's side has already given up (deliveries it requeued, once a
     /// partition heals and TCP retransmits them), and is closed unread.
     downs: Arc<Mutex<HashMap<String, u64>>>,
+    /// How many link connections from each node were accepted: a node
+    /// dials a new one only after giving up the old (its forwarded work
+    /// failed, its consumers asked for again), so what an older one still
+    /// carries is stale, as after a down report.
+    accepted: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl Me {
-    fn downs(&self, node: &str) -> u64 {
-        self.downs
+    /// Counts a link connection accepted from `node`; returns its number.
+    fn accept(&self, node: &str) -> u64 {
+        let mut a = self
+            .accepted
             .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = a.entry(node.to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+
+    fn accepted(&self, node: &str) -> u64 {
+        Self::count(&self.accepted, node)
+    }
+
+    fn downs(&self, node: &str) -> u64 {
+        Self::count(&self.downs, node)
+    }
+
+    fn count(map: &Mutex<HashMap<String, u64>>, node: &str) -> u64 {
+        map.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(node)
             .copied()
@@ -181,6 +208,7 @@ fn waits(b: &warren_broker::Broker, from: &str, m: &LinkMsg) -> bool {
 
 async fn receive(
     peer: String,
+    generation: u64,
     mut rx: Box<dyn warren_transport::FrameReceiver>,
     broker: Shared,
     me: Me,
@@ -190,11 +218,15 @@ async fn receive(
     let downs = me.downs(&peer);
     // Asked with the broker's lock held, as a down report is counted.
     let stale = || {
-        let gone = me.downs(&peer) != downs;
-        if gone {
+        if me.downs(&peer) != downs {
             tracing::warn!(%peer, "closing a link connection from before the node was last reported down (what it still carries, the node has given up)");
+            return true;
         }
-        gone
+        if me.accepted(&peer) != generation {
+            tracing::info!(%peer, "closing a link connection the node replaced (what it still carries, the node has given up)");
+            return true;
+        }
+        false
     };
     // Flow control: a forwarded publish into a queue whose ring or
     // consumers are behind waits, and every later publish of this link
@@ -375,7 +407,7 @@ impl NodeLink {
     /// down); a batch that cannot be sent fails the node's forwarded work.
     async fn run(self, mut rx: tokio::sync::mpsc::UnboundedReceiver<Option<Vec<LinkMsg>>>) {
         let node = &self.node;
-        let mut conn: Option<(String, Box<dyn FrameSender>)> = None;
+        let mut conn: Option<LinkConn> = None;
         // The cluster's reports about this node: down since a Down report
         // and until an Up one (a node never reported down is dialed).
         let mut events = self.cluster.subscribe();
@@ -395,6 +427,17 @@ impl NodeLink {
                     Some(b) => b,
                     None => return,
                 },
+                () = broken(&mut conn) => {
+                    // Given up by the transport (data unacknowledged too
+                    // long: a lossy or cut network) or closed by the node:
+                    // what it carried is lost, and a new connection is
+                    // dialed at once.
+                    tracing::warn!(%node, "forwarding link broke");
+                    conn = None;
+                    let mut b = lock(&self.broker);
+                    b.link_down(node, now_ms());
+                    Some(Vec::new())
+                }
                 () = tokio::time::sleep(REDIAL), if redial && !down => Some(Vec::new()),
                 e = events.recv(), if redial && down => {
                     match e {
@@ -417,7 +460,10 @@ impl NodeLink {
                 .get(node)
                 .and_then(|n| n.link_addr.clone());
             // The node restarted elsewhere: its old link is gone.
-            if conn.as_ref().is_some_and(|(a, _)| Some(a) != addr.as_ref()) {
+            if conn
+                .as_ref()
+                .is_some_and(|c| Some(&c.addr) != addr.as_ref())
+            {
                 conn = None;
             }
             if conn.is_none() {
@@ -470,7 +516,11 @@ impl NodeLink {
                         if let Ok(v) = postcard::to_allocvec(&hello) {
                             let _ = tx.feed(Bytes::from(v));
                         }
-                        conn = Some((addr.clone().unwrap_or_default(), tx));
+                        conn = Some(LinkConn {
+                            addr: addr.clone().unwrap_or_default(),
+                            tx,
+                            rx,
+                        });
                         if std::mem::take(&mut failing) {
                             tracing::info!(%node, "forwarding link to node restored");
                         }
@@ -499,7 +549,7 @@ impl NodeLink {
                     }
                 }
             }
-            let Some((_, tx)) = conn.as_mut() else {
+            let Some(LinkConn { tx, .. }) = conn.as_mut() else {
                 lock(&self.broker).link_sent(node, msgs.len());
                 continue;
             };
@@ -532,6 +582,24 @@ impl NodeLink {
             }
         }
     }
+}
+
+/// A link connection this node dialed.
+struct LinkConn {
+    /// The address dialed.
+    addr: String,
+    tx: Box<dyn FrameSender>,
+    /// Nothing comes after the `Welcome`: read only to see the end.
+    rx: Box<dyn warren_transport::FrameReceiver>,
+}
+
+/// Resolves when the link connection in `conn` is down; never while there
+/// is none.
+async fn broken(conn: &mut Option<LinkConn>) {
+    let Some(c) = conn else {
+        return std::future::pending().await;
+    };
+    while let Ok(Some(_)) = c.rx.recv().await {}
 }
 
 /// How long a dialer waits for the acceptor's `Welcome` (and an acceptor

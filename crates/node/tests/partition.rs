@@ -1,13 +1,14 @@
 //! Network partitions around a mirrored queue's master, with real `warren`
 //! processes in a private network namespace (`ip netns`) and iptables rules
 //! between their addresses: the master isolated from both mirrors; the
-//! master cut from one mirror's node only, both ways or one way, with
-//! publishers and consumers on both other nodes. Every test checks that no
-//! confirmed message is lost, that clients are served again after the heal,
-//! that publishers of the nodes that reach a master are answered and
-//! confirmed within `--net-ticktime` (plus [`SLACK`]) throughout, and that
-//! the drain after the load takes at most a fifth of the load's time; the
-//! first also that every repeat carries the redelivered flag.
+//! master cut from one mirror's node only, both ways or one way, or joined
+//! to it by a lossy link, with publishers and consumers on both other
+//! nodes. Every test checks that no confirmed message is lost, that clients
+//! are served again within `--net-ticktime` (plus [`SLACK`]) of the heal,
+//! that every repeat carries the redelivered flag, and that the drain after
+//! the load takes at most a fifth of the load's time; the cuts also that
+//! publishers of the nodes that reach a master are answered and confirmed
+//! within that time throughout.
 //!
 //! Needs root, `ip` and iptables. Without them the test is skipped with a
 //! message, unless `WARREN_REQUIRE_NETNS=1` makes it fail.
@@ -554,20 +555,47 @@ fn confirmed_after(h: &Mutex<History>, tag: &str, from: Instant) -> usize {
 
 #[test]
 fn a_cut_between_the_master_and_one_mirror_heals() {
-    cut_between_the_master_and_one_mirror(true);
+    cut_between_the_master_and_one_mirror(Fault::BothWays);
 }
 
 /// The same with packets from the master to the mirror's node dropped and
 /// the other way left open.
 #[test]
 fn a_one_way_cut_from_the_master_to_one_mirror_heals() {
-    cut_between_the_master_and_one_mirror(false);
+    cut_between_the_master_and_one_mirror(Fault::OneWay);
 }
 
-/// A cut between the master's node a and a mirror's node b (both ways, or
-/// a → b only), while both reach c; publishers and consumers on b and c.
-fn cut_between_the_master_and_one_mirror(both_ways: bool) {
-    let tag = if both_ways { "cut2" } else { "cut1" };
+/// The same with 30 % of the packets between the two nodes dropped, both
+/// ways, for 10 s: TCP's retransmission backoff left a connection between
+/// them waiting seconds after the heal for its next retransmission, and the
+/// clients of the mirror's node with it (chaos seeds 17 and 18); such a
+/// connection is now given up (`TransportConfig::unacked_timeout`) and
+/// dialed again. While packets are lost, answers may be slow: only the
+/// heal's liveness is timed.
+#[test]
+fn a_lossy_link_between_the_master_and_one_mirror_heals() {
+    cut_between_the_master_and_one_mirror(Fault::Lossy);
+}
+
+/// How the master's node a and the mirror's node b are parted.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// Nothing passes either way.
+    BothWays,
+    /// What a sends b is dropped.
+    OneWay,
+    /// 30 % of the packets are dropped, both ways.
+    Lossy,
+}
+
+/// A fault between the master's node a and a mirror's node b, while both
+/// reach c; publishers and consumers on b and c.
+fn cut_between_the_master_and_one_mirror(fault: Fault) {
+    let tag = match fault {
+        Fault::BothWays => "cut2",
+        Fault::OneWay => "cut1",
+        Fault::Lossy => "lossy",
+    };
     let Some(ns) = Netns::enter_new(&format!("warren-{tag}-{}", std::process::id())) else {
         return;
     };
@@ -584,29 +612,37 @@ fn cut_between_the_master_and_one_mirror(both_ways: bool) {
     let consumer_c = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
     std::thread::sleep(Duration::from_secs(2));
     // a and b cannot reach each other (or only a's packets are dropped on
-    // their way to b); both still reach c (a keeps its majority through c).
-    // Twice, 20 s each (WARREN_CUTS, WARREN_CUT_SECS).
+    // their way to b, or some are lost); both still reach c (a keeps its
+    // majority through c). Cuts twice, 20 s each, a lossy link once for
+    // 10 s (WARREN_CUTS, WARREN_CUT_SECS).
+    let lossy = fault == Fault::Lossy;
     let cut_secs: u64 = std::env::var("WARREN_CUT_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(if lossy { 10 } else { 20 });
     let cuts: u32 = std::env::var("WARREN_CUTS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+        .unwrap_or(if lossy { 1 } else { 2 });
     let first_cut = Instant::now();
     for i in 0..cuts {
         if i > 0 {
             std::thread::sleep(Duration::from_secs(10));
         }
-        let pairs: &[(&str, &str)] = if both_ways {
-            &[(ips[0], ips[1]), (ips[1], ips[0])]
-        } else {
+        let pairs: &[(&str, &str)] = if fault == Fault::OneWay {
             &[(ips[0], ips[1])]
+        } else {
+            &[(ips[0], ips[1]), (ips[1], ips[0])]
+        };
+        // Lossy: each packet dropped with probability 0.3.
+        let loss = if lossy {
+            "-m statistic --mode random --probability 0.3 "
+        } else {
+            ""
         };
         for &(s, d) in pairs {
-            ns.iptables(&["-A", "INPUT", "-s", s, "-d", d, "-j", "DROP"])
-                .unwrap();
+            let rule = format!("-A INPUT -s {s} -d {d} {loss}-j DROP");
+            ns.iptables(&rule.split(' ').collect::<Vec<_>>()).unwrap();
         }
         std::thread::sleep(Duration::from_secs(cut_secs));
         ns.iptables(&["-F", "INPUT"]).unwrap();
@@ -697,13 +733,15 @@ fn cut_between_the_master_and_one_mirror(both_ways: bool) {
         back_b <= NET_TICKTIME + SLACK,
         "b's publisher was confirmed again {back_b:?} after the heal"
     );
-    assert!(
-        answer_b <= NET_TICKTIME + SLACK && answer_c <= NET_TICKTIME + SLACK,
-        "longest wait for an answer: b {answer_b:?}, c {answer_c:?}"
-    );
-    assert!(
-        gap_c <= NET_TICKTIME + SLACK,
-        "c went {gap_c:?} without a confirm, from {gap_c_at:?} after the first cut"
-    );
+    if !lossy {
+        assert!(
+            answer_b <= NET_TICKTIME + SLACK && answer_c <= NET_TICKTIME + SLACK,
+            "longest wait for an answer: b {answer_b:?}, c {answer_c:?}"
+        );
+        assert!(
+            gap_c <= NET_TICKTIME + SLACK,
+            "c went {gap_c:?} without a confirm, from {gap_c_at:?} after the first cut"
+        );
+    }
     h.assert_kept_pace(stopped, load);
 }

@@ -111,7 +111,18 @@ impl TcpTransport {
                 }
             };
         stream.set_nodelay(true).map_err(connect_err)?;
+        self.set_unacked_timeout(&stream);
         Ok(stream)
+    }
+
+    /// Gives the connection up when its data goes unacknowledged for
+    /// [`TransportConfig::unacked_timeout`] (`TCP_USER_TIMEOUT`).
+    fn set_unacked_timeout(&self, stream: &TcpStream) {
+        if let Some(t) = self.config.unacked_timeout
+            && let Err(e) = socket2::SockRef::from(stream).set_tcp_user_timeout(Some(t))
+        {
+            tracing::debug!(error = %e, "setting TCP_USER_TIMEOUT failed");
+        }
     }
 
     /// Authenticates a fresh stream as `role`: TLS (when on), then the
@@ -221,6 +232,7 @@ impl Transport for TcpTransport {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let _ = stream.set_nodelay(true);
+                    transport.set_unacked_timeout(&stream);
                     let conn = transport.authenticate(stream, Role::Acceptor, &addr).await;
                     drop(slot);
                     if let Ok(conn) = conn {

@@ -74,11 +74,20 @@ pub struct TransportConfig {
     /// nodes on 127.0.0.2, .3, … see the node's own address). `None` lets the
     /// OS choose.
     pub bind_ip: Option<IpAddr>,
+    /// How long data sent on a connection may go unacknowledged by the
+    /// peer's network stack before the connection is given up (TCP's
+    /// `TCP_USER_TIMEOUT`; a peer that acknowledges but does not read is
+    /// not affected). A connection that a lossy or cut network left in
+    /// retransmission backoff then fails, and its user dials a new one,
+    /// instead of waiting seconds after the network heals for the next
+    /// retransmission. `None`: the system's timeouts (many minutes).
+    pub unacked_timeout: Option<Duration>,
 }
 
 impl TransportConfig {
     /// Defaults: 257 MiB frames in 16 MiB pieces, 5 s connect and handshake
-    /// timeouts, 64 handshakes at once per listener, OS-chosen source address.
+    /// timeouts, 64 handshakes at once per listener, OS-chosen source
+    /// address, connections given up after 2 s of unacknowledged data.
     pub fn new(node: NodeName, secret: ClusterSecret) -> Self {
         Self {
             node,
@@ -89,6 +98,7 @@ impl TransportConfig {
             handshake_timeout: Duration::from_secs(5),
             max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
             bind_ip: None,
+            unacked_timeout: Some(Duration::from_secs(2)),
         }
     }
 }

@@ -16,7 +16,9 @@
 //!   chunk, [`TransportConfig::chunk_len`]), or keep every frame in order.
 //! - Any error, or `Ok(None)` from `recv`, means the connection is down; frames
 //!   in flight at that moment may be lost. Callers reconnect.
-//! - No wait is unbounded: connecting and the handshake time out.
+//! - No wait is unbounded: connecting and the handshake time out, and a
+//!   TCP connection whose data the peer's network stack does not
+//!   acknowledge fails ([`TransportConfig::unacked_timeout`]).
 //! - Before the handshake, a peer can make a listener hold little: byte-stream
 //!   transports refuse frames over [`HANDSHAKE_MAX_FRAME_LEN`]
 //!   until the peer has proven the secret ([`stream::establish`]), and a
