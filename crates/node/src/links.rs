@@ -62,14 +62,19 @@ pub(crate) async fn start(
                 let welcome = LinkMsg::Welcome {
                     incarnation: me.incarnation,
                 };
+                let (broker, me) = (broker.clone(), me.clone());
                 tokio::spawn(async move {
                     if let Ok(v) = postcard::to_allocvec(&welcome)
                         && tx.feed(Bytes::from(v)).is_ok()
                     {
                         let _ = tokio::time::timeout(WELCOME_WAIT, tx.flush()).await;
                     }
+                    receive(peer, generation, rx, broker, me).await;
+                    // Held while the link lasts: on some transports (QUIC)
+                    // dropping it ends the stream, which the dialer takes
+                    // for the end of the link.
+                    drop(tx);
                 });
-                tokio::spawn(receive(peer, generation, rx, broker.clone(), me.clone()));
             }
         });
     }
@@ -429,14 +434,14 @@ impl NodeLink {
                 },
                 () = broken(&mut conn) => {
                     // Given up by the transport (data unacknowledged too
-                    // long: a lossy or cut network) or closed by the node:
-                    // what it carried is lost, and a new connection is
-                    // dialed at once.
-                    tracing::warn!(%node, "forwarding link broke");
+                    // long: a lossy or cut network) or closed by the node
+                    // (it is stopping): what it carried is lost. A new
+                    // connection is dialed after `REDIAL`, unless the node
+                    // is reported down meanwhile.
+                    tracing::info!(%node, "forwarding link ended");
                     conn = None;
-                    let mut b = lock(&self.broker);
-                    b.link_down(node, now_ms());
-                    Some(Vec::new())
+                    lock(&self.broker).link_down(node, now_ms());
+                    continue;
                 }
                 () = tokio::time::sleep(REDIAL), if redial && !down => Some(Vec::new()),
                 e = events.recv(), if redial && down => {
