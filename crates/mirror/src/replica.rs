@@ -1890,10 +1890,23 @@ impl Replica {
             .map(|e| (rank(e.node.as_str()), e.joined_at, e.id))
             .collect();
         alive.sort();
+        // Synchronised as the ring last said and as the record still says:
+        // a master that went on without a mirror (it left the master's ring
+        // view, say) takes it out of the record before it confirms or hands
+        // out what that mirror never saw, so a mirror the record no longer
+        // lists may be missing deliveries and confirmed messages.
+        let in_record = |m: &MemberId| {
+            self.view.entry(*m).is_some_and(|e| {
+                self.record
+                    .synchronised
+                    .iter()
+                    .any(|n| n == e.node.as_str())
+            })
+        };
         let synced: Vec<MemberId> = alive
             .iter()
             .map(|(_, _, m)| *m)
-            .filter(|m| self.synced_members.contains(m))
+            .filter(|m| self.synced_members.contains(m) && in_record(m))
             .collect();
         let candidate = match synced.first() {
             Some(m) => Some(*m),

@@ -1162,6 +1162,29 @@ fn no_promotion_without_a_synchronised_mirror_unless_always() {
     }
 }
 
+/// A mirror the ring still counts synchronised but the queue record no
+/// longer lists (its master took it out, as when it went on without that
+/// mirror, which then missed deliveries and confirms) is not promoted:
+/// the next one the record lists is. Found by mirror-driver simulation seed
+/// 164, where such a mirror was promoted and delivered messages again
+/// without the redelivered flag.
+#[test]
+fn promotion_follows_the_records_synchronised_mirrors() {
+    let mut sim = Sim::new(6, settings(SyncMode::Automatic, 8));
+    sim.add_node(false);
+    sim.add_node(false);
+    sim.quiesce();
+    assert_eq!(sim.record.synchronised, ["n1", "n2"]);
+    sim.crash(0);
+    sim.record.synchronised = vec!["n2".to_owned()];
+    sim.record.version += 1;
+    sim.notify_record();
+    sim.quiesce();
+    let m = sim.master().expect("a mirror was promoted");
+    assert_eq!(sim.nodes[m].name, "n2", "the mirror the record lists");
+    assert_eq!(sim.record.master, "n2");
+}
+
 /// A master holding 40 messages (`fetched` of them delivered), a new
 /// mirror, and a manual sync (one message per batch) just started; returns
 /// the master's index.
