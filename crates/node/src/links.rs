@@ -304,7 +304,7 @@ async fn receive(
                             b.link_peer_restarted(&peer);
                         } else {
                             tracing::info!(%peer, "node reconnected: dropping the old link's state");
-                            b.link_down(&peer, now_ms());
+                            b.link_replaced(&peer, now_ms());
                         }
                         // It dropped its side too: this node's consumers of
                         // its queues ask again.

@@ -318,6 +318,9 @@ pub(crate) struct Links {
     next_id: u64,
     /// Forwarded consumers by id.
     consumers: IdMap<u64, RemoteConsumer>,
+    /// Per node: the ids below this were given before its link was last
+    /// reset, when its consumers here got new ones (`renumber_consumers`).
+    retired_below: HashMap<String, u64>,
     /// Forwarded gets by request id.
     gets: IdMap<u64, RemoteGet>,
     /// Declares waiting for their queue's counts, by request id.
@@ -1559,11 +1562,18 @@ impl Broker {
             );
             true
         });
-        if !delivered {
+        let retired = rc.is_none()
+            && self
+                .links
+                .retired_below
+                .get(from)
+                .is_some_and(|below| cid < *below);
+        if !delivered && !retired {
             // The consumer is gone, or this node no longer knows it (its
             // link was reset while the delivery was on the way): the message
             // goes back at the master, which would otherwise hold it as
-            // unacknowledged for ever.
+            // unacknowledged for ever. (For an id given before the last
+            // reset of the master's link, the master does that itself.)
             self.link_settle(
                 &Elsewhere::Node(Arc::from(from)),
                 vhost,
@@ -1577,8 +1587,24 @@ impl Broker {
     /// not confirmed are nacked, its deliveries to this node's clients settle
     /// nowhere (its successor redelivers them), and its forwarded
     /// consumers and unacked deliveries on this node's queues are dropped
-    /// (requeued).
+    /// (requeued); this node's consumers of its queues get new ids, asked
+    /// for on the next session (`renumber_consumers`).
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
+        self.detached(|b| {
+            b.now = now_ms;
+            b.current = 0;
+            b.drop_origin_state(node);
+            b.renumber_consumers(node);
+            b.link_peer_restarted(node);
+            b.out_link_dropped(node);
+        });
+    }
+
+    /// Node `node` started a new link session to this node (its own link
+    /// to this node broke, and it dropped this node's link state then): as
+    /// [`link_down`](Self::link_down), except that this node's consumers
+    /// keep their ids, since `node` serves those asked for since.
+    pub fn link_replaced(&mut self, node: &str, now_ms: u64) {
         self.detached(|b| {
             b.now = now_ms;
             b.current = 0;
@@ -1677,6 +1703,47 @@ impl Broker {
                     }
                 }
             }
+        }
+    }
+
+    /// Gives this node's consumers of `node`'s queues new ids, asked for on
+    /// the next link session (`resubscribe`). Deliveries `node` sent to the
+    /// old ids may still be on their way (over a connection of its own that
+    /// outlived the reset): `node` requeues them, redelivered, when it drops
+    /// this node's link state, so they are dropped here (`link_deliver`),
+    /// not handed to a client as first deliveries.
+    fn renumber_consumers(&mut self, node: &str) {
+        let threshold = self.links.next_id + 1;
+        self.links.retired_below.insert(node.to_owned(), threshold);
+        let ids: Vec<u64> = self
+            .links
+            .consumers
+            .iter()
+            .filter(|(_, rc)| {
+                self.vhosts
+                    .get(&rc.vhost)
+                    .and_then(|v| v.queues.get(&rc.queue))
+                    .is_some_and(|q| q.remote.as_ref().is_some_and(|at| at.is(node)))
+            })
+            .map(|(cid, _)| *cid)
+            .collect();
+        for old in ids {
+            let Some(rc) = self.links.consumers.remove(&old) else {
+                continue;
+            };
+            let new = self.links.next();
+            if let Some(c) = self
+                .vhosts
+                .get_mut(&rc.vhost)
+                .and_then(|v| v.queues.get_mut(&rc.queue))
+                .and_then(|q| q.consumers.iter_mut().find(|c| c.remote_cid == old))
+            {
+                c.remote_cid = new;
+                // What the old session delivered is settled nowhere.
+                c.unacked = 0;
+                c.reserved = 0;
+            }
+            self.links.consumers.insert(new, rc);
         }
     }
 
