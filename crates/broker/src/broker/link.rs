@@ -1590,14 +1590,7 @@ impl Broker {
     /// (requeued); this node's consumers of its queues get new ids, asked
     /// for on the next session (`renumber_consumers`).
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
-        self.detached(|b| {
-            b.now = now_ms;
-            b.current = 0;
-            b.drop_origin_state(node);
-            b.renumber_consumers(node);
-            b.link_peer_restarted(node);
-            b.out_link_dropped(node);
-        });
+        self.drop_link(node, now_ms, true);
     }
 
     /// Node `node` started a new link session to this node (its own link
@@ -1605,10 +1598,17 @@ impl Broker {
     /// [`link_down`](Self::link_down), except that this node's consumers
     /// keep their ids, since `node` serves those asked for since.
     pub fn link_replaced(&mut self, node: &str, now_ms: u64) {
+        self.drop_link(node, now_ms, false);
+    }
+
+    fn drop_link(&mut self, node: &str, now_ms: u64, renumber: bool) {
         self.detached(|b| {
             b.now = now_ms;
             b.current = 0;
             b.drop_origin_state(node);
+            if renumber {
+                b.renumber_consumers(node);
+            }
             b.link_peer_restarted(node);
             b.out_link_dropped(node);
         });
