@@ -1882,35 +1882,32 @@ impl Replica {
                 .position(|n| n == node)
                 .unwrap_or(usize::MAX)
         };
-        let mut alive: Vec<(usize, u64, MemberId)> = self
+        // Each alive member, oldest first, and whether the record lists its
+        // node as synchronised: a master that went on without a mirror (it
+        // left the master's ring view, say) takes it out of the record
+        // before it confirms or hands out what that mirror never saw, so a
+        // mirror the record no longer lists may miss deliveries and
+        // confirmed messages, whatever the ring last said.
+        let mut alive: Vec<(usize, u64, MemberId, bool)> = self
             .view
             .entries
             .iter()
             .filter(|e| e.alive)
-            .map(|e| (rank(e.node.as_str()), e.joined_at, e.id))
+            .map(|e| {
+                let node = e.node.as_str();
+                let listed = self.record.synchronised.iter().any(|n| n == node);
+                (rank(node), e.joined_at, e.id, listed)
+            })
             .collect();
         alive.sort();
-        // Synchronised as the ring last said and as the record still says:
-        // a master that went on without a mirror (it left the master's ring
-        // view, say) takes it out of the record before it confirms or hands
-        // out what that mirror never saw, so a mirror the record no longer
-        // lists may be missing deliveries and confirmed messages.
-        let in_record = |m: &MemberId| {
-            self.view.entry(*m).is_some_and(|e| {
-                self.record
-                    .synchronised
-                    .iter()
-                    .any(|n| n == e.node.as_str())
-            })
-        };
         let synced: Vec<MemberId> = alive
             .iter()
-            .map(|(_, _, m)| *m)
-            .filter(|m| self.synced_members.contains(m) && in_record(m))
+            .filter(|(_, _, m, listed)| *listed && self.synced_members.contains(m))
+            .map(|(_, _, m, _)| *m)
             .collect();
         let candidate = match synced.first() {
             Some(m) => Some(*m),
-            None if policy == PromoteOn::Always => alive.first().map(|(_, _, m)| *m),
+            None if policy == PromoteOn::Always => alive.first().map(|(_, _, m, _)| *m),
             None => None,
         };
         let holding = matches!(self.msync, MirrorSync::Holding);
@@ -2145,20 +2142,21 @@ mod tests {
         )
     }
 
+    /// Publishes message `seq` (body "x") as publisher 4's `seq`.
+    fn publish_seq(r: &mut Replica, seq: u64) -> Result<(), MirrorError> {
+        r.publish(
+            1,
+            PublishId { publisher: 4, seq },
+            NewMessage::new(seq, &b"x"[..], false),
+        )
+    }
+
     #[test]
     fn a_master_hearing_a_newer_epoch_is_deposed_and_nacks() {
         let me = MemberId(1);
         let mut r = master_at_epoch_2(me);
         r.handle_view(alone(me));
-        r.publish(
-            1,
-            PublishId {
-                publisher: 4,
-                seq: 9,
-            },
-            NewMessage::new(9, &b"x"[..], false),
-        )
-        .unwrap();
+        publish_seq(&mut r, 9).unwrap();
         let token = r.fetch(1).unwrap();
         r.drain_outputs().for_each(drop);
         r.handle_deliver(MemberId(2), &msg(5, Body::Master));
@@ -2170,17 +2168,7 @@ mod tests {
         }])));
         assert!(out.contains(&Output::FetchFailed { token }));
         assert!(out.contains(&Output::Deposed { epoch: 2 }));
-        assert!(matches!(
-            r.publish(
-                1,
-                PublishId {
-                    publisher: 4,
-                    seq: 10
-                },
-                NewMessage::new(10, &b"y"[..], false)
-            ),
-            Err(MirrorError::Stopped)
-        ));
+        assert!(matches!(publish_seq(&mut r, 10), Err(MirrorError::Stopped)));
     }
 
     /// A mirror that joined the ring as the master's sync of an empty queue
@@ -2209,15 +2197,7 @@ mod tests {
 
         let mut r = master_at_epoch_2(me);
         r.handle_view(alone(me));
-        r.publish(
-            1,
-            PublishId {
-                publisher: 4,
-                seq: 1,
-            },
-            NewMessage::new(1, &b"x"[..], false),
-        )
-        .unwrap();
+        publish_seq(&mut r, 1).unwrap();
         r.set_settings(Settings {
             sync_mode: SyncMode::Automatic,
             ..Settings::default()
