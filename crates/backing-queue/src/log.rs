@@ -337,11 +337,14 @@ fn record_boot(storage: &dyn Storage, dir: &Path, boot: &[u8]) -> Result<(), Sto
 }
 
 impl SegmentLog {
-    /// Opens (creating if needed) the log in `dir` and replays it.
+    /// Opens (creating if needed) the log in `dir` and replays it. With
+    /// `marks_lost` (this process's copy of the log failed), every message
+    /// recovered counts as delivered, as after a machine restart.
     pub(crate) fn open(
         storage: Arc<dyn Storage>,
         dir: &Path,
         cfg: StoreConfig,
+        marks_lost: bool,
     ) -> Result<Opened, StoreError> {
         storage
             .create_dir_all(dir)
@@ -498,11 +501,12 @@ impl SegmentLog {
             None => log.new_segment(0, next_seq)?,
         }
         sync_dir(&*storage, dir)?;
-        if let Some(boot) = new_boot(&*storage, dir) {
+        let boot = new_boot(&*storage, dir);
+        if boot.is_some() || marks_lost {
             if !found.is_empty() {
                 // Marked on disk before this boot is recorded: a crash in
                 // between finds the old boot and marks them again.
-                report.rebooted = true;
+                report.rebooted = boot.is_some();
                 for (&seq, e) in &mut found {
                     if !e.delivered() {
                         e.set_delivered(true);
@@ -513,7 +517,9 @@ impl SegmentLog {
                 job.run()?;
                 log.complete_sync(&job)?;
             }
-            record_boot(&*storage, dir, &boot)?;
+            if let Some(boot) = boot {
+                record_boot(&*storage, dir, &boot)?;
+            }
         }
 
         let mut messages = Vec::with_capacity(found.len());

@@ -196,7 +196,30 @@ impl BackingQueue {
         cfg: QueueConfig,
         store: StoreConfig,
     ) -> Result<(Self, RecoveryReport), StoreError> {
-        let opened = SegmentLog::open(storage, dir, store)?;
+        Self::open_log(storage, dir, cfg, store, false)
+    }
+
+    /// [`open_in`](Self::open_in) again after this process's copy of the
+    /// queue failed (a failed sync poisoned its log, [`StoreError::Poisoned`]):
+    /// the delivery marks it held are lost, so every message recovered comes
+    /// back marked delivered (`redelivered`), as after a machine restart.
+    pub fn reopen_in(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        cfg: QueueConfig,
+        store: StoreConfig,
+    ) -> Result<(Self, RecoveryReport), StoreError> {
+        Self::open_log(storage, dir, cfg, store, true)
+    }
+
+    fn open_log(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        cfg: QueueConfig,
+        store: StoreConfig,
+        marks_lost: bool,
+    ) -> Result<(Self, RecoveryReport), StoreError> {
+        let opened = SegmentLog::open(storage, dir, store, marks_lost)?;
         let mut q = Self::in_memory(cfg);
         q.core.restore(opened.messages, opened.next_seq);
         q.log = Some(opened.log);
@@ -235,7 +258,7 @@ impl BackingQueue {
         {
             return Err(StoreError::io(&spill.dir, e));
         }
-        let opened = SegmentLog::open(spill.storage, &spill.dir, spill.store)?;
+        let opened = SegmentLog::open(spill.storage, &spill.dir, spill.store, false)?;
         self.log = Some(opened.log);
         Ok(())
     }

@@ -58,6 +58,9 @@ const OPERATOR_PREFIX: &str = "operator-policy:";
 /// records it points the broker's queues with (then it uses its own).
 const FIRST_READ: Duration = Duration::from_secs(2);
 
+/// How often a master whose disk failed tries to open its queue's log again.
+const REOPEN_RETRY: Duration = Duration::from_secs(1);
+
 /// How a node's [`MirrorDriver`] runs.
 #[derive(Clone)]
 pub struct DriverConfig {
@@ -472,9 +475,13 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let record = claim(records, |r| {
             let mut v = r.clone();
             if master {
-                v.master.clone_from(&node);
-                v.mirrors.retain(|n| *n != node);
-                v.synchronised.retain(|n| *n != node);
+                // Only the master the record names: one that another node
+                // took over meanwhile (this node's view was older) is not
+                // claimed back.
+                if v.master == node {
+                    v.mirrors.retain(|n| *n != node);
+                    v.synchronised.retain(|n| *n != node);
+                }
             } else {
                 v.synchronised.retain(|n| *n != node);
                 if !v.mirrors.contains(&node) && v.master != node {
@@ -676,9 +683,11 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     .get(&(vhost.to_owned(), name.to_owned()))
                     .is_none_or(|r| r.keep)
                     && records.local().is_ok_and(|r| r.master == self.node);
-                // A master whose disk failed keeps what it has but takes no
-                // more work, like a stopping node.
-                let end = if self.shutting_down() || io.storage_failed {
+                // A master whose disk failed keeps its log but takes no more
+                // work; a stopping node keeps what it has for its restart.
+                let end = if io.storage_failed {
+                    ReplicaEnd::Failed
+                } else if self.shutting_down() {
                     ReplicaEnd::Keep
                 } else if serve {
                     ReplicaEnd::Serve
@@ -692,25 +701,76 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 }
                 tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
                 if io.storage_failed {
-                    self.await_other_master(records).await;
+                    self.recover_failed_master(vhost, name, records).await;
                 }
                 return;
             }
         }
     }
 
-    /// After its disk failed, a master's replica stays (the reconciler
-    /// starts none here) until the record names another master: started
-    /// again now, it would claim the queue back from the poisoned log. With
-    /// no synchronised mirror that is this node's restart.
-    async fn await_other_master(&self, records: &ClusterRecords<S>) {
+    /// After its disk failed, a master's replica stays down (the reconciler
+    /// starts none here) until the record names another master (a
+    /// synchronised mirror took over; this node becomes a mirror), or until
+    /// the queue's log opens again (the disk works; every
+    /// [`REOPEN_RETRY`]): the reconciler then starts it again as master from
+    /// what the log holds, as a restart of the node would.
+    async fn recover_failed_master(&self, vhost: &str, name: &str, records: &ClusterRecords<S>) {
         let mut changes = records.changes();
-        while records.local().is_ok_and(|r| r.master == self.node) && !self.shutting_down() {
+        let mut failures = 0u32;
+        loop {
+            if !records.local().is_ok_and(|r| r.master == self.node) || self.shutting_down() {
+                return;
+            }
             tokio::select! {
-                r = changes.changed() => if r.is_err() { return },
+                r = changes.changed() => {
+                    if r.is_err() { return }
+                    continue;
+                }
+                () = tokio::time::sleep(REOPEN_RETRY) => {}
                 () = self.stopped() => return,
             }
+            if !records.local().is_ok_and(|r| r.master == self.node) {
+                return;
+            }
+            match self.reopen(vhost, name) {
+                Ok(()) => return,
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        tracing::warn!(node = %self.node, %vhost, queue = %name, error = %e, "the queue's log does not open yet; retrying");
+                    }
+                }
+            }
         }
+    }
+
+    /// Opens the log of queue `name` again after its disk failed (off the
+    /// broker's lock) and hands the broker what it holds.
+    fn reopen(&self, vhost: &str, name: &str) -> Result<(), String> {
+        let (dir, storage, store, cfg) = {
+            let b = lock(&self.broker);
+            (
+                b.queue_dir(vhost, name),
+                b.storage(),
+                b.store_config(vhost, name),
+                b.queue_config(vhost, name),
+            )
+        };
+        // A queue deleted meanwhile, or one with nothing on disk: nothing to open.
+        let (Some(dir), Some(cfg)) = (dir, cfg) else {
+            return Ok(());
+        };
+        let (bq, report) =
+            BackingQueue::reopen_in(storage, &dir, cfg, store).map_err(|e| e.to_string())?;
+        let meta = self.source.local();
+        let serve = policy_set(&meta)
+            .effective_for_queue(vhost, name, false)
+            .mirroring()
+            .is_none();
+        if lock(&self.broker).restore_queue(vhost, name, bq, serve) {
+            tracing::info!(node = %self.node, %vhost, queue = %name, messages = report.messages, "queue opened again from its log after the disk failure");
+        }
+        Ok(())
     }
 
     /// Whether the node is shutting down ([`stop`](Self::stop)).

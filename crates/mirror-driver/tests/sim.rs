@@ -106,11 +106,13 @@ const CI_SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 /// learnt of a failed group commit only at its next one, and was promoted
 /// meanwhile), 36 (a restarted mirror served the stale copy of the queue
 /// its broker recovered until the reconciler's first pass), 13 and 34 (a
-/// master whose disk failed stayed master and settled no publish). The hole a failed write left in a queue log is
+/// master whose disk failed stayed master and settled no publish), 250 (a
+/// master whose disk failed, its synchronised mirror cut off and then
+/// crashed, waited for ever for a restart of its node). The hole a failed write left in a queue log is
 /// `backing-queue`'s test `a_failed_sync_jobs_appends_are_written_by_the_next_one`.
 /// (Seed numbers quoted by the commits of those fixes refer to earlier
 /// versions of this schedule.)
-const REGRESSION_SEEDS: &[u64] = &[13, 23, 34, 36, 48, 66];
+const REGRESSION_SEEDS: &[u64] = &[13, 23, 34, 36, 48, 66, 250];
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 /// Virtual time per step of the nodes.
 const STEP: Duration = Duration::from_millis(2);
@@ -820,4 +822,82 @@ fn seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers() {
         let seeds: Vec<u64> = failed.iter().map(|(s, _)| *s).collect();
         panic!("failing seeds {seeds:?}; the first:\n{first}");
     }
+}
+
+/// A master whose disk failed, with no synchronised mirror to take over,
+/// opens its queue's log again once the disk works and serves the queue
+/// from it: every confirmed message comes back, marked redelivered (its
+/// delivery marks went with the failed copy), and the ack of a delivery
+/// made before the failure settles nothing of the new copy. Before, it
+/// waited for a restart of its node that nothing asked for (seed 250 never
+/// settled).
+#[test]
+fn a_master_whose_disk_failed_serves_its_log_again_once_the_disk_works() {
+    let step = Duration::from_millis(2);
+    let limit = Duration::from_secs(30);
+    let mut net = Net::simulated(250, 16);
+    net.start_now("n1");
+    net.step_until("n1's replica is master", step, limit, |n| {
+        n.nodes["n1"].role() == Some(Role::Master)
+    });
+    let mut c = Client::connect(&net.nodes["n1"].broker);
+    for seq in 1..=10 {
+        c.publish(seq, true);
+    }
+    net.step_until("ten confirms", step, limit, |_| {
+        c.poll();
+        c.acked.len() == 10
+    });
+    c.request_get();
+    let mut first = None;
+    net.step_until("a get", step, limit, |_| {
+        first = c.take_get();
+        first.is_some()
+    });
+    let first = first.flatten().expect("a message");
+    assert_eq!((first.seq, first.redelivered), (1, false));
+
+    net.storage["n1"].set_failing(true);
+    c.publish(11, true);
+    net.step_until("the publish during the failure nacked", step, limit, |_| {
+        c.poll();
+        c.nacked.contains(&11)
+    });
+    net.step_until("the master's replica stopped", step, limit, |n| {
+        n.nodes["n1"].role().is_none()
+    });
+    net.step(Duration::from_secs(3));
+    assert_eq!(
+        net.nodes["n1"].role(),
+        None,
+        "not back while the disk fails"
+    );
+
+    net.storage["n1"].set_failing(false);
+    net.step_until("n1's replica master again", step, limit, |n| {
+        n.nodes["n1"].role() == Some(Role::Master)
+    });
+    let get = |net: &mut Net, c: &mut Client| {
+        c.request_get();
+        let mut answer = None;
+        net.step_until("a get", step, limit, |_| {
+            answer = c.take_get();
+            answer.is_some()
+        });
+        answer.flatten()
+    };
+    let again = get(&mut net, &mut c).expect("message 1 again");
+    assert_eq!((again.seq, again.redelivered), (1, true));
+    // The first delivery's tag named message 1 of the failed copy: void
+    // now, it must not settle the new copy's delivery of it.
+    c.ack(first.tag);
+    c.requeue(again.tag);
+    let mut got = Vec::new();
+    while let Some(g) = get(&mut net, &mut c) {
+        c.ack(g.tag);
+        got.push((g.seq, g.redelivered));
+    }
+    let want: Vec<(u64, bool)> = (1..=10).map(|seq| (seq, true)).collect();
+    assert_eq!(got, want);
+    assert_eq!(c.closed(), None);
 }

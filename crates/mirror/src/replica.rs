@@ -930,7 +930,7 @@ impl Replica {
             Role::Master => {
                 let view = &self.view;
                 let successor = self.synced_members.iter().any(|m| view.is_alive(*m));
-                tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, successor, "master's disk failed: stopping (unconfirmed publishes nacked; a synchronised mirror takes over, or the queue waits for this node's restart)");
+                tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, successor, "master's disk failed: stopping (unconfirmed publishes nacked; a synchronised mirror takes over, or this node opens the queue's log again once its disk works)");
                 self.storage_failed = true;
                 self.stop();
             }

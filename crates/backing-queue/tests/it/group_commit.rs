@@ -288,3 +288,54 @@ fn a_sync_job_of_a_replaced_log_is_ignored() {
     assert!(new.complete_sync(&own).expect("complete") > synced);
     assert!(!new.needs_sync());
 }
+
+/// A queue whose disk failed is opened again from its log once the disk
+/// works (`reopen_in`): what it held in memory, delivery marks included, is
+/// gone, so every message it recovers comes back marked delivered; the
+/// confirmed ones are all there, and it takes publishes again.
+#[test]
+fn a_queue_reopened_after_its_disk_failed_marks_what_it_recovers_delivered() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let dir = Path::new("/node/reopened");
+    let mut q = open_default(&storage, dir).0;
+    for id in 1..=3 {
+        q.publish(0, NewMessage::new(id, vec![id as u8; 10], true))
+            .expect("publish");
+    }
+    q.sync().expect("synced: all three confirmed");
+    let first = q.fetch(0).expect("fetch").expect("a message");
+    assert_eq!((first.id, first.redelivered), (1, false));
+    mem.set_failing(true);
+    q.publish(0, NewMessage::new(4, vec![4; 10], true))
+        .expect("publish");
+    assert!(q.sync().is_err(), "the disk fails");
+    assert!(q.sync().is_err(), "poisoned");
+    assert!(
+        BackingQueue::reopen_in(
+            Arc::clone(&storage),
+            dir,
+            QueueConfig::default(),
+            StoreConfig::default()
+        )
+        .is_err(),
+        "not while the disk fails"
+    );
+    mem.set_failing(false);
+    drop(q);
+    let (mut q, _) = BackingQueue::reopen_in(
+        Arc::clone(&storage),
+        dir,
+        QueueConfig::default(),
+        StoreConfig::default(),
+    )
+    .expect("reopened");
+    let got: Vec<(u64, bool)> = drain(&mut q, 0)
+        .iter()
+        .map(|d| (d.id, d.redelivered))
+        .collect();
+    assert_eq!(got, [(1, true), (2, true), (3, true)]);
+    q.publish(0, NewMessage::new(5, vec![5; 10], true))
+        .expect("publish");
+    q.sync().expect("the log works again");
+}

@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use warren_amqp::{ChannelId, ContentMethod};
-use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob};
+use warren_backing_queue::{
+    BackingQueue, Delivery, DeliveryTag, Dropped, QueueConfig, Stats, SyncJob,
+};
 use warren_gm::{MemberId, RingEvent, View};
 use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
 
@@ -141,6 +143,11 @@ pub enum ReplicaEnd {
     Keep,
     /// Handed over to another master: the messages are dropped.
     Drop,
+    /// This node's disk failed under the master: its copy in memory cannot
+    /// be trusted (the log is poisoned) and goes; the log stays on disk,
+    /// and the queue takes no work here until it is opened again from it
+    /// ([`Broker::restore_queue`]) or another node's replica takes over.
+    Failed,
 }
 
 impl std::fmt::Debug for ReplicaStart {
@@ -426,6 +433,7 @@ impl Broker {
         let mut settings = start.settings;
         settings.report_dropped = true;
         settings.max_priority = q.max_priority;
+        let mut voided = false;
         let replica = if start.master {
             Replica::new_master(
                 name,
@@ -440,6 +448,7 @@ impl Broker {
             // Its messages go with it (the master's are the queue's): what
             // still waited for a confirm never gets one.
             drop(bq);
+            voided = true;
             for (_, conn, ch, cseq) in std::mem::take(&mut q.confirms) {
                 nack_one(&mut self.conns, conn, ch, cseq);
             }
@@ -457,6 +466,9 @@ impl Broker {
             dropped: Vec::new(),
             master: start.master,
         }));
+        if voided {
+            self.void_deliveries(vhost, name);
+        }
         self.mirror_turn(vhost, name);
         true
     }
@@ -508,7 +520,7 @@ impl Broker {
         let bq = m
             .replica
             .into_queue()
-            .filter(|_| was_master && end != ReplicaEnd::Drop);
+            .filter(|_| was_master && matches!(end, ReplicaEnd::Serve | ReplicaEnd::Keep));
         if was_master && end != ReplicaEnd::Serve {
             // Handed over, or this node is stopping: no more work here (a
             // publish accepted now would be on this disk alone); served by
@@ -516,15 +528,13 @@ impl Broker {
             q.handed_over = true;
             q.remote = Some(Elsewhere::Nowhere);
         }
-        let limits = q.limits;
+        let cfg = q.queue_config();
+        let replaced = bq.is_none();
         q.store = match bq {
             Some(bq) => Store::Local(bq),
-            None => match factory(warren_backing_queue::QueueConfig {
-                limits,
-                record_ops: false,
-                report_dropped: q.dlx.is_some(),
-                max_priority: q.max_priority,
-            }) {
+            // Its log stays as it is on disk, for `restore_queue`.
+            None if end == ReplicaEnd::Failed => Store::Local(BackingQueue::in_memory(cfg)),
+            None => match factory(cfg) {
                 Ok(bq) => Store::Local(bq),
                 Err(e) => {
                     tracing::error!(%vhost, queue = %name, error = %e, "could not reopen the queue's store");
@@ -532,6 +542,9 @@ impl Broker {
                 }
             },
         };
+        if replaced {
+            self.void_deliveries(vhost, name);
+        }
         for (conn, ch, cseq) in pending {
             nack_one(&mut self.conns, conn, ch, cseq);
         }
@@ -539,6 +552,64 @@ impl Broker {
         self.wake_clients();
         for conn in answered {
             self.reply_answered(conn);
+        }
+    }
+
+    /// The settings a store of queue `name` is opened with, if there is
+    /// such a queue.
+    #[must_use]
+    pub fn queue_config(&self, vhost: &str, name: &str) -> Option<QueueConfig> {
+        Some(self.vhosts.get(vhost)?.queues.get(name)?.queue_config())
+    }
+
+    /// Gives queue `name`, whose master's disk failed
+    /// ([`ReplicaEnd::Failed`]), the messages `bq` opened again from its
+    /// log. It serves them once its replica starts again as master; with
+    /// `serve` (no longer mirrored) at once. Returns false if there is no
+    /// such queue or it is a replica again.
+    pub fn restore_queue(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        bq: BackingQueue,
+        serve: bool,
+    ) -> bool {
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return false;
+        };
+        if matches!(q.store, Store::Replica(_)) {
+            return false;
+        }
+        q.store = Store::Local(bq);
+        if serve {
+            q.handed_over = false;
+            q.remote = None;
+        }
+        self.void_deliveries(vhost, name);
+        self.after_queue_op(vhost, name);
+        self.wake_clients();
+        true
+    }
+
+    /// Makes this node's outstanding deliveries of queue `name` void: its
+    /// store was replaced by one whose delivery tags start again (a fresh
+    /// mirror, a log opened again after a disk failure), so a client's later
+    /// ack, reject or channel close must not settle another message under
+    /// the same tag. Its consumers' unacked counts start again.
+    fn void_deliveries(&mut self, vhost: &str, name: &str) {
+        for c in self.conns.values_mut().filter(|c| c.vhost == vhost) {
+            for ch in c.channels.values_mut() {
+                for u in ch.unacked.values_mut() {
+                    if u.remote.is_none() && &*u.queue == name {
+                        u.remote = Some(Elsewhere::Nowhere);
+                    }
+                }
+            }
+        }
+        if let Some(q) = self.queue_mut(vhost, name) {
+            for c in &mut q.consumers {
+                c.unacked = 0;
+            }
         }
     }
 

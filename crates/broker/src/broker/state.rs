@@ -142,6 +142,16 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// The settings a store of this queue is opened with.
+    pub(super) fn queue_config(&self) -> warren_backing_queue::QueueConfig {
+        warren_backing_queue::QueueConfig {
+            limits: self.limits,
+            record_ops: false,
+            report_dropped: self.dlx.is_some(),
+            max_priority: self.max_priority,
+        }
+    }
+
     /// This node's figures of the queue: its store's counts, its consumers here.
     pub(super) fn figures(&self) -> link::QueueFigures {
         let s = self.store.stats();
