@@ -32,6 +32,7 @@ mod clients;
 mod cluster;
 mod defs;
 mod fanout;
+mod listener;
 mod metrics;
 mod node;
 mod openapi;
@@ -251,6 +252,5 @@ pub fn router(state: Management) -> Router {
 /// the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: Management) -> std::io::Result<()> {
     let _sampler = rates::AbortOnDrop(tokio::spawn(rates::sample_forever(state.clone())));
-    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app).await
+    listener::serve_router(listener, router(state)).await
 }

@@ -409,5 +409,5 @@ pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     state: Management,
 ) -> std::io::Result<()> {
-    axum::serve(listener, metrics_router(state)).await
+    crate::listener::serve_router(listener, metrics_router(state)).await
 }

@@ -218,3 +218,27 @@ async fn node_control_serves_stop_stop_app_and_start_app() {
         assert!(doc["paths"][format!("/api/nodes/{{name}}/{verb}")]["post"].is_object());
     }
 }
+
+/// A client that starts a request and never finishes its headers is
+/// disconnected (after `HEADER_TIMEOUT`: `axum::serve` set none, and 3,000
+/// such connections sat open for good, on the way to the node's descriptor
+/// limit); others are served meanwhile.
+#[tokio::test]
+async fn a_request_whose_headers_never_end_is_dropped() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = common::serve(Management::new(common::broker(dir.path()))).await;
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let (status, _) = request(&addr, "GET", "/api/overview", None).await;
+    assert_eq!(status, 200);
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        slow.read_to_end(&mut rest),
+    )
+    .await;
+    assert!(ended.is_ok(), "the slow request's connection is still open");
+}
