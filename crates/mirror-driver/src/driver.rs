@@ -638,6 +638,12 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 stop_requested = true;
                 self.input(vhost, name, MirrorInput::Stop);
             }
+            // Let the clients whose input is ready go first: what they
+            // publish, fetch and settle meanwhile joins this turn's
+            // broadcast, so that one-frame-per-write clients (lapin, pika)
+            // do not cost a ring round each (docs/benchmarks.md, "Replica
+            // turns after the ready clients").
+            tokio::task::yield_now().await;
             let io = lock(&self.broker).take_mirror_io(vhost, name);
             outgoing.extend(io.broadcasts);
             if joined && !outgoing.is_empty() {
