@@ -201,7 +201,23 @@ enum ChannelState {
     #[default]
     Free,
     Open,
+    /// A fault found while reading waits behind the events read before it
+    /// ([`Queued::ChannelFault`]): no more of its input is taken, but the
+    /// replies to those events still go out, before its channel.close.
+    Faulted,
     Closing,
+}
+
+/// An event for the broker, or a channel fault found while reading, raised
+/// when the broker has taken the events read before it: replies to
+/// pipelined methods keep their order and are not lost to a later
+/// method's error (as RabbitMQ's channel answers them in turn).
+#[derive(Debug)]
+// Events are the common case: as large as a queue of events was before.
+#[allow(clippy::large_enum_variant)]
+enum Queued {
+    Event(Event),
+    ChannelFault(ChannelId, AmqpError),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -282,7 +298,7 @@ pub struct Connection {
     config: Config,
     state: State,
     enc: Encoder,
-    events: VecDeque<Event>,
+    events: VecDeque<Queued>,
     /// The channels not free, by number (opened ones only: any number up
     /// to 65535 may be opened, as in RabbitMQ, so no dense table).
     channels: BTreeMap<ChannelId, Channel>,
@@ -375,7 +391,10 @@ impl Connection {
     /// Whether `channel` is open (not free, not closing).
     #[must_use]
     pub fn is_channel_open(&self, channel: ChannelId) -> bool {
-        self.channel_state(channel) == ChannelState::Open
+        matches!(
+            self.channel_state(channel),
+            ChannelState::Open | ChannelState::Faulted
+        )
     }
 
     /// Whether tune-ok has fixed frame_max and channel_max.
@@ -452,7 +471,26 @@ impl Connection {
 
     /// The next event for the broker, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        loop {
+            match self.events.pop_front()? {
+                Queued::Event(e) => return Some(e),
+                Queued::ChannelFault(ch, e) => self.channel_error(ch, e),
+            }
+        }
+    }
+
+    fn push_event(&mut self, e: Event) {
+        self.events.push_back(Queued::Event(e));
+    }
+
+    /// Whether replies may go out on `channel`: open, or faulted with its
+    /// earlier events still being answered.
+    fn can_send(&self, channel: ChannelId) -> bool {
+        self.state == State::Running
+            && matches!(
+                self.channel_state(channel),
+                ChannelState::Open | ChannelState::Faulted
+            )
     }
 
     /// Moves every encoded frame into `dst` (zero-copy when `dst` is empty),
@@ -625,7 +663,7 @@ impl Connection {
                 ))),
             };
             if let Err(f) = outcome {
-                self.fault(f);
+                self.read_fault(f);
             }
             // A resource alarm: after a content frame, as RabbitMQ's reader
             // does, nothing more is read until the alarm clears.
@@ -767,7 +805,7 @@ impl Connection {
             (State::Open, M::Open(open)) => {
                 self.vhost = open.virtual_host.to_string();
                 self.state = State::OpeningVhost;
-                self.events.push_back(Event::OpenVhost {
+                self.push_event(Event::OpenVhost {
                     vhost: self.vhost.clone(),
                 });
                 Ok(())
@@ -835,7 +873,7 @@ impl Connection {
         };
         self.username.clone_from(&username);
         self.state = State::Authenticating;
-        self.events.push_back(Event::Authenticate(Credentials {
+        self.push_event(Event::Authenticate(Credentials {
             mechanism,
             username,
             password,
@@ -922,13 +960,13 @@ impl Connection {
                         ch,
                         C::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
                     );
-                    self.events.push_back(Event::ChannelOpened(ch));
+                    self.push_event(Event::ChannelOpened(ch));
                     Ok(())
                 }
                 C::Channel(channel::AMQPMethod::CloseOk(_)) => Ok(()),
                 _ => conn_err(ReplyCode::ChannelError, "expected 'channel.open'"),
             },
-            ChannelState::Closing => {
+            ChannelState::Closing | ChannelState::Faulted => {
                 match class {
                     C::Channel(channel::AMQPMethod::CloseOk(_)) => self.free_channel(ch),
                     C::Channel(channel::AMQPMethod::Close(_)) => {
@@ -974,7 +1012,7 @@ impl Connection {
             C::Channel(channel::AMQPMethod::Close(_)) => {
                 self.send_channel_close_ok(ch);
                 self.free_channel(ch);
-                self.events.push_back(Event::ChannelClosed {
+                self.push_event(Event::ChannelClosed {
                     channel: ch,
                     error: None,
                 });
@@ -1091,7 +1129,7 @@ impl Connection {
             }
             _ => return conn_err(ReplyCode::CommandInvalid, "unimplemented method".into()),
         };
-        self.events.push_back(Event::Command {
+        self.push_event(Event::Command {
             channel: ch,
             command,
         });
@@ -1116,7 +1154,7 @@ impl Connection {
                 ReplyCode::ChannelError,
                 "expected 'channel.open'",
             ))),
-            ChannelState::Closing => Ok(false),
+            ChannelState::Closing | ChannelState::Faulted => Ok(false),
             ChannelState::Open => Ok(true),
         }
     }
@@ -1269,7 +1307,7 @@ impl Connection {
         } else {
             None
         };
-        self.events.push_back(Event::Command {
+        self.push_event(Event::Command {
             channel: ch,
             command: Command::BasicPublish(Publish {
                 exchange: publish.exchange,
@@ -1283,6 +1321,26 @@ impl Connection {
     }
 
     // ----- faults and closing ---------------------------------------------
+
+    /// A fault found while reading: a channel's waits behind the events
+    /// read before it (see [`Queued`]); the others act at once.
+    fn read_fault(&mut self, fault: Fault) {
+        match fault {
+            Fault::Channel(ch, e)
+                if !e.code.is_hard()
+                    && ch != 0
+                    && self.state == State::Running
+                    && self.channel_state(ch) == ChannelState::Open
+                    && !self.events.is_empty() =>
+            {
+                let chan = self.channel_mut(ch);
+                chan.state = ChannelState::Faulted;
+                chan.content = Content::None;
+                self.events.push_back(Queued::ChannelFault(ch, e));
+            }
+            f => self.fault(f),
+        }
+    }
 
     fn fault(&mut self, fault: Fault) {
         match fault {
@@ -1334,7 +1392,7 @@ impl Connection {
         self.state = State::Closed;
         self.channels.clear();
         self.channels_open = 0;
-        self.events.push_back(Event::Closed(reason));
+        self.push_event(Event::Closed(reason));
     }
 
     /// Closes the connection with `error` (connection.close), as for any
@@ -1365,7 +1423,7 @@ impl Connection {
             self.connection_error(error);
             return;
         }
-        if self.state != State::Running || self.channel_state(channel) != ChannelState::Open {
+        if !self.can_send(channel) {
             return;
         }
         self.enc.method(
@@ -1380,7 +1438,7 @@ impl Connection {
         let chan = self.channel_mut(channel);
         chan.state = ChannelState::Closing;
         chan.content = Content::None;
-        self.events.push_back(Event::ChannelClosed {
+        self.push_event(Event::ChannelClosed {
             channel,
             error: Some(error),
         });
@@ -1450,7 +1508,7 @@ impl Connection {
     /// Sends `reply` on `channel`; returns false (and sends nothing) if the
     /// channel is not open, e.g. closed meanwhile.
     pub fn reply(&mut self, channel: ChannelId, reply: Reply) -> bool {
-        if self.state != State::Running || self.channel_state(channel) != ChannelState::Open {
+        if !self.can_send(channel) {
             return false;
         }
         self.enc.method(channel, reply.into_class());
@@ -1467,7 +1525,7 @@ impl Connection {
         properties: &BasicProperties,
         body: &[u8],
     ) -> bool {
-        if self.state != State::Running || self.channel_state(channel) != ChannelState::Open {
+        if !self.can_send(channel) {
             return false;
         }
         self.enc
@@ -1479,10 +1537,7 @@ impl Connection {
     /// queue, a failed mirror), if the client announced
     /// `consumer_cancel_notify`; returns whether it was sent.
     pub fn cancel_consumer(&mut self, channel: ChannelId, consumer_tag: &str) -> bool {
-        if !self.caps.consumer_cancel_notify
-            || self.state != State::Running
-            || self.channel_state(channel) != ChannelState::Open
-        {
+        if !self.caps.consumer_cancel_notify || !self.can_send(channel) {
             return false;
         }
         self.enc.method(

@@ -1,5 +1,6 @@
 //! Every error code the state machine raises, with RabbitMQ's texts.
 
+use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{AMQPClass, basic, channel, confirm, connection, tx};
 use warren_amqp::{AmqpError, CloseReason, Command, Config, Event, Reply, ReplyCode};
 
@@ -423,4 +424,54 @@ fn reply_codes_round_trip_and_know_their_kind() {
     assert_eq!(e.to_string(), "NOT_FOUND - no exchange 'x' in vhost '/'");
     let long = AmqpError::new(ReplyCode::NotFound, "é".repeat(300));
     assert!(long.reply_text().len() <= 255);
+}
+
+/// Methods pipelined in one read, the second refused while reading: the
+/// broker still takes (and answers) the first, and channel.close follows
+/// its reply, as RabbitMQ's channel answers them in turn. The close used
+/// to go out while the first waited, and its reply was then dropped.
+#[test]
+fn a_read_fault_waits_behind_the_methods_read_before_it() {
+    let mut h = Harness::with_channel(1);
+    let mut both = method(1, AMQPClass::Tx(tx::AMQPMethod::Select(tx::Select {})));
+    both.extend(method(
+        1,
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+    ));
+    // and a third, after the fault: not taken
+    both.extend(method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})),
+    ));
+    h.send(&both);
+    assert!(
+        h.output().is_empty(),
+        "nothing before the first is answered"
+    );
+    assert_eq!(
+        h.conn.poll_event(),
+        Some(Event::Command {
+            channel: 1,
+            command: Command::TxSelect
+        })
+    );
+    assert!(h.conn.reply(1, Reply::TxSelectOk), "its reply goes out");
+    let rest = h.events();
+    assert!(
+        matches!(rest.as_slice(), [Event::ChannelClosed { channel: 1, .. }]),
+        "{rest:?}"
+    );
+    let frames = h.frames();
+    assert!(
+        matches!(
+            frames.as_slice(),
+            [
+                AMQPFrame::Method(1, AMQPClass::Tx(tx::AMQPMethod::SelectOk(_))),
+                AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Close(c))),
+            ] if c.reply_code == 406
+        ),
+        "{frames:?}"
+    );
 }
