@@ -562,12 +562,14 @@ impl Connection {
             } else {
                 FRAME_MIN_SIZE
             };
+            // As RabbitMQ's reader, a payload of up to frame_max bytes
+            // passes (it allows clients that leave out the frame's own 8
+            // bytes that much); a larger one is a frame error.
             let limit = if frame_max == 0 {
                 u32::MAX as usize
             } else {
                 frame_max as usize
-            }
-            .saturating_sub(FRAME_OVERHEAD);
+            };
             if h.size as usize > limit {
                 self.fault(Fault::Fatal(err(
                     ReplyCode::FrameError,

@@ -26,6 +26,26 @@ fn frame_larger_than_frame_max_is_501() {
     closed_with(&mut h, ReplyCode::FrameError);
 }
 
+/// RabbitMQ 3.10 takes a payload of up to frame_max bytes (a client that
+/// leaves out the frame's own 8 bytes passes) and refuses one more.
+#[test]
+fn a_payload_of_frame_max_bytes_passes_and_one_more_does_not() {
+    let mut h = Harness::open_with(Config::default(), 4096, 0);
+    h.send(&channel_open(1));
+    h.events();
+    h.output();
+    h.send(&publish(1, "", "q"));
+    h.send(&header(1, 4096, Default::default()));
+    h.send(&body(1, &[7u8; 4096]));
+    assert!(h.output().is_empty(), "no close");
+    assert!(h.conn.is_open());
+    h.send(&body(1, &[0u8; 4097]));
+    h.expect_connection_close(
+        501,
+        "FRAME_ERROR - frame size 4105 exceeds negotiated frame_max 4096",
+    );
+}
+
 #[test]
 fn oversized_frame_is_refused_from_its_header_alone() {
     let mut h = Harness::open_with(Config::default(), 4096, 0);
