@@ -75,6 +75,40 @@ impl RejectPublish {
     }
 }
 
+/// The longest TTL or per-message expiration, in ms: ten years, RabbitMQ
+/// 3.10's bound (`rabbit_misc:check_expiry`).
+pub(super) const MAX_EXPIRY_MS: u64 = 315_360_000_000;
+
+/// A message's `expiration` property, read as RabbitMQ reads it (an
+/// optional sign and digits, nothing after them, 0 up to
+/// [`MAX_EXPIRY_MS`]); the error is RabbitMQ's reason, as its channel
+/// close prints it.
+pub(super) fn parse_expiration(text: &str) -> Result<u64, String> {
+    let digits_from = usize::from(text.starts_with(['+', '-']));
+    let digits = text[digits_from..]
+        .bytes()
+        .take_while(u8::is_ascii_digit)
+        .count();
+    if digits == 0 {
+        return Err("no_integer".into());
+    }
+    let end = digits_from + digits;
+    let rest = &text[end..];
+    if !rest.is_empty() {
+        return Err(format!("{{leftover_string,{rest:?}}}"));
+    }
+    let magnitude = text[digits_from..end].trim_start_matches('0');
+    let magnitude = if magnitude.is_empty() { "0" } else { magnitude };
+    let negative = text.starts_with('-') && magnitude != "0";
+    if negative {
+        return Err(format!("{{value_negative,-{magnitude}}}"));
+    }
+    match magnitude.parse::<u64>() {
+        Ok(n) if n <= MAX_EXPIRY_MS => Ok(n),
+        _ => Err(format!("{{value_too_large,{magnitude}}}")),
+    }
+}
+
 pub(super) fn queue_args(
     args: &FieldTable,
     queue: &str,
@@ -105,7 +139,13 @@ pub(super) fn queue_args(
             None => Err(bad(key, "must be an integer")),
         };
         match key {
-            "x-message-ttl" => out.limits.message_ttl_ms = Some(non_neg()?),
+            "x-message-ttl" => {
+                let ttl = non_neg()?;
+                if ttl > MAX_EXPIRY_MS {
+                    return Err(bad(key, &format!("{{value_too_large,{ttl}}}")));
+                }
+                out.limits.message_ttl_ms = Some(ttl);
+            }
             "x-max-length" => out.limits.max_length = Some(non_neg()?),
             "x-max-length-bytes" => out.limits.max_length_bytes = Some(non_neg()?),
             "x-expires" => {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::amq_protocol::types::ShortString;
 use warren_amqp::{AmqpError, ChannelId, Command, Reply, ReplyCode};
 
@@ -262,6 +263,12 @@ impl Broker {
                 Ok(())
             }
             Command::BasicGet(g) => self.get(id, ch, &g),
+            // RabbitMQ has never implemented redelivery to the same
+            // consumer only: a connection error.
+            Command::BasicRecover(basic::Recover { requeue: false })
+            | Command::BasicRecoverAsync(basic::RecoverAsync { requeue: false }) => {
+                Err(err(ReplyCode::NotImplemented, "requeue=false"))
+            }
             Command::BasicRecover(_) => {
                 // recover-ok goes first, as RabbitMQ sends it: clients drop
                 // what they prefetched when it arrives.

@@ -234,14 +234,16 @@ impl Broker {
             return Ok(());
         };
         let taken: Vec<(u64, Unacked)> = if multiple {
-            if tag == 0 || tag == u64::MAX {
+            if tag == 0 {
                 std::mem::take(&mut chan.unacked).into_iter().collect()
             } else {
-                let rest = chan.unacked.split_off(&(tag + 1));
-                let upto = std::mem::replace(&mut chan.unacked, rest);
-                if upto.is_empty() {
+                // As RabbitMQ's channel: the tag itself must be unsettled
+                // (one past the last delivery settles nothing).
+                if !chan.unacked.contains_key(&tag) {
                     return Err(unknown_tag(tag));
                 }
+                let rest = chan.unacked.split_off(&(tag + 1));
+                let upto = std::mem::replace(&mut chan.unacked, rest);
                 upto.into_iter().collect()
             }
         } else {
@@ -369,6 +371,17 @@ impl Broker {
         let qarc = self.queue_arc(id, &name)?;
         self.check(id, Access::Read, "queue", &name)?;
         let vhost = self.conns[&id].vhost.clone();
+        if let Some(v) = c.arguments.inner().get("x-priority")
+            && crate::routing::as_i64(v).is_none()
+        {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!(
+                    "invalid arg 'x-priority' for queue '{name}' in vhost '{vhost}': \"expected integer, got {}\"",
+                    crate::routing::type_name(v)
+                ),
+            ));
+        }
         let mut tag = c.consumer_tag.as_str().to_owned();
         if tag.is_empty() {
             tag = random_name("amq.ctag-");

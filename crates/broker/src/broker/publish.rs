@@ -6,10 +6,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use warren_amqp::amq_protocol::types::FieldTable;
+use warren_amqp::amq_protocol::protocol::BasicProperties;
+use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 use warren_amqp::{AmqpError, ChannelId, ContentMethod, Publish, Reply, ReplyCode};
 use warren_backing_queue::{DropReason, NewMessage};
 
+use super::args::parse_expiration;
 use super::state::{Conn, Dest, IdMap, Msg, Vhost};
 use super::{Broker, ConnId, FLOW_TARGETS, Store, TX_COMMIT, err, nack_one};
 use crate::auth::Access;
@@ -222,6 +224,7 @@ impl Broker {
                 }
             }
             self.check(id, Access::Write, "exchange", perm_name)?;
+            check_message(&p.properties)?;
             route(
                 v,
                 ex,
@@ -235,7 +238,7 @@ impl Broker {
             .properties
             .expiration()
             .as_ref()
-            .and_then(|e| e.as_str().parse::<u64>().ok());
+            .and_then(|e| parse_expiration(e.as_str()).ok());
         let msg = Msg {
             meta: encode_meta(ex, p.routing_key.as_str(), &p.properties),
             body: Bytes::copy_from_slice(&p.body),
@@ -408,4 +411,35 @@ pub(super) fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: Cha
     if !c.confirm_dirty.contains(&ch) {
         c.confirm_dirty.push(ch);
     }
+}
+
+/// What RabbitMQ's channel refuses in a message's properties before it
+/// routes it: an expiration that is not a whole number of ms up to ten
+/// years, and `CC` / `BCC` headers that are not arrays.
+fn check_message(props: &BasicProperties) -> Result<(), AmqpError> {
+    if let Some(e) = props.expiration() {
+        parse_expiration(e.as_str()).map_err(|why| {
+            err(
+                ReplyCode::PreconditionFailed,
+                format!("invalid expiration '{}': {why}", e.as_str()),
+            )
+        })?;
+    }
+    if let Some(headers) = props.headers() {
+        for name in ["CC", "BCC"] {
+            match headers.inner().get(name) {
+                None | Some(AMQPValue::FieldArray(_)) => {}
+                Some(v) => {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        format!(
+                            "invalid message: {{unacceptable_type_in_header,\"{name}\",{}}}",
+                            routing::type_name(v)
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }

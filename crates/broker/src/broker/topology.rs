@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use warren_amqp::amq_protocol::protocol::{exchange, queue};
-use warren_amqp::amq_protocol::types::FieldTable;
+use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 use warren_amqp::{AmqpError, ChannelId, Reply, ReplyCode};
 use warren_backing_queue::{BackingQueue, QueueConfig};
 use warren_policy::MasterLocator;
@@ -373,8 +373,12 @@ impl Broker {
             .get(source)
             .ok_or_else(|| AmqpError::exchange_not_found(source, &vhost))?;
         let scope = Scope::of_exchange(src.durable).min(dest_scope);
+        let headers = src.kind == Kind::Headers;
         self.check(id, Access::Write, dest_kind, &dest_name)?;
         self.check(id, Access::Read, "exchange", source)?;
+        if add && headers {
+            check_x_match(args)?;
+        }
         let def = BindingDef {
             vhost: vhost.clone(),
             source: source.to_owned(),
@@ -832,5 +836,35 @@ pub(super) fn meta_err(e: crate::meta::MetaError) -> AmqpError {
         crate::meta::MetaError::Cluster(_) => err(ReplyCode::InternalError, e.to_string()),
         // A local file's path and error stay in the node's log.
         _ => err(ReplyCode::InternalError, "metadata store failed"),
+    }
+}
+
+/// A headers binding's `x-match`, as RabbitMQ's headers exchange checks it.
+fn check_x_match(args: &FieldTable) -> Result<(), AmqpError> {
+    let bad = |text: String| err(ReplyCode::PreconditionFailed, text);
+    match args.inner().get("x-match") {
+        None => Ok(()),
+        Some(AMQPValue::LongString(s)) => match s.as_bytes() {
+            b"all" | b"any" | b"all-with-x" | b"any-with-x" => Ok(()),
+            other => Err(bad(format!(
+                "Invalid x-match field value <<{:?}>>; expected all, any, all-with-x, or any-with-x",
+                String::from_utf8_lossy(other)
+            ))),
+        },
+        Some(v) => Err(bad(format!(
+            "Invalid x-match field type {} (value {}); expected longstr",
+            crate::routing::type_name(v),
+            erlang_value(v)
+        ))),
+    }
+}
+
+/// A field value as Erlang's `~p` prints the simple ones.
+fn erlang_value(v: &AMQPValue) -> String {
+    match v {
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::Float(f) => f.to_string(),
+        AMQPValue::Double(f) => f.to_string(),
+        v => crate::routing::as_i64(v).map_or_else(|| "...".to_owned(), |i| i.to_string()),
     }
 }

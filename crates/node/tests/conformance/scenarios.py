@@ -707,6 +707,80 @@ def message_count_each_node(ctx):
     return {"counts": counts}
 
 
+
+def refused(ch, act):
+    """Runs `act` on channel `ch`, then a round trip: "ok", or the close
+    that refused it."""
+    try:
+        act(ch)
+        ch.basic_qos(prefetch_count=0)
+        return "ok"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return closed(e)
+    except pika.exceptions.ConnectionClosedByBroker as e:
+        return ["connection"] + closed(e)
+
+
+def argument_checks(ctx):
+    """Arguments and properties a channel refuses (each on a channel of
+    its own): acks past the last delivery, recover without requeue,
+    expirations, TTLs, CC/BCC headers, x-match and x-priority values."""
+    q = ctx.queue("args.")
+    ctx.declare(q)
+    out = {}
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q, ["a0", "a1"])
+    pub.close()
+
+    def got_then(settle):
+        def act(ch):
+            method, _, _ = ch.basic_get(q, auto_ack=False)
+            settle(ch, method.delivery_tag)
+        return act
+
+    out["ack_multiple_past_last"] = refused(
+        ctx.use.channel(), got_then(lambda ch, t: ch.basic_ack(t + 5, multiple=True)))
+    out["nack_multiple_past_last"] = refused(
+        ctx.use.channel(), got_then(lambda ch, t: ch.basic_nack(t + 5, multiple=True)))
+    # A hard error: on a connection of its own.
+    own = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    out["recover_no_requeue"] = refused(
+        own.channel(), lambda ch: ch.basic_recover(requeue=False))
+    for name, expiration in [("abc", "abc"), ("negative", "-5"), ("empty", ""),
+                             ("huge", "4294967296"), ("unit", "5s"), ("ok", "60000")]:
+        out[f"expiration_{name}"] = refused(
+            ctx.use.channel(),
+            lambda ch, e=expiration: ch.basic_publish(
+                "", q, "e", pika.BasicProperties(expiration=e)))
+    for name, headers in [("cc_string", {"CC": "x"}), ("bcc_number", {"BCC": 5}),
+                          ("cc_list", {"CC": ["nowhere"]})]:
+        out[f"headers_{name}"] = refused(
+            ctx.use.channel(),
+            lambda ch, h=headers: ch.basic_publish(
+                "", q, "h", pika.BasicProperties(headers=h)))
+    for i, (name, ttl) in enumerate([("2^32", 2**32), ("2^40", 2**40), ("2^32-1", 2**32 - 1)]):
+        out[f"queue_ttl_{name}"] = refused(
+            ctx.use.channel(),
+            lambda ch, t=ttl, n=ctx.queue(f"args.ttl{i}."): ch.queue_declare(
+                n, exclusive=True, arguments={"x-message-ttl": t}))
+    x = f"{q}.hx"
+    setup = ctx.use.channel()
+    setup.exchange_declare(x, "headers", auto_delete=True)
+    for name, match in [("bogus", "bogus"), ("number", 1), ("any", "any")]:
+        out[f"x_match_{name}"] = refused(
+            ctx.use.channel(),
+            lambda ch, m=match: ch.queue_bind(q, x, arguments={"x-match": m, "k": "v"}))
+    setup.exchange_delete(x)
+    setup.close()
+    for name, prio in [("string", "high"), ("number", 5)]:
+        def consume(ch, p=prio):
+            tag = ch.basic_consume(q, lambda *a: None, arguments={"x-priority": p})
+            ch.basic_cancel(tag)
+        out[f"consume_priority_{name}"] = refused(ctx.use.channel(), consume)
+    out["count"] = passive_count(ctx.use, q)
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -736,12 +810,13 @@ SCENARIOS = [
     publish_right_after_declare,
     use_right_after_declare,
     message_count_each_node,
+    argument_checks,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
              "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count.",
-             "dlca.", "dlcb.", "redecl.", "txu.", "again."]
+             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args."]
 
 
 def run_one(urls, scenario, placement):
