@@ -777,6 +777,9 @@ def argument_checks(ctx):
             tag = ch.basic_consume(q, lambda *a: None, arguments={"x-priority": p})
             ch.basic_cancel(tag)
         out[f"consume_priority_{name}"] = refused(ctx.use.channel(), consume)
+    # Publishes and requeues through another node reach the master a
+    # moment later: wait (5 s at most) for all five, then count.
+    wait_for_count(ctx.use, q, 5)
     out["count"] = passive_count(ctx.use, q)
     return out
 
