@@ -620,6 +620,10 @@ impl Connection {
                 }
                 FRAME_HEADER => {
                     let payload = &buf[7..total - 1];
+                    // The weight, which the codec does not keep.
+                    let weight = payload
+                        .get(2..4)
+                        .map_or(0, |w| u16::from_be_bytes([w[0], w[1]]));
                     let parsed = match check_content_header(payload) {
                         Err(e) => Err(format!("content header: {e}")),
                         Ok(()) => match parse_content_header(payload) {
@@ -632,6 +636,7 @@ impl Connection {
                         Ok(header) => self.on_header(
                             h.channel,
                             header.class_id,
+                            weight,
                             header.body_size,
                             header.properties,
                         ),
@@ -1165,6 +1170,7 @@ impl Connection {
         &mut self,
         ch: ChannelId,
         class_id: u16,
+        weight: u16,
         body_size: u64,
         properties: BasicProperties,
     ) -> Outcome {
@@ -1195,6 +1201,17 @@ impl Connection {
                     "expected content header for class 60, got one for class {class_id} instead"
                 ),
             )));
+        }
+        if weight != 0 {
+            // The spec's weight is always 0: RabbitMQ's assembler takes a
+            // header with another as no header at all.
+            return Err(Fault::Connection(
+                err(
+                    ReplyCode::UnexpectedFrame,
+                    "expected content header for class 60, got non content header frame instead",
+                )
+                .with_method(60, 40),
+            ));
         }
         if body_size > max {
             return Err(Fault::Channel(

@@ -495,3 +495,26 @@ fn a_read_fault_waits_behind_the_methods_read_before_it() {
         "{frames:?}"
     );
 }
+
+/// A content header whose weight is not 0 (the spec's weight is always 0):
+/// RabbitMQ 3.10 closes the connection with 505, naming basic.publish
+/// (recorded by the hostile-input sweep, docs/faults.md).
+#[test]
+fn a_content_header_with_a_weight_is_505() {
+    let mut h = Harness::with_channel(1);
+    h.send(&publish(1, "", "q"));
+    let mut hdr = header(1, 1, Default::default());
+    // type, channel, size, then class id (2 bytes): the weight's low byte.
+    hdr[7 + 3] = 1;
+    h.send(&hdr);
+    match h.one_method() {
+        (0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+            assert_eq!(
+                (c.reply_code, c.class_id, c.method_id),
+                (505, 60, 40),
+                "{c:?}"
+            );
+        }
+        other => panic!("expected connection.close, got {other:?}"),
+    }
+}
