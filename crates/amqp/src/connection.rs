@@ -1037,8 +1037,12 @@ impl Connection {
                 );
                 return Ok(());
             }
-            C::Channel(channel::AMQPMethod::CloseOk(_) | channel::AMQPMethod::FlowOk(_))
-            | C::Basic(B::CancelOk(_)) => return Ok(()),
+            // No channel.close of ours to answer: RabbitMQ's channel takes
+            // it as a method it does not implement (a connection error).
+            C::Channel(channel::AMQPMethod::CloseOk(_)) => {
+                return conn_err(ReplyCode::CommandInvalid, "unimplemented method".into());
+            }
+            C::Channel(channel::AMQPMethod::FlowOk(_)) | C::Basic(B::CancelOk(_)) => return Ok(()),
             C::Access(access::AMQPMethod::Request(_)) => {
                 self.enc.method(
                     ch,

@@ -518,3 +518,25 @@ fn a_content_header_with_a_weight_is_505() {
         other => panic!("expected connection.close, got {other:?}"),
     }
 }
+
+/// A channel.close-ok with no channel.close of ours to answer: RabbitMQ
+/// 3.10 closes the connection with 503 naming channel.close-ok (recorded by
+/// the hostile-input sweep, docs/faults.md); it was ignored.
+#[test]
+fn an_unasked_channel_close_ok_is_503() {
+    let mut h = Harness::with_channel(1);
+    h.send(&method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    ));
+    match h.one_method() {
+        (0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+            assert_eq!(
+                (c.reply_code, c.class_id, c.method_id),
+                (503, 20, 41),
+                "{c:?}"
+            );
+        }
+        other => panic!("expected connection.close, got {other:?}"),
+    }
+}
