@@ -466,3 +466,53 @@ async fn names_amqp_cannot_carry_are_refused_on_every_path() {
     .await;
     within(honest_round_trip_at(&a.amqp_url(), "names-ok", 10)).await;
 }
+
+/// A topic binding of twenty `#` words and a publish with a 40-word
+/// routing key: the node keeps serving (matching was exponential in the
+/// `#`s, under the broker's lock: the whole node hung for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_pattern_of_many_hashes_does_not_stall_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = Connection::connect(&node.url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_declare(
+            "hashes".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let pattern = format!("{}nomatch", "#.".repeat(20));
+        ch.queue_bind(
+            "hashes".into(),
+            "amq.topic".into(),
+            pattern.as_str().into(),
+            lapin::options::QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let key = vec!["w"; 40].join(".");
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let confirm = ch
+            .basic_publish(
+                "amq.topic".into(),
+                key.as_str().into(),
+                BasicPublishOptions::default(),
+                b"x",
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+        assert!(confirm.await.unwrap().is_ack(), "unroutable, confirmed");
+        honest_round_trip(&node, "after-hashes", 20).await;
+        conn.close(200, "done".into()).await.unwrap();
+    })
+    .await;
+}
