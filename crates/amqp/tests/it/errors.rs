@@ -507,16 +507,7 @@ fn a_content_header_with_a_weight_is_505() {
     // type, channel, size, then class id (2 bytes): the weight's low byte.
     hdr[7 + 3] = 1;
     h.send(&hdr);
-    match h.one_method() {
-        (0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
-            assert_eq!(
-                (c.reply_code, c.class_id, c.method_id),
-                (505, 60, 40),
-                "{c:?}"
-            );
-        }
-        other => panic!("expected connection.close, got {other:?}"),
-    }
+    h.expect_connection_close_naming(505, 60, 40);
 }
 
 /// A channel.close-ok with no channel.close of ours to answer: RabbitMQ
@@ -529,14 +520,5 @@ fn an_unasked_channel_close_ok_is_503() {
         1,
         AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
     ));
-    match h.one_method() {
-        (0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
-            assert_eq!(
-                (c.reply_code, c.class_id, c.method_id),
-                (503, 20, 41),
-                "{c:?}"
-            );
-        }
-        other => panic!("expected connection.close, got {other:?}"),
-    }
+    h.expect_connection_close_naming(503, 20, 41);
 }

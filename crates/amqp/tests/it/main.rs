@@ -219,6 +219,21 @@ impl Harness {
         }
     }
 
+    /// Asserts the output is one connection.close with `code` naming the
+    /// method `class_id`.`method_id`.
+    pub fn expect_connection_close_naming(&mut self, code: u16, class_id: u16, method_id: u16) {
+        match self.one_method() {
+            (0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+                assert_eq!(
+                    (c.reply_code, c.class_id, c.method_id),
+                    (code, class_id, method_id),
+                    "{c:?}"
+                );
+            }
+            other => panic!("expected connection.close, got {other:?}"),
+        }
+    }
+
     /// Asserts the output is one channel.close on `ch` with `code` and `text`.
     pub fn expect_channel_close(&mut self, ch: u16, code: u16, text: &str) {
         match self.one_method() {
