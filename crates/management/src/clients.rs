@@ -303,9 +303,15 @@ pub(crate) fn consumer_json(node: &str, c: &ConsumerInfo, conns: &[ConnectionInf
         "ack_required": c.ack_required,
         "exclusive": c.exclusive,
         "prefetch_count": c.prefetch,
-        "active": true,
-        "activity_status": "up",
-        "arguments": {},
+        "active": c.active,
+        // RabbitMQ's names; unknown where the queue's master decides.
+        "activity_status": match (c.single_active, c.active) {
+            (false, _) => "up",
+            (true, Some(true)) => "single_active",
+            (true, Some(false)) => "waiting",
+            (true, None) => "unknown",
+        },
+        "arguments": if c.priority == 0 { json!({}) } else { json!({"x-priority": c.priority}) },
     })
 }
 

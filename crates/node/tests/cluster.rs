@@ -8,10 +8,10 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 use serde_json::{Value, json};
 
@@ -620,7 +620,7 @@ fn every_node_lists_and_closes_the_clients_of_every_node() {
             .basic_consume(
                 "plain.b".into(),
                 "on-b".into(),
-                lapin::options::BasicConsumeOptions::default(),
+                BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
             .await
@@ -711,4 +711,73 @@ fn every_node_lists_and_closes_the_clients_of_every_node() {
     });
     let (status, _) = nodes[0].http("GET", &path, None);
     assert_eq!(status, 404);
+}
+
+#[test]
+fn consumers_show_which_one_a_single_active_consumer_queue_serves() {
+    // RabbitMQ's consumer views: `activity_status` single_active or
+    // waiting, `active`, and the consumer's arguments (its x-priority).
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, nodes) = three(root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // lapin cancels a consumer it drops: they are kept.
+    let (_conn, ch, _consumers) = rt.block_on(async {
+        let conn = Connection::connect(&nodes[0].amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let mut args = FieldTable::default();
+        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        ch.queue_declare("plain.sac".into(), QueueDeclareOptions::default(), args)
+            .await
+            .unwrap();
+        let mut consumers = Vec::new();
+        for (tag, priority) in [("first", None), ("second", Some(3))] {
+            let mut args = FieldTable::default();
+            if let Some(p) = priority {
+                args.insert("x-priority".into(), AMQPValue::LongInt(p));
+            }
+            let c = ch
+                .basic_consume(
+                    "plain.sac".into(),
+                    tag.into(),
+                    BasicConsumeOptions::default(),
+                    args,
+                )
+                .await
+                .unwrap();
+            consumers.push(c);
+        }
+        (conn, ch, consumers)
+    });
+    // Listed through another node once its view of a's clients has them.
+    let status = |tag: &str| {
+        let list = nodes[1].get("/api/consumers/%2F");
+        list.as_array()
+            .and_then(|a| a.iter().find(|c| c["consumer_tag"] == tag).cloned())
+            .map(|c| {
+                (
+                    c["activity_status"].clone(),
+                    c["active"].clone(),
+                    c["arguments"].clone(),
+                )
+            })
+    };
+    let first = (json!("single_active"), json!(true), json!({}));
+    let waiting = (json!("waiting"), json!(false), json!({"x-priority": 3}));
+    eventually("both consumers listed", || {
+        status("first").is_some() && status("second").is_some()
+    });
+    assert_eq!(status("first"), Some(first));
+    assert_eq!(status("second"), Some(waiting));
+    rt.block_on(ch.basic_cancel("first".into(), BasicCancelOptions::default()))
+        .unwrap();
+    let took_over = (
+        json!("single_active"),
+        json!(true),
+        json!({"x-priority": 3}),
+    );
+    eventually("the second consumer listed as the active one", || {
+        status("first").is_none() && status("second") == Some(took_over.clone())
+    });
 }

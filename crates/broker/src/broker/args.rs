@@ -234,6 +234,10 @@ pub(super) fn queue_args(
                     }
                 };
             }
+            "x-single-active-consumer" if !matches!(v, AMQPValue::Boolean(_)) => {
+                let why = format!("{{unacceptable_type,{}}}", type_name(v));
+                return Err(bad(key, &why));
+            }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));
             }

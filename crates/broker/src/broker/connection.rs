@@ -399,9 +399,7 @@ impl Broker {
         for (node, cid) in forwarded {
             self.link_cancel(&node, &vhost, cid);
         }
-        for (node, tag) in settle_remote {
-            self.link_settle(&node, &vhost, tag, Settle::Requeue);
-        }
+        self.link_settle_all(&vhost, settle_remote, Settle::Requeue);
         touched.sort();
         touched.dedup();
         for q in touched {

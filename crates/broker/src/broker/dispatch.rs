@@ -16,7 +16,29 @@ use super::{
 use crate::auth::Access;
 use crate::routing::decode_meta;
 
-/// Hands ready messages of `q` to its consumers, round-robin, within
+/// Which consumer of `q` gets its next message: of those `has_room`
+/// accepts, the highest `x-priority`, in turn from `q.rr` among equals (as
+/// RabbitMQ's consumer priorities); on a single-active-consumer queue, its
+/// active consumer or none.
+fn pick(q: &mut Queue, mut has_room: impl FnMut(&Consumer) -> bool) -> Option<usize> {
+    if q.single_active {
+        let i = q.active_consumer()?;
+        return has_room(&q.consumers[i]).then_some(i);
+    }
+    let n = q.consumers.len();
+    let mut chosen: Option<usize> = None;
+    for i in 0..n {
+        let idx = (q.rr + i) % n;
+        let c = &q.consumers[idx];
+        if chosen.is_some_and(|b| q.consumers[b].priority >= c.priority) || !has_room(c) {
+            continue;
+        }
+        chosen = Some(idx);
+    }
+    chosen
+}
+
+/// Hands ready messages of `q` to its consumers (see [`pick`]) within
 /// their prefetch limits.
 fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: ConnId) {
     if q.consumers.is_empty() || q.remote.is_some() {
@@ -27,41 +49,36 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
         drive_replica(q, conns, now);
         return;
     }
-    let Store::Local(bq) = &mut q.store else {
-        return;
-    };
     loop {
-        if bq.stats().ready == 0 {
+        if q.store.stats().ready == 0 {
             return;
         }
-        let n = q.consumers.len();
-        let mut chosen = None;
-        for i in 0..n {
-            let idx = (q.rr + i) % n;
-            let c = &q.consumers[idx];
+        let chosen = pick(q, |c| {
             let Some(conn) = conns.get_mut(&c.conn) else {
-                continue;
+                return false;
             };
             let Some(ch) = conn.channels.get(&c.channel) else {
-                continue;
+                return false;
             };
             if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
-                continue;
+                return false;
             }
             if ch.global_prefetch != 0
                 && ch.unacked.len() >= usize::from(ch.global_prefetch)
                 && !c.no_ack
             {
-                continue;
+                return false;
             }
             if conn.out_pending >= OUTPUT_HIGH_WATER {
                 conn.throttled = true;
-                continue;
+                return false;
             }
-            chosen = Some(idx);
-            break;
-        }
+            true
+        });
         let Some(idx) = chosen else {
+            return;
+        };
+        let Store::Local(bq) = &mut q.store else {
             return;
         };
         let delivery = match bq.fetch(now) {
@@ -132,33 +149,28 @@ pub(super) fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now:
         if q.store.stats().ready == 0 {
             return;
         }
-        let n = q.consumers.len();
-        let mut chosen = None;
-        for i in 0..n {
-            let idx = (q.rr + i) % n;
-            let c = &q.consumers[idx];
+        let chosen = pick(q, |c| {
             let Some(conn) = conns.get_mut(&c.conn) else {
-                continue;
+                return false;
             };
             if !conn.channels.contains_key(&c.channel) {
-                continue;
+                return false;
             }
             if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
-                continue;
+                return false;
             }
             // Fetches in flight come back through `mirror_turn`, which
             // drives the queue again; a full socket buffer is retried once
             // the connection's output is written (`throttled`).
             if c.reserved >= MAX_FETCHES_IN_FLIGHT {
-                continue;
+                return false;
             }
             if conn.out_pending >= OUTPUT_HIGH_WATER {
                 conn.throttled = true;
-                continue;
+                return false;
             }
-            chosen = Some(idx);
-            break;
-        }
+            true
+        });
         let Some(idx) = chosen else {
             return;
         };
@@ -229,7 +241,6 @@ impl Broker {
         how: Settle,
     ) -> Result<(), AmqpError> {
         let c = self.conn(id);
-        let vhost = c.vhost.clone();
         let Some(chan) = c.channels.get_mut(&ch) else {
             return Ok(());
         };
@@ -252,13 +263,37 @@ impl Broker {
                 None => return Err(unknown_tag(tag)),
             }
         };
+        self.settle_taken(id, ch, taken, how);
+        Ok(())
+    }
+
+    /// Settles deliveries `tags` of a forwarding link's channel together
+    /// (a closed channel's requeues go back at once, as RabbitMQ's do);
+    /// tags it does not hold are skipped.
+    pub(super) fn settle_many(&mut self, id: ConnId, ch: ChannelId, tags: &[u64], how: Settle) {
+        let Some(chan) = self.conn(id).channels.get_mut(&ch) else {
+            return;
+        };
+        let taken = tags
+            .iter()
+            .filter_map(|t| Some((*t, chan.unacked.remove(t)?)))
+            .collect();
+        self.settle_taken(id, ch, taken, how);
+    }
+
+    /// Acks, requeues or discards the deliveries `taken` from channel `ch`
+    /// of connection `id`, then drives each queue they came from once.
+    fn settle_taken(&mut self, id: ConnId, ch: ChannelId, taken: Vec<(u64, Unacked)>, how: Settle) {
+        let c = self.conn(id);
+        let vhost = c.vhost.clone();
         if matches!(how, Settle::Ack) && c.link.is_none() {
             c.count(ch, |n| n.acknowledged += taken.len() as u64);
         }
         let mut touched: Vec<Arc<str>> = Vec::new();
+        let mut forwarded = Vec::new();
         for (_, u) in taken {
-            if let Some(node) = &u.remote {
-                self.link_settle(node, &vhost, u.bq_tag, how);
+            if let Some(node) = u.remote {
+                forwarded.push((node, u.bq_tag));
                 continue;
             }
             let Some(q) = self
@@ -291,6 +326,7 @@ impl Broker {
                 touched.push(u.queue);
             }
         }
+        self.link_settle_all(&vhost, forwarded, how);
         touched.sort();
         touched.dedup();
         for q in touched {
@@ -304,7 +340,6 @@ impl Broker {
         {
             self.redrive_channel(id, ch);
         }
-        Ok(())
     }
 
     pub(super) fn redrive_channel(&mut self, id: ConnId, ch: ChannelId) {
@@ -330,9 +365,10 @@ impl Broker {
         };
         let taken = std::mem::take(&mut chan.unacked);
         let mut touched = Vec::new();
+        let mut forwarded = Vec::new();
         for u in taken.into_values() {
-            if let Some(node) = &u.remote {
-                self.link_settle(node, &vhost, u.bq_tag, Settle::Requeue);
+            if let Some(node) = u.remote {
+                forwarded.push((node, u.bq_tag));
                 continue;
             }
             if let Some(q) = self
@@ -354,6 +390,7 @@ impl Broker {
                 touched.push(u.queue);
             }
         }
+        self.link_settle_all(&vhost, forwarded, Settle::Requeue);
         touched.sort();
         touched.dedup();
         for q in touched {
@@ -371,17 +408,21 @@ impl Broker {
         let qarc = self.queue_arc(id, &name)?;
         self.check(id, Access::Read, "queue", &name)?;
         let vhost = self.conns[&id].vhost.clone();
-        if let Some(v) = c.arguments.inner().get("x-priority")
-            && crate::routing::as_i64(v).is_none()
-        {
-            return Err(err(
-                ReplyCode::PreconditionFailed,
-                format!(
-                    "invalid arg 'x-priority' for queue '{name}' in vhost '{vhost}': \"expected integer, got {}\"",
-                    crate::routing::type_name(v)
-                ),
-            ));
-        }
+        let priority = match c.arguments.inner().get("x-priority") {
+            None => 0,
+            Some(v) => match crate::routing::as_i64(v) {
+                Some(p) => p.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32,
+                None => {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        format!(
+                            "invalid arg 'x-priority' for queue '{name}' in vhost '{vhost}': \"expected integer, got {}\"",
+                            crate::routing::type_name(v)
+                        ),
+                    ));
+                }
+            },
+        };
         let mut tag = c.consumer_tag.as_str().to_owned();
         if tag.is_empty() {
             tag = random_name("amq.ctag-");
@@ -401,7 +442,11 @@ impl Broker {
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
-        if (c.exclusive && !q.consumers.is_empty()) || q.consumers.iter().any(|x| x.exclusive) {
+        // A single-active-consumer queue takes no exclusive consumer at all
+        // (RabbitMQ's `exclusive_consume_unavailable`).
+        if (c.exclusive && (!q.consumers.is_empty() || q.single_active))
+            || q.consumers.iter().any(|x| x.exclusive)
+        {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!("queue '{name}' in vhost '{vhost}' in exclusive use"),
@@ -421,6 +466,7 @@ impl Broker {
                 c.arguments.inner().get("x-cancel-on-ha-failover"),
                 Some(AMQPValue::Boolean(true))
             ),
+            priority,
         };
         let waits = q.remote.is_some() && self.link_consume(&vhost, &qarc, &mut consumer, c.nowait);
         let q = self
@@ -428,7 +474,7 @@ impl Broker {
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
-        q.consumers.push(consumer);
+        q.add_consumer(consumer);
         q.had_consumers = true;
         let conn = self.conn(id);
         conn.channels
@@ -448,16 +494,30 @@ impl Broker {
         Ok(())
     }
 
+    /// Cancels consumer `tag` of channel `ch`; its queue is driven at
+    /// once, so that a single-active-consumer queue's next consumer takes
+    /// over.
     pub(super) fn cancel(&mut self, id: ConnId, ch: ChannelId, tag: &str) {
+        if let Some((vhost, qname)) = self.remove_consumer(id, ch, tag) {
+            self.after_queue_op(&vhost, &qname);
+        }
+    }
+
+    /// Removes consumer `tag` of channel `ch` from its queue (and from the
+    /// queue's master if forwarded); returns the queue, unless it was
+    /// auto-deleted, to be driven by the caller.
+    pub(super) fn remove_consumer(
+        &mut self,
+        id: ConnId,
+        ch: ChannelId,
+        tag: &str,
+    ) -> Option<(String, Arc<str>)> {
         let c = self.conn(id);
         let vhost = c.vhost.clone();
-        let Some(qname) = c
+        let qname = c
             .channels
             .get_mut(&ch)
-            .and_then(|chan| chan.consumers.remove(tag))
-        else {
-            return;
-        };
+            .and_then(|chan| chan.consumers.remove(tag))?;
         let mut forwarded = None;
         if let Some(q) = self
             .vhosts
@@ -479,7 +539,7 @@ impl Broker {
         if let Some((node, cid)) = forwarded {
             self.link_cancel(&node, &vhost, cid);
         }
-        self.auto_delete_if_unused(&vhost, &qname);
+        (!self.auto_delete_if_unused(&vhost, &qname)).then_some((vhost, qname))
     }
 
     pub(super) fn get(

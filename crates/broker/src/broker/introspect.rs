@@ -166,6 +166,14 @@ pub struct ConsumerInfo {
     pub exclusive: bool,
     /// The channel's prefetch count.
     pub prefetch: u16,
+    /// Its `x-priority` (0 without the argument).
+    pub priority: i32,
+    /// Whether it gets messages: false for one waiting on a
+    /// single-active-consumer queue; `None` where this node cannot tell (a
+    /// single-active-consumer queue served on another node decides there).
+    pub active: Option<bool>,
+    /// Its queue has a single active consumer.
+    pub single_active: bool,
 }
 
 /// Converts an AMQP field value to JSON (as the management API shows arguments).
@@ -489,7 +497,18 @@ impl Broker {
                 let client = |c: &&super::Consumer| {
                     self.conns.get(&c.conn).is_some_and(|c| c.link.is_none())
                 };
-                for c in q.consumers.iter().filter(client) {
+                let holder = q.active_index();
+                for (i, c) in q.consumers.iter().enumerate() {
+                    if !client(&c) {
+                        continue;
+                    }
+                    let active = if !q.single_active {
+                        Some(true)
+                    } else if q.remote.is_some() {
+                        None
+                    } else {
+                        Some(holder == Some(i))
+                    };
                     out.push(ConsumerInfo {
                         vhost: vn.clone(),
                         queue: q.name.to_string(),
@@ -499,6 +518,9 @@ impl Broker {
                         ack_required: !c.no_ack,
                         exclusive: c.exclusive,
                         prefetch: c.prefetch,
+                        priority: c.priority,
+                        active,
+                        single_active: q.single_active,
                     });
                 }
             }

@@ -107,6 +107,8 @@ pub enum LinkMsg {
         prefetch: u16,
         /// Deliveries need no ack.
         no_ack: bool,
+        /// Its `x-priority`.
+        priority: i32,
     },
     /// Origin → master: the consumer is gone.
     Cancel {
@@ -623,6 +625,7 @@ impl Broker {
                     cid: c.remote_cid,
                     prefetch: c.prefetch,
                     no_ack: c.no_ack,
+                    priority: c.priority,
                 };
                 self.links.send(m, msg);
             }
@@ -716,6 +719,7 @@ impl Broker {
             cid: c.remote_cid,
             prefetch: c.prefetch,
             no_ack: c.no_ack,
+            priority: c.priority,
         };
         let waits = !nowait && matches!(to, Elsewhere::Node(_));
         if waits {
@@ -781,8 +785,28 @@ impl Broker {
         }
     }
 
-    /// Settles a forwarded delivery at its master.
-    pub(super) fn link_settle(&mut self, to: &Elsewhere, vhost: &str, tag: u64, how: Settle) {
+    /// Settles forwarded deliveries, each (master, tag) of `settles`: one
+    /// message per master, so they are settled there together.
+    pub(super) fn link_settle_all(
+        &mut self,
+        vhost: &str,
+        settles: Vec<(Elsewhere, u64)>,
+        how: Settle,
+    ) {
+        let mut by_node: Vec<(Elsewhere, Vec<u64>)> = Vec::new();
+        for (at, tag) in settles {
+            match by_node.iter_mut().find(|(n, _)| *n == at) {
+                Some((_, tags)) => tags.push(tag),
+                None => by_node.push((at, vec![tag])),
+            }
+        }
+        for (at, tags) in by_node {
+            self.link_settle(&at, vhost, tags, how);
+        }
+    }
+
+    /// Settles forwarded deliveries `tags` at their master, together.
+    pub(super) fn link_settle(&mut self, to: &Elsewhere, vhost: &str, tags: Vec<u64>, how: Settle) {
         let Elsewhere::Node(node) = to else {
             return;
         };
@@ -795,7 +819,7 @@ impl Broker {
             node,
             LinkMsg::Settle {
                 vhost: vhost.to_owned(),
-                tags: vec![tag],
+                tags,
                 how,
             },
         );
@@ -1066,6 +1090,7 @@ impl Broker {
                 cid: *cid,
                 prefetch: c.prefetch,
                 no_ack: c.no_ack,
+                priority: c.priority,
             });
         }
         if !msgs.is_empty() {
@@ -1095,8 +1120,15 @@ impl Broker {
     fn link_messages(&mut self, from: &str, msgs: Vec<LinkMsg>, now_ms: u64) {
         self.now = now_ms;
         self.current = 0;
+        // The queues of consumers cancelled in this batch are driven after
+        // it: a closed channel's cancels come with its requeues, which go
+        // back first (to a single-active-consumer queue's next consumer).
+        let mut cancelled = Vec::new();
         for m in msgs {
-            self.link_one(from, m);
+            self.link_one(from, m, &mut cancelled);
+        }
+        for (vhost, queue) in cancelled {
+            self.after_queue_op(&vhost, &queue);
         }
         self.wake_clients();
     }
@@ -1175,7 +1207,9 @@ impl Broker {
         Some(id)
     }
 
-    fn link_one(&mut self, from: &str, m: LinkMsg) {
+    /// Handles one message from node `from`; a cancelled consumer's queue
+    /// goes to `cancelled`, to be driven after the batch.
+    fn link_one(&mut self, from: &str, m: LinkMsg, cancelled: &mut Vec<(String, Arc<str>)>) {
         match m {
             LinkMsg::Hello { .. } | LinkMsg::Welcome { .. } => {}
             LinkMsg::Publish {
@@ -1245,6 +1279,7 @@ impl Broker {
                 cid,
                 prefetch,
                 no_ack,
+                priority,
             } => {
                 let Some(pc) = self.link_conn(from, &vhost) else {
                     self.links.send(from, LinkMsg::Cancelled { cid });
@@ -1269,7 +1304,7 @@ impl Broker {
                     return;
                 }
                 let qname = q.name.clone();
-                q.consumers.push(Consumer {
+                q.add_consumer(Consumer {
                     tag: tag.clone(),
                     conn: pc,
                     channel: LINK_CHANNEL,
@@ -1280,6 +1315,7 @@ impl Broker {
                     reserved: 0,
                     remote_cid: 0,
                     cancel_on_failover: false,
+                    priority,
                 });
                 q.had_consumers = true;
                 if let Some(ch) = self
@@ -1295,7 +1331,7 @@ impl Broker {
             }
             LinkMsg::Cancel { vhost, cid } => {
                 if let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() {
-                    self.cancel(pc, LINK_CHANNEL, &cid.to_string());
+                    cancelled.extend(self.remove_consumer(pc, LINK_CHANNEL, &cid.to_string()));
                 }
             }
             LinkMsg::Alarms { memory, disk } => {
@@ -1310,9 +1346,7 @@ impl Broker {
                     1 => Settle::Requeue,
                     _ => Settle::Discard,
                 };
-                for t in tags {
-                    let _ = self.settle(pc, LINK_CHANNEL, t, false, how);
-                }
+                self.settle_many(pc, LINK_CHANNEL, &tags, how);
             }
             LinkMsg::Get {
                 vhost,
@@ -1468,7 +1502,7 @@ impl Broker {
             if let Some((tag, ..)) = msg
                 && !no_ack
             {
-                self.link_settle(&Elsewhere::Node(node), &vhost, tag, Settle::Requeue);
+                self.link_settle(&Elsewhere::Node(node), &vhost, vec![tag], Settle::Requeue);
             }
             return;
         };
@@ -1577,7 +1611,7 @@ impl Broker {
             self.link_settle(
                 &Elsewhere::Node(Arc::from(from)),
                 vhost,
-                tag,
+                vec![tag],
                 Settle::Requeue,
             );
         }

@@ -85,6 +85,9 @@ pub(super) struct Consumer {
     pub(super) remote_cid: u64,
     /// `x-cancel-on-ha-failover`: cancelled when the queue's master changes.
     pub(super) cancel_on_failover: bool,
+    /// `x-priority`: consumers of a higher priority get messages first while
+    /// they have room under their prefetch (0 without the argument).
+    pub(super) priority: i32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -106,8 +109,14 @@ pub(super) struct Queue {
     /// This node's master replica handed the queue over: it is not served
     /// here until this node is made its master again.
     pub(super) handed_over: bool,
+    /// In the order they were registered.
     pub(super) consumers: Vec<Consumer>,
     pub(super) rr: usize,
+    /// `x-single-active-consumer`: only one consumer gets messages.
+    pub(super) single_active: bool,
+    /// The active consumer of a single-active-consumer queue (channel,
+    /// connection and tag); see [`Queue::active_consumer`].
+    pub(super) active: Option<(ConnId, ChannelId, Arc<str>)>,
     pub(super) had_consumers: bool,
     pub(super) dlx: Option<String>,
     pub(super) dlrk: Option<String>,
@@ -142,6 +151,48 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// Registers consumer `c`. On a single-active-consumer queue the first
+    /// consumer becomes the active one, as in RabbitMQ (whatever its
+    /// priority).
+    pub(super) fn add_consumer(&mut self, c: Consumer) {
+        if self.single_active && self.active_consumer().is_none() {
+            self.active = Some((c.conn, c.channel, c.tag.clone()));
+        }
+        self.consumers.push(c);
+    }
+
+    /// The index of a single-active-consumer queue's active consumer. When
+    /// the active one is gone (cancelled, its channel or connection
+    /// closed), the next takes over: the highest `x-priority`, the earliest
+    /// registered among equals (RabbitMQ's choice).
+    pub(super) fn active_consumer(&mut self) -> Option<usize> {
+        let i = self.active_index();
+        self.active = i.map(|i| {
+            let c = &self.consumers[i];
+            (c.conn, c.channel, c.tag.clone())
+        });
+        i
+    }
+
+    /// What [`Queue::active_consumer`] returns, without recording it.
+    pub(super) fn active_index(&self) -> Option<usize> {
+        if let Some((conn, ch, tag)) = &self.active
+            && let Some(i) = self
+                .consumers
+                .iter()
+                .position(|c| c.conn == *conn && c.channel == *ch && c.tag == *tag)
+        {
+            return Some(i);
+        }
+        let mut next: Option<usize> = None;
+        for (i, c) in self.consumers.iter().enumerate() {
+            if next.is_none_or(|n| c.priority > self.consumers[n].priority) {
+                next = Some(i);
+            }
+        }
+        next
+    }
+
     /// The settings a store of this queue is opened with.
     pub(super) fn queue_config(&self) -> warren_backing_queue::QueueConfig {
         warren_backing_queue::QueueConfig {

@@ -87,6 +87,10 @@ impl Broker {
         };
         let uid = self.next_uid;
         self.next_uid += 1;
+        let single_active = matches!(
+            opts.arguments.inner().get("x-single-active-consumer"),
+            Some(AMQPValue::Boolean(true))
+        );
         Ok(Queue {
             name,
             uid,
@@ -97,6 +101,8 @@ impl Broker {
             handed_over: false,
             consumers: Vec::new(),
             rr: 0,
+            single_active,
+            active: None,
             had_consumers: false,
             dlx: args.dlx,
             dlrk: args.dlrk,

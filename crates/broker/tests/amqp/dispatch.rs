@@ -2,9 +2,10 @@
 //! reject and requeue, basic.get, recover, cancel (`broker/dispatch.rs`).
 
 use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, queue};
+use warren_amqp::amq_protocol::types::AMQPValue;
 use warren_broker::LinkMsg;
 
-use crate::support::{Client, Incoming, Message, Node, START_MS, consume_method};
+use crate::support::{Client, Incoming, Message, Node, QueueOpts, START_MS, consume_method, table};
 
 /// A basic.deliver's `(delivery tag, redelivered, body)`.
 fn delivered(i: &Incoming) -> (u64, bool, String) {
@@ -87,6 +88,99 @@ fn consumers_of_one_queue_take_turns() {
             (2, "m3".into())
         ]
     );
+}
+
+/// basic.consume of `q` on channel `ch` with `x-priority` `priority`
+/// (manual acks).
+fn consume_at(c: &mut Client, ch: u16, tag: &str, priority: Option<i32>) {
+    let arguments = priority
+        .map(|p| table(&[("x-priority", AMQPValue::LongInt(p))]))
+        .unwrap_or_default();
+    let m = AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+        queue: "q".into(),
+        consumer_tag: tag.into(),
+        no_local: false,
+        no_ack: false,
+        exclusive: false,
+        nowait: false,
+        arguments,
+    }));
+    c.call_ok(ch, m, (60, 21), "basic.consume-ok");
+}
+
+/// Which channel each delivery so far went to, with its body.
+fn delivered_to(c: &mut Client) -> Vec<(u16, String)> {
+    c.drain()
+        .iter()
+        .map(|i| (i.channel, delivered(i).2))
+        .collect()
+}
+
+#[test]
+fn a_higher_priority_consumer_gets_messages_while_it_has_room() {
+    let (_node, mut c) = Node::session();
+    c.queue(1, "q");
+    for ch in [2, 3] {
+        c.open_channel(ch);
+        c.qos(ch, 1, false);
+    }
+    c.qos(1, 1, false);
+    consume_at(&mut c, 1, "none", None);
+    consume_at(&mut c, 2, "high", Some(5));
+    consume_at(&mut c, 3, "minus", Some(-1));
+    for i in 0..4 {
+        c.publish(1, "", "q", Message::new(&format!("m{i}")));
+    }
+    assert_eq!(
+        delivered_to(&mut c),
+        [(2, "m0".into()), (1, "m1".into()), (3, "m2".into())]
+    );
+    // An ack makes room at the top: m3 goes there, not to the others.
+    c.ack(2, 1, false);
+    assert_eq!(delivered_to(&mut c), [(2, "m3".into())]);
+}
+
+#[test]
+fn a_single_active_consumer_queue_hands_over_when_its_consumer_goes() {
+    let (_node, mut c) = Node::session();
+    let opts = QueueOpts::default().arg("x-single-active-consumer", AMQPValue::Boolean(true));
+    c.declare_queue(1, "q", opts).unwrap();
+    for ch in [2, 3] {
+        c.open_channel(ch);
+    }
+    consume_at(&mut c, 1, "first", None);
+    // Registered later, so waiting, whatever its priority.
+    consume_at(&mut c, 2, "high", Some(9));
+    consume_at(&mut c, 3, "third", None);
+    for i in 0..3 {
+        c.publish(1, "", "q", Message::new(&format!("m{i}")));
+    }
+    assert_eq!(
+        delivered_to(&mut c),
+        [(1, "m0".into()), (1, "m1".into()), (1, "m2".into())]
+    );
+    // Cancelled: the highest priority of those waiting takes over at once
+    // (RabbitMQ 3.10 leaves none active; its documentation says this).
+    let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+        consumer_tag: "first".into(),
+        nowait: false,
+    }));
+    c.call_ok(1, cancel, (60, 31), "basic.cancel-ok");
+    c.publish(1, "", "q", Message::new("m3"));
+    assert_eq!(delivered_to(&mut c), [(2, "m3".into())]);
+    // Its channel closes: what it held comes back, to the new active one.
+    c.close_channel(1);
+    assert_eq!(
+        delivered_to(&mut c),
+        [(2, "m0".into()), (2, "m1".into()), (2, "m2".into())]
+    );
+    // An exclusive consumer is refused on such a queue.
+    let mut exclusive = consume_method("q", "x", false);
+    if let AMQPClass::Basic(basic::AMQPMethod::Consume(m)) = &mut exclusive {
+        m.exclusive = true;
+    }
+    let e = c.call(3, exclusive).unwrap_err();
+    assert_eq!(e.code, 403);
 }
 
 #[test]
@@ -353,6 +447,7 @@ fn a_master_confirms_a_forwarded_consumer_before_its_first_delivery() {
                 cid: 9,
                 prefetch: 0,
                 no_ack: true,
+                priority: 0,
             }],
             START_MS,
         );

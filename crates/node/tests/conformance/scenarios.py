@@ -25,6 +25,7 @@ Usage: scenarios.py --urls U1,U2,U3 [--only NAME[,NAME…]] [--failover] > outco
 
 import json
 import signal
+import socket
 import sys
 import time
 
@@ -223,6 +224,17 @@ def passive_count(conn, queue):
         n = ok.method.message_count
         ch.close()
         return n
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return closed(e)
+
+
+def passive_counts(conn, queue):
+    """A passive declare's [messages, consumers]."""
+    ch = conn.channel()
+    try:
+        ok = ch.queue_declare(queue, passive=True)
+        ch.close()
+        return [ok.method.message_count, ok.method.consumer_count]
     except pika.exceptions.ChannelClosedByBroker as e:
         return closed(e)
 
@@ -784,6 +796,141 @@ def argument_checks(ctx):
     return out
 
 
+def consumers_of(ctx, q, specs, prefetch=2):
+    """Registers one consumer per (tag, x-priority or None, connection or
+    None: the placement's) of `specs`, each on a channel of its own, manual
+    acks with `prefetch`. Returns (channels, received): each tag's
+    [body, redelivered] in the order they came."""
+    chans, got = {}, {}
+    for tag, prio, *conn in specs:
+        ch = ctx.channel(conn[0] if conn else ctx.use)
+        ch.basic_qos(prefetch_count=prefetch)
+        got[tag] = []
+        ch.basic_consume(
+            q,
+            lambda _c, m, _p, body, t=tag: got[t].append([body.decode(), m.redelivered]),
+            consumer_tag=tag,
+            arguments=None if prio is None else {"x-priority": prio},
+        )
+        chans[tag] = ch
+    return chans, got
+
+
+def drop(conn):
+    """A client dies: its socket is shut down under it, with no basic.cancel
+    and no close (pika's close cancels every consumer first)."""
+    conn._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+
+
+def received(ctx, got, seconds=0.5, others=()):
+    """Lets deliveries arrive for `seconds` on the placement's connection
+    and `others` (pika's process_data_events returns after the first
+    event), then what each consumer holds so far."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        for c in (ctx.use, *others):
+            if c.is_open:
+                c.process_data_events(time_limit=0.02)
+    return {t: list(v) for t, v in got.items()}
+
+
+def consumer_priority(ctx):
+    """Consumers' x-priority: the highest with room under its prefetch gets
+    each message, equal priorities take turns, lower ones only while the
+    higher are full; an ack makes room at the top again."""
+    q = ctx.queue("cprio.")
+    ctx.declare(q)
+    chans, got = consumers_of(
+        ctx, q, [("none", None), ("five-a", 5), ("five-b", 5), ("minus", -1), ("two", 2)])
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q, [f"m{i}" for i in range(9)])
+    out = {"first": received(ctx, got), "ready": passive_count(ctx.use, q)}
+    publish_each(pub, q, ["n0", "n1"])
+    chans["two"].basic_ack(0, multiple=True)
+    chans["five-a"].basic_ack(0, multiple=True)
+    out["acked"] = received(ctx, got)
+    for ch in chans.values():
+        ch.close()
+    wait_for_count(ctx.use, q, 11)
+    out["requeued"] = get_all(ctx.channel(ctx.use), q)
+    return out
+
+
+def single_active_consumer(ctx):
+    """x-single-active-consumer: the first consumer gets every message, the
+    others none; when its client dies (its socket closes), the next in
+    line takes over and gets what it held back first."""
+    q = ctx.queue("sac.")
+    ctx.declare(q, arguments={"x-single-active-consumer": True})
+    own = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    chans, got = consumers_of(ctx, q, [("a", None, own), ("b", None), ("c", None)])
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q, [f"m{i}" for i in range(5)])
+    out = {"first": received(ctx, got, others=[own]), "ready": passive_counts(ctx.use, q)}
+    drop(own)
+    out["a gone"] = received(ctx, got)
+    chans["b"].basic_ack(0, multiple=True)
+    out["b acked"] = received(ctx, got)
+    out["end"] = passive_counts(ctx.use, q)
+    return out
+
+
+def single_active_consumer_priority(ctx):
+    """x-single-active-consumer with consumers' x-priority: which consumer
+    is active first, and which takes over when its client dies."""
+    q = ctx.queue("sac.")
+    ctx.declare(q, arguments={"x-single-active-consumer": True})
+    own = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    chans, got = consumers_of(ctx, q, [("low", None, own), ("high", 9), ("mid", 4)])
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q, [f"m{i}" for i in range(3)])
+    out = {"first": received(ctx, got, others=[own])}
+    drop(own)
+    out["low gone"] = received(ctx, got)
+    return out
+
+
+def single_active_consumer_cancel(ctx):
+    """x-single-active-consumer: the active consumer is cancelled (its
+    channel stays open), then a message is published: who gets it."""
+    q = ctx.queue("sac.")
+    ctx.declare(q, arguments={"x-single-active-consumer": True})
+    chans, got = consumers_of(ctx, q, [("a", None), ("b", None)])
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q, ["m0", "m1", "m2"])
+    out = {"first": received(ctx, got)}
+    chans["a"].basic_cancel("a")
+    publish_each(pub, q, ["m3"])
+    out["a cancelled"] = received(ctx, got)
+    return out
+
+
+def single_active_consumer_checks(ctx):
+    """What a single-active-consumer queue refuses: an exclusive consumer,
+    a non-boolean argument; a basic.get beside its active consumer."""
+    q = ctx.queue("sac.")
+    ctx.declare(q, arguments={"x-single-active-consumer": True})
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q, ["g0", "g1"])
+    out = {"exclusive_alone": refused(
+        ctx.use.channel(),
+        lambda ch: ch.basic_cancel(ch.basic_consume(q, lambda *a: None, exclusive=True)))}
+    holder = ctx.channel(ctx.use)
+    holder.basic_qos(prefetch_count=1)
+    holder.basic_consume(q, lambda *a: None, consumer_tag="holder")
+    ctx.use.process_data_events(time_limit=0.3)
+    out["exclusive_beside"] = refused(
+        ctx.use.channel(), lambda ch: ch.basic_consume(q, lambda *a: None, exclusive=True))
+    out["get_beside"] = get_all(ctx.channel(ctx.use), q)
+    for name, value in [("string", "yes"), ("number", 1), ("false", False)]:
+        out[f"argument_{name}"] = refused(
+            ctx.use.channel(),
+            lambda ch, v=value, n=ctx.queue(f"sac.arg.{name}."): ch.queue_declare(
+                n, exclusive=True, arguments={"x-single-active-consumer": v}))
+    holder.close()
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -814,6 +961,11 @@ SCENARIOS = [
     use_right_after_declare,
     message_count_each_node,
     argument_checks,
+    consumer_priority,
+    single_active_consumer,
+    single_active_consumer_priority,
+    single_active_consumer_cancel,
+    single_active_consumer_checks,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
