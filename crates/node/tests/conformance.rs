@@ -141,6 +141,19 @@ fn queue_features_behave_as_in_rabbitmq() {
         recorded.len(),
         known.len()
     );
+    if !unexpected.is_empty() {
+        // The nodes' logs go with the test's directory: their warnings
+        // and errors are what a failed run leaves to go on.
+        for n in &nodes {
+            let log = std::fs::read_to_string(n.dir.with_extension("log")).unwrap_or_default();
+            for line in log
+                .lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            {
+                eprintln!("{}: {line}", n.name);
+            }
+        }
+    }
     assert!(
         unexpected.is_empty(),
         "differs from RabbitMQ 3.10:\n{}",
