@@ -51,6 +51,7 @@ pub(crate) mod mirrored;
 mod persistence;
 pub(crate) mod policies;
 mod publish;
+mod reply_to;
 mod state;
 pub(crate) mod stats;
 mod topology;

@@ -313,6 +313,12 @@ pub trait MetadataStore: Send + std::fmt::Debug {
     fn master_candidates(&self) -> Option<Vec<(String, usize)>> {
         None
     }
+    /// Whether `node` is another member of this node's cluster (where a
+    /// direct reply-to may be sent). A single node's store has none.
+    fn is_member(&self, node: &str) -> bool {
+        let _ = node;
+        false
+    }
     /// Whether the changes a client's command makes are committed by the
     /// shell, off the broker's lock, instead of by [`apply`](Self::apply)
     /// and [`share`](Self::share): the broker then keeps them for

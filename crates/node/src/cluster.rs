@@ -541,6 +541,16 @@ impl MetadataStore for ClusterStore {
         true
     }
 
+    fn is_member(&self, node: &str) -> bool {
+        node != self.node.as_str()
+            && self
+                .cluster
+                .local()
+                .nodes
+                .keys()
+                .any(|n| n.as_str() == node)
+    }
+
     fn master_candidates(&self) -> Option<Vec<(String, usize)>> {
         let meta = self.cluster.local();
         let up = self.cluster.up_nodes().borrow().clone();

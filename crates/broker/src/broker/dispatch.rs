@@ -404,6 +404,9 @@ impl Broker {
         ch: ChannelId,
         c: &basic::Consume,
     ) -> Result<(), AmqpError> {
+        if c.queue.as_str() == super::reply_to::REPLY_TO {
+            return self.consume_reply_to(id, ch, c);
+        }
         let name = self.queue_name(id, ch, &c.queue)?;
         let qarc = self.queue_arc(id, &name)?;
         self.check(id, Access::Read, "queue", &name)?;
@@ -498,6 +501,9 @@ impl Broker {
     /// once, so that a single-active-consumer queue's next consumer takes
     /// over.
     pub(super) fn cancel(&mut self, id: ConnId, ch: ChannelId, tag: &str) {
+        if self.cancel_reply_to(id, ch, tag) {
+            return;
+        }
         if let Some((vhost, qname)) = self.remove_consumer(id, ch, tag) {
             self.after_queue_op(&vhost, &qname);
         }

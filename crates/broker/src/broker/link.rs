@@ -110,6 +110,16 @@ pub enum LinkMsg {
         /// Its `x-priority`.
         priority: i32,
     },
+    /// A direct reply-to reply, to the node of the channel its routing key
+    /// `to` names (`broker/reply_to.rs`).
+    Reply {
+        /// The routing key: `amq.rabbitmq.reply-to.` and the address.
+        to: String,
+        /// Exchange, routing key and properties, encoded.
+        meta: Bytes,
+        /// The body.
+        body: Bytes,
+    },
     /// Origin → master: the consumer is gone.
     Cancel {
         /// The vhost.
@@ -366,7 +376,7 @@ impl Elsewhere {
 }
 
 impl Links {
-    fn send(&mut self, node: &str, msg: LinkMsg) {
+    pub(super) fn send(&mut self, node: &str, msg: LinkMsg) {
         self.out.entry(node.to_owned()).or_default().push(msg);
         if let Some(w) = &self.waker {
             w();
@@ -1328,6 +1338,10 @@ impl Broker {
                 // Before its first delivery, on the same link.
                 self.links.send(from, LinkMsg::ConsumeOk { cid });
                 self.after_queue_op(&vhost, &qname);
+            }
+            LinkMsg::Reply { to, meta, body } => {
+                // Dropped if the requester has gone meanwhile, as RabbitMQ's.
+                self.deliver_reply(&to, &meta, &body);
             }
             LinkMsg::Cancel { vhost, cid } => {
                 if let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() {

@@ -13,7 +13,7 @@ use warren_backing_queue::{DropReason, NewMessage};
 
 use super::args::parse_expiration;
 use super::state::{Conn, Dest, IdMap, Msg, Vhost};
-use super::{Broker, ConnId, FLOW_TARGETS, Store, TX_COMMIT, err, nack_one};
+use super::{Broker, ConnId, FLOW_TARGETS, Store, TX_COMMIT, err, nack_one, reply_to};
 use crate::auth::Access;
 use crate::routing::{self, Kind, as_str, encode_meta};
 
@@ -233,6 +233,10 @@ impl Broker {
                 &mut targets,
             );
         }
+        // A direct reply-to request names its channel; a reply goes there.
+        let addressed = self.address_request(id, ch, &p.properties)?;
+        let props = addressed.as_ref().unwrap_or(&p.properties);
+        let reply = reply_to::is_reply(ex, p.routing_key.as_str());
         let persistent = p.properties.delivery_mode() == &Some(2);
         let expiration_ms = p
             .properties
@@ -240,7 +244,7 @@ impl Broker {
             .as_ref()
             .and_then(|e| parse_expiration(e.as_str()).ok());
         let msg = Msg {
-            meta: encode_meta(ex, p.routing_key.as_str(), &p.properties),
+            meta: encode_meta(ex, p.routing_key.as_str(), props),
             body: Bytes::copy_from_slice(&p.body),
             persistent,
             expiration_ms,
@@ -248,6 +252,11 @@ impl Broker {
         };
         let confirm = p.confirm_seq.map(|s| (id, ch, s));
         let pending = self.enqueue(&vhost, &targets, &msg, confirm)?;
+        if reply {
+            // Delivered, yet not routed: a mandatory reply comes back too
+            // (RabbitMQ's documented behaviour: it is not a queue).
+            self.route_reply(p.routing_key.as_str(), &msg.meta, &msg.body);
+        }
         let now = self.now;
         let c = self.conn(id);
         for t in &targets {

@@ -305,6 +305,8 @@ pub(super) struct Channel {
     /// Group commits a tx.commit-ok waits for.
     pub(super) tx_wait: u32,
     pub(super) last_queue: Option<String>,
+    /// Its direct reply-to consumer (`amq.rabbitmq.reply-to`).
+    pub(super) reply_consumer: Option<super::reply_to::ReplyConsumer>,
     /// Its client traffic so far (`/api/channels`).
     pub(super) counters: stats::MessageCounters,
 }

@@ -440,6 +440,20 @@ impl Broker {
             d
         };
         let vhost = self.conns[&id].vhost.clone();
+        if d.passive && d.queue.as_str() == super::reply_to::REPLY_TO {
+            // RabbitMQ's answer for the direct reply-to pseudo-queue.
+            if !d.nowait {
+                self.conn(id).amqp.reply(
+                    ch,
+                    Reply::QueueDeclareOk {
+                        queue: d.queue.to_string(),
+                        message_count: 0,
+                        consumer_count: 1,
+                    },
+                );
+            }
+            return Ok(());
+        }
         let mut name = d.queue.as_str().to_owned();
         if name.is_empty() {
             if d.passive {

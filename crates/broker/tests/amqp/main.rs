@@ -9,6 +9,7 @@ mod confirms;
 mod dead_letter;
 mod dispatch;
 mod flow;
+mod reply_to;
 mod routing;
 mod support;
 mod topology;

@@ -931,6 +931,60 @@ def single_active_consumer_checks(ctx):
     return out
 
 
+def direct_reply_to(ctx):
+    """RabbitMQ's direct reply-to: a request whose reply_to is
+    amq.rabbitmq.reply-to gets a reply_to naming the requesting channel; a
+    reply published there goes straight to that channel's consumer (in the
+    mirror placement the RPC server is on another node)."""
+    q = ctx.queue("rpc.")
+    ctx.declare(q)
+    client = ctx.channel(ctx.use)
+    replies = []
+    client.basic_consume(
+        "amq.rabbitmq.reply-to",
+        lambda _c, m, p, body: replies.append(
+            [body.decode(), p.correlation_id, m.exchange, m.redelivered, m.routing_key]),
+        auto_ack=True)
+    client.basic_publish("", q, "ping", pika.BasicProperties(
+        reply_to="amq.rabbitmq.reply-to", correlation_id="c1"))
+    server = ctx.channel(ctx.admin, confirm=True)
+    request = None
+    for _ in range(50):
+        request = server.basic_get(q, auto_ack=True)
+        if request[0] is not None:
+            break
+        time.sleep(0.1)
+    _m, props, body = request
+    reply_to = props.reply_to or ""
+    out = {"request": body.decode() if body else None,
+           "reply_to": [reply_to.startswith("amq.rabbitmq.reply-to."),
+                        len(reply_to) > len("amq.rabbitmq.reply-to.")]}
+    out["reply"] = publish_each(
+        server, reply_to, ["pong"], props=pika.BasicProperties(correlation_id="c1"),
+        mandatory=True)
+    deadline = time.time() + 2
+    while not replies and time.time() < deadline:
+        ctx.use.process_data_events(time_limit=0.1)
+    out["replies"] = [r[:4] + [r[4] == reply_to] for r in replies]
+    out["passive"] = passive_counts(ctx.use, "amq.rabbitmq.reply-to")
+    out["second_consumer"] = refused(
+        client, lambda ch: ch.basic_consume(
+            "amq.rabbitmq.reply-to", lambda *a: None, auto_ack=True))
+    out["consume_with_acks"] = refused(
+        ctx.use.channel(), lambda ch: ch.basic_consume(
+            "amq.rabbitmq.reply-to", lambda *a: None, auto_ack=False))
+    out["request_without_consumer"] = refused(
+        ctx.use.channel(), lambda ch: ch.basic_publish(
+            "", q, "x", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to")))
+    # The requester has gone: a mandatory reply comes back.
+    out["reply_to_gone"] = publish_each(
+        server, reply_to, ["late"], props=pika.BasicProperties(), mandatory=True)
+    out["unknown_reply_to"] = publish_each(
+        server, "amq.rabbitmq.reply-to.nothing", ["x"], props=pika.BasicProperties(),
+        mandatory=True)
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -966,6 +1020,7 @@ SCENARIOS = [
     single_active_consumer_priority,
     single_active_consumer_cancel,
     single_active_consumer_checks,
+    direct_reply_to,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
