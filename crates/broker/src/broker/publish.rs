@@ -82,6 +82,33 @@ fn route_rec<'a>(
 }
 
 impl Broker {
+    /// RabbitMQ's validated user-id: a message's `user_id` must be the
+    /// connection's user, unless that user is tagged `impersonator`.
+    fn check_user_id(&self, id: ConnId, props: &BasicProperties) -> Result<(), AmqpError> {
+        let Some(claimed) = props.user_id() else {
+            return Ok(());
+        };
+        let c = &self.conns[&id];
+        if c.link.is_some() || claimed.as_str() == c.user {
+            return Ok(());
+        }
+        let impersonator = self
+            .users
+            .get(&c.user)
+            .is_some_and(|u| u.tags.iter().any(|t| t == "impersonator"));
+        if impersonator {
+            return Ok(());
+        }
+        Err(err(
+            ReplyCode::PreconditionFailed,
+            format!(
+                "user_id property set to '{}' but authenticated user was '{}'",
+                claimed.as_str(),
+                c.user
+            ),
+        ))
+    }
+
     /// Puts `msg` into `targets`; returns how many of them owe a group
     /// commit before `confirm` may be acked.
     pub(super) fn enqueue(
@@ -225,6 +252,7 @@ impl Broker {
             }
             self.check(id, Access::Write, "exchange", perm_name)?;
             check_message(&p.properties)?;
+            self.check_user_id(id, &p.properties)?;
             route(
                 v,
                 ex,

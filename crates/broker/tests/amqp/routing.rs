@@ -198,3 +198,29 @@ fn publishing_to_a_missing_exchange_is_404() {
     assert_eq!(e.text, "NOT_FOUND - no exchange 'nope' in vhost '/'");
     assert_eq!((e.class_id, e.method_id), (60, 40));
 }
+
+#[test]
+fn a_user_id_must_be_the_publishers_unless_it_may_impersonate() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    let mut claimed = Message::new("m");
+    claimed.properties = claimed.properties.with_user_id("mallory".into());
+    c.publish(1, "", "q", claimed.clone());
+    let e = c.expect_close(1);
+    assert_eq!(
+        (e.code, e.text.as_str()),
+        (
+            406,
+            "PRECONDITION_FAILED - user_id property set to 'mallory' but authenticated user was 'guest'"
+        )
+    );
+    // Tagged `impersonator`, the same user may claim another's name.
+    node.with_broker(|b| {
+        let mut guest = b.user("guest").cloned().expect("guest");
+        guest.tags.push("impersonator".into());
+        b.put_user(guest).expect("put_user");
+    });
+    c.open_channel(2);
+    c.publish(2, "", "q", claimed);
+    assert_eq!(c.get_all(2, "q"), [b"m".to_vec()]);
+}

@@ -985,6 +985,28 @@ def direct_reply_to(ctx):
     return out
 
 
+def validated_user_id(ctx):
+    """A message's user_id must be its publisher's user (RabbitMQ's
+    validated user-id); one that is arrives with it."""
+    q = ctx.queue("uid.")
+    ctx.declare(q)
+    out = {}
+    for name, uid in [("own", "guest"), ("other", "mallory"), ("empty", "")]:
+        out[name] = refused(
+            ctx.use.channel(),
+            lambda ch, u=uid: ch.basic_publish("", q, name, pika.BasicProperties(user_id=u)))
+    wait_for_count(ctx.use, q, 1)
+    ch = ctx.channel(ctx.use)
+    got = []
+    for _ in range(5):
+        m, props, body = ch.basic_get(q, auto_ack=True)
+        if m is None:
+            break
+        got.append([body.decode(), props.user_id])
+    out["got"] = got
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1021,6 +1043,7 @@ SCENARIOS = [
     single_active_consumer_cancel,
     single_active_consumer_checks,
     direct_reply_to,
+    validated_user_id,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
