@@ -381,6 +381,15 @@ pub(crate) struct RabbitNode {
 }
 
 const RABBIT_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+
+/// `rabbitmq.conf` lines every RabbitMQ node started from now on gets
+/// (the conformance scenarios' settings); none for the benches.
+static RABBIT_SETTINGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets [`RABBIT_SETTINGS`] (once per process).
+pub(crate) fn set_rabbit_settings(lines: String) {
+    let _ = RABBIT_SETTINGS.set(lines);
+}
 const RABBIT_CTL: &str = "/usr/lib/rabbitmq/bin/rabbitmqctl";
 
 impl RabbitNode {
@@ -390,9 +399,22 @@ impl RabbitNode {
         let base = dir.join(format!("rabbit{i}"));
         std::fs::create_dir_all(base.join("log"))?;
         let port = RABBIT_AMQP + i;
+        let settings = RABBIT_SETTINGS.get().map_or("", String::as_str);
         std::fs::write(
             base.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n{settings}"),
+        )?;
+        // With settings (the conformance runs'), a channel looks at its
+        // consumer timeout every second, as Warren does (RabbitMQ's channel
+        // tick: 60 s by default).
+        let tick = if settings.is_empty() {
+            ""
+        } else {
+            "{channel_tick_interval, 1000}"
+        };
+        std::fs::write(
+            base.join("advanced.config"),
+            format!("[{{rabbit, [{tick}]}}].\n"),
         )?;
         let name = format!("rabbit{i}@localhost");
         let log = std::fs::OpenOptions::new()
@@ -406,6 +428,10 @@ impl RabbitNode {
             .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
             .env("RABBITMQ_LOG_BASE", base.join("log"))
             .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq"))
+            .env(
+                "RABBITMQ_ADVANCED_CONFIG_FILE",
+                base.join("advanced.config"),
+            )
             .env(
                 "RABBITMQ_ENABLED_PLUGINS_FILE",
                 base.join("enabled_plugins"),

@@ -19,6 +19,16 @@ use crate::bench_mirrored::{
 /// The scenario library and its recorded outcomes, under the workspace root.
 const DIR: &str = "crates/node/tests/conformance";
 
+/// What `scenarios.py FLAG` prints (`--policies`, `--settings`), as JSON.
+fn scenarios_json(script: &Path, flag: &str) -> anyhow::Result<serde_json::Value> {
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(flag)
+        .output()
+        .context("running python3")?;
+    serde_json::from_slice(&out.stdout).with_context(|| format!("reading scenarios.py {flag}"))
+}
+
 /// Runs `conformance --record [--only SCENARIO[,SCENARIO…]]`.
 pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     if args.first() != Some(&"--record") {
@@ -33,18 +43,21 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     };
     let script = root.join(DIR).join("scenarios.py");
     let work = crate::bench::target_dir(root).join("conformance");
+    let settings = scenarios_json(&script, "--settings")?;
+    crate::bench_mirrored::set_rabbit_settings(
+        settings
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect(),
+    );
     let epmd_before = epmd_pids();
     let result = (|| -> anyhow::Result<String> {
         println!("==> RabbitMQ: starting 3 nodes ({})", work.display());
         let mut nodes = rabbit_cluster(&work, 3)?
             .context("rabbitmq-server is not installed (apt-get install rabbitmq-server)")?;
-        let policies = Command::new("python3")
-            .arg(&script)
-            .arg("--policies")
-            .output()
-            .context("running python3")?;
-        let policies: serde_json::Value =
-            serde_json::from_slice(&policies.stdout).context("reading the scenarios' policies")?;
+        let policies = scenarios_json(&script, "--policies")?;
         for (name, p) in policies.as_object().into_iter().flatten() {
             nodes[0].ctl(&[
                 "set_policy",

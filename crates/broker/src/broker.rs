@@ -126,7 +126,14 @@ pub struct BrokerConfig {
     /// Where durable queues' logs are written: the file system, or a
     /// `MemStorage` in simulations that inject storage faults.
     pub storage: Arc<dyn Storage>,
+    /// RabbitMQ's `consumer_timeout` (ms): a channel holding a delivery
+    /// unacknowledged for longer is closed with 406, and its deliveries go
+    /// back to their queues.
+    pub consumer_timeout_ms: u64,
 }
+
+/// RabbitMQ 3.10's default `consumer_timeout`: 30 minutes.
+const CONSUMER_TIMEOUT_MS: u64 = 30 * 60 * 1000;
 
 impl BrokerConfig {
     /// Defaults for a node keeping its data in `data_dir`.
@@ -136,6 +143,7 @@ impl BrokerConfig {
             node_name: "warren@localhost".into(),
             amqp: Config::default(),
             storage: FsStorage::shared(),
+            consumer_timeout_ms: CONSUMER_TIMEOUT_MS,
         }
     }
 }
@@ -186,6 +194,8 @@ pub struct Broker {
     last_tick_ms: u64,
     /// Whether the last tick ended a stall (and expired no queue).
     tick_stalled: bool,
+    /// When the tick last looked for deliveries past the consumer timeout.
+    last_ack_check_ms: u64,
     current: ConnId,
     sync_waker: Option<Waker>,
     sync_wanted: bool,
@@ -268,6 +278,7 @@ impl Broker {
             now: 0,
             last_tick_ms: 0,
             tick_stalled: false,
+            last_ack_check_ms: 0,
             current: 0,
             sync_waker: None,
             sync_wanted: false,

@@ -43,6 +43,7 @@ pub(crate) const ENV_KEYS: &[(&str, &str)] = &[
     ("WARREN_CLUSTER_CA_DIR", "cluster.ca_dir"),
     ("WARREN_BOOT_WAIT", "cluster.boot_wait"),
     ("WARREN_NET_TICKTIME", "net_ticktime"),
+    ("WARREN_CONSUMER_TIMEOUT", "consumer_timeout"),
     ("WARREN_DEFAULT_USER", "default_user"),
     ("WARREN_DEFAULT_PASS", "default_pass"),
     ("WARREN_LOG_LEVEL", "log.console.level"),
@@ -122,6 +123,9 @@ pub(crate) struct Settings {
     pub boot_wait: Option<u64>,
     /// `net_ticktime`, seconds: a silent member is down after it.
     pub net_ticktime: Option<u64>,
+    /// `consumer_timeout`, milliseconds: a channel holding a delivery
+    /// unacknowledged for longer is closed (RabbitMQ's; default 30 min).
+    pub consumer_timeout_ms: Option<u64>,
     /// `vm_memory_high_watermark.relative` / `.absolute`.
     pub memory_high_watermark: Option<MemoryLimit>,
     /// `disk_free_limit.relative` / `.absolute`.
@@ -232,6 +236,12 @@ impl Settings {
                 self.net_ticktime = Some(match v.parse() {
                     Ok(n) if n > 0 => n,
                     _ => return Err(format!("{v:?} is not a positive number of seconds")),
+                });
+            }
+            "consumer_timeout" => {
+                self.consumer_timeout_ms = Some(match v.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(format!("{v:?} is not a positive number of milliseconds")),
                 });
             }
             "collect_statistics_interval" => {
@@ -421,6 +431,7 @@ impl Settings {
             ca_dir: self.ca_dir.or(lower.ca_dir),
             boot_wait: self.boot_wait.or(lower.boot_wait),
             net_ticktime: self.net_ticktime.or(lower.net_ticktime),
+            consumer_timeout_ms: self.consumer_timeout_ms.or(lower.consumer_timeout_ms),
             memory_high_watermark: self.memory_high_watermark.or(lower.memory_high_watermark),
             disk_free_limit: self.disk_free_limit.or(lower.disk_free_limit),
             default_user: self.default_user.or(lower.default_user),
@@ -611,6 +622,7 @@ mod tests {
              default_pass = s3cret = yes\n\
              log.console.level = warning\n\
              collect_statistics_interval = 1000\n\
+             consumer_timeout = 900000\n\
              listeners.ssl.default = 5671\n\
              ssl_options.certfile = {cert}\n\
              ssl_options.keyfile = {key}\n\
@@ -640,6 +652,7 @@ mod tests {
         assert_eq!(s.boot_wait, Some(30));
         assert_eq!(s.net_ticktime, Some(15));
         assert_eq!(s.stats_interval_ms, Some(1000));
+        assert_eq!(s.consumer_timeout_ms, Some(900_000));
         assert_eq!(s.memory_high_watermark, Some(MemoryLimit::Relative(0.6)));
         assert_eq!(s.disk_free_limit, Some(DiskLimit::Absolute(2_000_000_000)));
         assert_eq!(s.default_user.as_deref(), Some("admin"));
@@ -751,6 +764,10 @@ mod tests {
             ("cluster.ca_dir =", "the value is empty"),
             ("cluster.boot_wait = 5m", "is not a number of seconds"),
             ("net_ticktime = 0", "is not a positive number of seconds"),
+            (
+                "consumer_timeout = 30m",
+                "is not a positive number of milliseconds",
+            ),
             (
                 "vm_memory_high_watermark.relative = lots",
                 "non-negative number",

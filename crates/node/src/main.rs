@@ -330,6 +330,9 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     };
     let mut cfg = BrokerConfig::new(&args.data_dir);
     cfg.node_name = args.node_name.clone();
+    if let Some(ms) = args.settings.consumer_timeout_ms {
+        cfg.consumer_timeout_ms = ms;
+    }
     let mut broker = Broker::open(cfg, store)
         .with_context(|| format!("opening the data in {}", args.data_dir.display()))?;
     if first_start {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Stdio};
 
-use peers::{Peer, eventually, names, three};
+use peers::{Peer, eventually, names, three_with};
 use serde_json::{Value, json};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance");
@@ -50,6 +50,15 @@ fn known_divergences() -> Vec<String> {
         .collect()
 }
 
+/// What `scenarios.py FLAG` prints (`--policies`, `--settings`).
+fn scenarios_json(script: &str, flag: &str) -> BTreeMap<String, Value> {
+    let out = Command::new("python3")
+        .args([script, flag])
+        .output()
+        .expect("python3");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("scenarios.py {flag}: {e}"))
+}
+
 #[test]
 fn queue_features_behave_as_in_rabbitmq() {
     if !has_pika() {
@@ -61,13 +70,18 @@ fn queue_features_behave_as_in_rabbitmq() {
     )
     .expect("recorded outcomes are JSON");
     let root = peers::test_root();
-    let (secret, mut nodes) = three(root.path());
-    let policies = Command::new("python3")
-        .args([&script, "--policies"])
-        .output()
-        .expect("python3");
-    let policies: BTreeMap<String, Value> =
-        serde_json::from_slice(&policies.stdout).expect("the scenarios' policies");
+    // The scenarios' broker settings, as a warren.conf for every node.
+    let settings = scenarios_json(&script, "--settings");
+    let conf = root.path().join("warren.conf");
+    let lines: String = settings
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}\n"))
+        .collect();
+    std::fs::write(&conf, lines).expect("write warren.conf");
+    let conf = conf.to_str().expect("a UTF-8 path").to_owned();
+    let extra = ["--config", conf.as_str()];
+    let (secret, mut nodes) = three_with(root.path(), &extra);
+    let policies = scenarios_json(&script, "--policies");
     for (name, p) in &policies {
         let body = json!({
             "pattern": p["pattern"],
@@ -99,7 +113,7 @@ fn queue_features_behave_as_in_rabbitmq() {
         let line = line.expect("the scenarios' output");
         match line.strip_prefix("FAILOVER ") {
             Some(queue) => {
-                fail_over(&mut nodes, &secret, queue);
+                fail_over(&mut nodes, &secret, queue, &extra);
                 writeln!(answer, "ok").expect("answer the scenarios");
             }
             None => json.push_str(&line),
@@ -167,7 +181,7 @@ fn queue_features_behave_as_in_rabbitmq() {
 /// The failover placement's step: once `queue` has its two synchronised
 /// mirrors, SIGKILLs node 1 (its master), waits for a mirror to take over
 /// and starts node 1 again.
-fn fail_over(nodes: &mut [Peer], secret: &std::path::Path, queue: &str) {
+fn fail_over(nodes: &mut [Peer], secret: &std::path::Path, queue: &str, extra: &[&str]) {
     let path = format!("/api/queues/%2F/{queue}");
     let info = |p: &Peer| {
         let (status, v) = p.http("GET", &path, None);
@@ -183,7 +197,7 @@ fn fail_over(nodes: &mut [Peer], secret: &std::path::Path, queue: &str) {
     eventually("a mirror takes over", || {
         info(&nodes[1])["node"] != "warren@a"
     });
-    nodes[0] = nodes[0].restart(secret, &[]);
+    nodes[0] = nodes[0].restart(secret, extra);
     // Back once the others see it (as RabbitMQ's `await_startup`).
     eventually("the other nodes see node 1 again", || {
         nodes[1..].iter().all(|n| {

@@ -115,6 +115,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
                     bq_tag: delivery.tag,
                     consumer: Some(c.tag.clone()),
                     remote: None,
+                    delivered_at_ms: now,
                 },
             );
         }
@@ -339,6 +340,51 @@ impl Broker {
             .is_some_and(|c| c.global_prefetch != 0)
         {
             self.redrive_channel(id, ch);
+        }
+    }
+
+    /// Closes, with RabbitMQ's 406 and text, each client channel whose
+    /// oldest unacknowledged delivery is older than the consumer timeout
+    /// (looked at once a second; RabbitMQ looks on its channel tick).
+    pub(super) fn time_out_deliveries(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.last_ack_check_ms) < 1_000 {
+            return;
+        }
+        self.last_ack_check_ms = now_ms;
+        let timeout = self.cfg.consumer_timeout_ms;
+        for (id, c) in &mut self.conns {
+            if c.link.is_some() {
+                continue;
+            }
+            let late: Vec<ChannelId> = c
+                .channels
+                .iter()
+                .filter(|(_, ch)| {
+                    ch.unacked
+                        .first_key_value()
+                        .is_some_and(|(_, u)| now_ms.saturating_sub(u.delivered_at_ms) > timeout)
+                })
+                .map(|(n, _)| *n)
+                .collect();
+            for ch in late {
+                tracing::warn!(
+                    conn = id,
+                    channel = ch,
+                    timeout_ms = timeout,
+                    "a delivery went unacknowledged past the consumer timeout: closing its channel"
+                );
+                c.amqp.channel_error(
+                    ch,
+                    err(
+                        ReplyCode::PreconditionFailed,
+                        format!(
+                            "delivery acknowledgement on channel {ch} timed out. Timeout value used: {timeout} ms. This timeout value can be configured, see consumers doc guide to learn more"
+                        ),
+                    ),
+                );
+                c.woken = true;
+                (c.waker)();
+            }
         }
     }
 
@@ -602,6 +648,7 @@ impl Broker {
             tracing::error!(queue = %name, error = %e, "ack failed");
         }
         let remaining = u32::try_from(bq.stats().ready).unwrap_or(u32::MAX);
+        let now = self.now;
         let conn = self.conn(id);
         let chan = conn.channels.get_mut(&ch).expect("channel present");
         chan.next_tag += 1;
@@ -614,6 +661,7 @@ impl Broker {
                     bq_tag: d.tag,
                     consumer: None,
                     remote: None,
+                    delivered_at_ms: now,
                 },
             );
         }

@@ -1538,6 +1538,7 @@ impl Broker {
                     bq_tag: tag,
                     consumer: None,
                     remote: Some(Elsewhere::Node(node.clone())),
+                    delivered_at_ms: self.now,
                 },
             );
         }
@@ -1591,6 +1592,7 @@ impl Broker {
                         bq_tag: tag,
                         consumer: Some(rc.tag.clone()),
                         remote: Some(Elsewhere::Node(node)),
+                        delivered_at_ms: self.now,
                     },
                 );
             }

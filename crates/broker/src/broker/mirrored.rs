@@ -514,6 +514,7 @@ impl Broker {
                 f,
                 None,
                 0,
+                self.now,
             );
         }
         let was_master = m.master;
@@ -863,6 +864,7 @@ impl Broker {
                             f,
                             delivery,
                             remaining,
+                            self.now,
                         ) {
                             After::Nothing => Ok(()),
                             After::Ack(tag) => m.replica.ack(tag),
@@ -883,6 +885,7 @@ impl Broker {
                                 f,
                                 None,
                                 0,
+                                self.now,
                             );
                         }
                     }
@@ -1068,6 +1071,7 @@ fn hand_out(
     f: FetchFor,
     delivery: Option<Delivery>,
     remaining: u64,
+    now: u64,
 ) -> After {
     match f {
         FetchFor::Consumer {
@@ -1102,6 +1106,7 @@ fn hand_out(
                         bq_tag: d.tag,
                         consumer: Some(tag.clone()),
                         remote: None,
+                        delivered_at_ms: now,
                     },
                 );
             }
@@ -1156,6 +1161,7 @@ fn hand_out(
                         bq_tag: d.tag,
                         consumer: None,
                         remote: None,
+                        delivered_at_ms: now,
                     },
                 );
             }

@@ -272,6 +272,9 @@ pub(super) struct Unacked {
     pub(super) consumer: Option<Arc<str>>,
     /// Where to settle a delivery from a forwarded queue.
     pub(super) remote: Option<Elsewhere>,
+    /// When it was delivered (ms): unacked past the consumer timeout, its
+    /// channel is closed.
+    pub(super) delivered_at_ms: u64,
 }
 
 #[derive(Debug)]

@@ -184,6 +184,32 @@ fn a_single_active_consumer_queue_hands_over_when_its_consumer_goes() {
 }
 
 #[test]
+fn a_delivery_unacked_past_the_consumer_timeout_closes_its_channel() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    c.publish(1, "", "q", Message::new("slow"));
+    c.open_channel(2);
+    consume_at(&mut c, 2, "slow", None);
+    assert_eq!(delivered_to(&mut c), [(2, "slow".into())]);
+    // RabbitMQ 3.10's default: 30 minutes; not yet.
+    let timeout = 30 * 60 * 1000;
+    node.tick(START_MS + timeout);
+    c.pump();
+    assert!(c.drain().is_empty());
+    node.tick(START_MS + timeout + 1_001);
+    let e = c.expect_close(2);
+    assert_eq!(
+        (e.code, e.text.as_str()),
+        (
+            406,
+            "PRECONDITION_FAILED - delivery acknowledgement on channel 2 timed out. Timeout value used: 1800000 ms. This timeout value can be configured, see consumers doc guide to learn more"
+        )
+    );
+    // Back in its queue, for the next consumer.
+    assert_eq!(c.counts(1, "q"), (1, 0));
+}
+
+#[test]
 fn reject_with_requeue_redelivers_flagged_redelivered() {
     let mut c = queue_with(1);
     c.consume(1, "q", "ctag", false);

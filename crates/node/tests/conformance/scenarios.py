@@ -21,6 +21,7 @@ harnesses read with `--policies`).
 
 Usage: scenarios.py --urls U1,U2,U3 [--only NAME[,NAME…]] [--failover] > outcomes.json
        scenarios.py --policies      (prints the policies as JSON)
+       scenarios.py --settings      (prints the brokers' settings as JSON)
 """
 
 import json
@@ -69,6 +70,13 @@ POLICIES = {
         },
         1,
     ),
+}
+
+# Broker settings (rabbitmq.conf keys Warren reads too) both harnesses
+# start their nodes with; printed by `--settings`.
+SETTINGS = {
+    # Short enough for the consumer_timeout scenario to see it.
+    "consumer_timeout": 3000,
 }
 
 SCENARIO_TIMEOUT_S = 30
@@ -1007,6 +1015,24 @@ def validated_user_id(ctx):
     return out
 
 
+def consumer_timeout(ctx):
+    """A delivery left unacknowledged past consumer_timeout (SETTINGS)
+    closes its channel with 406; the message goes back, redelivered."""
+    q = ctx.queue("ctimeout.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, ["slow"])
+    ch = ctx.channel(ctx.use)
+    ch.basic_qos(prefetch_count=1)
+    got, why = [], []
+    ch.basic_consume(q, lambda _c, _m, _p, body: got.append(body.decode()))
+    ch._impl.add_on_close_callback(lambda _c, reason: why.append(closed(reason)))
+    deadline = time.time() + 3 * SETTINGS["consumer_timeout"] / 1000
+    while not why and time.time() < deadline:
+        ctx.use.process_data_events(time_limit=0.1)
+    wait_for_count(ctx.use, q, 1)
+    return {"got": got, "closed": why, "after": get_all(ctx.channel(ctx.use), q)}
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1044,6 +1070,7 @@ SCENARIOS = [
     single_active_consumer_checks,
     direct_reply_to,
     validated_user_id,
+    consumer_timeout,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
@@ -1084,6 +1111,9 @@ def main(argv):
     if "--policies" in argv:
         print(json.dumps({k: {"pattern": p, "definition": d, "priority": pr}
                           for k, (p, d, pr) in POLICIES.items()}))
+        return 0
+    if "--settings" in argv:
+        print(json.dumps(SETTINGS))
         return 0
     urls = argv[argv.index("--urls") + 1].split(",")
     only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
