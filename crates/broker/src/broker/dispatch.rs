@@ -26,6 +26,7 @@ fn pick(q: &mut Queue, mut has_room: impl FnMut(&Consumer) -> bool) -> Option<us
         return has_room(&q.consumers[i]).then_some(i);
     }
     let n = q.consumers.len();
+    let top = q.consumers.iter().map(|c| c.priority).max()?;
     let mut chosen: Option<usize> = None;
     for i in 0..n {
         let idx = (q.rr + i) % n;
@@ -34,6 +35,10 @@ fn pick(q: &mut Queue, mut has_room: impl FnMut(&Consumer) -> bool) -> Option<us
             continue;
         }
         chosen = Some(idx);
+        if c.priority == top {
+            // None ranks higher: the usual case (no priorities) stops here.
+            break;
+        }
     }
     chosen
 }
