@@ -171,7 +171,7 @@ impl Broker {
             return;
         };
         if to.node == self.cfg.node_name {
-            self.deliver_reply(routing_key, meta, body);
+            self.deliver_reply_at(&to, meta, body);
             return;
         }
         if !self.meta.is_member(&to.node) {
@@ -188,9 +188,13 @@ impl Broker {
     /// Delivers a reply to the channel `routing_key` names on this node;
     /// nothing if that channel or its reply consumer is gone.
     pub(super) fn deliver_reply(&mut self, routing_key: &str, meta: &Bytes, body: &Bytes) {
-        let Some(to) = parse(routing_key) else {
-            return;
-        };
+        if let Some(to) = parse(routing_key) {
+            self.deliver_reply_at(&to, meta, body);
+        }
+    }
+
+    /// [`Self::deliver_reply`] to an address already parsed.
+    fn deliver_reply_at(&mut self, to: &Address<'_>, meta: &Bytes, body: &Bytes) {
         let current = self.current;
         let Some(c) = self.conns.get_mut(&to.conn) else {
             return;
