@@ -15,7 +15,7 @@ use crate::depth::{check_content_header, check_method, check_table};
 use crate::error::{AmqpError, ReplyCode};
 use crate::frame::{
     CLASS_BASIC, ContentMethod, Encoder, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT,
-    FRAME_METHOD, FRAME_OVERHEAD, PROTOCOL_HEADER, peek_header,
+    FRAME_METHOD, FRAME_OVERHEAD, PROTOCOL_HEADER, PROTOCOL_HEADER_0_9, peek_header,
 };
 
 /// The smallest frame_max a client may ask for (RabbitMQ's `?FRAME_MIN_SIZE`).
@@ -51,6 +51,11 @@ pub struct Config {
     pub handshake_timeout_ms: u64,
     /// Time to wait for connection.close-ok after sending connection.close.
     pub close_timeout_ms: u64,
+    /// How long a connection refused before tune-ok (a bad login, a frame
+    /// error while starting) stays open before its socket is closed: as
+    /// RabbitMQ's `SILENT_CLOSE_DELAY`, a client cannot retry logins as fast
+    /// as it can connect.
+    pub silent_close_ms: u64,
 }
 
 impl Default for Config {
@@ -67,6 +72,7 @@ impl Default for Config {
             partial_content_max: 256 * 1024 * 1024,
             handshake_timeout_ms: 10_000,
             close_timeout_ms: 30_000,
+            silent_close_ms: 3_000,
         }
     }
 }
@@ -181,6 +187,9 @@ enum State {
     OpeningVhost,
     Running,
     CloseSent,
+    /// Refused before tune-ok, or after a frame error: input is dropped
+    /// until the socket closes, [`Config::silent_close_ms`] later.
+    Refusing,
     Closed,
 }
 
@@ -191,7 +200,7 @@ impl State {
             Self::TuneOk => "tuning",
             Self::Open | Self::OpeningVhost => "opening",
             Self::Running => "running",
-            Self::CloseSent | Self::Closed => "closing",
+            Self::CloseSent | Self::Refusing | Self::Closed => "closing",
         }
     }
 }
@@ -379,7 +388,10 @@ impl Connection {
     /// input is read only to find close-ok, and content is discarded.
     #[must_use]
     pub fn is_closing(&self) -> bool {
-        matches!(self.state, State::CloseSent | State::Closed)
+        matches!(
+            self.state,
+            State::CloseSent | State::Refusing | State::Closed
+        )
     }
 
     /// Whether the connection is over ([`Event::Closed`] was emitted).
@@ -540,7 +552,7 @@ impl Connection {
         }
         loop {
             match self.state {
-                State::Closed => {
+                State::Closed | State::Refusing => {
                     buf.clear();
                     return;
                 }
@@ -657,7 +669,7 @@ impl Connection {
                         )))
                     } else if h.channel != 0 {
                         Err(Fault::Connection(err(
-                            ReplyCode::CommandInvalid,
+                            ReplyCode::UnexpectedFrame,
                             format!("heartbeat frame on channel {}", h.channel),
                         )))
                     } else {
@@ -686,7 +698,8 @@ impl Connection {
     /// Handles the 8-byte protocol header; returns whether to go on.
     fn handle_protocol_header(&mut self, buf: &mut BytesMut) -> bool {
         let n = buf.len().min(8);
-        if buf[..n] != PROTOCOL_HEADER[..n] {
+        // AMQP 0-9's header is taken for 0-9-1, as RabbitMQ takes it.
+        if buf[..n] != PROTOCOL_HEADER[..n] && buf[..n] != PROTOCOL_HEADER_0_9[..n] {
             // Refuse early: anything that does not start like our header.
             return self.bad_protocol_header(buf);
         }
@@ -774,7 +787,7 @@ impl Connection {
             let (c, m) = class_ids(&class);
             return Err(Fault::Connection(
                 err(
-                    ReplyCode::ChannelError,
+                    ReplyCode::UnexpectedFrame,
                     format!(
                         "unexpected method on channel {ch} in connection state {}",
                         self.state.name()
@@ -792,8 +805,11 @@ impl Connection {
         let AMQPClass::Connection(method) = class else {
             return Err(Fault::Connection(
                 err(
-                    ReplyCode::CommandInvalid,
-                    "only connection methods may be sent on channel 0",
+                    ReplyCode::ChannelError,
+                    format!(
+                        "unexpected method in connection state {}",
+                        self.state.name()
+                    ),
                 )
                 .with_method(c, m),
             ));
@@ -1369,6 +1385,7 @@ impl Connection {
         match fault {
             Fault::Channel(ch, e) => self.channel_error(ch, e),
             Fault::Connection(e) => self.connection_error(e),
+            Fault::Fatal(e) if self.starting() => self.refuse(e),
             Fault::Fatal(e) => {
                 if self.state == State::CloseSent {
                     let e = self.close_error.take().unwrap_or(e);
@@ -1376,8 +1393,10 @@ impl Connection {
                     return;
                 }
                 tracing::debug!(code = e.code.code(), text = %e.text, "fatal AMQP frame error");
+                // As RabbitMQ: connection.close, then nothing more is read
+                // and the socket closes a moment later.
                 self.send_connection_close(&e);
-                self.finish(CloseReason::ServerClosed(e));
+                self.refuse(e);
             }
         }
     }
@@ -1424,8 +1443,9 @@ impl Connection {
     /// the close timeout.
     pub fn connection_error(&mut self, error: AmqpError) {
         match self.state {
-            State::Closed | State::CloseSent => {}
+            State::Closed | State::CloseSent | State::Refusing => {}
             State::Header => self.finish(CloseReason::ServerClosed(error)),
+            _ if self.starting() => self.refuse(error),
             _ => {
                 tracing::debug!(code = error.code.code(), text = %error.text, "closing AMQP connection");
                 self.send_connection_close(&error);
@@ -1436,6 +1456,26 @@ impl Connection {
                 self.channels_open = 0;
             }
         }
+    }
+
+    /// Whether the connection is before tune-ok, where RabbitMQ answers an
+    /// error by closing the socket, without connection.close, after
+    /// [`Config::silent_close_ms`].
+    fn starting(&self) -> bool {
+        matches!(
+            self.state,
+            State::StartOk | State::Authenticating | State::TuneOk
+        )
+    }
+
+    /// Ends a connection that is still starting, or whose input cannot be
+    /// framed any more: nothing more is read or answered, and
+    /// [`Event::Closed`] comes after [`Config::silent_close_ms`].
+    fn refuse(&mut self, error: AmqpError) {
+        tracing::debug!(code = error.code.code(), text = %error.text, "refusing AMQP connection");
+        self.state = State::Refusing;
+        self.close_error = Some(error);
+        self.close_started_ms = None;
     }
 
     /// Closes `channel` with `error` (channel.close) and emits
@@ -1486,8 +1526,8 @@ impl Connection {
     }
 
     /// Refuses the pending login with RabbitMQ's 403 ACCESS_REFUSED:
-    /// connection.close if the client announced `authentication_failure_close`,
-    /// else the socket is simply closed.
+    /// connection.close if the client announced `authentication_failure_close`;
+    /// either way the socket is closed [`Config::silent_close_ms`] later.
     pub fn refuse_login(&mut self) {
         if self.state != State::Authenticating {
             return;
@@ -1501,10 +1541,9 @@ impl Connection {
         )
         .with_method(10, 11);
         if self.caps.authentication_failure_close {
-            self.connection_error(e);
-        } else {
-            self.finish(CloseReason::ServerClosed(e));
+            self.send_connection_close(&e);
         }
+        self.refuse(e);
     }
 
     /// Accepts the pending virtual host: sends connection.open-ok.
@@ -1640,6 +1679,17 @@ impl Connection {
             return;
         }
         let started = *self.started_ms.get_or_insert(now_ms);
+        if self.state == State::Refusing {
+            let since = *self.close_started_ms.get_or_insert(now_ms);
+            if now_ms.saturating_sub(since) >= self.config.silent_close_ms {
+                let e = self
+                    .close_error
+                    .take()
+                    .unwrap_or_else(|| err(ReplyCode::InternalError, "refused"));
+                self.finish(CloseReason::ServerClosed(e));
+            }
+            return;
+        }
         if !matches!(self.state, State::Running | State::CloseSent)
             && now_ms.saturating_sub(started) >= self.config.handshake_timeout_ms
         {
@@ -1692,6 +1742,12 @@ impl Connection {
         let Some(started) = self.started_ms else {
             return Some(0);
         };
+        if self.state == State::Refusing {
+            return Some(
+                self.close_started_ms
+                    .map_or(0, |t| t + self.config.silent_close_ms),
+            );
+        }
         let mut deadline = u64::MAX;
         if !matches!(self.state, State::Running | State::CloseSent) {
             deadline = deadline.min(started + self.config.handshake_timeout_ms);
@@ -1772,7 +1828,7 @@ fn parse_method(payload: &[u8]) -> Result<(AMQPClass, u32), AmqpError> {
         )
         .with_method(class_id, method_id)),
         Err(_) => Err(err(
-            ReplyCode::SyntaxError,
+            ReplyCode::FrameError,
             format!("cannot decode method {class_id}.{method_id}"),
         )
         .with_method(class_id, method_id)),

@@ -26,6 +26,8 @@ pub(crate) const FRAME_END: u8 = 0xCE;
 pub(crate) const FRAME_OVERHEAD: usize = 8;
 /// The AMQP 0-9-1 protocol header.
 pub(crate) const PROTOCOL_HEADER: &[u8; 8] = b"AMQP\x00\x00\x09\x01";
+/// AMQP 0-9's protocol header, which RabbitMQ (and Warren) serve as 0-9-1.
+pub(crate) const PROTOCOL_HEADER_0_9: &[u8; 8] = b"AMQP\x01\x01\x00\x09";
 /// The class id of `basic`, the only class with content.
 pub(crate) const CLASS_BASIC: u16 = 60;
 

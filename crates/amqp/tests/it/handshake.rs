@@ -158,6 +158,8 @@ fn amqplain_login() {
 
 #[test]
 fn refused_login_closes_with_403_when_client_can_take_it() {
+    // RabbitMQ 3.10: connection.close 403, then the socket closes 3 s later
+    // whether or not close-ok came.
     let mut h = Harness::new(Config::default());
     h.send(b"AMQP\x00\x00\x09\x01");
     h.send(&start_ok("u", "wrong", true));
@@ -168,16 +170,7 @@ fn refused_login_closes_with_403_when_client_can_take_it() {
         403,
         "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile.",
     );
-    assert!(h.events().is_empty());
-    h.send(&method(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
-    ));
-    let ev = h.events();
-    assert!(
-        matches!(&ev[..], [Event::Closed(CloseReason::ServerClosed(e))] if e.code == ReplyCode::AccessRefused),
-        "{ev:?}"
-    );
+    assert_eq!(h.expect_refused().code, ReplyCode::AccessRefused);
 }
 
 #[test]
@@ -189,7 +182,7 @@ fn refused_login_drops_socket_without_capability() {
     h.events();
     h.conn.refuse_login();
     assert!(h.output().is_empty());
-    assert!(matches!(h.events().as_slice(), [Event::Closed(_)]));
+    assert_eq!(h.expect_refused().code, ReplyCode::AccessRefused);
 }
 
 #[test]
@@ -199,19 +192,20 @@ fn malformed_plain_response_is_refused_without_event() {
     h.output();
     h.send(&crate::start_ok_raw("PLAIN", "no-nul-here".into()));
     assert!(h.output().is_empty());
-    assert!(matches!(h.events().as_slice(), [Event::Closed(_)]));
+    h.expect_refused();
 }
 
 #[test]
-fn unknown_mechanism_is_command_invalid() {
+fn unknown_mechanism_is_refused_silently() {
+    // RabbitMQ 3.10 answers no connection.close before tune-ok: the socket
+    // closes 3 s later.
     let mut h = Harness::new(Config::default());
     h.send(b"AMQP\x00\x00\x09\x01");
     h.output();
     h.send(&crate::start_ok_raw("EXTERNAL", "".into()));
-    h.expect_connection_close(
-        503,
-        "COMMAND_INVALID - unknown authentication mechanism 'EXTERNAL'",
-    );
+    let e = h.expect_refused();
+    assert_eq!(e.code, ReplyCode::CommandInvalid);
+    assert_eq!(e.text, "unknown authentication mechanism 'EXTERNAL'");
 }
 
 fn tune_ok_result(channel_max: u16, frame_max: u32) -> Harness {
@@ -227,22 +221,35 @@ fn tune_ok_result(channel_max: u16, frame_max: u32) -> Harness {
 
 #[test]
 fn tune_ok_negotiation_follows_rabbitmq() {
-    tune_ok_result(10, 1024).expect_connection_close(
-        530,
-        "NOT_ALLOWED - negotiated frame_max = 1024 is lower than the minimum allowed value (4096)",
-    );
-    tune_ok_result(10, 200_000).expect_connection_close(
-        530,
-        "NOT_ALLOWED - negotiated frame_max = 200000 is higher than the maximum allowed value (131072)",
-    );
-    tune_ok_result(10, 0).expect_connection_close(
-        530,
-        "NOT_ALLOWED - negotiated frame_max = 0 (no limit) is higher than the maximum allowed value (131072)",
-    );
-    tune_ok_result(0, 4096).expect_connection_close(
-        530,
-        "NOT_ALLOWED - negotiated channel_max = 0 (no limit) is higher than the maximum allowed value (2047)",
-    );
+    // Refused as RabbitMQ 3.10 refuses: no connection.close while tuning,
+    // the socket closed 3 s later.
+    for (channel_max, frame_max, text) in [
+        (
+            10,
+            1024,
+            "negotiated frame_max = 1024 is lower than the minimum allowed value (4096)",
+        ),
+        (
+            10,
+            200_000,
+            "negotiated frame_max = 200000 is higher than the maximum allowed value (131072)",
+        ),
+        (
+            10,
+            0,
+            "negotiated frame_max = 0 (no limit) is higher than the maximum allowed value (131072)",
+        ),
+        (
+            0,
+            4096,
+            "negotiated channel_max = 0 (no limit) is higher than the maximum allowed value (2047)",
+        ),
+    ] {
+        let mut h = tune_ok_result(channel_max, frame_max);
+        assert!(h.output().is_empty());
+        let e = h.expect_refused();
+        assert_eq!((e.code, e.text.as_str()), (ReplyCode::NotAllowed, text));
+    }
     let mut h = tune_ok_result(2047, 4096);
     assert!(h.output().is_empty());
     assert_eq!(h.conn.frame_max(), 4096);
@@ -270,15 +277,45 @@ fn refused_vhost_is_not_allowed() {
 }
 
 #[test]
-fn method_out_of_handshake_order_is_channel_error() {
+fn method_out_of_handshake_order_is_refused_silently() {
     let mut h = Harness::new(Config::default());
     h.send(b"AMQP\x00\x00\x09\x01");
     h.output();
     h.send(&open("/"));
+    let e = h.expect_refused();
+    assert_eq!(e.code, ReplyCode::ChannelError);
+    assert_eq!(e.text, "unexpected method in connection state starting");
+}
+
+#[test]
+fn a_channel_method_while_opening_is_unexpected_frame() {
+    // After tune-ok, before connection.open: RabbitMQ 3.10 closes with 505.
+    let mut h = tune_ok_result(2047, 131_072);
+    h.send(&channel_open(1));
+    h.expect_connection_close(
+        505,
+        "UNEXPECTED_FRAME - unexpected method on channel 1 in connection state opening",
+    );
+}
+
+#[test]
+fn a_channel_method_on_channel_0_is_channel_error() {
+    let mut h = Harness::with_channel(1);
+    h.send(&channel_open(0));
     h.expect_connection_close(
         504,
-        "CHANNEL_ERROR - unexpected method in connection state starting",
+        "CHANNEL_ERROR - unexpected method in connection state running",
     );
+}
+
+#[test]
+fn the_0_9_protocol_header_is_served_as_0_9_1() {
+    let mut h = Harness::new(Config::default());
+    h.send(b"AMQP\x01\x01\x00\x09");
+    assert!(matches!(
+        h.one_method(),
+        (0, AMQPClass::Connection(connection::AMQPMethod::Start(_)))
+    ));
 }
 
 #[test]

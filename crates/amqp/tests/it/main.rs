@@ -13,7 +13,7 @@ use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame,
 use amq_protocol::protocol::{AMQPClass, BasicProperties, basic, channel, connection};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use bytes::BytesMut;
-use warren_amqp::{Config, Connection, Event};
+use warren_amqp::{CloseReason, Config, Connection, Event};
 
 /// Encodes one frame as a client would.
 pub fn frame(f: &AMQPFrame) -> Vec<u8> {
@@ -205,6 +205,30 @@ impl Harness {
         match frames.into_iter().next() {
             Some(AMQPFrame::Method(ch, m)) => (ch, m),
             other => panic!("expected a method, got {other:?}"),
+        }
+    }
+
+    /// Asserts that the connection was refused while starting, as RabbitMQ
+    /// refuses one: nothing more is answered or read, and the connection
+    /// ends [`Config::silent_close_ms`] after the refusal with the error
+    /// it returns.
+    pub fn expect_refused(&mut self) -> warren_amqp::AmqpError {
+        const T0: u64 = 1_000_000;
+        let delay = Config::default().silent_close_ms;
+        assert!(self.events().is_empty(), "no event before the delay");
+        self.conn.handle_tick(T0);
+        self.send(b"\x01\x00\x00 ignored while refusing");
+        assert_eq!(self.pending_input(), 0, "input is dropped");
+        assert!(self.output().is_empty(), "nothing is answered");
+        assert_eq!(self.conn.poll_timeout(), Some(T0 + delay));
+        self.conn.handle_tick(T0 + delay - 1);
+        assert!(self.events().is_empty(), "no event before the delay");
+        assert!(!self.conn.is_closed());
+        self.conn.handle_tick(T0 + delay);
+        assert!(self.conn.is_closed());
+        match self.events().as_slice() {
+            [Event::Closed(CloseReason::ServerClosed(e))] => e.clone(),
+            other => panic!("expected one Closed event, got {other:?}"),
         }
     }
 

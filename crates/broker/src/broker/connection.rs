@@ -306,6 +306,15 @@ impl Broker {
                 }
                 Event::Closed(reason) => {
                     tracing::debug!(conn = id, ?reason, "connection closed");
+                    if let (CloseReason::ServerClosed(e), Some(c)) = (&reason, self.conns.get(&id))
+                        && c.amqp.vhost().is_empty()
+                        && e.code != ReplyCode::AccessRefused
+                    {
+                        // Refused while starting: the client got no
+                        // connection.close (as from RabbitMQ), so the reason
+                        // is only here.
+                        tracing::warn!(peer = %c.peer, error = %e.reply_text(), "refused AMQP connection before it opened");
+                    }
                     self.detached(|b| b.cleanup_conn(id));
                     if let Some(c) = self.conns.get_mut(&id) {
                         c.closed = true;
