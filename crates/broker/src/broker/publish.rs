@@ -165,11 +165,11 @@ impl Broker {
             let bq = match &mut q.store {
                 Store::Local(bq) => bq,
                 Store::Replica(_) => {
+                    // The replica's log, if the publish went to it, is
+                    // synced when `after_queue_op`'s mirror turn sees it
+                    // unsynced: a transient publish wakes no group commit.
                     match self.replica_publish(vhost, qname, nm, confirm) {
-                        Ok(owed) => {
-                            sync = true;
-                            pending += u32::from(owed);
-                        }
+                        Ok(owed) => pending += u32::from(owed),
                         Err(e) => {
                             // Cut off from the majority: the replica said so once.
                             if !matches!(e, warren_mirror::MirrorError::Isolated) {
