@@ -2,7 +2,7 @@
 //! `rabbitmq-server` is installed — one RabbitMQ node, driven side by side by
 //! the same loads: the project's lean generator
 //! (`crates/node/examples/amqp_bench.rs`, every ready frame in one write)
-//! and lapin, a standard client library (`crates/node/examples/lapin_perf.rs`:
+//! and standard client libraries, lapin and Node.js's amqplib (`client_perf`:
 //! each publish and each ack its own frame, as applications send them).
 //!
 //! Both brokers run on loopback on their own ports and data directories under
@@ -14,6 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+use crate::client_perf::PerfClient;
 
 const WARREN_PORT: u16 = 5801;
 const RABBIT_PORT: u16 = 5802;
@@ -34,15 +36,16 @@ pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
     ),
 ];
 
-/// The same kinds of load from lapin (`lapin_perf`'s flags), PerfTest-like.
-pub(crate) const LAPIN_WORKLOADS: [(&str, &[&str]); 3] = [
+/// The same kinds of load from standard client libraries, PerfTest-like
+/// (`client_perf`: lapin, and Node.js's amqplib; the same flags for both).
+pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 5] = [
     (
         "lapin: 16 B transient, auto-ack",
-        &crate::lapin_perf::TRANSIENT,
+        &crate::client_perf::TRANSIENT,
     ),
     (
         "lapin: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
-        &crate::lapin_perf::PERSISTENT,
+        &crate::client_perf::PERSISTENT,
     ),
     (
         "lapin: 4 producers, 2 consumers, 1 KiB persistent, 1,000 confirms each, prefetch 200",
@@ -59,6 +62,14 @@ pub(crate) const LAPIN_WORKLOADS: [(&str, &[&str]); 3] = [
             "--prefetch",
             "200",
         ],
+    ),
+    (
+        "amqplib: 16 B transient, auto-ack",
+        &crate::client_perf::TRANSIENT,
+    ),
+    (
+        "amqplib: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
+        &crate::client_perf::PERSISTENT,
     ),
 ];
 
@@ -175,9 +186,15 @@ fn load(
     Ok((rates(&text)?, cost))
 }
 
-/// Runs `lapin_perf` against the broker on `port`; returns its published/s,
-/// consumed/s and end-to-end latency p50 and p99 (µs).
-fn load_lapin(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow::Result<[f64; 4]> {
+/// Runs a standard client's load (`workload`'s, [`CLIENT_WORKLOADS`])
+/// against the broker on `port`; returns its published/s, consumed/s and
+/// end-to-end latency p50 and p99 (µs).
+fn load_client(
+    root: &Path,
+    port: u16,
+    (workload, flags): (&str, &[&str]),
+    duration: &str,
+) -> anyhow::Result<[f64; 4]> {
     let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
     let args: Vec<&str> = ["--url", &url]
         .into_iter()
@@ -186,7 +203,8 @@ fn load_lapin(root: &Path, port: u16, flags: &[&str], duration: &str) -> anyhow:
     let secs = duration
         .parse()
         .with_context(|| format!("--duration takes seconds, not {duration:?}"))?;
-    let r = crate::lapin_perf::run(root, &args, secs)?;
+    let client = PerfClient::of(workload);
+    let r = crate::client_perf::run(root, client, &args, secs)?;
     Ok([
         r.published,
         r.consumed,
@@ -283,6 +301,7 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
     let dir = crate::bench::target_dir(root).join("bench-amqp");
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
+    let amqplib = crate::client_perf::prepare_amqplib(root);
     // Every workload against the broker on `port`, named `broker`.
     let mut each = |broker: &'static str, server: (u16, u32)| -> anyhow::Result<()> {
         for (workload, flags) in WORKLOADS {
@@ -295,9 +314,13 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
                 cost,
             });
         }
-        for (workload, flags) in LAPIN_WORKLOADS {
+        for (workload, flags) in CLIENT_WORKLOADS {
+            if let (PerfClient::Amqplib, Err(why)) = (PerfClient::of(workload), &amqplib) {
+                println!("    {workload}: skipped, {why}");
+                continue;
+            }
             println!("    {workload} ({duration} s)…");
-            let rates = load_lapin(root, server.0, flags, duration)?;
+            let rates = load_client(root, server.0, (workload, flags), duration)?;
             rows.push(AmqpRow {
                 broker,
                 workload,
@@ -355,7 +378,7 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
         )?;
     }
     writeln!(table)?;
-    for (name, _) in WORKLOADS.iter().chain(&LAPIN_WORKLOADS) {
+    for (name, _) in WORKLOADS.iter().chain(&CLIENT_WORKLOADS) {
         if let (Some(w), Some(r)) = (
             consumed(rows, "warren", name),
             consumed(rows, "rabbitmq", name),

@@ -3,7 +3,8 @@
 //! TCP and over QUIC) and — when Debian's `rabbitmq-server` is installed — on
 //! a 3-node RabbitMQ cluster with the same `ha-mode: all` policy, driven by
 //! the same loads: the project's generator (`crates/node/examples/amqp_bench.rs`)
-//! and lapin, a standard client (`crates/node/examples/lapin_perf.rs`).
+//! and standard clients: lapin (`crates/node/examples/lapin_perf.rs`) and
+//! Node.js's amqplib (`benches/amqplib/perf.js`).
 //!
 //! Every node runs on loopback on its own ports with its data and logs under
 //! `target/bench-mirrored/`; only processes this command started are stopped
@@ -26,7 +27,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::Value;
 
-use crate::lapin_perf::{PERSISTENT, TRANSIENT};
+use crate::client_perf::{PERSISTENT, PerfClient, TRANSIENT};
 use crate::node::{NodeArgs, http, http_json, wait_ready};
 
 /// Warren node *i* (1-based) listens on these ports plus *i*.
@@ -62,9 +63,9 @@ pub(crate) const WORKLOADS: [(&str, &str, &[&str]); 2] = [
     ),
 ];
 
-/// A lapin row of `bench mirrored`: `lapin_perf` on a fresh queue declared
+/// A standard-client row of `bench mirrored`: its client's load on a fresh queue declared
 /// through node 1 (so its master is there) and synchronised.
-pub(crate) struct LapinWorkload {
+pub(crate) struct ClientWorkload {
     /// The row's name in the report.
     pub(crate) name: &'static str,
     /// The queue (matched by the `ha-all` policy).
@@ -73,50 +74,72 @@ pub(crate) struct LapinWorkload {
     producers: &'static [usize],
     /// The nodes (0-based) the consumers connect to, in turn.
     consumers: &'static [usize],
-    /// `lapin_perf`'s load flags, in groups.
+    /// The client's load flags (`client_perf`), in groups.
     flags: &'static [&'static [&'static str]],
 }
 
-/// The lapin rows, PerfTest-like: each publish and each ack its own frame.
-pub(crate) const LAPIN_WORKLOADS: [LapinWorkload; 6] = [
-    LapinWorkload {
+/// The standard clients' rows (lapin, then Node.js's amqplib), PerfTest-like:
+/// each publish and each ack its own frame.
+pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 9] = [
+    ClientWorkload {
         name: "lapin: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
         queue: "ha.lapin.persistent",
         producers: &[0],
         consumers: &[0],
         flags: &[&PERSISTENT],
     },
-    LapinWorkload {
+    ClientWorkload {
         name: "lapin: the same, consumer on a mirror's node (node 2)",
         queue: "ha.lapin.mirror-consumer",
         producers: &[0],
         consumers: &[1],
         flags: &[&PERSISTENT],
     },
-    LapinWorkload {
+    ClientWorkload {
         name: "lapin: 16 B transient, no confirms, auto-ack",
         queue: "ha.lapin.transient",
         producers: &[0],
         consumers: &[0],
         flags: &[&TRANSIENT],
     },
-    LapinWorkload {
+    ClientWorkload {
         name: "lapin: 4 producers (100 confirms in flight each) on nodes 1, 2, 3, 1 and 2 consumers (manual acks, prefetch 200) on nodes 2, 3, 1 KiB persistent",
         queue: "ha.lapin.spread",
         producers: &[0, 1, 2],
         consumers: &[1, 2],
         flags: &[&["--producers", "4", "--consumers", "2"], &PERSISTENT],
     },
-    LapinWorkload {
+    ClientWorkload {
         name: "lapin: 16 B transient at 10,000 msg/s, no confirms, auto-ack",
         queue: "ha.lapin.rate-transient",
         producers: &[0],
         consumers: &[0],
         flags: &[&TRANSIENT, &["--rate", "10000"]],
     },
-    LapinWorkload {
+    ClientWorkload {
         name: "lapin: 1 KiB persistent at 2,000 msg/s, 100 confirms in flight, manual acks, prefetch 200",
         queue: "ha.lapin.rate-persistent",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&PERSISTENT, &["--rate", "2000"]],
+    },
+    ClientWorkload {
+        name: "amqplib: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
+        queue: "ha.amqplib.persistent",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&PERSISTENT],
+    },
+    ClientWorkload {
+        name: "amqplib: 16 B transient, no confirms, auto-ack",
+        queue: "ha.amqplib.transient",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&TRANSIENT],
+    },
+    ClientWorkload {
+        name: "amqplib: 1 KiB persistent at 2,000 msg/s, 100 confirms in flight, manual acks, prefetch 200",
+        queue: "ha.amqplib.rate-persistent",
         producers: &[0],
         consumers: &[0],
         flags: &[&PERSISTENT, &["--rate", "2000"]],
@@ -708,11 +731,11 @@ async fn delete(url: &str, name: &str) -> anyhow::Result<()> {
 /// NaN when the generator did not report its count).
 pub(crate) type Rates = [f64; 5];
 
-/// One lapin row's run: published/s, confirmed/s, consumed/s, end-to-end
+/// One standard-client row's run: published/s, confirmed/s, consumed/s, end-to-end
 /// latency p50 and p99 (ms), confirm latency p50 and p99 (ms), the backlog
 /// left (messages published and not consumed when it ended) and the CPU all
 /// the cluster's nodes spent per consumed message (µs) over the whole run.
-pub(crate) type LapinRates = [f64; 9];
+pub(crate) type ClientRates = [f64; 9];
 
 /// CPU time (clock ticks) of the processes `pids` and their descendants.
 fn cluster_ticks(pids: &[u32]) -> u64 {
@@ -724,14 +747,14 @@ fn cluster_secs(pids: &[u32], before: u64) -> f64 {
     cluster_ticks(pids).saturating_sub(before) as f64 / crate::cpu::clock_ticks()
 }
 
-/// Runs `lapin_perf` against an existing (mirrored) queue on the cluster
+/// Runs a standard client's load (`client_perf`) against an existing (mirrored) queue on the cluster
 /// whose nodes' AMQP URLs are `urls` and processes `pids`.
-fn load_lapin(
+fn load_client(
     root: &Path,
     (urls, pids): (&[String], &[u32]),
-    w: &LapinWorkload,
+    w: &ClientWorkload,
     duration: u64,
-) -> anyhow::Result<LapinRates> {
+) -> anyhow::Result<ClientRates> {
     let pick = |nodes: &[usize]| {
         nodes
             .iter()
@@ -744,7 +767,7 @@ fn load_lapin(
     args.extend(["--queue", w.queue, "--keep-queue"]);
     args.extend(w.flags.concat());
     let before = cluster_ticks(pids);
-    let r = crate::lapin_perf::run(root, &args, duration)?;
+    let r = crate::client_perf::run(root, PerfClient::of(w.name), &args, duration)?;
     let cluster_s = cluster_secs(pids, before);
     let cpu = if r.consumed_total > 0.0 {
         cluster_s * 1e6 / r.consumed_total
@@ -840,20 +863,27 @@ fn workload(
     Ok((r, note))
 }
 
-/// Runs every lapin row of [`LAPIN_WORKLOADS`] on the cluster whose nodes'
+/// Runs every standard-client row of [`CLIENT_WORKLOADS`] on the cluster whose nodes'
 /// AMQP URLs are `urls` and processes `pids`, each on a fresh queue declared
 /// through node 1 and synchronised (`synced` waits for that). Returns the
 /// rates (`None` where a row failed) and the failures.
-fn lapin_rows(
+fn client_rows(
     root: &Path,
     rt: &tokio::runtime::Runtime,
     (urls, pids): (&[String], &[u32]),
     duration: u64,
     synced: impl Fn(&str) -> anyhow::Result<Duration>,
-) -> (Vec<Option<LapinRates>>, Vec<String>) {
+) -> (Vec<Option<ClientRates>>, Vec<String>) {
     let (mut rates, mut notes) = (Vec::new(), Vec::new());
-    for w in &LAPIN_WORKLOADS {
-        let run = || load_lapin(root, (urls, pids), w, duration);
+    let amqplib = crate::client_perf::prepare_amqplib(root);
+    for w in &CLIENT_WORKLOADS {
+        if let (PerfClient::Amqplib, Err(why)) = (PerfClient::of(w.name), &amqplib) {
+            println!("    {}: skipped, {why}", w.name);
+            notes.push(format!("{} skipped: {why}", w.name));
+            rates.push(None);
+            continue;
+        }
+        let run = || load_client(root, (urls, pids), w, duration);
         match on_synced_queue(rt, (&urls[0], w.queue), (w.name, duration), &synced, run) {
             Ok(r) => {
                 println!(
@@ -1009,15 +1039,15 @@ pub(crate) struct Outcome {
     pub(crate) broker: String,
     /// Rates per workload of [`WORKLOADS`], `None` where it failed.
     pub(crate) rates: Vec<Option<Rates>>,
-    /// Rates per lapin row of [`LAPIN_WORKLOADS`], `None` where it failed.
-    pub(crate) lapin: Vec<Option<LapinRates>>,
+    /// Rates per standard-client row of [`CLIENT_WORKLOADS`], `None` where it failed.
+    pub(crate) lapin: Vec<Option<ClientRates>>,
     stalls: Vec<Option<Stall>>,
     note: String,
 }
 
 impl Outcome {
     /// The consumed/s of row `k`: the workloads of [`WORKLOADS`], then the
-    /// lapin rows of [`LAPIN_WORKLOADS`]; `None` where it failed.
+    /// standard-client rows of [`CLIENT_WORKLOADS`]; `None` where it failed.
     fn consumed(&self, k: usize) -> Option<f64> {
         match k.checked_sub(WORKLOADS.len()) {
             None => self.rates.get(k).copied().flatten().map(|r| r[1]),
@@ -1026,12 +1056,12 @@ impl Outcome {
     }
 }
 
-/// The names of the report's rows: [`WORKLOADS`], then [`LAPIN_WORKLOADS`].
+/// The names of the report's rows: [`WORKLOADS`], then [`CLIENT_WORKLOADS`].
 fn row_names() -> impl Iterator<Item = &'static str> {
     WORKLOADS
         .iter()
         .map(|w| w.0)
-        .chain(LAPIN_WORKLOADS.iter().map(|w| w.name))
+        .chain(CLIENT_WORKLOADS.iter().map(|w| w.name))
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -1088,7 +1118,7 @@ fn bench_warren(
         let urls: Vec<String> = nodes.iter().map(WarrenNode::url).collect();
         let pids: Vec<u32> = nodes.iter().map(WarrenNode::pid).collect();
         let synced = |queue: &str| warren_synced(&nodes[0], queue, mirrors);
-        let (r, failures) = lapin_rows(root, &rt, (&urls, &pids), duration, synced);
+        let (r, failures) = client_rows(root, &rt, (&urls, &pids), duration, synced);
         lapin = r;
         notes.extend(failures);
     }
@@ -1199,7 +1229,7 @@ fn bench_rabbit(root: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Optio
         let urls: Vec<String> = nodes.iter().map(RabbitNode::url).collect();
         let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
         let synced = |queue: &str| rabbit_synced(&nodes[0], queue, mirrors);
-        let (lapin, failures) = lapin_rows(root, &rt, (&urls, &pids), duration, synced);
+        let (lapin, failures) = client_rows(root, &rt, (&urls, &pids), duration, synced);
         notes.extend(failures);
         drop(nodes);
         let mut stalls = Vec::new();
@@ -1381,7 +1411,7 @@ fn measure_round(root: &Path, out_dir: &Path, opts: &Options) -> (Vec<Outcome>, 
                 outcomes.push(Outcome {
                     broker: format!("Warren {}", t.to_uppercase()),
                     rates: vec![None; WORKLOADS.len()],
-                    lapin: vec![None; LAPIN_WORKLOADS.len()],
+                    lapin: vec![None; CLIENT_WORKLOADS.len()],
                     stalls: Vec::new(),
                     note: format!("failed: {e:#}"),
                 });
@@ -1423,7 +1453,7 @@ fn medians(rounds: &[Vec<Outcome>]) -> Vec<Outcome> {
                 .collect();
             Outcome {
                 rates: row_medians(&runs, WORKLOADS.len(), |x| &x.rates),
-                lapin: row_medians(&runs, LAPIN_WORKLOADS.len(), |x| &x.lapin),
+                lapin: row_medians(&runs, CLIENT_WORKLOADS.len(), |x| &x.lapin),
                 ..o.clone()
             }
         })
@@ -1599,7 +1629,7 @@ fn lapin_table(t: &mut String, outcomes: &[Outcome], duration: u64) -> anyhow::R
     )?;
     writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let lapin = |o: &Outcome, w: usize| o.lapin.get(w).copied().flatten();
-    for (w, workload) in LAPIN_WORKLOADS.iter().enumerate() {
+    for (w, workload) in CLIENT_WORKLOADS.iter().enumerate() {
         for o in outcomes {
             write!(t, "| {} | {} |", workload.name, o.broker)?;
             let Some(r) = lapin(o, w) else {
@@ -1622,7 +1652,7 @@ fn lapin_table(t: &mut String, outcomes: &[Outcome], duration: u64) -> anyhow::R
     };
     let short = rabbit.broker.trim_end_matches(" mirrored");
     writeln!(t)?;
-    for (w, workload) in LAPIN_WORKLOADS.iter().enumerate() {
+    for (w, workload) in CLIENT_WORKLOADS.iter().enumerate() {
         for o in outcomes.iter().filter(|o| o.broker.starts_with("Warren")) {
             let (Some(a), Some(b)) = (lapin(o, w), lapin(rabbit, w)) else {
                 continue;
@@ -1984,7 +2014,7 @@ mod tests {
             lapin: consumed
                 .iter()
                 .map(|c| c.map(|c| [c, c, c, 0.5, 20.0, 1.0, 40.0, 7.0, 3.0]))
-                .chain([None; LAPIN_WORKLOADS.len() - 2])
+                .chain([None; CLIENT_WORKLOADS.len() - 2])
                 .collect(),
             stalls: Vec::new(),
             note: String::new(),
@@ -2022,10 +2052,10 @@ mod tests {
         assert_eq!(m[0].lapin[1].map(|r| r[2]), Some(950.0));
         let first = format!(
             "- {}, Warren TCP: 3.00×, 5.00×, 8.00×",
-            LAPIN_WORKLOADS[0].name
+            CLIENT_WORKLOADS[0].name
         );
         assert!(ratios.contains(&first), "{ratios}");
-        let none = format!("- {}, Warren TCP: –, –, –", LAPIN_WORKLOADS[2].name);
+        let none = format!("- {}, Warren TCP: –, –, –", CLIENT_WORKLOADS[2].name);
         assert!(ratios.contains(&none), "{ratios}");
     }
 
@@ -2039,7 +2069,7 @@ mod tests {
         let rabbit = outcome("RabbitMQ 3.10.8 mirrored", &[Some(1000.0), Some(500.0)]);
         let mut t = String::new();
         lapin_table(&mut t, &[warren, rabbit], 3).expect("table");
-        let name = LAPIN_WORKLOADS[0].name;
+        let name = CLIENT_WORKLOADS[0].name;
         assert!(
             t.contains(&format!(
                 "| {name} | Warren TCP | 3,000 | 3,000 | 3,000 | 0.50 | 1,234 | – | 40.0 | 7 | 3.0 |"
@@ -2048,7 +2078,7 @@ mod tests {
         );
         let failed = format!(
             "| {} | Warren TCP | – | – | – | – | – | – | – | – | – |",
-            LAPIN_WORKLOADS[1].name
+            CLIENT_WORKLOADS[1].name
         );
         assert!(t.contains(&failed), "{t}");
         assert!(
@@ -2059,7 +2089,7 @@ mod tests {
         );
         // No ratio where either side failed.
         assert!(
-            !t.contains(&format!("- {}:", LAPIN_WORKLOADS[1].name)),
+            !t.contains(&format!("- {}:", CLIENT_WORKLOADS[1].name)),
             "{t}"
         );
     }

@@ -1,6 +1,9 @@
-//! Runs `lapin_perf` (`crates/node/examples/lapin_perf.rs`, a PerfTest-like
-//! load on lapin, a standard client) for the benches' lapin rows, and reads
-//! its result line.
+//! Runs the benches' standard-client rows and reads their result line: a
+//! PerfTest-like load (each publish and each ack its own call, as
+//! applications make them) on lapin (`crates/node/examples/lapin_perf.rs`)
+//! or on Node.js's amqplib (`benches/amqplib/perf.js`, amqplib installed
+//! from npm into `target/bench-amqplib`). Both take the same flags and print
+//! the same `result …` line.
 
 use std::path::Path;
 use std::process::Command;
@@ -23,9 +26,32 @@ pub(crate) const PERSISTENT: [&str; 7] = [
     "200",
 ];
 
-/// What one `lapin_perf` run reported.
+/// The amqplib release the amqplib rows run on.
+const AMQPLIB: &str = "amqplib@2.3.1";
+
+/// The standard client library that drives a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PerfClient {
+    /// lapin (Rust), `lapin_perf`.
+    Lapin,
+    /// amqplib (Node.js), `benches/amqplib/perf.js`.
+    Amqplib,
+}
+
+impl PerfClient {
+    /// The client a row's name starts with (`"amqplib: …"`, else lapin).
+    pub(crate) fn of(row: &str) -> Self {
+        if row.starts_with("amqplib") {
+            Self::Amqplib
+        } else {
+            Self::Lapin
+        }
+    }
+}
+
+/// What one client run reported.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct LapinResult {
+pub(crate) struct PerfResult {
     /// Messages published per second.
     pub(crate) published: f64,
     /// Publishes confirmed per second (0 without confirms).
@@ -42,14 +68,14 @@ pub(crate) struct LapinResult {
     pub(crate) backlog: f64,
 }
 
-impl LapinResult {
-    /// Parses `lapin_perf`'s `result secs=… published=… …` line out of its
+impl PerfResult {
+    /// Parses the `result secs=… published=… …` line out of a client's
     /// output.
     pub(crate) fn parse(text: &str) -> anyhow::Result<Self> {
         let line = text
             .lines()
             .find(|l| l.starts_with("result "))
-            .with_context(|| format!("no result line in lapin_perf's output: {text}"))?;
+            .with_context(|| format!("no result line in the client's output: {text}"))?;
         let field = |key: &str| crate::bench::result_field(line, key);
         Ok(Self {
             published: field("published")?,
@@ -63,15 +89,64 @@ impl LapinResult {
     }
 }
 
-/// Runs the release `lapin_perf` with `args` for `duration` seconds (killed
-/// if it has not finished a minute after) and returns what it reported.
-pub(crate) fn run(root: &Path, args: &[&str], duration: u64) -> anyhow::Result<LapinResult> {
-    let bin = crate::bench::target_dir(root).join("release/examples/lapin_perf");
-    let mut cmd = Command::new(bin);
+/// Runs `client`'s load (lapin: the release `lapin_perf`) with `args` for
+/// `duration` seconds (killed if it has not finished a minute after) and
+/// returns what it reported.
+pub(crate) fn run(
+    root: &Path,
+    client: PerfClient,
+    args: &[&str],
+    duration: u64,
+) -> anyhow::Result<PerfResult> {
+    let mut cmd = match client {
+        PerfClient::Lapin => {
+            Command::new(crate::bench::target_dir(root).join("release/examples/lapin_perf"))
+        }
+        PerfClient::Amqplib => {
+            let mut cmd = Command::new("node");
+            cmd.arg(root.join("benches/amqplib/perf.js"))
+                .env("NODE_PATH", amqplib_dir(root).join("node_modules"));
+            cmd
+        }
+    };
     cmd.args(args).args(["--duration", &duration.to_string()]);
     let limit = Duration::from_secs(duration + 60);
-    let text = crate::bench_mirrored::output_within(&mut cmd, "lapin_perf", limit)?;
-    LapinResult::parse(&text)
+    let what = match client {
+        PerfClient::Lapin => "lapin_perf",
+        PerfClient::Amqplib => "amqplib perf.js",
+    };
+    let text = crate::bench_mirrored::output_within(&mut cmd, what, limit)?;
+    PerfResult::parse(&text)
+}
+
+/// Where amqplib is installed for the benches.
+fn amqplib_dir(root: &Path) -> std::path::PathBuf {
+    crate::bench::target_dir(root).join("bench-amqplib")
+}
+
+/// Makes the amqplib rows runnable: Node.js present and amqplib installed
+/// from npm (once). Returns why not, for the bench to say and skip them.
+pub(crate) fn prepare_amqplib(root: &Path) -> Result<(), String> {
+    let node = Command::new("node").arg("--version").output();
+    if !node.is_ok_and(|o| o.status.success()) {
+        return Err("node (Node.js 18 or newer) is not installed".into());
+    }
+    let dir = amqplib_dir(root);
+    if dir.join("node_modules/amqplib/package.json").exists() {
+        return Ok(());
+    }
+    println!("==> npm install {AMQPLIB} into {}", dir.display());
+    let _ = std::fs::create_dir_all(&dir);
+    let status = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--prefix"])
+        .arg(&dir)
+        .arg(AMQPLIB)
+        .status();
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("npm install {AMQPLIB} failed ({s})")),
+        Err(e) => Err(format!("npm could not run: {e}")),
+    }
 }
 
 #[cfg(test)]
@@ -81,13 +156,34 @@ mod tests {
     #[test]
     fn parses_the_result_line() {
         let text = "warming up\nresult secs=3.0 published=1200 confirmed=0 consumed=1100 e2e_p50_ms=0.41 e2e_p99_ms=2.50 confirm_p50_ms=NaN confirm_p99_ms=NaN consumed_total=3300 backlog=300\n";
-        let r = LapinResult::parse(text).expect("parses");
+        let r = PerfResult::parse(text).expect("parses");
         assert_eq!(r.published, 1200.0);
         assert_eq!(r.consumed, 1100.0);
         assert_eq!(r.e2e_ms, [0.41, 2.5]);
         assert!(r.confirm_ms[0].is_nan());
         assert_eq!((r.consumed_total, r.backlog), (3300.0, 300.0));
         // `consumed_total` is not taken for `consumed`, nor the reverse.
-        assert!(LapinResult::parse("result published=1 consumed_total=2").is_err());
+        assert!(PerfResult::parse("result published=1 consumed_total=2").is_err());
+    }
+
+    #[test]
+    fn every_client_row_names_its_client_first() {
+        let names = crate::amqp_bench::CLIENT_WORKLOADS
+            .iter()
+            .map(|(n, _)| *n)
+            .chain(
+                crate::bench_mirrored::CLIENT_WORKLOADS
+                    .iter()
+                    .map(|w| w.name),
+            );
+        for name in names {
+            let client = PerfClient::of(name);
+            let prefix = match client {
+                PerfClient::Lapin => "lapin: ",
+                PerfClient::Amqplib => "amqplib: ",
+            };
+            assert!(name.starts_with(prefix), "{name}");
+        }
+        assert_eq!(PerfClient::of("amqplib: x"), PerfClient::Amqplib);
     }
 }

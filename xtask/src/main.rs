@@ -17,10 +17,10 @@ mod bench_mirrored;
 mod bench_report;
 mod chaos;
 mod check_arch;
+mod client_perf;
 mod cluster;
 mod conformance;
 mod cpu;
-mod lapin_perf;
 mod node;
 mod scenario;
 
