@@ -19,10 +19,14 @@
 //!   of [`TransportConfig::max_pending_handshakes`] slots; a connection over
 //!   the limit is closed at once.
 
+mod movable;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use async_trait::async_trait;
+use movable::Movable;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
@@ -135,20 +139,42 @@ impl TcpTransport {
         addr: &PeerAddr,
     ) -> Result<Connection, TransportError> {
         let handshakes = async {
-            let Some(tls) = &self.tls else {
-                let (read, write) = stream.into_split();
-                return establish(read, write, &self.config, role, addr).await;
-            };
-            let stream: TlsStream<TcpStream> = match role {
-                Role::Acceptor => tls.acceptor.accept(stream).await.map(Into::into),
-                Role::Dialer => {
+            match (&self.tls, role) {
+                (None, Role::Dialer) => {
+                    let (read, write) = stream.into_split();
+                    establish(read, write, &self.config, role, addr).await
+                }
+                // An accepted connection may be handed to a service on
+                // another runtime than the listener's: its socket can move.
+                (None, Role::Acceptor) => {
+                    let flag = Arc::new(AtomicBool::new(false));
+                    let (read, write) = tokio::io::split(Movable::new(stream, flag.clone()));
+                    let conn = establish(read, write, &self.config, role, addr).await?;
+                    Ok(conn.with_move_flag(flag))
+                }
+                (Some(tls), Role::Dialer) => {
                     let name = NodeIdentity::server_name();
-                    tls.connector.connect(name, stream).await.map(Into::into)
+                    let stream: TlsStream<TcpStream> = tls
+                        .connector
+                        .connect(name, stream)
+                        .await
+                        .map_err(|e| tls_failed(addr, &e))?
+                        .into();
+                    let (read, write) = tokio::io::split(stream);
+                    establish(read, write, &self.config, role, addr).await
+                }
+                (Some(tls), Role::Acceptor) => {
+                    let flag = Arc::new(AtomicBool::new(false));
+                    let stream = tls
+                        .acceptor
+                        .accept(Movable::new(stream, flag.clone()))
+                        .await
+                        .map_err(|e| tls_failed(addr, &e))?;
+                    let (read, write) = tokio::io::split(stream);
+                    let conn = establish(read, write, &self.config, role, addr).await?;
+                    Ok(conn.with_move_flag(flag))
                 }
             }
-            .map_err(|e| tls_failed(addr, &e))?;
-            let (read, write) = tokio::io::split(stream);
-            establish(read, write, &self.config, role, addr).await
         };
         let after = self.config.handshake_timeout;
         tokio::time::timeout(after, handshakes)

@@ -51,6 +51,8 @@ mod slots;
 pub mod stream;
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -150,6 +152,9 @@ pub struct Connection {
     peer: NodeName,
     sender: Box<dyn FrameSender>,
     receiver: Box<dyn FrameReceiver>,
+    /// Set by a transport that can move the connection's socket to the
+    /// runtime that polls it next ([`Connection::follow_next_poller`]).
+    move_flag: Option<Arc<AtomicBool>>,
 }
 
 impl Connection {
@@ -163,6 +168,27 @@ impl Connection {
             peer,
             sender,
             receiver,
+            move_flag: None,
+        }
+    }
+
+    /// A connection whose socket moves to the runtime that polls it next
+    /// once `flag` is set (the transport's socket reads it before each use).
+    #[must_use]
+    pub fn with_move_flag(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.move_flag = Some(flag);
+        self
+    }
+
+    /// Asks the transport to drive this connection's socket on the tokio
+    /// runtime that polls it next, where it can: a listener on one runtime
+    /// hands it to a service on another, whose reads then wake that
+    /// service's threads instead of crossing from the listener's (a wake
+    /// between threads costs tens of microseconds a read). Transports that
+    /// cannot move their sockets ignore it.
+    pub fn follow_next_poller(&self) {
+        if let Some(flag) = &self.move_flag {
+            flag.store(true, Ordering::Release);
         }
     }
 

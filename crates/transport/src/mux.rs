@@ -209,6 +209,9 @@ async fn route(
     };
     let handed = async {
         conn.send(service.frame()).await.ok()?;
+        // The service may run on another runtime than this port's: its
+        // reads should wake its own threads.
+        conn.follow_next_poller();
         tx.send(conn).await.ok()
     };
     if tokio::time::timeout(select_timeout, handed).await.is_err() {
