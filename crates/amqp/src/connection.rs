@@ -1680,14 +1680,7 @@ impl Connection {
         }
         let started = *self.started_ms.get_or_insert(now_ms);
         if self.state == State::Refusing {
-            let since = *self.close_started_ms.get_or_insert(now_ms);
-            if now_ms.saturating_sub(since) >= self.config.silent_close_ms {
-                let e = self
-                    .close_error
-                    .take()
-                    .unwrap_or_else(|| err(ReplyCode::InternalError, "refused"));
-                self.finish(CloseReason::ServerClosed(e));
-            }
+            self.end_after(now_ms, self.config.silent_close_ms, "refused");
             return;
         }
         if !matches!(self.state, State::Running | State::CloseSent)
@@ -1696,16 +1689,10 @@ impl Connection {
             self.finish(CloseReason::HandshakeTimeout);
             return;
         }
-        if self.state == State::CloseSent {
-            let since = *self.close_started_ms.get_or_insert(now_ms);
-            if now_ms.saturating_sub(since) >= self.config.close_timeout_ms {
-                let e = self
-                    .close_error
-                    .take()
-                    .unwrap_or_else(|| err(ReplyCode::InternalError, "close timed out"));
-                self.finish(CloseReason::ServerClosed(e));
-                return;
-            }
+        if self.state == State::CloseSent
+            && self.end_after(now_ms, self.config.close_timeout_ms, "close timed out")
+        {
+            return;
         }
         let Some(hb) = self.heartbeat_ms() else {
             return;
@@ -1730,6 +1717,22 @@ impl Connection {
             self.enc.heartbeat();
             self.last_send_ms = Some(now_ms);
         }
+    }
+
+    /// Ends the connection with its close error once `after_ms` have passed
+    /// since its close began (counted from the first tick after it);
+    /// returns whether it ended.
+    fn end_after(&mut self, now_ms: u64, after_ms: u64, fallback: &str) -> bool {
+        let since = *self.close_started_ms.get_or_insert(now_ms);
+        if now_ms.saturating_sub(since) < after_ms {
+            return false;
+        }
+        let e = self
+            .close_error
+            .take()
+            .unwrap_or_else(|| err(ReplyCode::InternalError, fallback));
+        self.finish(CloseReason::ServerClosed(e));
+        true
     }
 
     /// The time (same clock as `handle_tick`) by which `handle_tick` must

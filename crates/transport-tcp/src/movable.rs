@@ -47,16 +47,18 @@ impl Movable {
     /// The registered stream, moved first if asked (this must run inside a
     /// runtime: it does, in a poll).
     fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
-        if self.flag.swap(false, Ordering::AcqRel)
-            && matches!(self.socket, Socket::Tokio(_))
-            && let Socket::Tokio(s) = std::mem::replace(&mut self.socket, Socket::Gone)
-        {
-            self.socket = Socket::Std(s.into_std()?);
+        // A plain load first: the flag is set once in a connection's life.
+        if self.flag.load(Ordering::Relaxed) && self.flag.swap(false, Ordering::AcqRel) {
+            self.socket = match std::mem::replace(&mut self.socket, Socket::Gone) {
+                Socket::Tokio(s) => Socket::Std(s.into_std()?),
+                other => other,
+            };
         }
-        if matches!(self.socket, Socket::Std(_))
-            && let Socket::Std(s) = std::mem::replace(&mut self.socket, Socket::Gone)
-        {
-            self.socket = Socket::Tokio(TcpStream::from_std(s)?);
+        if matches!(self.socket, Socket::Std(_)) {
+            self.socket = match std::mem::replace(&mut self.socket, Socket::Gone) {
+                Socket::Std(s) => Socket::Tokio(TcpStream::from_std(s)?),
+                other => other,
+            };
         }
         match &mut self.socket {
             Socket::Tokio(s) => Ok(Pin::new(s)),
