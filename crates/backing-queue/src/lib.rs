@@ -27,7 +27,8 @@
 //!   appended since the last ([`BackingQueue::sync`], or
 //!   [`prepare_sync`](BackingQueue::prepare_sync) + [`SyncJob::run`] on
 //!   another thread; [`SyncJob::run_all`] commits many queues' logs with one
-//!   `syncfs`), and confirm a publish only once that sync covers it
+//!   append to the node's [`Journal`] and one `fdatasync`), and confirm a
+//!   publish only once that sync covers it
 //!   ([`BackingQueue::synced_seq`], [`BackingQueue::drain_confirmed`]).
 //!   Segments without live messages are deleted, and the head segment is
 //!   compacted when the files hold much more than the live messages.
@@ -45,6 +46,7 @@
 
 mod core;
 mod error;
+mod journal;
 mod log;
 mod message;
 mod queue;
@@ -53,6 +55,7 @@ mod record;
 mod storage;
 
 pub use error::{QueueError, StoreError};
+pub use journal::{CHECKPOINT_BYTES, Journal, JournalReport};
 pub use log::{RecoveryReport, StoreConfig, SyncJob};
 pub use message::{
     Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,

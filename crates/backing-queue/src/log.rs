@@ -21,6 +21,7 @@ use bytes::Bytes;
 
 use crate::core::{Entry, Removed, StoreRef};
 use crate::error::StoreError;
+use crate::journal::{Journal, JournalWrite};
 use crate::record::{self, Invalid, PublishMeta, Record};
 use crate::storage::{Storage, StorageFile};
 
@@ -76,6 +77,9 @@ const LARGE_BODY_BYTES: usize = 64 << 10;
 /// Written after the last record (a record length of zero, which no record
 /// has); overwritten by the next append.
 const END_MARK: [u8; 4] = [0; 4];
+/// Jobs of one group commit from which their journal stands for their
+/// files' syncs.
+const JOURNAL_MIN_FILES: usize = 2;
 /// Old segment files kept for reuse.
 const MAX_SPARES: usize = 2;
 /// Pending remove/delivered marks are written as one record per this many.
@@ -90,6 +94,10 @@ struct Segment {
     len: u64,
     /// Bytes written to the file.
     written: u64,
+    /// Bytes made durable (synced, or journaled) or handed to the sync job
+    /// that will: a job may be journaled only if everything written past
+    /// this is in its own buffer.
+    durable: u64,
     live: u64,
     live_bytes: u64,
 }
@@ -136,14 +144,17 @@ pub(crate) struct SegmentLog {
 
 /// A log's write buffer handed to a [`SyncJob`] by `prepare_sync`: written
 /// by the job, off the queue's lock, or by the log itself if it touches the
-/// file before the job ran. Whoever takes it writes it while holding the
-/// slot, so it always reaches the file before any later write or read.
+/// file before the job ran. Whoever comes first writes it while holding the
+/// slot, so it always reaches the file before any later write or read; the
+/// data stays for the job to journal.
 #[derive(Debug)]
 struct DeferredWrite {
     file: Arc<dyn StorageFile>,
     path: PathBuf,
     offset: u64,
+    /// The bytes, ending with [`END_MARK`].
     data: Vec<u8>,
+    written: bool,
 }
 
 type DeferredSlot = Arc<Mutex<Option<DeferredWrite>>>;
@@ -156,11 +167,11 @@ type DeferredSlot = Arc<Mutex<Option<DeferredWrite>>>;
 /// recovery refuses as corruption.
 fn write_deferred(slot: &Mutex<Option<DeferredWrite>>) -> Result<(), StoreError> {
     let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(w) = slot.as_ref() {
+    if let Some(w) = slot.as_mut().filter(|w| !w.written) {
         w.file
             .write_at(&w.data, w.offset)
             .map_err(|e| StoreError::io(&w.path, e))?;
-        *slot = None;
+        w.written = true;
     }
     Ok(())
 }
@@ -178,6 +189,10 @@ pub struct SyncJob {
     /// The appends to write before the sync, unless the log already did.
     deferred: Option<DeferredSlot>,
     file: Option<(Arc<dyn StorageFile>, PathBuf)>,
+    /// Everything `file` holds past its last sync is in `deferred`: a
+    /// journal record of it may stand for the file's sync (and with no
+    /// `deferred`, the file needs none).
+    journalable: bool,
     dir: Option<PathBuf>,
     up_to: u64,
     /// Retired segments, oldest first, each with the spare name to rename it
@@ -194,33 +209,96 @@ impl SyncJob {
     /// Performs the fsyncs and deletions. Blocking.
     pub fn run(&mut self) -> Result<(), StoreError> {
         self.write()?;
-        if let Some((file, path)) = &self.file {
+        if let Some((file, path)) = self.file.as_ref().filter(|_| self.needs_file_sync()) {
             file.sync_data().map_err(|e| StoreError::io(path, e))?;
         }
         self.finish()
     }
 
+    /// Whether the file must be synced: it holds bytes past its last sync
+    /// (without a journal, even those in `deferred`).
+    fn needs_file_sync(&self) -> bool {
+        !self.journalable || self.deferred.is_some()
+    }
+
     /// Runs many group commits (of different queues) at once, each as
-    /// [`run`](Self::run) would: the files of jobs on the same [`Storage`] are
-    /// synced in one [`Storage::sync_files`] call (one `syncfs` on
-    /// [`FsStorage::shared`](crate::FsStorage::shared)), then each job's
-    /// directory syncs and deletions run. One result per job, in order.
-    pub fn run_all(jobs: &mut [&mut SyncJob]) -> Vec<Result<(), StoreError>> {
+    /// [`run`](Self::run) would. With a usable `journal`, the jobs on its
+    /// storage whose new bytes are all in their buffers are made durable by
+    /// one journal append and one sync ([`Journal`]); the other jobs' files
+    /// on one [`Storage`] are synced in one [`Storage::sync_files`] call
+    /// (one `syncfs` on [`FsStorage::shared`](crate::FsStorage::shared)).
+    /// Then each job's directory syncs and deletions run. One result per
+    /// job, in order.
+    pub fn run_all(
+        jobs: &mut [&mut SyncJob],
+        journal: Option<&Journal>,
+    ) -> Vec<Result<(), StoreError>> {
         let mut synced: Vec<Option<Result<(), StoreError>>> = jobs.iter().map(|_| None).collect();
         let mut groups: Vec<(*const (), Vec<usize>)> = Vec::new();
+        let mut journaled: Vec<usize> = Vec::new();
+        let journal = journal.filter(|j| j.usable());
         for (i, job) in jobs.iter_mut().enumerate() {
             if let Err(e) = job.write() {
                 synced[i] = Some(Err(e));
                 continue;
             }
-            if job.file.is_none() {
+            if job.file.is_none() || !job.needs_file_sync() {
                 synced[i] = Some(Ok(()));
                 continue;
             }
             let key = Arc::as_ptr(&job.storage).cast::<()>();
+            if job.journalable
+                && journal.is_some_and(|j| Arc::as_ptr(j.storage()).cast::<()>() == key)
+            {
+                journaled.push(i);
+                continue;
+            }
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, members)) => members.push(i),
                 None => groups.push((key, vec![i])),
+            }
+        }
+        if let Some(journal) = journal
+            && !journaled.is_empty()
+        {
+            if journaled.len() < JOURNAL_MIN_FILES {
+                // One file: its own sync costs what the journal's would.
+                let key = Arc::as_ptr(&jobs[journaled[0]].storage).cast::<()>();
+                match groups.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, members)) => members.append(&mut journaled),
+                    None => groups.push((key, std::mem::take(&mut journaled))),
+                }
+            } else {
+                let slots: Vec<_> = journaled
+                    .iter()
+                    .filter_map(|&i| jobs[i].deferred.as_ref())
+                    .map(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner))
+                    .collect();
+                let writes: Vec<JournalWrite<'_>> = slots
+                    .iter()
+                    .filter_map(|slot| slot.as_ref())
+                    .map(|w| JournalWrite {
+                        path: &w.path,
+                        file: &w.file,
+                        offset: w.offset,
+                        data: &w.data[..w.data.len() - END_MARK.len()],
+                    })
+                    .collect();
+                let res = journal.commit(&writes);
+                drop(writes);
+                drop(slots);
+                for &i in &journaled {
+                    synced[i] = Some(match &res {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(StoreError::io(
+                            jobs[i]
+                                .file
+                                .as_ref()
+                                .map_or(Path::new(""), |(_, p)| p.as_path()),
+                            std::io::Error::other(format!("journal commit failed: {e}")),
+                        )),
+                    });
+                }
             }
         }
         for (_, members) in groups {
@@ -461,6 +539,7 @@ impl SegmentLog {
                 file,
                 len: valid_len,
                 written: valid_len,
+                durable: valid_len,
                 live: 0,
                 live_bytes: 0,
             });
@@ -568,6 +647,7 @@ impl SegmentLog {
             file,
             len: record::SEGMENT_HEADER_LEN,
             written: 0,
+            durable: 0,
             live: 0,
             live_bytes: 0,
         });
@@ -828,6 +908,9 @@ impl SegmentLog {
         self.flush_marks();
         // The buffer is written by the job, off the caller's lock.
         self.settle_deferred()?;
+        // Written straight to the file since the last job (a full buffer, a
+        // large body): only a sync of the file makes those bytes durable.
+        let journalable = self.active().written == self.active().durable;
         let deferred = if self.buf.is_empty() {
             None
         } else {
@@ -841,12 +924,15 @@ impl SegmentLog {
                 path: seg.path.clone(),
                 offset: seg.written,
                 data,
+                written: false,
             };
             seg.written += (write.data.len() - END_MARK.len()) as u64;
-            *self.deferred.lock().unwrap_or_else(PoisonError::into_inner) = Some(write);
+            // A slot of its own: the job journals exactly its bytes.
+            self.deferred = Arc::new(Mutex::new(Some(write)));
             Some(Arc::clone(&self.deferred))
         };
         let seg = self.active();
+        seg.durable = seg.written;
         let file = Some((Arc::clone(&seg.file), seg.path.clone()));
         let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone());
         let mut retired = Vec::with_capacity(self.retired.len());
@@ -863,6 +949,7 @@ impl SegmentLog {
             storage: Arc::clone(&self.storage),
             deferred,
             file,
+            journalable,
             dir,
             up_to: self.appended_seq,
             retired,
@@ -900,6 +987,12 @@ impl SegmentLog {
     /// Every logged publish with seq ≤ this is durable.
     pub(crate) fn synced_seq(&self) -> u64 {
         self.synced_seq
+    }
+
+    /// Whether a publish was appended since the last sync was prepared
+    /// (someone may wait for it to be durable).
+    pub(crate) fn has_unsynced_publishes(&self) -> bool {
+        self.synced_seq < self.appended_seq
     }
 
     /// Whether anything was appended since the last sync was prepared.

@@ -797,6 +797,16 @@ impl BackingQueue {
         self.log.as_ref().is_some_and(SegmentLog::has_unsynced)
     }
 
+    /// Whether a group commit is awaited: a publish was logged since the
+    /// last one (its confirm waits for it). Acks and delivery marks alone
+    /// may wait for a later commit: losing them in a crash only
+    /// redelivers, as in RabbitMQ.
+    pub fn awaits_sync(&self) -> bool {
+        self.log
+            .as_ref()
+            .is_some_and(SegmentLog::has_unsynced_publishes)
+    }
+
     /// Every persistent publish with seq ≤ this is durable (fsynced) and may
     /// be confirmed.
     pub fn synced_seq(&self) -> SeqId {

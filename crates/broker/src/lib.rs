@@ -51,7 +51,7 @@ pub enum BrokerError {
     /// The metadata store failed.
     #[error(transparent)]
     Meta(#[from] meta::MetaError),
-    /// A durable queue's log could not be opened.
+    /// A durable queue's log (or the node's journal) could not be opened.
     #[error(transparent)]
     Store(#[from] warren_backing_queue::StoreError),
     /// A definition is invalid.

@@ -369,6 +369,9 @@ pub struct Replica {
     /// Bytes of the messages published into `out_ops`.
     out_bytes: usize,
     confirms: VecDeque<PendingConfirm>,
+    /// `confirms` holds a promotion: it waits for the local disk to be
+    /// clean, so a commit is awaited ([`Replica::awaits_storage_sync`]).
+    promotion_pending: bool,
     /// The `bytes` of `confirms`, summed.
     confirm_bytes: usize,
     fetches: VecDeque<PendingFetch>,
@@ -507,6 +510,7 @@ impl Replica {
             out_pubs: Vec::new(),
             out_bytes: 0,
             confirms: VecDeque::new(),
+            promotion_pending: false,
             confirm_bytes: 0,
             fetches: VecDeque::new(),
             next_token: 1,
@@ -653,6 +657,15 @@ impl Replica {
     /// Whether the local backing queue has appended data to fsync.
     pub fn needs_storage_sync(&self) -> bool {
         self.bq.as_ref().is_some_and(BackingQueue::needs_sync)
+    }
+
+    /// Whether a confirm waits for the local fsync: a publish was logged
+    /// since the last ([`BackingQueue::awaits_sync`]), or a promotion waits
+    /// for the disk to hold everything (the requeues it made too).
+    pub fn awaits_storage_sync(&self) -> bool {
+        self.bq
+            .as_ref()
+            .is_some_and(|bq| bq.awaits_sync() || (self.promotion_pending && bq.needs_sync()))
     }
 
     /// The next output, if any.
@@ -1377,6 +1390,7 @@ impl Replica {
             match c.what {
                 Confirmable::Publish(id) => confirmed.push(id),
                 Confirmable::Promotion { epoch, held } => {
+                    self.promotion_pending = false;
                     if !confirmed.is_empty() {
                         self.outputs
                             .push_back(Output::Confirmed(std::mem::take(&mut confirmed)));
@@ -1393,6 +1407,7 @@ impl Replica {
 
     fn fail_pending(&mut self) {
         self.confirm_bytes = 0;
+        self.promotion_pending = false;
         let nacked: Vec<PublishId> = self
             .confirms
             .drain(..)
@@ -2000,6 +2015,7 @@ impl Replica {
         self.collect_ops();
         self.flush_ops();
         let bq_seq = None;
+        self.promotion_pending = true;
         self.confirms.push_back(PendingConfirm {
             gm_seq: self.broadcasts,
             bq_seq,

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use warren_backing_queue::{
     BackingQueue, FsStorage, MemStorage, NewMessage, QueueConfig, RecoveryReport, Storage,
-    StoreConfig, SyncJob,
+    StoreConfig,
 };
 
-use crate::{drain, small_store};
+use crate::{commit_together, drain, small_store};
 
 /// Opens `n` durable queues under `root` on `storage`, publishes `k + 1`
 /// persistent messages to queue `k` (enough to roll segments in some) and
@@ -39,18 +39,8 @@ fn publish_and_commit_together(storage: &Arc<dyn Storage>, root: &Path, n: usize
         }
         last.push(seq);
     }
-    let mut jobs: Vec<SyncJob> = queues
-        .iter_mut()
-        .map(|q| q.prepare_sync().expect("prepare").expect("durable"))
-        .collect();
-    let mut refs: Vec<&mut SyncJob> = jobs.iter_mut().collect();
-    for res in SyncJob::run_all(&mut refs) {
-        res.expect("group commit");
-    }
-    for ((q, job), last) in queues.iter_mut().zip(&jobs).zip(last) {
-        assert_eq!(q.complete_sync(job).expect("complete"), last);
-        assert!(!q.needs_sync());
-    }
+    commit_together(&mut queues, &last, None);
+    assert!(queues.iter().all(|q| !q.needs_sync()));
 }
 
 fn reopen_all(storage: &Arc<dyn Storage>, root: &Path, n: usize) {

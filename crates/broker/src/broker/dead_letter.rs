@@ -32,6 +32,7 @@ impl Broker {
             && !self.tick_stalled;
         self.tick_stalled = stalled;
         self.last_tick_ms = now_ms;
+        self.lazy_sync_due(now_ms);
         self.expire_remote_alarms(now_ms);
         self.expire_counts(now_ms);
         self.expire_consume_oks(now_ms);

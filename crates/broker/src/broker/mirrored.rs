@@ -221,6 +221,13 @@ impl Store {
         }
     }
 
+    pub(crate) fn awaits_sync(&self) -> bool {
+        match self {
+            Store::Local(bq) => bq.awaits_sync(),
+            Store::Replica(m) => m.replica.awaits_storage_sync(),
+        }
+    }
+
     pub(crate) fn needs_sync(&self) -> bool {
         match self {
             Store::Local(bq) => bq.needs_sync(),
@@ -798,7 +805,7 @@ impl Broker {
         let mut handed_out = false;
         // The connections whose gets were answered (they go on reading).
         let mut answered = Vec::new();
-        let mut want_sync = m.replica.needs_storage_sync();
+        let mut want_sync = m.replica.awaits_storage_sync();
         // Outputs until there are none: handing out fetches makes room in
         // consumers' windows, the new fetches make broadcasts.
         loop {
@@ -923,8 +930,11 @@ impl Broker {
         }
         let backlog = m.replica.backlog();
         let backlog_bytes = m.replica.backlog_bytes();
-        if want_sync || m.replica.needs_storage_sync() {
+        if want_sync || m.replica.awaits_storage_sync() {
             self.want_sync();
+        } else if m.replica.needs_storage_sync() {
+            // Acks and delivery marks: with the next commit, or soon.
+            self.want_lazy_sync();
         }
         let key = (vhost.to_owned(), qname.clone());
         if backlog > BACKLOG_HIGH || backlog_bytes > BACKLOG_HIGH_BYTES {

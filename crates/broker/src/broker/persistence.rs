@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
-use warren_backing_queue::{StoreError, SyncJob};
+use warren_backing_queue::{Journal, StoreError, SyncJob};
 
 use super::publish::confirm_one;
 use super::{Broker, Store};
@@ -28,6 +28,13 @@ pub(super) fn transient_dir(data_dir: &std::path::Path, vhost: &str, name: &str)
 /// restart reads.
 pub(super) const TRANSIENT_DIR: &str = "transient";
 
+/// How long acks and delivery marks may wait for a group commit that
+/// nobody else asked for.
+const LAZY_SYNC_MS: u64 = 100;
+
+/// Under the data directory: the node's journal of group commits.
+pub(super) const JOURNAL_DIR: &str = "journal";
+
 fn dir_name(vhost: &str, name: &str) -> String {
     let mut h = Sha256::new();
     h.update(vhost.as_bytes());
@@ -42,6 +49,9 @@ fn dir_name(vhost: &str, name: &str) -> String {
 #[derive(Debug, Default)]
 pub struct SyncBatch {
     jobs: Vec<SyncEntry>,
+    /// The node's journal, if it has one: many logs' commits made durable
+    /// by one append to it.
+    journal: Option<Arc<Journal>>,
     /// How long [`run`](Self::run) took, as the shell timed it
     /// ([`ran_for`](Self::ran_for)).
     took_micros: u64,
@@ -69,10 +79,11 @@ impl SyncBatch {
     }
 
     /// Runs the fsyncs (blocking), all queues' together
-    /// ([`SyncJob::run_all`]: one `syncfs` for many logs).
+    /// ([`SyncJob::run_all`]: one journal append and one `fdatasync` for
+    /// many logs).
     pub fn run(&mut self) {
         let mut jobs: Vec<&mut SyncJob> = self.jobs.iter_mut().map(|j| &mut j.job).collect();
-        let results = SyncJob::run_all(&mut jobs);
+        let results = SyncJob::run_all(&mut jobs, self.journal.as_deref());
         for (entry, res) in self.jobs.iter_mut().zip(results) {
             entry.outcome = Some(res);
         }
@@ -100,7 +111,27 @@ impl Broker {
         }
     }
 
+    /// Asks for a group commit within [`LAZY_SYNC_MS`] (what nobody waits
+    /// for: acks, delivery marks), unless one comes sooner.
+    pub(super) fn want_lazy_sync(&mut self) {
+        if !self.sync_wanted && self.lazy_sync_since.is_none() {
+            self.lazy_sync_since = Some(self.now);
+        }
+    }
+
+    /// Asks for the commit [`want_lazy_sync`](Self::want_lazy_sync) put off,
+    /// once it is due (called by the tick).
+    pub(super) fn lazy_sync_due(&mut self, now_ms: u64) {
+        if self
+            .lazy_sync_since
+            .is_some_and(|t| now_ms.saturating_sub(t) >= LAZY_SYNC_MS)
+        {
+            self.want_sync();
+        }
+    }
+
     pub(super) fn want_sync(&mut self) {
+        self.lazy_sync_since = None;
         if !self.sync_wanted {
             self.sync_wanted = true;
             if let Some(w) = &self.sync_waker {
@@ -112,7 +143,11 @@ impl Broker {
     /// Starts a group commit of every durable queue with unsynced appends.
     pub fn prepare_sync(&mut self) -> SyncBatch {
         self.sync_wanted = false;
-        let mut batch = SyncBatch::default();
+        self.lazy_sync_since = None;
+        let mut batch = SyncBatch {
+            journal: self.journal.clone(),
+            ..SyncBatch::default()
+        };
         for (vname, v) in &mut self.vhosts {
             for q in v.queues.values_mut() {
                 if !q.store.needs_sync() {
@@ -227,9 +262,15 @@ impl Broker {
         let more = self
             .vhosts
             .values()
-            .any(|v| v.queues.values().any(|q| q.store.needs_sync()));
+            .any(|v| v.queues.values().any(|q| q.store.awaits_sync()));
         if more {
             self.sync_wanted = true;
+        } else if self
+            .vhosts
+            .values()
+            .any(|v| v.queues.values().any(|q| q.store.needs_sync()))
+        {
+            self.want_lazy_sync();
         }
         more
     }

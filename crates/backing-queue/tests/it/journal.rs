@@ -1,0 +1,225 @@
+//! The node's journal (`Journal`): many queues' group commit made durable by
+//! one append to it, replayed into the queues' files after a power loss.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use warren_backing_queue::{
+    BackingQueue, Journal, MemStorage, NewMessage, QueueConfig, Storage, StoreConfig, SyncJob,
+};
+
+use crate::{commit_together, drain};
+
+const JOURNAL: &str = "/node/journal";
+
+fn queue_dir(k: usize) -> PathBuf {
+    PathBuf::from(format!("/node/queues/q{k}"))
+}
+
+fn open_queue(storage: &Arc<dyn Storage>, k: usize) -> BackingQueue {
+    BackingQueue::open_in(
+        Arc::clone(storage),
+        &queue_dir(k),
+        QueueConfig::default(),
+        StoreConfig::default(),
+    )
+    .expect("open")
+    .0
+}
+
+/// Publishes message `id` (body `len` bytes of `id`) to each queue and
+/// commits them together with `journal`.
+fn publish_and_commit(queues: &mut [BackingQueue], id: u64, len: usize, journal: Option<&Journal>) {
+    let mut last = Vec::new();
+    for q in queues.iter_mut() {
+        let seq = q
+            .publish(0, NewMessage::new(id, vec![id as u8; len], true))
+            .expect("publish")
+            .seq;
+        last.push(seq);
+    }
+    commit_together(queues, &last, journal);
+}
+
+fn ids(q: &mut BackingQueue) -> Vec<u64> {
+    drain(q, 0).iter().map(|d| d.id).collect()
+}
+
+/// The bytes of queue `k`'s segment files that survived.
+fn durable_bytes(mem: &MemStorage, k: usize) -> usize {
+    let storage: &dyn Storage = mem;
+    storage
+        .list(&queue_dir(k))
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .filter_map(|p| mem.file(p))
+        .map(|d| d.len())
+        .sum()
+}
+
+#[test]
+fn a_journaled_group_commit_survives_a_power_loss_by_replay() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (journal, _) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("journal");
+    let mut queues: Vec<_> = (0..8).map(|k| open_queue(&storage, k)).collect();
+    let empty = durable_bytes(&mem, 0);
+    for id in 1..=3 {
+        publish_and_commit(&mut queues, id, 200, Some(&journal));
+    }
+    drop(queues);
+    drop(journal);
+    mem.crash();
+    // The queues' files were never synced: only the journal holds the
+    // messages (so the journal, not a sync of the files, made them durable).
+    for k in 0..8 {
+        assert_eq!(durable_bytes(&mem, k), empty, "queue {k} was synced");
+    }
+    let (_, report) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+    assert_eq!(report.replayed, 3 * 8);
+    for k in 0..8 {
+        assert_eq!(ids(&mut open_queue(&storage, k)), [1, 2, 3], "queue {k}");
+    }
+    // Replay is done once: the journal starts empty.
+    let (_, again) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("reopen");
+    assert_eq!(again.replayed, 0);
+}
+
+/// A write journaled, a later one synced in the file itself (a commit of
+/// one queue), then a power loss: replaying the first must not cut the
+/// second off (a log writes an end mark behind each write, which the next
+/// overwrites; the journal leaves it out).
+#[test]
+fn replay_never_undoes_a_later_write_synced_in_the_file() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (journal, _) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("journal");
+    let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
+    publish_and_commit(&mut queues, 1, 100, Some(&journal));
+    // One queue alone: its own fdatasync, no journal record.
+    publish_and_commit(&mut queues[..1], 2, 100, Some(&journal));
+    publish_and_commit(&mut queues, 3, 100, Some(&journal));
+    drop(queues);
+    drop(journal);
+    mem.crash();
+    Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+    assert_eq!(ids(&mut open_queue(&storage, 0)), [1, 2, 3]);
+    assert_eq!(ids(&mut open_queue(&storage, 1)), [1, 3]);
+}
+
+/// A queue deleted and declared again under the same directory must not
+/// get the old queue's journaled bytes back after a power loss.
+#[test]
+fn a_forgotten_directory_gets_none_of_its_old_records() {
+    for commit_new in [false, true] {
+        let mem = MemStorage::new();
+        let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+        let (journal, _) =
+            Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("journal");
+        let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
+        publish_and_commit(&mut queues, 1, 100, Some(&journal));
+        publish_and_commit(&mut queues, 2, 100, Some(&journal));
+        // Delete queue 0 and declare it again.
+        drop(queues.remove(0));
+        journal.forget_dir(&queue_dir(0)).expect("forget");
+        storage.remove_dir_all(&queue_dir(0)).expect("remove");
+        queues.insert(0, open_queue(&storage, 0));
+        if commit_new {
+            publish_and_commit(&mut queues, 7, 50, Some(&journal));
+        }
+        drop(queues);
+        drop(journal);
+        mem.crash();
+        let (_, report) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+        assert_eq!(report.skipped, 2, "the old queue's two writes");
+        let expected: &[u64] = if commit_new { &[7] } else { &[] };
+        assert_eq!(ids(&mut open_queue(&storage, 0)), expected);
+        let kept: &[u64] = if commit_new { &[1, 2, 7] } else { &[1, 2] };
+        assert_eq!(ids(&mut open_queue(&storage, 1)), kept);
+    }
+}
+
+/// Past its checkpoint size the journal syncs the files it covers and
+/// starts a new file: what was committed before survives without it.
+#[test]
+fn a_checkpoint_syncs_the_files_and_starts_a_new_journal() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (journal, _) =
+        Journal::open_with_checkpoint(Arc::clone(&storage), Path::new(JOURNAL), 4096)
+            .expect("journal");
+    let mut queues: Vec<_> = (0..4).map(|k| open_queue(&storage, k)).collect();
+    for id in 1..=10 {
+        publish_and_commit(&mut queues, id, 300, Some(&journal));
+    }
+    let files = storage.list(Path::new(JOURNAL)).expect("list");
+    assert_eq!(files.len(), 1, "old journal files are removed: {files:?}");
+    let name = files[0].file_name().and_then(|n| n.to_str()).unwrap_or("");
+    assert_ne!(
+        name,
+        format!("{:020}.jnl", 1),
+        "a checkpoint started a new file"
+    );
+    drop(queues);
+    drop(journal);
+    mem.crash();
+    let (_, report) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+    assert!(
+        report.replayed < 10 * 4,
+        "part was checkpointed: {report:?}"
+    );
+    for k in 0..4 {
+        assert_eq!(
+            ids(&mut open_queue(&storage, k)),
+            (1..=10).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A journal whose write fails fails the commits it carried (the queues
+/// must be reopened, as after a failed fsync) and is not used again: later
+/// commits sync their files themselves.
+#[test]
+fn a_failed_journal_fails_its_commit_and_is_not_used_again() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (journal, _) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("journal");
+    let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
+    for q in &mut queues {
+        q.publish(0, NewMessage::new(1, vec![1; 100], true))
+            .expect("publish");
+    }
+    let mut jobs: Vec<SyncJob> = queues
+        .iter_mut()
+        .map(|q| q.prepare_sync().expect("prepare").expect("durable"))
+        .collect();
+    // A large body is written to the file at once, and the jobs' buffers
+    // before it: their writes went through; then the disk fails.
+    for q in &mut queues {
+        q.publish(0, NewMessage::new(9, vec![9; 100 << 10], true))
+            .expect("publish");
+    }
+    mem.set_failing(true);
+    let mut refs: Vec<&mut SyncJob> = jobs.iter_mut().collect();
+    let results = SyncJob::run_all(&mut refs, Some(&journal));
+    assert!(results.iter().all(Result::is_err));
+    mem.set_failing(false);
+    assert!(!journal.usable());
+    for (q, job) in queues.iter_mut().zip(&jobs) {
+        assert!(
+            q.complete_sync(job).is_err(),
+            "a failed commit poisons the log"
+        );
+    }
+    drop(queues);
+    // Reopened (recovery), the queues commit without the journal.
+    let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
+    publish_and_commit(&mut queues, 2, 100, Some(&journal));
+    drop(queues);
+    mem.crash();
+    for k in 0..2 {
+        let got = ids(&mut open_queue(&storage, k));
+        assert!(got.ends_with(&[2]), "queue {k}: {got:?}");
+    }
+}
