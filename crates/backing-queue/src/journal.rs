@@ -84,9 +84,6 @@ struct State {
     len: u64,
     /// The files with records in this journal file: synced at a checkpoint.
     covered: HashMap<PathBuf, Arc<dyn StorageFile>>,
-    /// A write or sync of the journal failed: its content cannot be
-    /// trusted, so commits sync their files themselves from then on.
-    failed: bool,
 }
 
 fn journal_path(dir: &Path, number: u64) -> PathBuf {
@@ -168,6 +165,23 @@ fn decode_one(data: &[u8]) -> Option<(usize, Rec)> {
         _ => return None,
     };
     Some((RECORD_HEADER + len, rec))
+}
+
+/// Removes a queue log's directory `dir`, forgetting it in `journal` first
+/// ([`Journal::forget_dir`]): the one way a log's directory may go while a
+/// journal may cover it. A directory already gone is no error.
+pub fn remove_log_dir(
+    storage: &dyn Storage,
+    journal: Option<&Journal>,
+    dir: &Path,
+) -> Result<(), StoreError> {
+    if let Some(journal) = journal {
+        journal.forget_dir(dir)?;
+    }
+    match storage.remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(dir, e)),
+        _ => Ok(()),
+    }
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -282,16 +296,9 @@ impl Journal {
                 number,
                 len: 0,
                 covered: HashMap::new(),
-                failed: false,
             }),
         };
         Ok((Arc::new(journal), report))
-    }
-
-    /// Whether group commits may go through this journal (it has not failed).
-    #[must_use]
-    pub fn usable(&self) -> bool {
-        !lock(&self.state).failed
     }
 
     /// The storage the journal and the files it covers live on.
@@ -300,96 +307,93 @@ impl Journal {
     }
 
     /// Makes `writes` (already written to their files) durable with one
-    /// append and one sync; then checkpoints if the journal is long.
+    /// append and one sync; then checkpoints if the journal is long. A
+    /// failure fails these writes only (their logs must be reopened, as
+    /// after a failed `fdatasync`): the next append goes to the same place.
     pub(crate) fn commit(&self, writes: &[JournalWrite<'_>]) -> Result<(), StoreError> {
         let mut buf = Vec::with_capacity(writes.iter().map(|w| w.data.len() + 64).sum());
         for w in writes {
             encode(&mut buf, KIND_WRITE, w.path, w.offset, w.data);
         }
         let mut st = lock(&self.state);
-        if st.failed {
-            return Err(StoreError::io(
-                &st.path,
-                std::io::Error::other("the journal failed earlier"),
-            ));
-        }
-        self.append(&mut st, &buf)?;
+        Self::append(&mut st, &buf)?;
         for w in writes {
             if !st.covered.contains_key(w.path) {
                 st.covered.insert(w.path.to_path_buf(), Arc::clone(w.file));
             }
         }
-        if st.len >= self.checkpoint_bytes {
-            self.checkpoint(&mut st)?;
+        if st.len >= self.checkpoint_bytes
+            && let Err(e) = self.checkpoint(&mut st)
+        {
+            // The writes are durable; the journal just grows until a
+            // checkpoint succeeds.
+            tracing::warn!(error = %e, "journal checkpoint failed");
         }
         Ok(())
     }
 
-    /// Records that directory `dir` is about to be removed, durably, if any
+    /// Records, durably, that directory `dir` is about to be removed, if any
     /// record of this journal names a file under it. Call it before the
-    /// removal.
+    /// removal, and remove nothing if it fails
+    /// ([`remove_log_dir`] does both).
     pub fn forget_dir(&self, dir: &Path) -> Result<(), StoreError> {
         let mut st = lock(&self.state);
-        if st.failed || !st.covered.keys().any(|p| p.starts_with(dir)) {
+        if !st.covered.keys().any(|p| p.starts_with(dir)) {
             return Ok(());
         }
         let mut buf = Vec::new();
         encode(&mut buf, KIND_FORGET, dir, 0, &[]);
-        self.append(&mut st, &buf)?;
+        Self::append(&mut st, &buf)?;
         st.covered.retain(|p, _| !p.starts_with(dir));
         Ok(())
     }
 
-    fn append(&self, st: &mut State, buf: &[u8]) -> Result<(), StoreError> {
-        let res = st
-            .file
+    fn append(st: &mut State, buf: &[u8]) -> Result<(), StoreError> {
+        st.file
             .write_at(buf, st.len)
-            .and_then(|()| st.file.sync_data());
-        if let Err(e) = res {
-            st.failed = true;
-            return Err(StoreError::io(&st.path, e));
-        }
+            .and_then(|()| st.file.sync_data())
+            .map_err(|e| StoreError::io(&st.path, e))?;
         st.len += buf.len() as u64;
         Ok(())
     }
 
     /// Syncs every file the journal covers, then starts a new journal file
-    /// and removes the old one.
+    /// and removes the old one. On failure the old file stays the journal.
     fn checkpoint(&self, st: &mut State) -> Result<(), StoreError> {
-        let files: Vec<(PathBuf, Arc<dyn StorageFile>)> = st.covered.drain().collect();
-        let handles: Vec<&dyn StorageFile> = files.iter().map(|(_, f)| &**f).collect();
-        let fail = |st: &mut State, e: StoreError| {
-            st.failed = true;
-            e
-        };
+        let files: Vec<(&PathBuf, &Arc<dyn StorageFile>)> = st.covered.iter().collect();
+        let handles: Vec<&dyn StorageFile> = files.iter().map(|(_, f)| &***f).collect();
         for ((path, _), res) in files.iter().zip(self.storage.sync_files(&handles)) {
-            if let Err(e) = res {
-                return Err(fail(st, StoreError::io(path, e)));
-            }
+            res.map_err(|e| StoreError::io(*path, e))?;
         }
         let number = st.number + 1;
         let path = journal_path(&self.dir, number);
-        let file = match self.storage.create_new(&path) {
-            Ok(f) => f,
-            Err(e) => return Err(fail(st, StoreError::io(&path, e))),
-        };
-        if let Err(e) = self.storage.sync_dir(&self.dir) {
-            return Err(fail(st, StoreError::io(&self.dir, e)));
+        let file = self
+            .storage
+            .create_new(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        // The old journal is redundant now, and must not come back: a
+        // directory it names may be removed and made again before the next
+        // checkpoint, with no record forgetting it in the new file.
+        let removed = self
+            .storage
+            .sync_dir(&self.dir)
+            .and_then(|()| self.storage.remove(&st.path));
+        if let Err(e) = removed {
+            // The old file stays the journal (replay reads every journal
+            // file in order: the new, empty one is harmless if it stays).
+            let _ = self.storage.remove(&path);
+            return Err(StoreError::io(&st.path, e));
         }
         let old = std::mem::replace(&mut st.path, path);
         st.file = file;
         st.number = number;
         st.len = 0;
-        // The old journal is redundant now, and must not come back: a
-        // directory it names may be removed and made again before the next
-        // checkpoint, with no record forgetting it in the new file.
-        if let Err(e) = self
-            .storage
-            .remove(&old)
-            .and_then(|()| self.storage.sync_dir(&self.dir))
-        {
-            return Err(fail(st, StoreError::io(&old, e)));
-        }
+        // Until the removal is durable the old file may come back: its
+        // directories are still forgotten with a record.
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(|e| StoreError::io(&old, e))?;
+        st.covered.clear();
         Ok(())
     }
 }

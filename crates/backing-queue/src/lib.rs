@@ -55,7 +55,7 @@ mod record;
 mod storage;
 
 pub use error::{QueueError, StoreError};
-pub use journal::{CHECKPOINT_BYTES, Journal, JournalReport};
+pub use journal::{CHECKPOINT_BYTES, Journal, JournalReport, remove_log_dir};
 pub use log::{RecoveryReport, StoreConfig, SyncJob};
 pub use message::{
     Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,

@@ -222,7 +222,7 @@ impl SyncJob {
     }
 
     /// Runs many group commits (of different queues) at once, each as
-    /// [`run`](Self::run) would. With a usable `journal`, the jobs on its
+    /// [`run`](Self::run) would. With a `journal`, the jobs on its
     /// storage whose new bytes are all in their buffers are made durable by
     /// one journal append and one sync ([`Journal`]); the other jobs' files
     /// on one [`Storage`] are synced in one [`Storage::sync_files`] call
@@ -236,7 +236,6 @@ impl SyncJob {
         let mut synced: Vec<Option<Result<(), StoreError>>> = jobs.iter().map(|_| None).collect();
         let mut groups: Vec<(*const (), Vec<usize>)> = Vec::new();
         let mut journaled: Vec<usize> = Vec::new();
-        let journal = journal.filter(|j| j.usable());
         for (i, job) in jobs.iter_mut().enumerate() {
             if let Err(e) = job.write() {
                 synced[i] = Some(Err(e));

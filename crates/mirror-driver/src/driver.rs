@@ -886,12 +886,12 @@ fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
     let dir = b.queue_dir(vhost, name);
     let spill = b.spill_dir(vhost, name);
     let storage = b.storage();
+    let journal = b.journal();
     let store = b.store_config(vhost, name);
     Box::new(move |cfg: QueueConfig| match (&dir, &spill) {
         (None, Some(spill)) => Ok(BackingQueue::spilling(storage.clone(), spill, cfg, store)),
         (Some(dir), _) => {
-            if let Err(e) = storage.remove_dir_all(dir)
-                && e.kind() != std::io::ErrorKind::NotFound
+            if let Err(e) = warren_backing_queue::remove_log_dir(&*storage, journal.as_deref(), dir)
             {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not clear a mirror's old content");
             }

@@ -1378,7 +1378,13 @@ const JOIN_MARKER: &str = "join_cluster";
 
 /// What a reset removes from the data directory: the node's cluster state,
 /// its single-node metadata and its queues' logs.
-const NODE_DATA: [&str; 4] = ["raft", "queues", "metadata.json", "metadata.json.tmp"];
+const NODE_DATA: [&str; 5] = [
+    "raft",
+    "queues",
+    "journal",
+    "metadata.json",
+    "metadata.json.tmp",
+];
 
 impl Rejoin {
     /// Leaves this in `data_dir` for the next start.

@@ -178,14 +178,15 @@ fn a_checkpoint_syncs_the_files_and_starts_a_new_journal() {
 }
 
 /// A journal whose write fails fails the commits it carried (the queues
-/// must be reopened, as after a failed fsync) and is not used again: later
-/// commits sync their files themselves.
+/// must be reopened, as after a failed fsync); once the disk works, the
+/// next commits go through it again and survive a power loss.
 #[test]
-fn a_failed_journal_fails_its_commit_and_is_not_used_again() {
+fn a_failed_journal_write_fails_its_commit_only() {
     let mem = MemStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(mem.clone());
     let (journal, _) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("journal");
     let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
+    publish_and_commit(&mut queues, 5, 50, Some(&journal));
     for q in &mut queues {
         q.publish(0, NewMessage::new(1, vec![1; 100], true))
             .expect("publish");
@@ -204,8 +205,13 @@ fn a_failed_journal_fails_its_commit_and_is_not_used_again() {
     let mut refs: Vec<&mut SyncJob> = jobs.iter_mut().collect();
     let results = SyncJob::run_all(&mut refs, Some(&journal));
     assert!(results.iter().all(Result::is_err));
+    // Nor may a directory the journal covers be removed meanwhile.
+    drop(queues.pop());
+    assert!(
+        warren_backing_queue::remove_log_dir(&*storage, Some(&journal), &queue_dir(1)).is_err()
+    );
     mem.set_failing(false);
-    assert!(!journal.usable());
+    assert!(storage.list(&queue_dir(1)).is_ok(), "the directory stays");
     for (q, job) in queues.iter_mut().zip(&jobs) {
         assert!(
             q.complete_sync(job).is_err(),
@@ -213,13 +219,19 @@ fn a_failed_journal_fails_its_commit_and_is_not_used_again() {
         );
     }
     drop(queues);
-    // Reopened (recovery), the queues commit without the journal.
+    // Reopened (recovery), the queues commit through the journal again.
     let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
     publish_and_commit(&mut queues, 2, 100, Some(&journal));
     drop(queues);
+    drop(journal);
     mem.crash();
+    let (_, report) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+    assert_eq!(report.replayed, 4);
     for k in 0..2 {
         let got = ids(&mut open_queue(&storage, k));
-        assert!(got.ends_with(&[2]), "queue {k}: {got:?}");
+        assert!(
+            got.starts_with(&[5]) && got.ends_with(&[2]),
+            "queue {k}: {got:?}"
+        );
     }
 }

@@ -739,6 +739,13 @@ impl Broker {
         self.cfg.storage.clone()
     }
 
+    /// The node's journal of group commits, if it has one: a queue's
+    /// directory is removed through it ([`warren_backing_queue::remove_log_dir`]).
+    #[must_use]
+    pub fn journal(&self) -> Option<Arc<warren_backing_queue::Journal>> {
+        self.journal.clone()
+    }
+
     /// Queue `name`'s ring, if it is mirrored here.
     #[must_use]
     pub fn replica_ring(&self, vhost: &str, name: &str) -> Option<String> {

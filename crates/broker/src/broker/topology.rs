@@ -742,16 +742,11 @@ impl Broker {
         }
         if let Some(dir) = q.dir.as_ref().or(q.spill_dir.as_ref()) {
             drop(q.store);
-            // The journal must never write the old queue's bytes into a
-            // queue declared again under the same directory.
-            if let Some(journal) = &self.journal
-                && let Err(e) = journal.forget_dir(dir)
-            {
-                tracing::error!(dir = %dir.display(), error = %e, "could not record a deleted queue's directory in the journal");
-            }
-            if let Err(e) = self.cfg.storage.remove_dir_all(dir)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
+            if let Err(e) = warren_backing_queue::remove_log_dir(
+                &*self.cfg.storage,
+                self.journal.as_deref(),
+                dir,
+            ) {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove a deleted queue's files");
             }
         }
