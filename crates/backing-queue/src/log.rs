@@ -209,10 +209,22 @@ impl SyncJob {
     /// Performs the fsyncs and deletions. Blocking.
     pub fn run(&mut self) -> Result<(), StoreError> {
         self.write()?;
+        self.release_data();
         if let Some((file, path)) = self.file.as_ref().filter(|_| self.needs_file_sync()) {
             file.sync_data().map_err(|e| StoreError::io(path, e))?;
         }
         self.finish()
+    }
+
+    /// Frees the buffer once it is in the file and journaled (or needs no
+    /// journal): an idle queue keeps no copy of its last commit.
+    fn release_data(&self) {
+        if let Some(slot) = &self.deferred {
+            let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            if slot.as_ref().is_some_and(|w| w.written) {
+                *slot = None;
+            }
+        }
     }
 
     /// Whether the file must be synced: it holds bytes past its last sync
@@ -299,6 +311,9 @@ impl SyncJob {
                     });
                 }
             }
+        }
+        for job in jobs.iter() {
+            job.release_data();
         }
         for (_, members) in groups {
             let files: Vec<&(Arc<dyn StorageFile>, PathBuf)> = members
