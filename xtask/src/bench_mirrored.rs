@@ -28,7 +28,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::Value;
 
 use crate::client_perf::{PERSISTENT, PerfClient, TRANSIENT};
-use crate::node::{NodeArgs, http, http_json, wait_ready};
+use crate::node::{NodeArgs, http, http_json, metric, wait_ready};
 
 /// Warren node *i* (1-based) listens on these ports plus *i*.
 const WARREN_AMQP: u16 = 5910;
@@ -268,6 +268,8 @@ struct WarrenNode {
     name: String,
     amqp: u16,
     http: String,
+    /// The Prometheus listener.
+    metrics: String,
     child: Child,
 }
 
@@ -360,6 +362,7 @@ fn warren_cluster(
             name: name.clone(),
             amqp: WARREN_AMQP + i,
             http: format!("127.0.0.1:{}", WARREN_HTTP + i),
+            metrics: format!("127.0.0.1:{}", WARREN_METRICS + i),
             child,
         });
         wait_ready(stdout, &name, Duration::from_secs(120), None)
@@ -1779,6 +1782,9 @@ struct NodeUsage {
     cpu: f64,
     /// CPU seconds per second with the queues declared and no traffic.
     idle_cpu: f64,
+    /// Seconds per second the node's broker lock was held while measuring
+    /// (`warren_broker_lock_held_seconds_total`; wall clock).
+    lock: f64,
     /// RSS (KiB): idle before the queues, with the queues before the load, at the end.
     rss: [u64; 3],
 }
@@ -1894,17 +1900,29 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             .map(|n| crate::cpu::usage(n.pid()).map(|u| u.0))
             .collect()
     };
+    let lock_now = || -> anyhow::Result<Vec<f64>> {
+        nodes
+            .iter()
+            .map(|n| {
+                metric(&n.metrics, "warren_broker_lock_held_seconds_total")?
+                    .context("no warren_broker_lock_held_seconds_total")
+            })
+            .collect()
+    };
     let (mut before, mut after, mut result) = (None, None, None);
+    let (mut lock_before, mut lock_after) = (Vec::new(), Vec::new());
     let mut own = [0u64; 2];
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         match line.as_str() {
             "measuring" => {
+                lock_before = lock_now()?;
                 before = Some(cpu_now()?);
                 own[0] = crate::cpu::usage(child.id())?.0;
             }
             "done" => {
                 after = Some(cpu_now()?);
+                lock_after = lock_now()?;
                 own[1] = crate::cpu::usage(child.id())?.0;
             }
             l if l.starts_with("result ") => result = Some(LoadResult::parse(l)?),
@@ -1928,6 +1946,7 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             name: node.name.clone(),
             cpu: (after[i] - before[i]) as f64 / hz / secs,
             idle_cpu: (loaded[i].0 - quiet[i].0) as f64 / hz / quiet_secs,
+            lock: (lock_after[i] - lock_before[i]) / secs,
             rss: [idle[i].1, loaded[i].1, end[i].1],
         })
         .collect();
@@ -1971,15 +1990,16 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     )?;
     writeln!(
         t,
-        "| node | CPU (% of one core) | CPU per queue (µs/s) | CPU with the queues, no traffic (% of one core) | RSS idle MiB | RSS with queues MiB | RSS at end MiB | RSS per queue KiB |"
+        "| node | CPU (% of one core) | broker lock held (% of the time) | CPU per queue (µs/s) | CPU with the queues, no traffic (% of one core) | RSS idle MiB | RSS with queues MiB | RSS at end MiB | RSS per queue KiB |"
     )?;
-    writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for u in &usages {
         writeln!(
             t,
-            "| {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} |",
             u.name,
             u.cpu * 100.0,
+            u.lock * 100.0,
             u.cpu * 1e6 / n as f64,
             u.idle_cpu * 100.0,
             u.rss[0] as f64 / 1024.0,
@@ -1992,6 +2012,10 @@ pub(crate) fn many_queues(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         t,
         "\nThe load generator (`crates/node/examples/many_queues_load.rs`, a release build, on the same machine) used {:.0} % of one core.",
         own_cpu as f64 / hz / secs * 100.0
+    )?;
+    writeln!(
+        t,
+        "Broker lock held: the share of the measured time during which the node's one broker lock was held (`warren_broker_lock_held_seconds_total`, wall clock: a holder waiting for a CPU still holds it). Beside the CPU column: how much of the node's work is serialised behind that lock."
     )?;
     drop(nodes);
     let out = out_dir.join("many-queues.md");

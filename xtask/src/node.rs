@@ -149,6 +149,18 @@ pub(crate) fn http(
     Ok((status, text))
 }
 
+/// The value of the unlabelled series `name` on the Prometheus page at
+/// `addr` (`None`: the page or the series is not there).
+pub(crate) fn metric(addr: &str, name: &str) -> anyhow::Result<Option<f64>> {
+    let (status, text) = http(addr, "GET", "/metrics", None)?;
+    if status != 200 {
+        return Ok(None);
+    }
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()))
+}
+
 /// `GET path` as guest: the JSON body if the answer is 200 OK.
 pub(crate) fn http_json(addr: &str, path: &str) -> anyhow::Result<Option<Value>> {
     let (status, text) = http(addr, "GET", path, None)?;

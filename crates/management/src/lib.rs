@@ -43,7 +43,9 @@ mod web;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+
 use std::time::{Duration, Instant};
+use warren_lock::{MeasuredGuard, MeasuredMutex};
 
 use axum::Router;
 use warren_broker::Broker;
@@ -57,7 +59,7 @@ pub use node::NodeControl;
 pub use openapi::openapi_document;
 
 /// The broker as the node shell shares it.
-pub type SharedBroker = Arc<Mutex<Broker>>;
+pub type SharedBroker = Arc<MeasuredMutex<Broker>>;
 
 /// Where a queue's master and mirrors are, as the management API shows them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -132,7 +134,7 @@ impl fmt::Debug for Management {
 impl Management {
     /// The API over `broker`, for the node named as the broker's config says.
     pub fn new(broker: SharedBroker) -> Self {
-        let node = lock(&broker).node_name().to_owned();
+        let node = broker.lock().node_name().to_owned();
         Self {
             broker,
             node,
@@ -196,8 +198,8 @@ impl Management {
         self
     }
 
-    fn broker(&self) -> MutexGuard<'_, Broker> {
-        lock(&self.broker)
+    fn broker(&self) -> MeasuredGuard<'_, Broker> {
+        self.broker.lock()
     }
 
     /// The other cluster members this node sees running.

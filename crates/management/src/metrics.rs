@@ -316,6 +316,39 @@ pub fn render(s: &Management) -> String {
         "Queue logs written and synced, summed over the group commits",
     );
     let _ = writeln!(out, "warren_io_synced_logs_total {}", io.logs_synced);
+    // The node's one broker lock (ARCHITECTURE.md, "Concurrency"): held
+    // seconds per second is how busy it is, and against
+    // `process_cpu_seconds_total` the share of the node's work done under it.
+    let lock = s.broker.stats();
+    for (name, kind, help, v) in [
+        (
+            "warren_broker_lock_acquisitions_total",
+            "counter",
+            "Times the node's broker lock was taken",
+            lock.acquisitions as f64,
+        ),
+        (
+            "warren_broker_lock_contended_total",
+            "counter",
+            "Times a taker found the broker lock held and waited",
+            lock.contended as f64,
+        ),
+        (
+            "warren_broker_lock_wait_seconds_total",
+            "counter",
+            "Time spent waiting for the broker lock (wall clock)",
+            lock.wait.as_secs_f64(),
+        ),
+        (
+            "warren_broker_lock_held_seconds_total",
+            "counter",
+            "Time the broker lock was held (wall clock)",
+            lock.held.as_secs_f64(),
+        ),
+    ] {
+        family(&mut out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
     let name = "warren_confirm_latency_seconds";
     family(
         &mut out,
@@ -374,6 +407,15 @@ pub fn render(s: &Management) -> String {
     ] {
         family(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
+    }
+    if let Some(cpu) = crate::process::cpu_seconds() {
+        family(
+            &mut out,
+            "process_cpu_seconds_total",
+            "counter",
+            "CPU time the node process used, user and system",
+        );
+        let _ = writeln!(out, "process_cpu_seconds_total {cpu}");
     }
     if let Some((fds, _)) = crate::process::fds_and_sockets() {
         family(

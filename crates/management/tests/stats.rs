@@ -261,7 +261,6 @@ async fn metrics_export_only_the_queues_this_node_serves() {
     // `there`'s master is another node: this one forwards to it.
     broker
         .lock()
-        .unwrap()
         .set_queue_master("/", "there", Some("warren@b"));
     let text = warren_management::render_metrics(&state);
     let lines: Vec<&str> = text.lines().collect();
@@ -282,4 +281,64 @@ async fn metrics_export_only_the_queues_this_node_serves() {
     assert_eq!(q["name"], "there");
     assert!(q.get("message_stats").is_none(), "{q}");
     assert!(get(&addr, "/api/queues/%2F/here").await["message_stats"].is_object());
+}
+
+/// The value of an unlabelled series on a metrics page.
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn metrics_count_the_broker_lock_and_the_process_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::broker(dir.path());
+    let state = Management::new(broker.clone());
+    let url = common::amqp(broker.clone()).await;
+    let before = warren_management::render_metrics(&state);
+    let taken = series(&before, "warren_broker_lock_acquisitions_total");
+
+    // A client's work takes the lock.
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        "locked".into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    for _ in 0..100 {
+        ch.basic_publish(
+            "".into(),
+            "locked".into(),
+            BasicPublishOptions::default(),
+            b"hello",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let got = ch
+        .basic_get("locked".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap();
+    assert!(got.is_some());
+    conn.close(200, "bye".into()).await.unwrap();
+
+    let text = warren_management::render_metrics(&state);
+    let stats = broker.stats();
+    let now_taken = series(&text, "warren_broker_lock_acquisitions_total");
+    assert!(now_taken > taken, "{taken} then {now_taken}");
+    // The page shows the lock's own accounts (read after it, so no fewer).
+    assert!(now_taken <= stats.acquisitions as f64);
+    let held = series(&text, "warren_broker_lock_held_seconds_total");
+    assert!(held > 0.0 && held <= stats.held.as_secs_f64(), "{held}");
+    let contended = series(&text, "warren_broker_lock_contended_total");
+    let wait = series(&text, "warren_broker_lock_wait_seconds_total");
+    assert!(contended <= now_taken && wait >= 0.0, "{contended} {wait}");
+    assert!(series(&text, "process_cpu_seconds_total") > 0.0, "{text}");
 }

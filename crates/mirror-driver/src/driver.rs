@@ -15,7 +15,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use warren_lock::{MeasuredGuard, MeasuredMutex};
 
 use tokio::sync::{Notify, mpsc, watch};
 use warren_backing_queue::{BackingQueue, QueueConfig};
@@ -33,10 +35,10 @@ use crate::{
 };
 
 /// A broker shared with the node's other tasks.
-type Shared = Arc<Mutex<Broker>>;
+type Shared = Arc<MeasuredMutex<Broker>>;
 
-fn lock(b: &Shared) -> std::sync::MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
+    b.lock()
 }
 
 /// The time the driver gives its broker: milliseconds since the Unix
@@ -169,7 +171,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
     pub async fn start(
         source: S,
         transport: Arc<dyn Transport>,
-        broker: Arc<Mutex<Broker>>,
+        broker: Shared,
         config: DriverConfig,
     ) -> Result<Arc<Self>, DriverError> {
         let node = source.node().to_string();

@@ -21,8 +21,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -41,6 +41,7 @@ use warren_cluster::{
     DestinationKind, ExchangeRecord, Metadata, Permissions, PolicyRecord, QueueRecord, Rejection,
     UserRecord,
 };
+use warren_lock::MeasuredMutex;
 use warren_transport::mux::{Mux, Service};
 use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportConfig};
 
@@ -471,7 +472,7 @@ async fn commit(cluster: &Cluster, cmds: Vec<Command>) -> Result<(), String> {
 async fn commit_loop(
     cluster: Cluster,
     rt: tokio::runtime::Handle,
-    broker: Arc<Mutex<Broker>>,
+    broker: Arc<MeasuredMutex<Broker>>,
     wake: Arc<Notify>,
     replay: Arc<Notify>,
 ) {
@@ -1135,7 +1136,7 @@ const FULL_REPLAY_EVERY: Duration = Duration::from_secs(10);
 /// otherwise only what changed since the last replay.
 pub(crate) async fn replay_loop(
     cluster: Cluster,
-    broker: Arc<Mutex<Broker>>,
+    broker: Arc<MeasuredMutex<Broker>>,
     replaying: Arc<AtomicBool>,
     again: Arc<Notify>,
 ) {
@@ -1147,9 +1148,7 @@ pub(crate) async fn replay_loop(
     let mut full_at = Instant::now();
     loop {
         {
-            let mut b = broker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut b = broker.lock();
             replaying.store(true, Ordering::SeqCst);
             let (meta, index) = cluster.local_at();
             // What this node's clients changed and wait to see committed
@@ -1247,7 +1246,7 @@ impl Clustered {
 
     /// Replays the cluster's metadata on `broker`, now and on every change,
     /// and makes the metadata commits its clients wait for.
-    pub(crate) fn attach(&self, broker: Arc<Mutex<Broker>>) {
+    pub(crate) fn attach(&self, broker: Arc<MeasuredMutex<Broker>>) {
         let again = Arc::new(Notify::new());
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
@@ -1271,7 +1270,10 @@ impl Clustered {
     /// reconciler that places replicas. They run on the caller's runtime, not
     /// the cluster's: they take the broker's lock, which a metadata commit
     /// holds while it waits for the cluster's runtime.
-    pub(crate) async fn start_mirroring(&self, broker: Arc<Mutex<Broker>>) -> anyhow::Result<()> {
+    pub(crate) async fn start_mirroring(
+        &self,
+        broker: Arc<MeasuredMutex<Broker>>,
+    ) -> anyhow::Result<()> {
         let c = &self.cluster;
         crate::links::start(c.clone(), self.transports.links.clone(), broker.clone()).await?;
         let m = crate::mirroring::start(c.clone(), self.transports.rings.clone(), broker).await?;

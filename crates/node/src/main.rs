@@ -20,7 +20,7 @@ mod resources;
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -32,6 +32,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::FileStore;
 use warren_broker::{Broker, BrokerConfig};
+use warren_lock::{MeasuredGuard, MeasuredMutex};
 
 /// Command line of the `warren` binary.
 #[derive(Debug, Parser)]
@@ -72,7 +73,7 @@ struct Args {
     settings: config::Settings,
 }
 
-type Shared = Arc<Mutex<Broker>>;
+type Shared = Arc<MeasuredMutex<Broker>>;
 
 /// Whether an event is openraft's report of one failed call to one peer
 /// (a leadership confirmation or a vote that timed out: the events of its
@@ -92,8 +93,8 @@ fn openraft_peer_call_failure(m: &tracing::Metadata<'_>) -> bool {
 const OPENRAFT_LOG: &str =
     "openraft=error,openraft::replication=off,openraft::engine::handler::replication_handler=off";
 
-fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
+    b.lock()
 }
 
 fn now_ms() -> u64 {
@@ -342,7 +343,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     if let Some(path) = &args.definitions {
         import_definitions(&mut broker, path)?;
     }
-    let broker: Shared = Arc::new(Mutex::new(broker));
+    let broker: Shared = Arc::new(MeasuredMutex::new(broker));
     resources::start(broker.clone(), args.data_dir.clone());
     if let Some(c) = &clustered {
         c.attach(broker.clone());

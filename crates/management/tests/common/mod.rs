@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -17,14 +17,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use warren_broker::meta::MemoryStore;
 use warren_broker::{Broker, BrokerConfig};
+use warren_lock::MeasuredMutex;
 use warren_management::Management;
 
 /// A broker named `warren@a` with data in `dir`, over the default
 /// in-memory metadata store.
-pub fn broker(dir: &std::path::Path) -> Arc<Mutex<Broker>> {
+pub fn broker(dir: &std::path::Path) -> Arc<MeasuredMutex<Broker>> {
     let mut cfg = BrokerConfig::new(dir);
     cfg.node_name = "warren@a".into();
-    Arc::new(Mutex::new(
+    Arc::new(MeasuredMutex::new(
         Broker::open(cfg, Box::new(MemoryStore::default())).unwrap(),
     ))
 }
@@ -72,14 +73,14 @@ fn now_ms() -> u64 {
 
 /// Serves `broker` to AMQP clients on a free loopback port; the URL to
 /// connect to as guest.
-pub async fn amqp(broker: Arc<Mutex<Broker>>) -> String {
+pub async fn amqp(broker: Arc<MeasuredMutex<Broker>>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ticked = broker.clone();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            ticked.lock().unwrap().tick(now_ms());
+            ticked.lock().tick(now_ms());
         }
     });
     tokio::spawn(async move {
@@ -91,13 +92,12 @@ pub async fn amqp(broker: Arc<Mutex<Broker>>) -> String {
 }
 
 /// One client connection: bytes in, the turn's output out in one write.
-async fn client(broker: Arc<Mutex<Broker>>, stream: TcpStream, peer: SocketAddr) {
+async fn client(broker: Arc<MeasuredMutex<Broker>>, stream: TcpStream, peer: SocketAddr) {
     let notify = Arc::new(Notify::new());
     let id = {
         let n = notify.clone();
         broker
             .lock()
-            .unwrap()
             .connect(peer, Arc::new(move || n.notify_one()))
     };
     let (mut rd, mut wr) = stream.into_split();
@@ -107,17 +107,17 @@ async fn client(broker: Arc<Mutex<Broker>>, stream: TcpStream, peer: SocketAddr)
             r = rd.read_buf(&mut input) => match r {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
-                    let mut b = broker.lock().unwrap();
+                    let mut b = broker.lock();
                     b.handle_input(id, &mut input, now_ms());
                     b.take_output(id, &mut output)
                 }
             },
-            () = notify.notified() => broker.lock().unwrap().take_output(id, &mut output),
+            () = notify.notified() => broker.lock().take_output(id, &mut output),
         };
         if wr.write_all(&output).await.is_err() || !open {
             break;
         }
         output.clear();
     }
-    drop(broker.lock().unwrap().disconnect(id, now_ms()));
+    drop(broker.lock().disconnect(id, now_ms()));
 }

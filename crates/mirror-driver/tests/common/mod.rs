@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
@@ -32,6 +32,7 @@ use warren_broker::meta::{FileStore, PolicyDef};
 use warren_broker::{Broker, BrokerConfig, ConnId};
 use warren_cluster::{Command, NodeRecord, PolicyRecord, QueueRecord};
 use warren_gm::NodeConfig;
+use warren_lock::{MeasuredGuard, MeasuredMutex};
 use warren_mirror::{Role, Status};
 use warren_mirror_driver::{DriverConfig, MemMetadata, MetadataSource, MirrorDriver};
 use warren_transport::mem::MemNetwork;
@@ -46,10 +47,10 @@ pub const DLQ: &str = "dlq";
 /// [`Net::step`] moves; 0 outside the simulation (the wall clock).
 static VIRTUAL_MS: AtomicU64 = AtomicU64::new(0);
 
-pub type Shared = Arc<Mutex<Broker>>;
+pub type Shared = Arc<MeasuredMutex<Broker>>;
 
-pub fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
-    b.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+pub fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
+    b.lock()
 }
 
 /// The brokers' time: virtual in the simulation, else the wall clock.
@@ -190,7 +191,7 @@ pub fn open_broker(n: &str, dir: &Path, storage: Option<&MemStorage>) -> Shared 
             read: ".*".into(),
         })
         .unwrap();
-    let broker: Shared = Arc::new(Mutex::new(broker));
+    let broker: Shared = Arc::new(MeasuredMutex::new(broker));
     let mut client = Client::connect(&broker);
     client.declare(QUEUE);
     client.declare(DLQ);
