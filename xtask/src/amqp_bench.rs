@@ -19,6 +19,8 @@ use crate::client_perf::PerfClient;
 
 const WARREN_PORT: u16 = 5801;
 const RABBIT_PORT: u16 = 5802;
+/// Warren's Prometheus listener (its broker lock's accounts).
+const WARREN_METRICS: &str = "127.0.0.1:15891";
 
 /// The workloads: a name and the load generator's flags.
 pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
@@ -105,7 +107,7 @@ fn start_warren(root: &Path, dir: &Path) -> anyhow::Result<Broker> {
             "--http-addr",
             "127.0.0.1:15801",
             "--prometheus-addr",
-            "127.0.0.1:15891",
+            WARREN_METRICS,
         ])
         .arg("--data-dir")
         .arg(&data)
@@ -263,6 +265,39 @@ pub(crate) struct AmqpRow {
     pub(crate) rates: [f64; 4],
     /// CPU per message, when the load generator reported its own.
     pub(crate) cost: Option<Cost>,
+    /// Warren's: seconds its broker lock was held per second of the
+    /// broker's CPU over the run ([`LockShare`]).
+    pub(crate) lock: Option<f64>,
+}
+
+/// Samples Warren's broker lock and CPU around a run: the share of the
+/// broker's CPU time spent holding the lock (wall-clock hold time, so a
+/// holder preempted by the load's own threads counts too).
+struct LockShare {
+    held: f64,
+    cpu_ticks: u64,
+    pid: u32,
+}
+
+impl LockShare {
+    fn start(pid: u32) -> anyhow::Result<Self> {
+        Ok(Self {
+            held: held_seconds()?,
+            cpu_ticks: crate::cpu::tree_ticks(pid),
+            pid,
+        })
+    }
+
+    fn end(self) -> anyhow::Result<f64> {
+        let cpu = crate::cpu::tree_ticks(self.pid).saturating_sub(self.cpu_ticks) as f64
+            / crate::cpu::clock_ticks();
+        Ok((held_seconds()? - self.held) / cpu.max(1e-3))
+    }
+}
+
+fn held_seconds() -> anyhow::Result<f64> {
+    crate::node::metric(WARREN_METRICS, "warren_broker_lock_held_seconds_total")?
+        .context("Warren's metrics have no warren_broker_lock_held_seconds_total")
 }
 
 /// `bench amqp [--duration S]`: measures, prints and writes the table.
@@ -306,12 +341,14 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
     let mut each = |broker: &'static str, server: (u16, u32)| -> anyhow::Result<()> {
         for (workload, flags) in WORKLOADS {
             println!("    {workload} ({duration} s)…");
+            let share = (broker == "warren").then(|| LockShare::start(server.1));
             let (rates, cost) = load(root, server, flags, duration)?;
             rows.push(AmqpRow {
                 broker,
                 workload,
                 rates,
                 cost,
+                lock: share.map(|s| s?.end()).transpose()?,
             });
         }
         for (workload, flags) in CLIENT_WORKLOADS {
@@ -320,12 +357,14 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
                 continue;
             }
             println!("    {workload} ({duration} s)…");
+            let share = (broker == "warren").then(|| LockShare::start(server.1));
             let rates = load_client(root, server.0, (workload, flags), duration)?;
             rows.push(AmqpRow {
                 broker,
                 workload,
                 rates,
                 cost: None,
+                lock: share.map(|s| s?.end()).transpose()?,
             });
         }
         Ok(())
@@ -359,9 +398,9 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
     let mut table = String::new();
     writeln!(
         table,
-        "| workload | broker | published/s | consumed/s | p50 µs | p99 µs | broker CPU µs/msg | generator CPU µs/msg |"
+        "| workload | broker | published/s | consumed/s | p50 µs | p99 µs | broker CPU µs/msg | generator CPU µs/msg | broker lock held / broker CPU |"
     )?;
-    writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in rows {
         let [p, c, p50, p99] = r.rates;
         let (b, g) = match r.cost {
@@ -371,13 +410,19 @@ pub(crate) fn table(rows: &[AmqpRow]) -> anyhow::Result<String> {
             ),
             None => ("–".to_owned(), "–".to_owned()),
         };
+        let lock = r
+            .lock
+            .map_or_else(|| "–".to_owned(), |l| format!("{:.0} %", l * 100.0));
         writeln!(
             table,
-            "| {} | {} | {p:.0} | {c:.0} | {p50:.0} | {p99:.0} | {b} | {g} |",
+            "| {} | {} | {p:.0} | {c:.0} | {p50:.0} | {p99:.0} | {b} | {g} | {lock} |",
             r.workload, r.broker
         )?;
     }
-    writeln!(table)?;
+    writeln!(
+        table,
+        "\nBroker lock held / broker CPU: the seconds Warren's one broker lock was held (`warren_broker_lock_held_seconds_total`, wall clock) per CPU second of the broker over the run: the share of its work serialised behind that lock (over 100 % when holders wait for a CPU).\n"
+    )?;
     for (name, _) in WORKLOADS.iter().chain(&CLIENT_WORKLOADS) {
         if let (Some(w), Some(r)) = (
             consumed(rows, "warren", name),
