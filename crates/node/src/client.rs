@@ -89,16 +89,23 @@ pub(crate) async fn serve_stream<S>(
     // Bytes wait in `input`, unfed because the connection was paused.
     let mut held = false;
     let mut probed = Instant::now();
+    // The connection's timer deadline and whether its input is paused, as
+    // the last turn under the lock left them (read in that same turn: one
+    // lock per turn, not two).
+    let (mut deadline, mut paused) = {
+        let b = lock(&broker);
+        (b.poll_conn_timeout(id), b.input_paused(id))
+    };
     loop {
-        let (deadline, paused) = {
+        if held && !paused {
             let mut b = lock(&broker);
-            let paused = b.input_paused(id);
-            if held && !paused {
+            paused = b.input_paused(id);
+            if !paused {
                 b.handle_input(id, &mut input, now_ms());
                 held = !input.is_empty() && b.input_paused(id);
             }
-            (b.poll_conn_timeout(id), paused)
-        };
+            (deadline, paused) = (b.poll_conn_timeout(id), b.input_paused(id));
+        }
         let full = paused && input.len() >= HELD_INPUT_MAX;
         if full && probed.elapsed() >= GONE_PROBE_EVERY {
             probed = Instant::now();
@@ -110,38 +117,43 @@ pub(crate) async fn serve_stream<S>(
         if input.capacity() - input.len() < 16 * 1024 {
             input.reserve(64 * 1024);
         }
-        let open = tokio::select! {
-            // Flow control: a publisher waits while mirrored queues catch up.
-            () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
-                let mut b = lock(&broker);
-                if full {
-                    // We are the ones not reading: its silence is ours.
-                    b.hold_input(id);
-                }
-                b.take_output(id, &mut output)
-            }
-            r = rd.read_buf(&mut input), if !full => match r {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
+        let open = {
+            let mut b = tokio::select! {
+                // Flow control: a publisher waits while mirrored queues catch up.
+                () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
                     let mut b = lock(&broker);
-                    if b.input_paused(id) {
+                    if full {
+                        // We are the ones not reading: its silence is ours.
                         b.hold_input(id);
-                    } else {
-                        b.handle_input(id, &mut input, now_ms());
                     }
-                    // What a paused connection left unread (a resource alarm
-                    // stops input after a content frame) is fed once it
-                    // resumes, even if nothing more arrives.
-                    held = !input.is_empty() && b.input_paused(id);
-                    b.take_output(id, &mut output)
+                    b
                 }
-            },
-            () = notify.notified() => lock(&broker).take_output(id, &mut output),
-            () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
-                let mut b = lock(&broker);
-                b.handle_conn_tick(id, now_ms());
-                b.take_output(id, &mut output)
-            }
+                r = rd.read_buf(&mut input), if !full => match r {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let mut b = lock(&broker);
+                        if b.input_paused(id) {
+                            b.hold_input(id);
+                        } else {
+                            b.handle_input(id, &mut input, now_ms());
+                        }
+                        // What a paused connection left unread (a resource alarm
+                        // stops input after a content frame) is fed once it
+                        // resumes, even if nothing more arrives.
+                        held = !input.is_empty() && b.input_paused(id);
+                        b
+                    }
+                },
+                () = notify.notified() => lock(&broker),
+                () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
+                    let mut b = lock(&broker);
+                    b.handle_conn_tick(id, now_ms());
+                    b
+                }
+            };
+            let open = b.take_output(id, &mut output);
+            (deadline, paused) = (b.poll_conn_timeout(id), b.input_paused(id));
+            open
         };
         if !output.is_empty() {
             if wr.write_all(&output).await.is_err() {
