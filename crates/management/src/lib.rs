@@ -43,12 +43,11 @@ mod web;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-
 use std::time::{Duration, Instant};
-use warren_lock::{MeasuredGuard, MeasuredMutex};
 
 use axum::Router;
 use warren_broker::Broker;
+use warren_lock::{MeasuredGuard, MeasuredMutex};
 
 pub use cluster::{
     ClusterControl, ClusterFuture, ClusterInfo, ClusterMember, JoinFuture, JoinOutcome,

@@ -15,9 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use warren_lock::{MeasuredGuard, MeasuredMutex};
 
 use tokio::sync::{Notify, mpsc, watch};
 use warren_backing_queue::{BackingQueue, QueueConfig};
@@ -26,6 +24,7 @@ use warren_cluster::{Command, Metadata};
 use warren_gm::{
     DriverError, GmNode, NodeConfig, RingEvent, RingHandle, ViewAuthority, ViewChange,
 };
+use warren_lock::{MeasuredGuard, MeasuredMutex};
 use warren_mirror::{QueueFactory, RecordView, Settings};
 use warren_policy::{CandidateOrder, PlacementInput, Policy, PolicyKind, PolicySet, PolicySpec};
 use warren_transport::{NodeName, PeerAddr, Transport};
@@ -171,7 +170,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
     pub async fn start(
         source: S,
         transport: Arc<dyn Transport>,
-        broker: Shared,
+        broker: Arc<MeasuredMutex<Broker>>,
         config: DriverConfig,
     ) -> Result<Arc<Self>, DriverError> {
         let node = source.node().to_string();
