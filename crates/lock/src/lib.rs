@@ -1,8 +1,8 @@
 //! A mutex that counts how often it is taken, how long takers wait for it
 //! and how long it is held.
 //!
-//! The node keeps its whole broker behind one lock (see ARCHITECTURE.md,
-//! "Concurrency"): every client, ring and HTTP request of the node takes
+//! The node keeps its whole broker behind one lock (ARCHITECTURE.md,
+//! "Invariants"): every client, ring and HTTP request of the node takes
 //! it. [`MeasuredMutex`] is that lock with its own accounts, so that an
 //! operator (Prometheus `warren_broker_lock_*`) and the benches see how much
 //! of the node's time is serialised behind it: held seconds per second is

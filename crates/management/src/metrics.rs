@@ -316,7 +316,7 @@ pub fn render(s: &Management) -> String {
         "Queue logs written and synced, summed over the group commits",
     );
     let _ = writeln!(out, "warren_io_synced_logs_total {}", io.logs_synced);
-    // The node's one broker lock (ARCHITECTURE.md, "Concurrency"): held
+    // The node's one broker lock (ARCHITECTURE.md, "Invariants"): held
     // seconds per second is how busy it is, and against
     // `process_cpu_seconds_total` the share of the node's work done under it.
     let lock = s.broker.stats();
