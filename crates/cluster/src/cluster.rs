@@ -961,6 +961,14 @@ impl Cluster {
                         tracing::info!(node = %cfg.node, "another membership change is in progress; rejoining after it");
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
+                    // The voters are still electing (a new term began under
+                    // the call, or the link to the leader it knew was lost
+                    // or refused while that node started): asked again
+                    // until the boot deadline. A join is idempotent.
+                    Err(ClusterError::NoMajority { .. }) if Instant::now() < deadline => {
+                        tracing::info!(node = %cfg.node, "no leader took the rejoin yet; asking again");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                     Err(e) => return Err(e),
                 }
             }
