@@ -403,6 +403,11 @@ pub enum Command {
         /// Its listeners.
         listeners: Vec<Listener>,
     },
+    /// Several commands in one log entry, applied in order, each as if it
+    /// were an entry of its own (one's rejection changes nothing for the
+    /// others); answered with [`Outcome::Batch`]. A node's pending metadata
+    /// changes go to the log together this way.
+    Batch(Vec<Command>),
 }
 
 /// A GM ring's view as the metadata store keeps it.
@@ -475,6 +480,8 @@ pub enum Outcome {
     Ring(RingRecord),
     /// The command was a no-op because the thing already existed or was absent.
     Unchanged,
+    /// A [`Command::Batch`]'s commands' results, in its order.
+    Batch(Vec<Result<Outcome, Rejection>>),
 }
 
 /// The state machine's answer to one log entry.
@@ -554,7 +561,25 @@ fn check_view(view: &QueueView, exclusive: bool) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// The exchanges every vhost has from its creation (RabbitMQ's `amq.*`;
+/// the broker's `builtin_exchanges` makes them): each node's broker makes
+/// them itself, so the metadata holds no record of them, yet bindings name
+/// them.
+pub const BUILTIN_EXCHANGES: [&str; 5] = [
+    "amq.direct",
+    "amq.fanout",
+    "amq.topic",
+    "amq.headers",
+    "amq.match",
+];
+
 impl Metadata {
+    /// Whether exchange `name` exists in `vhost`: declared, or built in.
+    fn has_exchange(&self, vhost: &str, name: &str) -> bool {
+        self.exchanges.contains_key(&key(vhost, name))
+            || (BUILTIN_EXCHANGES.contains(&name) && self.vhosts.contains(vhost))
+    }
+
     /// Applies one command; rejected commands change nothing.
     pub fn apply(&mut self, cmd: &Command) -> CommandResponse {
         CommandResponse {
@@ -564,6 +589,9 @@ impl Metadata {
 
     fn apply_inner(&mut self, cmd: &Command) -> Result<Outcome, Rejection> {
         match cmd {
+            Command::Batch(cmds) => Ok(Outcome::Batch(
+                cmds.iter().map(|c| self.apply_inner(c)).collect(),
+            )),
             Command::PutVhost { name } => Ok(if self.vhosts.insert(name.clone()) {
                 Outcome::Done
             } else {
@@ -657,7 +685,7 @@ impl Metadata {
                 Ok(Outcome::Done)
             }
             Command::Bind(b) => {
-                if !self.exchanges.contains_key(&key(&b.vhost, &b.source)) {
+                if !self.has_exchange(&b.vhost, &b.source) {
                     return Err(Rejection::NoExchange {
                         vhost: b.vhost.clone(),
                         name: b.source.clone(),
@@ -667,9 +695,7 @@ impl Metadata {
                     DestinationKind::Queue => {
                         self.queues.contains_key(&key(&b.vhost, &b.destination))
                     }
-                    DestinationKind::Exchange => {
-                        self.exchanges.contains_key(&key(&b.vhost, &b.destination))
-                    }
+                    DestinationKind::Exchange => self.has_exchange(&b.vhost, &b.destination),
                 };
                 if !dest_exists {
                     return Err(match b.destination_kind {
@@ -1196,5 +1222,76 @@ mod tests {
             postcard::from_bytes::<Command>(&bytes).unwrap(),
             Command::PutPolicy(rec)
         );
+    }
+
+    #[test]
+    fn a_batch_applies_each_command_in_order_as_its_own_entry() {
+        let mut m = md();
+        let batch = Command::Batch(vec![
+            Command::DeclareQueue(queue("q", "a", &[], &[])),
+            Command::DeleteVhost {
+                name: "nowhere".into(),
+            },
+            Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "q".into(),
+                expected_version: None,
+            },
+            Command::PutVhost { name: "v".into() },
+        ]);
+        // It travels as one entry, like any command.
+        let bytes = postcard::to_allocvec(&batch).unwrap();
+        assert_eq!(postcard::from_bytes::<Command>(&bytes).unwrap(), batch);
+        let Ok(Outcome::Batch(results)) = m.apply(&batch).result else {
+            panic!("not a batch outcome");
+        };
+        assert!(matches!(results[0], Ok(Outcome::Queue(_))), "{results:?}");
+        // The rejected one changed nothing, and the ones after it applied
+        // on the state the ones before left.
+        assert_eq!(results[1], Err(Rejection::NoVhost("nowhere".into())));
+        assert!(results[2].is_ok(), "{results:?}");
+        assert_eq!(results[3], Ok(Outcome::Done));
+        assert!(m.queues.is_empty());
+        assert!(m.vhosts.contains("v"));
+    }
+
+    #[test]
+    fn the_built_in_exchanges_of_a_vhost_take_bindings() {
+        let mut m = md();
+        m.apply(&Command::DeclareQueue(queue("q", "a", &[], &[])));
+        let bind = |vhost: &str, source: &str, kind, dest: &str| {
+            Command::Bind(BindingRecord {
+                vhost: vhost.into(),
+                source: source.into(),
+                destination_kind: kind,
+                destination: dest.into(),
+                routing_key: "k".into(),
+                arguments: Arguments::new(),
+            })
+        };
+        for x in BUILTIN_EXCHANGES {
+            let r = m.apply(&bind("/", x, DestinationKind::Queue, "q")).result;
+            assert_eq!(r, Ok(Outcome::Done), "{x}");
+        }
+        let e2e = bind("/", "amq.topic", DestinationKind::Exchange, "amq.fanout");
+        assert_eq!(m.apply(&e2e).result, Ok(Outcome::Done));
+        // Only in a vhost that exists, and only those names.
+        assert!(matches!(
+            m.apply(&bind("nowhere", "amq.direct", DestinationKind::Queue, "q"))
+                .result,
+            Err(Rejection::NoExchange { .. })
+        ));
+        assert!(matches!(
+            m.apply(&bind("/", "amq.other", DestinationKind::Queue, "q"))
+                .result,
+            Err(Rejection::NoExchange { .. })
+        ));
+        // Deleting the queue takes its bindings with it.
+        m.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "q".into(),
+            expected_version: None,
+        });
+        assert_eq!(m.bindings.len(), 1, "{:?}", m.bindings);
     }
 }

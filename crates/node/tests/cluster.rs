@@ -781,3 +781,83 @@ fn consumers_show_which_one_a_single_active_consumer_queue_serves() {
         status("first").is_none() && status("second") == Some(took_over.clone())
     });
 }
+
+/// Declares and binds (to `amq.direct`) from many connections at once,
+/// which a node commits together (one log entry for the changes pending
+/// together): each client gets its declare-ok and bind-ok, and when it has
+/// one, the queue is already on every node, as when each was committed
+/// alone. (Written on 2026-12-04, this test found binds to the built-in
+/// `amq.*` exchanges refused in a cluster with 541 INTERNAL_ERROR: the
+/// cluster's metadata had no record of them.)
+#[test]
+fn declares_from_many_connections_at_once_are_on_every_node_when_answered() {
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, nodes) = three(root.path());
+    let on = |i: usize| format!("amqp://guest:guest@127.0.0.1:{}/%2f", nodes[i].amqp);
+    let (a, c) = (on(0), on(2));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in 0..8 {
+            let (a, c) = (a.clone(), c.clone());
+            tasks.spawn(async move {
+                let here = Connection::connect(&a, ConnectionProperties::default())
+                    .await
+                    .unwrap();
+                let there = Connection::connect(&c, ConnectionProperties::default())
+                    .await
+                    .unwrap();
+                let ch = here.create_channel().await.unwrap();
+                let far = there.create_channel().await.unwrap();
+                let durable = QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                };
+                let passive = QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                };
+                for i in 0..15 {
+                    let name = format!("together.{k}.{i}");
+                    ch.queue_declare(name.as_str().into(), durable, FieldTable::default())
+                        .await
+                        .unwrap();
+                    ch.queue_bind(
+                        name.as_str().into(),
+                        "amq.direct".into(),
+                        name.as_str().into(),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                    // Answered: node c has it already (a passive declare
+                    // of a missing queue would close the channel).
+                    far.queue_declare(name.as_str().into(), passive, FieldTable::default())
+                        .await
+                        .unwrap_or_else(|e| panic!("{name} not on c when declared: {e}"));
+                }
+                here.close(200, "bye".into()).await.unwrap();
+                there.close(200, "bye".into()).await.unwrap();
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    });
+    for n in &nodes {
+        let queues = n.get("/api/queues");
+        let bindings = n.get("/api/bindings");
+        for k in 0..8 {
+            for i in 0..15 {
+                let name = format!("together.{k}.{i}");
+                assert!(has(&queues, |q| q["name"] == name.as_str()), "{name}");
+                assert!(
+                    has(&bindings, |b| b["source"] == "amq.direct"
+                        && b["destination"] == name.as_str()),
+                    "binding of {name}"
+                );
+            }
+        }
+    }
+}

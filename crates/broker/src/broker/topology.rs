@@ -24,6 +24,9 @@ use crate::meta::{BindingDef, Change, ExchangeDef, QueueDef};
 use crate::names::{check_name, shown};
 use crate::routing::Kind;
 
+/// Every vhost's `amq.*` exchanges (the cluster's metadata takes bindings
+/// to these names without a record of them: `warren_cluster`'s
+/// `BUILTIN_EXCHANGES`).
 fn builtin_exchanges() -> Vec<(&'static str, Kind)> {
     vec![
         ("amq.direct", Kind::Direct),
