@@ -19,7 +19,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use warren_broker::Departed;
+use warren_broker::{Broker, ConnId, Departed};
 
 use crate::{Shared, lock, now_ms};
 
@@ -60,6 +60,12 @@ fn peer_gone(fd: &OwnedFd) -> bool {
             .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
 
+/// Connection `id`'s timer deadline and whether its input is paused, read
+/// under the lock its turn already holds.
+fn turn_state(b: &Broker, id: ConnId) -> (Option<u64>, bool) {
+    (b.poll_conn_timeout(id), b.input_paused(id))
+}
+
 /// Runs one client connection over any byte stream (TCP, or TLS for AMQPS).
 /// `probe`, a duplicate of the socket's descriptor, lets a paused
 /// connection see its peer hang up.
@@ -92,19 +98,15 @@ pub(crate) async fn serve_stream<S>(
     // The connection's timer deadline and whether its input is paused, as
     // the last turn under the lock left them (read in that same turn: one
     // lock per turn, not two).
-    let (mut deadline, mut paused) = {
-        let b = lock(&broker);
-        (b.poll_conn_timeout(id), b.input_paused(id))
-    };
+    let (mut deadline, mut paused) = turn_state(&lock(&broker), id);
     loop {
         if held && !paused {
             let mut b = lock(&broker);
-            paused = b.input_paused(id);
-            if !paused {
+            if !b.input_paused(id) {
                 b.handle_input(id, &mut input, now_ms());
                 held = !input.is_empty() && b.input_paused(id);
             }
-            (deadline, paused) = (b.poll_conn_timeout(id), b.input_paused(id));
+            (deadline, paused) = turn_state(&b, id);
         }
         let full = paused && input.len() >= HELD_INPUT_MAX;
         if full && probed.elapsed() >= GONE_PROBE_EVERY {
@@ -152,7 +154,7 @@ pub(crate) async fn serve_stream<S>(
                 }
             };
             let open = b.take_output(id, &mut output);
-            (deadline, paused) = (b.poll_conn_timeout(id), b.input_paused(id));
+            (deadline, paused) = turn_state(&b, id);
             open
         };
         if !output.is_empty() {

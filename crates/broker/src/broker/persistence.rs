@@ -259,17 +259,18 @@ impl Broker {
                 c.wake(0, *id);
             }
         }
-        let more = self
-            .vhosts
-            .values()
-            .any(|v| v.queues.values().any(|q| q.store.awaits_sync()));
+        // One pass: whether a commit is awaited, else whether one is owed.
+        let (mut more, mut owed) = (false, false);
+        for q in self.vhosts.values().flat_map(|v| v.queues.values()) {
+            if q.store.awaits_sync() {
+                more = true;
+                break;
+            }
+            owed |= q.store.needs_sync();
+        }
         if more {
             self.sync_wanted = true;
-        } else if self
-            .vhosts
-            .values()
-            .any(|v| v.queues.values().any(|q| q.store.needs_sync()))
-        {
+        } else if owed {
             self.want_lazy_sync();
         }
         more
