@@ -407,8 +407,15 @@ impl<S: MetadataSource> MirrorDriver<S> {
         signals: Signals,
     ) {
         let (vhost, name) = (key.0.clone(), key.1.clone());
-        let ring_id = match self.source.local().queue(&vhost, &name) {
-            Some(q) if q.serial == serial => q.ring(),
+        // The broker's queue is this declaration's if the metadata still
+        // has the declaration after the broker had that queue: a node's
+        // broker deletes a queue before the metadata does, and a client's
+        // declare after a delete waits until this node applied the delete.
+        // The replica takes that queue and no other (the queue may be
+        // deleted and declared again while the replica starts).
+        let queue = lock(&self.broker).queue_uid(&vhost, &name);
+        let (ring_id, queue) = match (self.source.local().queue(&vhost, &name), queue) {
+            (Some(q), Some(queue)) if q.serial == serial => (q.ring(), queue),
             _ => {
                 self.forget(&key);
                 return;
@@ -419,6 +426,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             .start_replica(
                 &vhost,
                 &name,
+                queue,
                 &ring_id,
                 master,
                 settings,
@@ -466,6 +474,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         &self,
         vhost: &str,
         name: &str,
+        queue: u64,
         ring_id: &str,
         master: bool,
         settings: Settings,
@@ -507,6 +516,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             Arc::new(move || n.notify_one())
         };
         let start = ReplicaStart {
+            queue,
             ring: ring_id.to_owned(),
             member: ring.member(),
             settings,

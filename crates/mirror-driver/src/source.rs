@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -73,6 +74,9 @@ struct Shared {
     metadata: Mutex<Arc<Metadata>>,
     changes: watch::Sender<u64>,
     up: watch::Sender<BTreeSet<NodeName>>,
+    /// How long a write or a linearizable read takes
+    /// ([`MemMetadata::set_latency`]).
+    latency: Mutex<Duration>,
 }
 
 /// Cluster metadata in memory, shared by the nodes of one process: commands
@@ -97,6 +101,7 @@ impl MemMetadata {
                 metadata: Mutex::new(Arc::new(Metadata::default())),
                 changes: watch::Sender::new(0),
                 up: watch::Sender::new(BTreeSet::new()),
+                latency: Mutex::new(Duration::ZERO),
             }),
             majority: Arc::new(watch::Sender::new(true)),
         }
@@ -147,6 +152,27 @@ impl MemMetadata {
         }
     }
 
+    /// Makes every write and linearizable read take `latency` (on the
+    /// caller's clock), as Raft's round trips do. A write is applied
+    /// halfway: a commit reaches the state machines some time after it was
+    /// asked, and its answer the writer some time after that. A read sees
+    /// the metadata as it is at its end. Zero (the default): at once.
+    pub fn set_latency(&self, latency: Duration) {
+        *self
+            .shared
+            .latency
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = latency;
+    }
+
+    fn latency(&self) -> Duration {
+        *self
+            .shared
+            .latency
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Sets the nodes seen up.
     pub fn set_up(&self, up: BTreeSet<NodeName>) {
         self.shared.up.send_replace(up);
@@ -178,6 +204,10 @@ impl MetadataSource for MemMetadata {
     }
 
     async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
+        let latency = self.latency();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         Ok(self.local())
     }
 

@@ -90,9 +90,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use common::{Client, DLQ, Got, Net, QUEUE, lock, name};
+use common::{Client, DLQ, Got, Net, QUEUE, lock, name, queue_commands};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use warren_cluster::Command;
 use warren_mirror::Role;
 
 /// The seeds every CI run simulates. Seed 9 among them fails with a bug
@@ -900,4 +901,85 @@ fn a_master_whose_disk_failed_serves_its_log_again_once_the_disk_works() {
     let want: Vec<(u64, bool)> = (1..=10).map(|seq| (seq, true)).collect();
     assert_eq!(got, want);
     assert_eq!(c.closed(), None);
+}
+
+/// A queue deleted and declared again on a node while that node's replica
+/// of the first declaration is still starting (joining its ring): the
+/// replica must not take the new declaration's queue for its own. It did
+/// (conformance scenario `declared_again`, seen under CPU load): the stale
+/// replica turned the new queue into the master of the old ring, was then
+/// stopped as a replica of a deleted queue and dropped the new queue's
+/// messages, a confirmed one among them, and nacked the publishes after it.
+/// The delay before the delete sweeps the whole start.
+#[test]
+fn a_replica_of_a_deleted_declaration_never_takes_the_next_one() {
+    let step = Duration::from_millis(1);
+    let limit = Duration::from_secs(30);
+    for delay in 0..30 {
+        let mut net = Net::simulated(delay, 16);
+        // Raft's round trips: a replica's start reads and writes the
+        // metadata.
+        net.meta.set_latency(Duration::from_millis(10));
+        net.start_now("n1");
+        net.step(Duration::from_millis(delay));
+        let mut c = Client::connect(&net.nodes["n1"].broker);
+        // As a client's delete and declare do on a node: the broker first,
+        // the metadata once committed.
+        c.delete(QUEUE);
+        c.declare(QUEUE);
+        net.meta
+            .apply(&Command::DeleteQueue {
+                vhost: "/".into(),
+                name: QUEUE.into(),
+                expected_version: None,
+            })
+            .unwrap();
+        let declare = queue_commands(16)
+            .into_iter()
+            .find(|c| matches!(c, Command::DeclareQueue(q) if q.name == QUEUE))
+            .unwrap();
+        net.meta.apply(&declare).unwrap();
+        c.publish(1, true);
+        net.step_until("the publish settled", step, limit, |_| {
+            c.poll();
+            !c.acked.is_empty() || !c.nacked.is_empty()
+        });
+        assert!(c.acked.contains(&1), "delay {delay} ms: publish nacked");
+        let ring = net.record().ring();
+        net.step_until(
+            "the new declaration's replica is master",
+            step,
+            limit,
+            |n| {
+                n.nodes["n1"].role() == Some(Role::Master)
+                    && lock(&n.nodes["n1"].broker)
+                        .replica_ring("/", QUEUE)
+                        .as_deref()
+                        == Some(ring.as_str())
+            },
+        );
+        c.publish(2, true);
+        net.step_until("the second publish settled", step, limit, |_| {
+            c.poll();
+            c.acked.len() + c.nacked.len() == 2
+        });
+        let mut got = Vec::new();
+        loop {
+            c.request_get();
+            let mut answer = None;
+            net.step_until("a get", step, limit, |_| {
+                answer = c.take_get();
+                answer.is_some()
+            });
+            let Some(g) = answer.flatten() else { break };
+            c.ack(g.tag);
+            got.push(g.seq);
+        }
+        assert_eq!(
+            got,
+            c.acked.iter().copied().collect::<Vec<_>>(),
+            "delay {delay} ms: confirmed messages lost"
+        );
+        assert_eq!(c.acked.len(), 2, "delay {delay} ms: a publish nacked");
+    }
 }

@@ -119,6 +119,10 @@ pub enum MirrorInput {
 
 /// How to start a replica in [`Broker::start_replica`].
 pub struct ReplicaStart {
+    /// The queue it replicates: this broker's queue of that id
+    /// ([`Broker::queue_uid`]). A queue deleted and declared again since is
+    /// another queue, and is not taken.
+    pub queue: u64,
     /// The ring's name.
     pub ring: String,
     /// This node's ring member.
@@ -153,6 +157,7 @@ pub enum ReplicaEnd {
 impl std::fmt::Debug for ReplicaStart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaStart")
+            .field("queue", &self.queue)
             .field("ring", &self.ring)
             .field("member", &self.member)
             .field("master", &self.master)
@@ -424,7 +429,7 @@ impl Broker {
         else {
             return false;
         };
-        if matches!(q.store, Store::Replica(_)) || q.opts.exclusive {
+        if q.uid != start.queue || matches!(q.store, Store::Replica(_)) || q.opts.exclusive {
             return false;
         }
         if start.master {
@@ -683,6 +688,14 @@ impl Broker {
             return None;
         }
         q.store.digest()
+    }
+
+    /// The id of this broker's queue `name`, if there is one: each
+    /// declaration its own, so that a queue deleted and declared again is
+    /// told apart from its predecessor ([`ReplicaStart::queue`]).
+    #[must_use]
+    pub fn queue_uid(&self, vhost: &str, name: &str) -> Option<u64> {
+        Some(self.vhosts.get(vhost)?.queues.get(name)?.uid)
     }
 
     /// Queue `name`'s replica status, if it is mirrored here.

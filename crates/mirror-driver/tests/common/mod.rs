@@ -722,6 +722,21 @@ impl Client {
         assert!(self.closed.is_none(), "declare refused: {:?}", self.closed);
     }
 
+    /// Deletes queue `q`.
+    pub fn delete(&mut self, q: &str) {
+        self.send(&method(
+            1,
+            AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+                queue: q.into(),
+                if_unused: false,
+                if_empty: false,
+                nowait: false,
+            })),
+        ));
+        self.poll();
+        assert!(self.closed.is_none(), "delete refused: {:?}", self.closed);
+    }
+
     /// Publishes a message carrying `seq` to the queue (a large one every
     /// [`LARGE_EVERY`]).
     pub fn publish(&mut self, seq: u64, persistent: bool) {
