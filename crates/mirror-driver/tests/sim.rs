@@ -18,8 +18,10 @@
 //! (the node's runtime shut down; half of them a power loss too: its
 //! storage keeps only what was synced); storage faults (every write and
 //! sync of a node fails for a while); network faults (a link cut both
-//! ways, one direction blackholed, one link healed, all healed). Then everything heals, the cluster
-//! settles, and the checker asks:
+//! ways, one direction blackholed, one link healed, all healed); and the
+//! metadata's round trips slowed (0–80 ms a write or linearizable read, as
+//! Raft's under load). Then everything heals, the cluster settles, and the
+//! checker asks:
 //!
 //! - no confirmed message is lost: each was consumed (and acked) or is
 //!   still in the queue (the schedule never kills a master while a disk
@@ -458,6 +460,18 @@ impl Sim {
                 self.failing = Some((n, back));
             }
             76..87 => self.network_fault(),
+            87..90 => {
+                // Raft's round trips: slow (a loaded or far majority) or
+                // at once; what the nodes read and write of the metadata
+                // meanwhile races with what they do.
+                let latency = match self.rng.random_range(0..3) {
+                    0 => 0,
+                    1 => self.rng.random_range(1..10),
+                    _ => self.rng.random_range(10..80),
+                };
+                self.note(format!("metadata round trips take {latency} ms"));
+                self.net.meta.set_latency(Duration::from_millis(latency));
+            }
             _ => {
                 let d = Duration::from_millis(self.rng.random_range(20..400));
                 self.note(format!("wait {} ms", ms(d)));
@@ -561,6 +575,7 @@ impl Sim {
     fn heal_and_settle(&mut self) {
         self.note("heal everything".into());
         self.net.mem.heal();
+        self.net.meta.set_latency(Duration::ZERO);
         self.net_faults = None;
         if let Some((n, _)) = self.failing.clone() {
             self.disk_recovers(&n);
