@@ -403,6 +403,11 @@ pub enum Command {
         /// Its listeners.
         listeners: Vec<Listener>,
     },
+    /// Several commands in one log entry, applied in order, each as if it
+    /// were an entry of its own (one's rejection changes nothing for the
+    /// others); answered with [`Outcome::Batch`]. A node's pending metadata
+    /// changes go to the log together this way.
+    Batch(Vec<Command>),
 }
 
 /// A GM ring's view as the metadata store keeps it.
@@ -475,6 +480,8 @@ pub enum Outcome {
     Ring(RingRecord),
     /// The command was a no-op because the thing already existed or was absent.
     Unchanged,
+    /// A [`Command::Batch`]'s commands' results, in its order.
+    Batch(Vec<Result<Outcome, Rejection>>),
 }
 
 /// The state machine's answer to one log entry.
@@ -582,6 +589,9 @@ impl Metadata {
 
     fn apply_inner(&mut self, cmd: &Command) -> Result<Outcome, Rejection> {
         match cmd {
+            Command::Batch(cmds) => Ok(Outcome::Batch(
+                cmds.iter().map(|c| self.apply_inner(c)).collect(),
+            )),
             Command::PutVhost { name } => Ok(if self.vhosts.insert(name.clone()) {
                 Outcome::Done
             } else {
@@ -1212,6 +1222,37 @@ mod tests {
             postcard::from_bytes::<Command>(&bytes).unwrap(),
             Command::PutPolicy(rec)
         );
+    }
+
+    #[test]
+    fn a_batch_applies_each_command_in_order_as_its_own_entry() {
+        let mut m = md();
+        let batch = Command::Batch(vec![
+            Command::DeclareQueue(queue("q", "a", &[], &[])),
+            Command::DeleteVhost {
+                name: "nowhere".into(),
+            },
+            Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "q".into(),
+                expected_version: None,
+            },
+            Command::PutVhost { name: "v".into() },
+        ]);
+        // It travels as one entry, like any command.
+        let bytes = postcard::to_allocvec(&batch).unwrap();
+        assert_eq!(postcard::from_bytes::<Command>(&bytes).unwrap(), batch);
+        let Ok(Outcome::Batch(results)) = m.apply(&batch).result else {
+            panic!("not a batch outcome");
+        };
+        assert!(matches!(results[0], Ok(Outcome::Queue(_))), "{results:?}");
+        // The rejected one changed nothing, and the ones after it applied
+        // on the state the ones before left.
+        assert_eq!(results[1], Err(Rejection::NoVhost("nowhere".into())));
+        assert!(results[2].is_ok(), "{results:?}");
+        assert_eq!(results[3], Ok(Outcome::Done));
+        assert!(m.queues.is_empty());
+        assert!(m.vhosts.contains("v"));
     }
 
     #[test]

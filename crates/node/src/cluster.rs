@@ -38,8 +38,8 @@ use warren_broker::{Broker, MetaCommit};
 use warren_broker::{json_to_table, table_to_json};
 use warren_cluster::{
     ArgValue, Arguments, BindingRecord, Cluster, ClusterConfig, ClusterError, Command,
-    DestinationKind, ExchangeRecord, Metadata, Permissions, PolicyRecord, QueueRecord, Rejection,
-    UserRecord,
+    DestinationKind, ExchangeRecord, Metadata, Outcome, Permissions, PolicyRecord, QueueRecord,
+    Rejection, UserRecord,
 };
 use warren_lock::MeasuredMutex;
 use warren_transport::mux::{Mux, Service};
@@ -433,25 +433,69 @@ const TIMED_OUT: &str = "the cluster did not answer in time (no majority?)";
 /// detector can miss a majority that Raft still has, and the change then
 /// goes through in milliseconds.)
 async fn commit(cluster: &Cluster, cmds: Vec<Command>) -> Result<(), String> {
-    const NO_MAJORITY: &str = "no majority of the cluster's nodes is reachable from this node";
-    let mut majority = cluster.majority();
-    let write = async {
+    bounded(cluster, async {
         for cmd in cmds {
             let deleting = is_delete(&cmd);
-            match cluster.write_everywhere(cmd).await {
-                Ok(_) => {}
-                // Deleting what is already gone is done.
-                Err(ClusterError::Rejected(
-                    Rejection::NoVhost(_)
-                    | Rejection::NoUser(_)
-                    | Rejection::NoQueue { .. }
-                    | Rejection::NoExchange { .. },
-                )) if deleting => {}
-                Err(e) => return Err(e.to_string()),
+            if let Err(e) = cluster.write_everywhere(cmd).await {
+                settled(deleting, e)?;
             }
         }
         Ok(())
-    };
+    })
+    .await
+}
+
+/// Whether a command that failed with `e` counts as done: deleting what is
+/// already gone is. Else the error, as the client is told it.
+fn settled(deleting: bool, e: ClusterError) -> Result<(), String> {
+    match e {
+        ClusterError::Rejected(
+            Rejection::NoVhost(_)
+            | Rejection::NoUser(_)
+            | Rejection::NoQueue { .. }
+            | Rejection::NoExchange { .. },
+        ) if deleting => Ok(()),
+        e => Err(e.to_string()),
+    }
+}
+
+/// Commits the commands of several client commands as one log entry
+/// ([`Command::Batch`]: each applied as if on its own, in order), bounded as
+/// [`commit`] is; the result of each.
+async fn commit_together(cluster: &Cluster, cmds: Vec<Command>) -> Vec<Result<(), String>> {
+    let n = cmds.len();
+    let deleting: Vec<bool> = cmds.iter().map(is_delete).collect();
+    let mut each = Vec::with_capacity(n);
+    let r = bounded(cluster, async {
+        match cluster.write_everywhere(Command::Batch(cmds)).await {
+            Ok(Outcome::Batch(results)) if results.len() == n => {
+                for (result, deleting) in results.into_iter().zip(deleting) {
+                    each.push(match result {
+                        Ok(_) => Ok(()),
+                        Err(rej) => settled(deleting, ClusterError::Rejected(rej)),
+                    });
+                }
+                Ok(())
+            }
+            Ok(other) => Err(format!("unexpected answer to a batch: {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    match r {
+        Ok(()) => each,
+        Err(e) => vec![Err(e); n],
+    }
+}
+
+/// Runs `write` in at most [`WRITE_TIMEOUT`], or [`NO_MAJORITY_WAIT`] once
+/// this node's failure detector sees no majority.
+async fn bounded(
+    cluster: &Cluster,
+    write: impl Future<Output = Result<(), String>>,
+) -> Result<(), String> {
+    const NO_MAJORITY: &str = "no majority of the cluster's nodes is reachable from this node";
+    let mut majority = cluster.majority();
     let cut_off = async {
         if majority.wait_for(|m| !*m).await.is_err() {
             std::future::pending::<()>().await;
@@ -485,22 +529,69 @@ async fn commit_loop(
     loop {
         wake.notified().await;
         let batch = crate::lock(&broker).take_commits();
+        // Client commands of one change each (a declare, a bind, a
+        // delete), pending together, go to the log as one entry: their
+        // order kept, one Raft round and one wait for the members instead
+        // of one each. A command of several changes goes on its own, so
+        // that its later changes are not made once an earlier one failed.
+        let mut together: Vec<(u64, Command)> = Vec::new();
+        let mut groups: Vec<Vec<(u64, Vec<Command>)>> = Vec::new();
         for MetaCommit { ticket, changes } in batch {
-            let cmds = changes.into_iter().map(|c| to_command(c, &node)).collect();
+            let mut cmds: Vec<Command> =
+                changes.into_iter().map(|c| to_command(c, &node)).collect();
+            if cmds.len() == 1
+                && let Some(cmd) = cmds.pop()
+            {
+                together.push((ticket, cmd));
+                continue;
+            }
+            if !together.is_empty() {
+                groups.push(
+                    std::mem::take(&mut together)
+                        .into_iter()
+                        .map(|(t, c)| (t, vec![c]))
+                        .collect(),
+                );
+            }
+            groups.push(vec![(ticket, cmds)]);
+        }
+        if !together.is_empty() {
+            groups.push(together.into_iter().map(|(t, c)| (t, vec![c])).collect());
+        }
+        for group in groups {
+            let tickets: Vec<u64> = group.iter().map(|(t, _)| *t).collect();
             let c = cluster.clone();
-            let result = match refused_for.clone().filter(|_| !*majority.borrow()) {
-                Some(e) => Err(e),
-                None => match rt.spawn(async move { commit(&c, cmds).await }).await {
-                    Ok(r) => r,
-                    Err(e) => Err(e.to_string()),
-                },
-            };
-            refused_for = match &result {
-                Err(e) if !*majority.borrow() => Some(e.clone()),
-                _ => None,
-            };
-            let refused = result.is_err();
-            crate::lock(&broker).commit_done(ticket, result.map_err(MetaError::Cluster));
+            let results: Vec<Result<(), String>> =
+                match refused_for.clone().filter(|_| !*majority.borrow()) {
+                    Some(e) => vec![Err(e); tickets.len()],
+                    None => {
+                        let run = async move {
+                            if group.len() == 1 {
+                                let cmds = group.into_iter().flat_map(|(_, c)| c).collect();
+                                vec![commit(&c, cmds).await]
+                            } else {
+                                let cmds = group.into_iter().flat_map(|(_, c)| c).collect();
+                                commit_together(&c, cmds).await
+                            }
+                        };
+                        match rt.spawn(run).await {
+                            Ok(r) => r,
+                            Err(e) => vec![Err(e.to_string()); tickets.len()],
+                        }
+                    }
+                };
+            refused_for = results
+                .iter()
+                .find_map(|r| r.as_ref().err())
+                .filter(|_| !*majority.borrow())
+                .cloned();
+            let refused = results.iter().any(Result::is_err);
+            {
+                let mut b = crate::lock(&broker);
+                for (ticket, result) in tickets.into_iter().zip(results) {
+                    b.commit_done(ticket, result.map_err(MetaError::Cluster));
+                }
+            }
             if refused {
                 replay.notify_one();
             }

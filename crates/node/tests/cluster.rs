@@ -782,11 +782,13 @@ fn consumers_show_which_one_a_single_active_consumer_queue_serves() {
     });
 }
 
-/// Declares and binds (to `amq.direct`) from many connections at once:
-/// each client gets its declare-ok and bind-ok, and when it has one, the
-/// queue is already on every node. (Written on 2026-12-04, this test found
-/// binds to the built-in `amq.*` exchanges refused in a cluster with 541
-/// INTERNAL_ERROR: the cluster's metadata had no record of them.)
+/// Declares and binds (to `amq.direct`) from many connections at once,
+/// which a node commits together (one log entry for the changes pending
+/// together): each client gets its declare-ok and bind-ok, and when it has
+/// one, the queue is already on every node, as when each was committed
+/// alone. (Written on 2026-12-04, this test found binds to the built-in
+/// `amq.*` exchanges refused in a cluster with 541 INTERNAL_ERROR: the
+/// cluster's metadata had no record of them.)
 #[test]
 fn declares_from_many_connections_at_once_are_on_every_node_when_answered() {
     let root = tempfile::tempdir().unwrap();
