@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, mpsc, watch};
 use warren_backing_queue::{BackingQueue, QueueConfig};
 use warren_broker::{Broker, MirrorInput, ReplicaEnd, ReplicaStart};
-use warren_cluster::{Command, Metadata};
+use warren_cluster::{Command, Metadata, QueueRecord};
 use warren_gm::{
     DriverError, GmNode, NodeConfig, RingEvent, RingHandle, ViewAuthority, ViewChange,
 };
@@ -29,6 +29,7 @@ use warren_mirror::{QueueFactory, RecordView, Settings};
 use warren_policy::{CandidateOrder, PlacementInput, Policy, PolicyKind, PolicySet, PolicySpec};
 use warren_transport::{NodeName, PeerAddr, Transport};
 
+use crate::seen::{QueueKey, Seen};
 use crate::{
     ClusterDetector, ClusterRecords, ClusterViewAuthority, MetadataSource, RecordError, RecordStore,
 };
@@ -146,6 +147,10 @@ pub struct MirrorDriver<S: MetadataSource> {
     gm: GmNode,
     authority: Arc<dyn ViewAuthority>,
     replicas: Mutex<HashMap<(String, String), Running>>,
+    /// Queues whose replica task ended since the reconciler's last pass:
+    /// the next pass looks at them again, changed or not (a replica of a
+    /// queue declared again starts once its predecessor's has gone).
+    ended: Mutex<BTreeSet<QueueKey>>,
     /// Replica tasks still running (for a clean stop).
     tasks: Mutex<tokio::task::JoinSet<()>>,
     /// Set when the node is shutting down: replicas stop but leave their
@@ -194,6 +199,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             gm,
             authority,
             replicas: Mutex::new(HashMap::new()),
+            ended: Mutex::new(BTreeSet::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
             stop: watch::channel(false).0,
         });
@@ -206,7 +212,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             Ok(Ok(meta)) => meta,
             _ => me.source.local(),
         };
-        me.point_queues(&meta);
+        me.point_queues(&meta, None);
         tokio::spawn(me.clone().register(addr, config.link_addr));
         tokio::spawn(me.clone().reconcile_loop());
         Ok(me)
@@ -236,6 +242,11 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let mut up = self.source.up_nodes();
         let mut every = tokio::time::interval(self.reconcile_interval);
         let mut peers: BTreeMap<String, String> = BTreeMap::new();
+        let mut seen = Seen::default();
+        // Every `reconcile_interval`, a pass over every queue: what a pass
+        // decides from the broker's state (a master alone in its ring) and
+        // retries come round again.
+        let mut full = true;
         loop {
             let meta = self.source.local();
             for (name, n) in &meta.nodes {
@@ -257,23 +268,43 @@ impl<S: MetadataSource> MirrorDriver<S> {
             if !running.contains(&self.node) {
                 running.push(self.node.clone());
             }
-            self.reconcile(&meta, &running);
+            let only = seen
+                .update(&meta, &running)
+                .filter(|_| !full)
+                .map(|mut only| {
+                    only.append(
+                        &mut self
+                            .ended
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    );
+                    only
+                });
+            if only.is_none() {
+                self.ended
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clear();
+            }
+            self.reconcile(&meta, &running, only.as_ref());
+            full = false;
             // Not held while waiting: the state machine would copy the
             // whole metadata for each change it applies.
             drop(meta);
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return },
                 r = up.changed() => if r.is_err() { return },
-                _ = every.tick() => {}
+                _ = every.tick() => full = true,
                 () = self.stopped() => return,
             }
         }
     }
 
-    /// Tells the broker which node serves each queue of `meta`.
-    fn point_queues(&self, meta: &Metadata) {
+    /// Tells the broker which node serves each queue of `meta` (of `only`,
+    /// if given).
+    fn point_queues(&self, meta: &Metadata, only: Option<&BTreeSet<QueueKey>>) {
         let mut b = lock(&self.broker);
-        for ((vhost, name), q) in &meta.queues {
+        for ((vhost, name), q) in queues_of(meta, only) {
             if q.exclusive_owner.is_none() {
                 let master = (q.master != self.node).then_some(q.master.as_str());
                 b.set_queue_master(vhost, name, master);
@@ -282,14 +313,21 @@ impl<S: MetadataSource> MirrorDriver<S> {
     }
 
     /// One pass: point the broker's queues at their masters, and start and
-    /// stop this node's replicas to match the metadata.
-    fn reconcile(self: &Arc<Self>, meta: &Metadata, running: &[String]) {
-        self.point_queues(meta);
+    /// stop this node's replicas to match the metadata; for the queues in
+    /// `only` alone if given (nothing else the pass reads has changed).
+    fn reconcile(
+        self: &Arc<Self>,
+        meta: &Metadata,
+        running: &[String],
+        only: Option<&BTreeSet<QueueKey>>,
+    ) {
+        self.point_queues(meta, only);
         let policies = policy_set(meta);
         let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
         let mut wanted: BTreeMap<(String, String), (bool, Settings, u64)> = BTreeMap::new();
         let mut mirrored = BTreeSet::new();
-        for ((vhost, name), q) in &meta.queues {
+        let looked_at = |key: &QueueKey| only.is_none_or(|o| o.contains(key));
+        for ((vhost, name), q) in queues_of(meta, only) {
             if q.exclusive_owner.is_some() {
                 continue;
             }
@@ -365,7 +403,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 Some(_) => {}
             }
         }
-        for (key, r) in reps.iter() {
+        for (key, r) in reps.iter().filter(|(key, _)| looked_at(key)) {
             if let Some(q) = meta.queues.get(key)
                 && q.serial == r.serial
             {
@@ -373,7 +411,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     .send_if_modified(|v| std::mem::replace(v, q.view_version) != q.view_version);
             }
         }
-        for (key, r) in reps.iter_mut() {
+        for (key, r) in reps.iter_mut().filter(|(key, _)| looked_at(key)) {
             let same = |(_, _, serial): &(bool, Settings, u64)| *serial == r.serial;
             if wanted.get(key).is_some_and(same) || r.stopping.load(Ordering::SeqCst) {
                 continue;
@@ -467,6 +505,10 @@ impl<S: MetadataSource> MirrorDriver<S> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(key);
+        self.ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone());
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -910,6 +952,17 @@ fn fresh_queue(b: &Broker, vhost: &str, name: &str) -> QueueFactory {
         }
         (None, None) => Ok(BackingQueue::in_memory(cfg)),
     })
+}
+
+/// The queues of `meta`, or those of them in `only`.
+fn queues_of<'a>(
+    meta: &'a Metadata,
+    only: Option<&'a BTreeSet<QueueKey>>,
+) -> Box<dyn Iterator<Item = (&'a QueueKey, &'a QueueRecord)> + 'a> {
+    match only {
+        None => Box::new(meta.queues.iter()),
+        Some(keys) => Box::new(keys.iter().filter_map(|k| meta.queues.get_key_value(k))),
+    }
 }
 
 /// A per-queue seed for spreading `exactly` mirrors over the nodes.

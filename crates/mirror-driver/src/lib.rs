@@ -7,7 +7,8 @@
 //!
 //! - [`MirrorDriver`]: the node's [`GmNode`](warren_gm::GmNode), the
 //!   reconciler that places replicas from live policies
-//!   (`warren_policy::place`) and points each queue at its master, and one
+//!   (`warren_policy::place`) and points each queue at its master (after a
+//!   change of queue records alone, for those queues only), and one
 //!   task per replica moving its ring traffic and its queue record's
 //!   compare-and-sets.
 //! - [`MetadataSource`]: what the driver needs of the cluster metadata. The
@@ -27,6 +28,7 @@ pub mod conformance;
 mod detector;
 mod driver;
 mod records;
+mod seen;
 mod source;
 
 pub use detector::ClusterDetector;
