@@ -496,15 +496,10 @@ impl Broker {
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
-        // A single-active-consumer queue takes no exclusive consumer at all
-        // (RabbitMQ's `exclusive_consume_unavailable`).
-        if (c.exclusive && (!q.consumers.is_empty() || q.single_active))
-            || q.consumers.iter().any(|x| x.exclusive)
-        {
-            return Err(err(
-                ReplyCode::AccessRefused,
-                format!("queue '{name}' in vhost '{vhost}' in exclusive use"),
-            ));
+        // This node's consumers; a forwarded consume is refused by the
+        // master, which knows every node's (`LinkMsg::ConsumeRefused`).
+        if let Some(text) = q.refuses_consumer(c.exclusive, &vhost) {
+            return Err(err(ReplyCode::AccessRefused, text));
         }
         let mut consumer = Consumer {
             tag: tag.clone(),

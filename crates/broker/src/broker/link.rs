@@ -20,10 +20,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use warren_amqp::amq_protocol::protocol::basic;
-use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply};
+use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply, ReplyCode};
 
 use super::{
-    Broker, Channel, Conn, ConnId, Consumer, IdMap, Msg, Settle, Unacked, Waker, confirm_one,
+    Broker, Channel, Conn, ConnId, Consumer, IdMap, Msg, Settle, Unacked, Waker, confirm_one, err,
     nack_one,
 };
 use crate::auth::{Permission, PermissionDef};
@@ -109,6 +109,8 @@ pub enum LinkMsg {
         no_ack: bool,
         /// Its `x-priority`.
         priority: i32,
+        /// An exclusive consumer: the queue's only one.
+        exclusive: bool,
     },
     /// A direct reply-to reply, to the node of the channel its routing key
     /// `to` names (`broker/reply_to.rs`).
@@ -225,6 +227,26 @@ pub enum LinkMsg {
         /// The origin's consumer id.
         cid: u64,
     },
+    /// Master → origin: consumer `cid` is refused (the queue is in
+    /// exclusive use, or it asked to be exclusive and the queue has
+    /// consumers): the client's channel is closed with 403, as on the
+    /// master's node.
+    ConsumeRefused {
+        /// The origin's consumer id.
+        cid: u64,
+        /// The refusal's reply text.
+        text: String,
+    },
+    /// Origin → master: a client's `queue.purge`; answered with
+    /// [`LinkMsg::Counted`] (`messages`: how many it removed).
+    Purge {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The origin's request id.
+        req: u64,
+    },
 }
 
 /// A queue's figures as its master has them ([`LinkMsg::Peeked`]).
@@ -283,6 +305,9 @@ struct RemoteGet {
 /// A client's `queue.declare` waiting for the master's counts.
 #[derive(Debug)]
 struct PendingCount {
+    /// A `queue.purge` (answered with purge-ok) rather than a
+    /// `queue.declare` (declare-ok).
+    purge: bool,
     node: Arc<str>,
     conn: ConnId,
     channel: ChannelId,
@@ -291,6 +316,18 @@ struct PendingCount {
     /// When it was asked: unanswered after [`COUNT_WAIT_MS`], this node's
     /// own counts answer it.
     since_ms: u64,
+}
+
+impl PendingCount {
+    /// What asks the master for it, as request `req`.
+    fn ask(&self, req: u64) -> LinkMsg {
+        let (vhost, queue) = (self.vhost.clone(), self.queue.clone());
+        if self.purge {
+            LinkMsg::Purge { vhost, queue, req }
+        } else {
+            LinkMsg::Count { vhost, queue, req }
+        }
+    }
 }
 
 /// How long a declare waits for its master's counts across link resets
@@ -391,7 +428,7 @@ impl Links {
         }
     }
 
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
@@ -636,6 +673,7 @@ impl Broker {
                     prefetch: c.prefetch,
                     no_ack: c.no_ack,
                     priority: c.priority,
+                    exclusive: c.exclusive,
                 };
                 self.links.send(m, msg);
             }
@@ -730,6 +768,7 @@ impl Broker {
             prefetch: c.prefetch,
             no_ack: c.no_ack,
             priority: c.priority,
+            exclusive: c.exclusive,
         };
         let waits = !nowait && matches!(to, Elsewhere::Node(_));
         if waits {
@@ -766,6 +805,41 @@ impl Broker {
             );
         }
         self.reply_answered(p.conn);
+    }
+
+    /// The master refused consumer `cid`: it goes, and its client's channel
+    /// is closed with 403 if the client still waits for its consume-ok (a
+    /// consumer asked for again, after a link reset or a failover, is
+    /// cancelled instead, as when its queue goes).
+    fn consume_refused(&mut self, cid: u64, text: String) {
+        let waiting = self.links.consume_oks.remove(&cid);
+        let Some(rc) = self.links.consumers.remove(&cid) else {
+            if let Some(p) = waiting {
+                self.reply_answered(p.conn);
+            }
+            return;
+        };
+        if let Some(q) = self
+            .vhosts
+            .get_mut(&rc.vhost)
+            .and_then(|v| v.queues.get_mut(&rc.queue))
+        {
+            q.consumers.retain(|x| x.remote_cid != cid);
+        }
+        let Some(c) = self.conns.get_mut(&rc.conn) else {
+            return;
+        };
+        if let Some(ch) = c.channels.get_mut(&rc.channel) {
+            ch.consumers.remove(&rc.tag);
+        }
+        match waiting {
+            Some(p) => {
+                let e = err(ReplyCode::AccessRefused, text).with_method(60, 20);
+                c.amqp.channel_error(p.channel, e);
+                self.reply_answered(p.conn);
+            }
+            None => c.cancel_consumer(rc.channel, &rc.tag),
+        }
     }
 
     /// Answers the consumes that waited longer than [`COUNT_WAIT_MS`] for
@@ -836,35 +910,57 @@ impl Broker {
     }
 
     /// Answers a client's `queue.declare` of a queue served by `node` with
-    /// the master's counts, once they come.
+    /// the master's counts, once they come; with `purge`, has the master
+    /// purge the queue and answers the client's `queue.purge` with the
+    /// count it removed.
     pub(super) fn link_count(
         &mut self,
         node: &Arc<str>,
         (conn, channel): (ConnId, ChannelId),
         vhost: &str,
         queue: &str,
+        purge: bool,
     ) {
         let req = self.links.next();
         if let Some(c) = self.conns.get_mut(&conn) {
             c.reply_waits();
         }
-        self.links.counts.insert(
-            req,
-            PendingCount {
-                node: node.clone(),
-                conn,
-                channel,
-                vhost: vhost.to_owned(),
-                queue: queue.to_owned(),
-                since_ms: self.now,
-            },
-        );
-        let msg = LinkMsg::Count {
+        let p = PendingCount {
+            purge,
+            node: node.clone(),
+            conn,
+            channel,
             vhost: vhost.to_owned(),
             queue: queue.to_owned(),
-            req,
+            since_ms: self.now,
         };
+        let msg = p.ask(req);
+        self.links.counts.insert(req, p);
         self.links.send(node, msg);
+    }
+
+    /// Answers request `req` of node `to` with queue `queue`'s counts (the
+    /// ready messages, or `purged` for a purge).
+    fn send_counted(&mut self, to: &str, vhost: &str, queue: &str, req: u64, purged: Option<u64>) {
+        let (ready, consumers) = self.queue_counts(vhost, queue);
+        let messages = purged.unwrap_or(ready);
+        self.links.send(
+            to,
+            LinkMsg::Counted {
+                req,
+                messages,
+                consumers,
+            },
+        );
+    }
+
+    /// Purges queue `name` here (this node serves it): how many ready
+    /// messages went, or `None` if it is not here or its store refused.
+    pub(super) fn purge_here(&mut self, vhost: &str, name: &str) -> Option<u64> {
+        let q = self.vhosts.get_mut(vhost)?.queues.get_mut(name)?;
+        let n = q.store.purge().ok()?;
+        self.mirror_turn(vhost, name);
+        Some(n)
     }
 
     /// Queue `queue`'s ready messages and consumers as this node knows them.
@@ -893,17 +989,19 @@ impl Broker {
                 Some(m) => {
                     if let Some(p) = self.links.counts.get_mut(&req) {
                         p.node = Arc::from(m);
+                        let msg = p.ask(req);
+                        self.links.send(m, msg);
                     }
-                    let msg = LinkMsg::Count {
-                        vhost: vhost.to_owned(),
-                        queue: name.to_owned(),
-                        req,
-                    };
-                    self.links.send(m, msg);
                 }
                 None => {
                     if let Some(p) = self.links.counts.remove(&req) {
+                        let purged = if p.purge {
+                            self.purge_here(vhost, name).unwrap_or(0)
+                        } else {
+                            0
+                        };
                         let (messages, consumers) = self.queue_counts(vhost, name);
+                        let messages = if p.purge { purged } else { messages };
                         self.answer_count(p, messages, consumers);
                     }
                 }
@@ -921,6 +1019,20 @@ impl Broker {
             .map(|(_, p)| p)
             .collect();
         for p in late {
+            if p.purge {
+                // Whether the master purged is not known: as RabbitMQ
+                // answers a purge of a queue whose node is unreachable.
+                let text = format!(
+                    "home node '{}' of durable queue '{}' in vhost '{}' is down or inaccessible",
+                    p.node, p.queue, p.vhost
+                );
+                if let Some(c) = self.conns.get_mut(&p.conn) {
+                    let e = err(ReplyCode::NotFound, text).with_method(50, 30);
+                    c.amqp.channel_error(p.channel, e);
+                }
+                self.reply_answered(p.conn);
+                continue;
+            }
             let (messages, consumers) = self.queue_counts(&p.vhost, &p.queue);
             self.answer_count(p, messages, consumers);
         }
@@ -948,19 +1060,22 @@ impl Broker {
         }
     }
 
-    /// Sends the declare-ok a [`PendingCount`] waited for.
+    /// Sends the declare-ok (or purge-ok) a [`PendingCount`] waited for.
     fn answer_count(&mut self, p: PendingCount, messages: u64, consumers: u32) {
         if let Some(c) = self.conns.get_mut(&p.conn)
             && c.channels.contains_key(&p.channel)
         {
-            c.amqp.reply(
-                p.channel,
+            let message_count = u32::try_from(messages).unwrap_or(u32::MAX);
+            let reply = if p.purge {
+                Reply::QueuePurgeOk { message_count }
+            } else {
                 Reply::QueueDeclareOk {
                     queue: p.queue,
-                    message_count: u32::try_from(messages).unwrap_or(u32::MAX),
+                    message_count,
                     consumer_count: consumers,
-                },
-            );
+                }
+            };
+            c.amqp.reply(p.channel, reply);
         }
         self.reply_answered(p.conn);
     }
@@ -1101,6 +1216,7 @@ impl Broker {
                 prefetch: c.prefetch,
                 no_ack: c.no_ack,
                 priority: c.priority,
+                exclusive: c.exclusive,
             });
         }
         if !msgs.is_empty() {
@@ -1108,11 +1224,7 @@ impl Broker {
         }
         for (req, p) in &self.links.counts {
             if &*p.node == node {
-                msgs.push(LinkMsg::Count {
-                    vhost: p.vhost.clone(),
-                    queue: p.queue.clone(),
-                    req: *req,
-                });
+                msgs.push(p.ask(*req));
             }
         }
         for m in msgs {
@@ -1290,6 +1402,7 @@ impl Broker {
                 prefetch,
                 no_ack,
                 priority,
+                exclusive,
             } => {
                 let Some(pc) = self.link_conn(from, &vhost) else {
                     self.links.send(from, LinkMsg::Cancelled { cid });
@@ -1313,13 +1426,17 @@ impl Broker {
                     self.links.send(from, LinkMsg::ConsumeOk { cid });
                     return;
                 }
+                if let Some(text) = q.refuses_consumer(exclusive, &vhost) {
+                    self.links.send(from, LinkMsg::ConsumeRefused { cid, text });
+                    return;
+                }
                 let qname = q.name.clone();
                 q.add_consumer(Consumer {
                     tag: tag.clone(),
                     conn: pc,
                     channel: LINK_CHANNEL,
                     no_ack,
-                    exclusive: false,
+                    exclusive,
                     prefetch,
                     unacked: 0,
                     reserved: 0,
@@ -1401,15 +1518,7 @@ impl Broker {
                 if let Some(q) = self.queue_mut(&vhost, &queue) {
                     q.last_used_ms = q.last_used_ms.max(now);
                 }
-                let (messages, consumers) = self.queue_counts(&vhost, &queue);
-                self.links.send(
-                    from,
-                    LinkMsg::Counted {
-                        req,
-                        messages,
-                        consumers,
-                    },
-                );
+                self.send_counted(from, &vhost, &queue, req, None);
             }
             LinkMsg::Peek { queues } => {
                 let counts = queues
@@ -1482,6 +1591,11 @@ impl Broker {
                         q.consumers.retain(|x| x.remote_cid != cid);
                     }
                 }
+            }
+            LinkMsg::ConsumeRefused { cid, text } => self.consume_refused(cid, text),
+            LinkMsg::Purge { vhost, queue, req } => {
+                let purged = self.purge_here(&vhost, &queue).unwrap_or(0);
+                self.send_counted(from, &vhost, &queue, req, Some(purged));
             }
             LinkMsg::GetReply { req, msg } => {
                 let Some(get) = self.links.gets.remove(&req) else {

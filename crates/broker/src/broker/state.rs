@@ -161,6 +161,16 @@ impl Queue {
         self.consumers.push(c);
     }
 
+    /// Why a new consumer (`exclusive` or not) is refused, as RabbitMQ
+    /// says it (403): the queue has an exclusive consumer, or an exclusive
+    /// one asks while it has consumers or is a single-active-consumer
+    /// queue (RabbitMQ's `exclusive_consume_unavailable`).
+    pub(super) fn refuses_consumer(&self, exclusive: bool, vhost: &str) -> Option<String> {
+        ((exclusive && (!self.consumers.is_empty() || self.single_active))
+            || self.consumers.iter().any(|x| x.exclusive))
+        .then(|| format!("queue '{}' in vhost '{vhost}' in exclusive use", self.name))
+    }
+
     /// The index of a single-active-consumer queue's active consumer. When
     /// the active one is gone (cancelled, its channel or connection
     /// closed), the next takes over: the highest `x-priority`, the earliest

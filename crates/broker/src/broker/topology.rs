@@ -14,6 +14,7 @@ use warren_policy::MasterLocator;
 use super::args::{
     COMPARED_EXCHANGE_ARGS, COMPARED_QUEUE_ARGS, args_inequivalent, inequivalent, queue_args,
 };
+use super::link::LinkMsg;
 use super::persistence::{queue_dir, transient_dir};
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
@@ -589,7 +590,7 @@ impl Broker {
         match remote {
             _ if d.nowait => {}
             // Served elsewhere: the counts are the master's.
-            Some(node) => self.link_count(&node, (id, ch), &vhost, &name),
+            Some(node) => self.link_count(&node, (id, ch), &vhost, &name, false),
             None => {
                 c.amqp.reply(ch, reply);
             }
@@ -612,6 +613,28 @@ impl Broker {
             .get_mut(&vhost)
             .and_then(|v| v.queues.get_mut(name.as_str()))
             .expect("queue present");
+        // Served by another node: its master purges and counts.
+        match q.remote.clone() {
+            Some(Elsewhere::Node(node)) if !p.nowait => {
+                self.link_count(&node, (id, ch), &vhost, &name, true);
+                return Ok(());
+            }
+            Some(Elsewhere::Node(node)) => {
+                let req = self.links.next();
+                let (vhost, queue) = (vhost.clone(), name.to_string());
+                self.links.send(&node, LinkMsg::Purge { vhost, queue, req });
+                return Ok(());
+            }
+            Some(Elsewhere::Nowhere) => {
+                return Err(err(
+                    ReplyCode::NotFound,
+                    format!(
+                        "home node of durable queue '{name}' in vhost '{vhost}' is down or inaccessible"
+                    ),
+                ));
+            }
+            None => {}
+        }
         let n = q
             .store
             .purge()
@@ -658,7 +681,7 @@ impl Broker {
             if d.if_empty && q.store.stats().ready > 0 {
                 return Err(err(
                     ReplyCode::PreconditionFailed,
-                    format!("queue '{name}' in vhost '{vhost}' is not empty"),
+                    format!("queue '{name}' in vhost '{vhost}' not empty"),
                 ));
             }
             count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);

@@ -457,6 +457,116 @@ fn a_consume_of_a_forwarded_queue_is_answered_once_the_master_has_it() {
     );
 }
 
+/// A consume forwarded to a master that refuses it (the queue is in
+/// exclusive use on another node) closes the client's channel with 403,
+/// as on the master's node; the connection goes on.
+#[test]
+fn a_consume_the_master_refuses_closes_the_channel_with_403() {
+    let (node, mut c) = far_and_near();
+    c.send(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+            queue: "far".into(),
+            consumer_tag: "t".into(),
+            exclusive: true,
+            ..Default::default()
+        })),
+    );
+    let cid = forwarded(&node, |m| match m {
+        LinkMsg::Consume {
+            cid,
+            exclusive: true,
+            ..
+        } => Some(*cid),
+        _ => None,
+    });
+    let text = "queue 'far' in vhost '/' in exclusive use".to_owned();
+    let replies = answer_from_n2(&node, &mut c, LinkMsg::ConsumeRefused { cid, text });
+    assert_eq!(replies, [(20, 40)], "channel.close, no consume-ok");
+    assert!(!c.input_paused(), "the connection still waits");
+}
+
+/// A master refuses a forwarded consumer while another node's (or its
+/// own) exclusive consumer holds the queue, and a forwarded exclusive one
+/// while the queue has consumers.
+#[test]
+fn a_master_refuses_forwarded_consumers_against_exclusive_use() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    c.send(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+            queue: "q".into(),
+            consumer_tag: "local".into(),
+            ..Default::default()
+        })),
+    );
+    let consume = |cid: u64, exclusive: bool| LinkMsg::Consume {
+        vhost: "/".into(),
+        queue: "q".into(),
+        cid,
+        prefetch: 0,
+        no_ack: true,
+        priority: 0,
+        exclusive,
+    };
+    let out = node.with_broker(|b| {
+        b.link_input("n2", vec![consume(1, true), consume(2, false)], START_MS);
+        b.take_link_out()
+    });
+    let msgs: Vec<&LinkMsg> = out.iter().flat_map(|(_, m)| m).collect();
+    assert!(
+        matches!(
+            msgs[..],
+            [
+                LinkMsg::ConsumeRefused { cid: 1, .. },
+                LinkMsg::ConsumeOk { cid: 2 },
+                ..
+            ]
+        ),
+        "{msgs:?}"
+    );
+}
+
+/// A `queue.purge` of a queue served on another node is made by its
+/// master, and answered with the count the master removed.
+#[test]
+fn a_purge_of_a_forwarded_queue_is_made_by_its_master() {
+    let (node, mut c) = far_and_near();
+    c.send(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Purge(queue::Purge {
+            queue: "far".into(),
+            nowait: false,
+        })),
+    );
+    assert!(c.drain().is_empty(), "purge-ok before the master purged");
+    let req = forwarded(&node, |m| match m {
+        LinkMsg::Purge { req, .. } => Some(*req),
+        _ => None,
+    });
+    let counted = LinkMsg::Counted {
+        req,
+        messages: 3,
+        consumers: 0,
+    };
+    node.with_broker(|b| b.link_input("n2", vec![counted], START_MS));
+    c.pump();
+    let got = c.drain();
+    assert!(
+        matches!(
+            got[..],
+            [Incoming {
+                method: AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                    message_count: 3
+                })),
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+}
+
 /// A master that has a forwarded consumer says so on the link before it
 /// delivers to it.
 #[test]
@@ -474,6 +584,7 @@ fn a_master_confirms_a_forwarded_consumer_before_its_first_delivery() {
                 prefetch: 0,
                 no_ack: true,
                 priority: 0,
+                exclusive: false,
             }],
             START_MS,
         );

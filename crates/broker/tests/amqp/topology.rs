@@ -205,7 +205,7 @@ fn queue_delete_if_unused_refuses_a_queue_with_consumers_and_counts_what_it_drop
     let e = c.call(1, delete(false, true)).unwrap_err();
     assert_eq!(
         e.text,
-        "PRECONDITION_FAILED - queue 'q' in vhost '/' is not empty"
+        "PRECONDITION_FAILED - queue 'q' in vhost '/' not empty"
     );
     c.open_channel(1);
     let ok = c.call(1, delete(true, false)).unwrap();

@@ -1033,6 +1033,176 @@ def consumer_timeout(ctx):
     return {"got": got, "closed": why, "after": get_all(ctx.channel(ctx.use), q)}
 
 
+def recover_requeue(ctx):
+    """basic.recover with requeue: what the channel holds unacked goes back,
+    redelivered, in its place."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, ["r0", "r1", "r2"])
+    ch = ctx.channel(ctx.use)
+    taken = []
+    for _ in range(2):
+        m, _props, body = ch.basic_get(q, auto_ack=False)
+        if m is not None:
+            taken.append(body.decode())
+    ch.basic_recover(requeue=True)
+    return {"taken": taken, "after": get_all(ctx.channel(ctx.use), q)}
+
+
+def nack_and_reject_requeue(ctx):
+    """Settling out of order: basic.nack of several at once (multiple) and
+    basic.reject, requeued, then the rest by closing the channel; each
+    message back in its place, marked redelivered."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, [f"n{i}" for i in range(6)])
+    ch = ctx.channel(ctx.use)
+    tags = []
+    for _ in range(6):
+        m, _props, _body = ch.basic_get(q, auto_ack=False)
+        if m is not None:
+            tags.append(m.delivery_tag)
+    ch.basic_nack(tags[1], multiple=True, requeue=True)
+    ch.basic_reject(tags[4], requeue=True)
+    ch.basic_ack(tags[2])
+    other = ctx.channel(ctx.use)
+    out = {"taken": len(tags), "after_settles": get_all(other, q)}
+    ch.close()
+    out["after_close"] = get_all(other, q)
+    return out
+
+
+def tx_publish(ctx):
+    """Publishes in a transaction: none is in the queue before tx.commit, a
+    rolled back one never is."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use)
+    ch.tx_select()
+    ch.basic_publish("", q, "rolled-back", persistent())
+    ch.tx_rollback()
+    ch.basic_publish("", q, "c0", persistent())
+    ch.basic_publish("", q, "c1", persistent())
+    out = {"before_commit": passive_count(ctx.use, q)}
+    ch.tx_commit()
+    wait_for_count(ctx.use, q, 2)
+    out["got"] = get_all(ctx.channel(ctx.use), q)
+    return out
+
+
+def exclusive_consumer(ctx):
+    """An exclusive consumer refuses any other, and is refused while another
+    consumes."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    first = ctx.channel(ctx.use)
+    tag = first.basic_consume(q, lambda *a: None, exclusive=True)
+    out = {}
+    try:
+        ctx.channel(ctx.admin).basic_consume(q, lambda *a: None)
+        out["second"] = "ok"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        out["second"] = closed(e)
+    first.basic_cancel(tag)
+    plain = ctx.channel(ctx.use)
+    plain.basic_consume(q, lambda *a: None)
+    try:
+        ctx.channel(ctx.admin).basic_consume(q, lambda *a: None, exclusive=True)
+        out["exclusive_after"] = "ok"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        out["exclusive_after"] = closed(e)
+    return out
+
+
+def purge_and_delete_conditions(ctx):
+    """queue.purge answers the count it removed; queue.delete with if-empty
+    or if-unused refuses a queue that has messages or consumers (406),
+    and answers the count of what it deleted."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    publish_each(ch, q, ["p0", "p1", "p2"])
+    out = {"purged": ch.queue_purge(q).method.message_count}
+    out["after_purge"] = passive_count(ctx.use, q)
+    publish_each(ch, q, ["d0"])
+    try:
+        ctx.channel(ctx.use).queue_delete(q, if_empty=True)
+        out["if_empty"] = "deleted"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        out["if_empty"] = closed(e)
+    consumer = ctx.channel(ctx.use)
+    tag = consumer.basic_consume(q, lambda *a: None, auto_ack=False)
+    try:
+        ctx.channel(ctx.use).queue_delete(q, if_unused=True)
+        out["if_unused"] = "deleted"
+    except pika.exceptions.ChannelClosedByBroker as e:
+        out["if_unused"] = closed(e)
+    consumer.basic_cancel(tag)
+    consumer.close()
+    # The consumer's unacked message is back (the close requeued it) before
+    # the delete counts what it deletes.
+    wait_for_count(ctx.use, q, 1)
+    out["deleted"] = ctx.channel(ctx.use).queue_delete(q).method.message_count
+    out["after_delete"] = passive_count(ctx.use, q)
+    return out
+
+
+def max_length_bytes(ctx):
+    """x-max-length-bytes: the oldest messages go while the bodies exceed
+    it."""
+    q = ctx.queue("feat.")
+    ctx.declare(q, arguments={"x-max-length-bytes": 10})
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"publish": publish_each(ch, q, ["aaaaa", "bbbbb", "ccccc", "dd"])}
+    out["got"] = get_all(ch, q)
+    return out
+
+
+def alternate_exchange(ctx):
+    """An exchange's alternate-exchange takes what it cannot route; a
+    mandatory publish it routes that way is not returned."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ae, x = f"ae.{ctx.name}", f"x.{ctx.name}"
+    ch = ctx.channel(ctx.admin)
+    ch.exchange_declare(ae, "fanout", durable=True)
+    ch.queue_bind(q, ae)
+    ch.exchange_declare(x, "direct", durable=True, arguments={"alternate-exchange": ae})
+    pub = ctx.channel(ctx.use, confirm=True)
+    out = {}
+    try:
+        pub.basic_publish(x, "nowhere", "via-ae", persistent(), mandatory=True)
+        out["publish"] = "ack"
+    except pika.exceptions.UnroutableError:
+        out["publish"] = "returned"
+    try:
+        pub.basic_publish("", f"none.{ctx.name}", "lost", persistent(), mandatory=True)
+        out["unroutable"] = "ack"
+    except pika.exceptions.UnroutableError:
+        out["unroutable"] = "returned"
+    wait_for_count(ctx.use, q, 1)
+    out["got"] = get_all(pub, q)
+    ch.exchange_delete(x)
+    ch.exchange_delete(ae)
+    return out
+
+
+def deleted_under_consumer(ctx):
+    """A queue deleted under a consumer (through another node): the
+    consumer is told with basic.cancel (consumer_cancel_notify)."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use)
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    ch.basic_consume(q, lambda *a: None, consumer_tag="watcher")
+    ctx.channel(ctx.admin).queue_delete(q)
+    deadline = time.time() + 3
+    while not cancelled and time.time() < deadline:
+        ctx.use.process_data_events(time_limit=0.1)
+    return {"cancelled": cancelled, "after": passive_count(ctx.use, q)}
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1071,12 +1241,20 @@ SCENARIOS = [
     direct_reply_to,
     validated_user_id,
     consumer_timeout,
+    recover_requeue,
+    nack_and_reject_requeue,
+    tx_publish,
+    exclusive_consumer,
+    purge_and_delete_conditions,
+    max_length_bytes,
+    alternate_exchange,
+    deleted_under_consumer,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
              "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count.",
-             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args."]
+             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args.", "feat."]
 
 
 def run_one(urls, scenario, placement):
