@@ -305,9 +305,8 @@ struct RemoteGet {
 /// A client's `queue.declare` waiting for the master's counts.
 #[derive(Debug)]
 struct PendingCount {
-    /// A `queue.purge` (answered with purge-ok) rather than a
-    /// `queue.declare` (declare-ok).
-    purge: bool,
+    /// The client's command that waits.
+    what: Asked,
     node: Arc<str>,
     conn: ConnId,
     channel: ChannelId,
@@ -318,11 +317,29 @@ struct PendingCount {
     since_ms: u64,
 }
 
+/// A client's command on a queue served by another node that waits for
+/// the master's figures ([`PendingCount`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asked {
+    /// `queue.declare`: answered with the master's counts.
+    Declare,
+    /// `queue.purge`: the master purges, and says how many went.
+    Purge,
+    /// `queue.delete` with conditions: checked against the master's
+    /// counts (every node's consumers), then the delete is made here.
+    Delete {
+        /// Refused while the queue has consumers.
+        if_unused: bool,
+        /// Refused while the queue has ready messages.
+        if_empty: bool,
+    },
+}
+
 impl PendingCount {
     /// What asks the master for it, as request `req`.
     fn ask(&self, req: u64) -> LinkMsg {
         let (vhost, queue) = (self.vhost.clone(), self.queue.clone());
-        if self.purge {
+        if self.what == Asked::Purge {
             LinkMsg::Purge { vhost, queue, req }
         } else {
             LinkMsg::Count { vhost, queue, req }
@@ -909,24 +926,24 @@ impl Broker {
         );
     }
 
-    /// Answers a client's `queue.declare` of a queue served by `node` with
-    /// the master's counts, once they come; with `purge`, has the master
-    /// purge the queue and answers the client's `queue.purge` with the
-    /// count it removed.
+    /// Answers a client's command `what` on a queue served by `node` once
+    /// the master's counts come: a `queue.declare` with them, a
+    /// `queue.purge` (the master purges) with the count removed, a
+    /// conditional `queue.delete` after checking them.
     pub(super) fn link_count(
         &mut self,
         node: &Arc<str>,
         (conn, channel): (ConnId, ChannelId),
         vhost: &str,
         queue: &str,
-        purge: bool,
+        what: Asked,
     ) {
         let req = self.links.next();
         if let Some(c) = self.conns.get_mut(&conn) {
             c.reply_waits();
         }
         let p = PendingCount {
-            purge,
+            what,
             node: node.clone(),
             conn,
             channel,
@@ -995,14 +1012,13 @@ impl Broker {
                 }
                 None => {
                     if let Some(p) = self.links.counts.remove(&req) {
-                        let purged = if p.purge {
-                            self.purge_here(vhost, name).unwrap_or(0)
+                        let purged = if p.what == Asked::Purge {
+                            self.purge_here(vhost, name)
                         } else {
-                            0
+                            None
                         };
-                        let (messages, consumers) = self.queue_counts(vhost, name);
-                        let messages = if p.purge { purged } else { messages };
-                        self.answer_count(p, messages, consumers);
+                        let (ready, consumers) = self.queue_counts(vhost, name);
+                        self.answer_count(p, purged.unwrap_or(ready), consumers);
                     }
                 }
             }
@@ -1019,15 +1035,17 @@ impl Broker {
             .map(|(_, p)| p)
             .collect();
         for p in late {
-            if p.purge {
-                // Whether the master purged is not known: as RabbitMQ
-                // answers a purge of a queue whose node is unreachable.
+            if p.what != Asked::Declare {
+                // What the master did or has is not known: as RabbitMQ
+                // answers a purge or delete of a queue whose node is
+                // unreachable.
                 let text = format!(
                     "home node '{}' of durable queue '{}' in vhost '{}' is down or inaccessible",
                     p.node, p.queue, p.vhost
                 );
+                let method = if p.what == Asked::Purge { 30 } else { 40 };
                 if let Some(c) = self.conns.get_mut(&p.conn) {
-                    let e = err(ReplyCode::NotFound, text).with_method(50, 30);
+                    let e = err(ReplyCode::NotFound, text).with_method(50, method);
                     c.amqp.channel_error(p.channel, e);
                 }
                 self.reply_answered(p.conn);
@@ -1060,21 +1078,55 @@ impl Broker {
         }
     }
 
-    /// Sends the declare-ok (or purge-ok) a [`PendingCount`] waited for.
+    /// Sends the reply a [`PendingCount`] waited for: declare-ok or
+    /// purge-ok, or a conditional delete's outcome.
     fn answer_count(&mut self, p: PendingCount, messages: u64, consumers: u32) {
-        if let Some(c) = self.conns.get_mut(&p.conn)
-            && c.channels.contains_key(&p.channel)
-        {
-            let message_count = u32::try_from(messages).unwrap_or(u32::MAX);
-            let reply = if p.purge {
-                Reply::QueuePurgeOk { message_count }
-            } else {
-                Reply::QueueDeclareOk {
-                    queue: p.queue,
-                    message_count,
-                    consumer_count: consumers,
+        let open = self
+            .conns
+            .get(&p.conn)
+            .is_some_and(|c| c.channels.contains_key(&p.channel));
+        let message_count = u32::try_from(messages).unwrap_or(u32::MAX);
+        let reply = match p.what {
+            Asked::Purge => Reply::QueuePurgeOk { message_count },
+            Asked::Declare => Reply::QueueDeclareOk {
+                queue: p.queue,
+                message_count,
+                consumer_count: consumers,
+            },
+            Asked::Delete {
+                if_unused,
+                if_empty,
+            } if open => {
+                // Its metadata change is this connection's to wait for,
+                // as when the delete is made at once.
+                let mark = self.begin_recording(p.conn);
+                let figures = (messages, u64::from(consumers));
+                let cond = (if_unused, if_empty);
+                let done = self.delete_if(
+                    (p.conn, p.channel),
+                    &p.vhost,
+                    &p.queue,
+                    cond,
+                    figures,
+                    false,
+                );
+                if let Err(e) = done
+                    && let Some(c) = self.conns.get_mut(&p.conn)
+                {
+                    c.amqp.channel_error(p.channel, e.with_method(50, 40));
                 }
-            };
+                if let Some(mark) = mark {
+                    self.end_recording(p.conn, mark, (50, 40));
+                }
+                self.reply_answered(p.conn);
+                return;
+            }
+            Asked::Delete { .. } => {
+                self.reply_answered(p.conn);
+                return;
+            }
+        };
+        if open && let Some(c) = self.conns.get_mut(&p.conn) {
             c.amqp.reply(p.channel, reply);
         }
         self.reply_answered(p.conn);

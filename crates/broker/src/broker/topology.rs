@@ -14,7 +14,7 @@ use warren_policy::MasterLocator;
 use super::args::{
     COMPARED_EXCHANGE_ARGS, COMPARED_QUEUE_ARGS, args_inequivalent, inequivalent, queue_args,
 };
-use super::link::LinkMsg;
+use super::link::{Asked, LinkMsg};
 use super::persistence::{queue_dir, transient_dir};
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
@@ -590,7 +590,7 @@ impl Broker {
         match remote {
             _ if d.nowait => {}
             // Served elsewhere: the counts are the master's.
-            Some(node) => self.link_count(&node, (id, ch), &vhost, &name, false),
+            Some(node) => self.link_count(&node, (id, ch), &vhost, &name, Asked::Declare),
             None => {
                 c.amqp.reply(ch, reply);
             }
@@ -616,7 +616,7 @@ impl Broker {
         // Served by another node: its master purges and counts.
         match q.remote.clone() {
             Some(Elsewhere::Node(node)) if !p.nowait => {
-                self.link_count(&node, (id, ch), &vhost, &name, true);
+                self.link_count(&node, (id, ch), &vhost, &name, Asked::Purge);
                 return Ok(());
             }
             Some(Elsewhere::Node(node)) => {
@@ -659,47 +659,81 @@ impl Broker {
     ) -> Result<(), AmqpError> {
         let name = self.queue_name(id, ch, &d.queue)?;
         let vhost = self.conns[&id].vhost.clone();
-        let mut count = 0;
-        let mut found = false;
-        if let Some(q) = self
+        let Some(q) = self
             .vhosts
             .get(&vhost)
             .and_then(|v| v.queues.get(name.as_str()))
+        else {
+            if !d.nowait {
+                let reply = Reply::QueueDeleteOk { message_count: 0 };
+                self.conn(id).amqp.reply(ch, reply);
+            }
+            return Ok(());
+        };
+        if let Some(owner) = q.owner
+            && owner != id
         {
-            if let Some(owner) = q.owner
-                && owner != id
-            {
-                return Err(locked(&name, &vhost));
-            }
-            self.check(id, Access::Configure, "queue", &name)?;
-            if d.if_unused && !q.consumers.is_empty() {
-                return Err(err(
-                    ReplyCode::PreconditionFailed,
-                    format!("queue '{name}' in vhost '{vhost}' in use"),
-                ));
-            }
-            if d.if_empty && q.store.stats().ready > 0 {
-                return Err(err(
-                    ReplyCode::PreconditionFailed,
-                    format!("queue '{name}' in vhost '{vhost}' not empty"),
-                ));
-            }
-            count = u32::try_from(q.store.stats().ready).unwrap_or(u32::MAX);
-            found = true;
+            return Err(locked(&name, &vhost));
+        }
+        self.check(id, Access::Configure, "queue", &name)?;
+        let f = q.figures();
+        let cond = (d.if_unused, d.if_empty);
+        // Conditions on a queue served by another node are checked
+        // against its master's counts (every node's consumers).
+        if let Some(Elsewhere::Node(node)) = q.remote.clone()
+            && (d.if_unused || d.if_empty)
+            && !d.nowait
+        {
+            let what = Asked::Delete {
+                if_unused: d.if_unused,
+                if_empty: d.if_empty,
+            };
+            self.link_count(&node, (id, ch), &vhost, &name, what);
+            return Ok(());
+        }
+        self.delete_if(
+            (id, ch),
+            &vhost,
+            &name,
+            cond,
+            (f.ready, f.consumers),
+            d.nowait,
+        )
+    }
+
+    /// Deletes queue `name` unless `(if_unused, if_empty)` refuse it given
+    /// its `(ready, consumers)`, answering channel `ch` with delete-ok (the
+    /// count of ready messages) unless `nowait`.
+    pub(super) fn delete_if(
+        &mut self,
+        (id, ch): (ConnId, ChannelId),
+        vhost: &str,
+        name: &str,
+        (if_unused, if_empty): (bool, bool),
+        (ready, consumers): (u64, u64),
+        nowait: bool,
+    ) -> Result<(), AmqpError> {
+        if if_unused && consumers > 0 {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("queue '{name}' in vhost '{vhost}' in use"),
+            ));
+        }
+        if if_empty && ready > 0 {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("queue '{name}' in vhost '{vhost}' not empty"),
+            ));
         }
         // delete-ok first, then the basic.cancel of the queue's consumers
         // (this channel's too), in RabbitMQ's order.
-        if !d.nowait {
-            self.conn(id).amqp.reply(
-                ch,
-                Reply::QueueDeleteOk {
-                    message_count: count,
-                },
-            );
+        if !nowait {
+            let message_count = u32::try_from(ready).unwrap_or(u32::MAX);
+            self.conn(id)
+                .amqp
+                .reply(ch, Reply::QueueDeleteOk { message_count });
         }
-        if found {
-            self.delete_queue(&vhost, &name);
-        }
+        self.delete_queue(vhost, name);
         Ok(())
     }
 

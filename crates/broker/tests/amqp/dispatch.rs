@@ -1,7 +1,7 @@
 //! Handing messages to consumers and settling them: prefetch, round-robin,
 //! reject and requeue, basic.get, recover, cancel (`broker/dispatch.rs`).
 
-use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, queue};
+use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, channel, queue};
 use warren_amqp::amq_protocol::types::AMQPValue;
 use warren_broker::LinkMsg;
 
@@ -564,6 +564,55 @@ fn a_purge_of_a_forwarded_queue_is_made_by_its_master() {
             }]
         ),
         "{got:?}"
+    );
+}
+
+/// A `queue.delete` with if-empty or if-unused of a queue served on
+/// another node checks the master's counts (a node that only forwards
+/// holds none of the messages, nor the other nodes' consumers): refused
+/// with 406 while the master has messages, made once it has none.
+#[test]
+fn a_conditional_delete_of_a_forwarded_queue_checks_the_masters_counts() {
+    let (node, mut c) = far_and_near();
+    let delete = || {
+        AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+            queue: "far".into(),
+            if_empty: true,
+            ..Default::default()
+        }))
+    };
+    let counted = |req, messages| LinkMsg::Counted {
+        req,
+        messages,
+        consumers: 0,
+    };
+    c.send(1, delete());
+    assert!(c.drain().is_empty(), "answered before the master's counts");
+    let req = forwarded(&node, |m| match m {
+        LinkMsg::Count { req, .. } => Some(*req),
+        _ => None,
+    });
+    let replies = answer_from_n2(&node, &mut c, counted(req, 2));
+    assert_eq!(replies, [(20, 40)], "refused: channel.close");
+    c.send(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    );
+    c.send(
+        2,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    );
+    c.drain();
+    c.send(2, delete());
+    let req = forwarded(&node, |m| match m {
+        LinkMsg::Count { req, .. } => Some(*req),
+        _ => None,
+    });
+    let replies = answer_from_n2(&node, &mut c, counted(req, 0));
+    assert_eq!(replies, [(50, 41)], "delete-ok");
+    assert!(
+        node.with_broker(|b| b.queues(Some("/")).iter().all(|q| q.name != "far")),
+        "the queue is gone"
     );
 }
 

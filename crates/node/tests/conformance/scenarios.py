@@ -35,6 +35,11 @@ import pika
 # name -> (pattern, definition, priority); set by the harness.
 POLICIES = {
     "ha-all": (r"^ha\.", {"ha-mode": "all", "ha-sync-mode": "automatic"}, 0),
+    "ha-two": (
+        r"^ha\.two\.",
+        {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"},
+        1,
+    ),
     "ha-limits": (
         r"^ha\.limits\.",
         {
@@ -1203,6 +1208,85 @@ def deleted_under_consumer(ctx):
     return {"cancelled": cancelled, "after": passive_count(ctx.use, q)}
 
 
+def each_node(ctx):
+    """One queue used through every node, the nodes without a copy of it
+    too: mirrored to two nodes of three (`ha-two`: RabbitMQ picks the
+    mirror's node at random, so does Warren), or not mirrored at all (the
+    plain placement). Through each node in turn: publishes, a count, a
+    get, deletes with if-empty and if-unused refused (the consumer on the
+    next node), a purge."""
+    q = ctx.queue("two.")
+    ctx.declare(q, fail_over=False)
+    out = {}
+    conns = [ctx.connect(i) for i in range(3)]
+    for i, conn in enumerate(conns):
+        ch = ctx.channel(conn, confirm=True)
+        r = {"publish": publish_each(ch, q, [f"e{i}a", f"e{i}b"])}
+        r["count"] = passive_count(conn, q)
+        m, _props, body = ch.basic_get(q, auto_ack=True)
+        r["get"] = body.decode() if m else None
+        try:
+            conn.channel().queue_delete(q, if_empty=True)
+            r["if_empty"] = "deleted"
+        except pika.exceptions.ChannelClosedByBroker as e:
+            r["if_empty"] = closed(e)
+        nxt = conns[(i + 1) % 3]
+        consumer = nxt.channel()
+        consumer.basic_qos(prefetch_count=1)
+        tag = consumer.basic_consume(q, lambda *a: None)
+        try:
+            conn.channel().queue_delete(q, if_unused=True)
+            r["if_unused"] = "deleted"
+        except pika.exceptions.ChannelClosedByBroker as e:
+            r["if_unused"] = closed(e)
+        consumer.basic_cancel(tag)
+        consumer.close()
+        wait_for_count(conn, q, 1)
+        r["purged"] = conn.channel().queue_purge(q).method.message_count
+        out[f"node{i + 1}"] = r
+    return out
+
+
+def prefetch_limit(ctx):
+    """basic.qos prefetch: a consumer holds at most that many unacked
+    deliveries; an ack lets the next one come."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, [f"f{i}" for i in range(5)])
+    ch = ctx.channel(ctx.use)
+    ch.basic_qos(prefetch_count=2)
+    got = []
+    ch.basic_consume(q, lambda _c, m, _p, body: got.append((m.delivery_tag, body.decode())))
+    deadline = time.time() + 0.5
+    while time.time() < deadline:
+        ctx.use.process_data_events(time_limit=0.05)
+    out = {"before_ack": [b for _, b in got]}
+    ch.basic_ack(got[0][0])
+    deadline = time.time() + 0.5
+    while time.time() < deadline:
+        ctx.use.process_data_events(time_limit=0.05)
+    out["after_ack"] = [b for _, b in got]
+    return out
+
+
+def cancel_on_failover(ctx):
+    """A consumer with x-cancel-on-ha-failover is told (basic.cancel) when
+    its queue's master fails over, and only then; one without is not."""
+    q = ctx.queue("feat.")
+    ctx.declare(q, fail_over=False)
+    ch = ctx.channel(ctx.use)
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    ch.basic_consume(q, lambda *a: None, consumer_tag="told",
+                     arguments={"x-cancel-on-ha-failover": True})
+    ch.basic_consume(q, lambda *a: None, consumer_tag="untold")
+    ctx.fail_over(q)
+    deadline = time.time() + 2
+    while time.time() < deadline:
+        ctx.use.process_data_events(time_limit=0.1)
+    return {"cancelled": cancelled}
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1249,12 +1333,15 @@ SCENARIOS = [
     max_length_bytes,
     alternate_exchange,
     deleted_under_consumer,
+    each_node,
+    prefetch_limit,
+    cancel_on_failover,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
              "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count.",
-             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args.", "feat."]
+             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args.", "feat.", "two."]
 
 
 def run_one(urls, scenario, placement):
