@@ -1284,12 +1284,25 @@ async fn queue_delete(
 async fn queue_purge(
     State(s): State<Management>,
     Path((vhost, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    uri: Uri,
 ) -> ApiResult<Response> {
-    let mut b = s.broker();
-    if !b.queues(Some(&vhost)).iter().any(|x| x.name == name) {
-        return Err(ApiError::not_found());
+    let served_here = s
+        .broker()
+        .queues(Some(&vhost))
+        .iter()
+        .find(|x| x.name == name)
+        .ok_or_else(ApiError::not_found)?
+        .served_here;
+    // Served by another node: its master purges (a mirror's copy cannot).
+    if !served_here
+        && let Some(master) = s.mirrors.mirrors(&vhost, &name).map(|m| m.node)
+        && let Some(answer) =
+            crate::fanout::forward(&s, &headers, "DELETE", &master, uri.path()).await
+    {
+        return Ok(answer);
     }
-    b.admin_purge_queue(&vhost, &name)?;
+    s.broker().admin_purge_queue(&vhost, &name)?;
     Ok(no_content())
 }
 

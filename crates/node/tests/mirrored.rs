@@ -361,6 +361,26 @@ fn gets_on_a_mirror_node_are_served_and_settled_by_the_master() {
     assert_eq!(left, b"m2");
 }
 
+/// A purge through the management API of a mirror's node is made by the
+/// queue's master (a mirror's copy cannot purge: it answered 400 before),
+/// as RabbitMQ's API purges through any node.
+#[test]
+fn a_purge_through_a_mirrors_api_is_made_by_the_master() {
+    let root = peers::test_root();
+    let (_secret, nodes, rt) = mirrored_three(root.path());
+    let acked = rt.block_on(publish_confirmed(&nodes[0], 0, 3));
+    assert_eq!(acked.len(), 3);
+    eventually("three messages ready", || {
+        queue(&nodes[0])["messages_ready"] == 3
+    });
+    let (status, body) =
+        nodes[1].http("DELETE", &format!("/api/queues/%2F/{QUEUE}/contents"), None);
+    assert_eq!(status, 204, "{body}");
+    eventually("the queue is empty at its master", || {
+        queue(&nodes[0])["messages_ready"] == 0
+    });
+}
+
 #[test]
 fn graceful_stop_hands_over_and_a_restarted_node_resyncs() {
     let root = peers::test_root();

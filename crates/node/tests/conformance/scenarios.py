@@ -523,7 +523,10 @@ def auto_delete_two_consumers(ctx):
     ctx.use.process_data_events(time_limit=0.5)
     out = {"one_cancelled": passive_count(ctx.use, q)}
     a.basic_cancel(ta)
-    ctx.admin.process_data_events(time_limit=0.5)
+    # Gone once the last consumer's cancel reaches the queue (3 s at most).
+    deadline = time.time() + 3
+    while isinstance(passive_count(ctx.use, q), int) and time.time() < deadline:
+        ctx.admin.process_data_events(time_limit=0.05)
     out["both_cancelled"] = passive_count(ctx.use, q)
     return out
 
@@ -1257,16 +1260,23 @@ def prefetch_limit(ctx):
     ch.basic_qos(prefetch_count=2)
     got = []
     ch.basic_consume(q, lambda _c, m, _p, body: got.append((m.delivery_tag, body.decode())))
-    deadline = time.time() + 0.5
-    while time.time() < deadline:
-        ctx.use.process_data_events(time_limit=0.05)
+    events_until(ctx.use, lambda: len(got) >= 2)
     out = {"before_ack": [b for _, b in got]}
     ch.basic_ack(got[0][0])
-    deadline = time.time() + 0.5
-    while time.time() < deadline:
-        ctx.use.process_data_events(time_limit=0.05)
+    events_until(ctx.use, lambda: len(got) >= 3)
     out["after_ack"] = [b for _, b in got]
     return out
+
+
+def events_until(conn, done, seconds=5.0, then=0.3):
+    """Handles `conn`'s events until `done()` (at most `seconds`), then for
+    `then` seconds more: what should not come has had time to."""
+    deadline = time.time() + seconds
+    while not done() and time.time() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    deadline = time.time() + then
+    while time.time() < deadline:
+        conn.process_data_events(time_limit=0.05)
 
 
 def cancel_on_failover(ctx):
@@ -1281,9 +1291,9 @@ def cancel_on_failover(ctx):
                      arguments={"x-cancel-on-ha-failover": True})
     ch.basic_consume(q, lambda *a: None, consumer_tag="untold")
     ctx.fail_over(q)
-    deadline = time.time() + 2
-    while time.time() < deadline:
-        ctx.use.process_data_events(time_limit=0.1)
+    # Only the failover placement fails over: the others wait out 1 s.
+    seconds = 5.0 if ctx.placement == "failover" else 1.0
+    events_until(ctx.use, lambda: bool(cancelled), seconds=seconds, then=0.5)
     return {"cancelled": cancelled}
 
 
