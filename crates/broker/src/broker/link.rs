@@ -1002,6 +1002,19 @@ impl Broker {
             .map(|(req, _)| *req)
             .collect();
         for req in waiting {
+            // A purge the old master may have made (and passed to its
+            // mirrors) is not made again: it would take what came since.
+            if self
+                .links
+                .counts
+                .get(&req)
+                .is_some_and(|p| p.what == Asked::Purge)
+            {
+                if let Some(p) = self.links.counts.remove(&req) {
+                    self.fail_count(p);
+                }
+                continue;
+            }
             match master {
                 Some(m) => {
                     if let Some(p) = self.links.counts.get_mut(&req) {
@@ -1012,17 +1025,28 @@ impl Broker {
                 }
                 None => {
                     if let Some(p) = self.links.counts.remove(&req) {
-                        let purged = if p.what == Asked::Purge {
-                            self.purge_here(vhost, name)
-                        } else {
-                            None
-                        };
                         let (ready, consumers) = self.queue_counts(vhost, name);
-                        self.answer_count(p, purged.unwrap_or(ready), consumers);
+                        self.answer_count(p, ready, consumers);
                     }
                 }
             }
         }
+    }
+
+    /// Closes the channel of a purge or conditional delete whose outcome
+    /// at the master is not known (unreachable, or the queue failed over),
+    /// as RabbitMQ answers one for a queue whose node is unreachable.
+    fn fail_count(&mut self, p: PendingCount) {
+        let text = format!(
+            "home node '{}' of durable queue '{}' in vhost '{}' is down or inaccessible",
+            p.node, p.queue, p.vhost
+        );
+        let method = if p.what == Asked::Purge { 30 } else { 40 };
+        if let Some(c) = self.conns.get_mut(&p.conn) {
+            let e = err(ReplyCode::NotFound, text).with_method(50, method);
+            c.amqp.channel_error(p.channel, e);
+        }
+        self.reply_answered(p.conn);
     }
 
     /// Answers, with this node's counts, the declares that waited longer
@@ -1036,19 +1060,7 @@ impl Broker {
             .collect();
         for p in late {
             if p.what != Asked::Declare {
-                // What the master did or has is not known: as RabbitMQ
-                // answers a purge or delete of a queue whose node is
-                // unreachable.
-                let text = format!(
-                    "home node '{}' of durable queue '{}' in vhost '{}' is down or inaccessible",
-                    p.node, p.queue, p.vhost
-                );
-                let method = if p.what == Asked::Purge { 30 } else { 40 };
-                if let Some(c) = self.conns.get_mut(&p.conn) {
-                    let e = err(ReplyCode::NotFound, text).with_method(50, method);
-                    c.amqp.channel_error(p.channel, e);
-                }
-                self.reply_answered(p.conn);
+                self.fail_count(p);
                 continue;
             }
             let (messages, consumers) = self.queue_counts(&p.vhost, &p.queue);
@@ -1274,8 +1286,11 @@ impl Broker {
         if !msgs.is_empty() {
             tracing::info!(%node, consumers = msgs.len(), "asking the node again for deliveries to this node's consumers");
         }
+        // A purge is not asked again: the lost session may have made it,
+        // and a second would take what came since. It fails after
+        // COUNT_WAIT_MS (`expire_counts`).
         for (req, p) in &self.links.counts {
-            if &*p.node == node {
+            if &*p.node == node && p.what != Asked::Purge {
                 msgs.push(p.ask(*req));
             }
         }

@@ -567,6 +567,37 @@ fn a_purge_of_a_forwarded_queue_is_made_by_its_master() {
     );
 }
 
+/// A purge waiting for its master when the queue fails over is not made
+/// again by the next master (the first may have purged, and a second would
+/// take what came since): the client's channel is closed with 404, as
+/// RabbitMQ answers for a queue whose node went down.
+#[test]
+fn a_purge_whose_master_fails_over_is_not_made_twice() {
+    let (node, mut c) = far_and_near();
+    c.send(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Purge(queue::Purge {
+            queue: "far".into(),
+            nowait: false,
+        })),
+    );
+    forwarded(&node, |m| match m {
+        LinkMsg::Purge { req, .. } => Some(*req),
+        _ => None,
+    });
+    node.with_broker(|b| b.set_queue_master("/", "far", Some("n3")));
+    let out = node.with_broker(warren_broker::Broker::take_link_out);
+    assert!(
+        !out.iter()
+            .flat_map(|(_, m)| m)
+            .any(|m| matches!(m, LinkMsg::Purge { .. })),
+        "asked again: {out:?}"
+    );
+    c.pump();
+    let got: Vec<(u16, u16)> = c.drain().iter().map(Incoming::ids).collect();
+    assert_eq!(got, [(20, 40)], "channel.close");
+}
+
 /// A `queue.delete` with if-empty or if-unused of a queue served on
 /// another node checks the master's counts (a node that only forwards
 /// holds none of the messages, nor the other nodes' consumers): refused
