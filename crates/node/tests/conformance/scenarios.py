@@ -1297,6 +1297,78 @@ def cancel_on_failover(ctx):
     return {"cancelled": cancelled}
 
 
+def each_node_limits(ctx):
+    """A queue with a length limit (reject-publish) and a dead-letter
+    queue, used through every node (mirrored to two nodes of three, or not
+    at all): what each node's publishes and rejections come to."""
+    q = ctx.queue("two.")
+    dlq = f"dlq.{ctx.name}"
+    ctx.declare(dlq, fail_over=False)
+    args = {
+        "x-max-length": 2,
+        "x-overflow": "reject-publish",
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dlq,
+    }
+    ctx.declare(q, arguments=args, fail_over=False)
+    out = {}
+    for i in range(3):
+        conn = ctx.connect(i)
+        ch = ctx.channel(conn, confirm=True)
+        r = {"publish": publish_each(ch, q, [f"l{i}a", f"l{i}b", f"l{i}c"])}
+        m, _props, _body = ch.basic_get(q, auto_ack=False)
+        ch.basic_reject(m.delivery_tag, requeue=False)
+        # Room for one again: the next publish fits, one more does not.
+        r["after_reject"] = publish_each(ch, q, [f"l{i}d", f"l{i}e"])
+        wait_for_count(conn, dlq, 1)
+        r["dead"] = get_dead(ch, dlq)
+        r["left"] = get_all(ch, q)
+        out[f"node{i + 1}"] = r
+    delete(ctx.admin, dlq)
+    return out
+
+
+def exchanges_across_nodes(ctx):
+    """Exchanges declared and bound through one node route publishes made
+    through every node: a headers exchange (x-match all and any), a topic
+    exchange bound to it (exchange to exchange), an unbinding."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    hx, tx = f"hx.{ctx.name}", f"tx.{ctx.name}"
+    setup = ctx.channel(ctx.admin)
+    setup.exchange_declare(hx, "headers", durable=True)
+    setup.exchange_declare(tx, "topic", durable=True)
+    setup.queue_bind(q, hx, arguments={"x-match": "all", "kind": "a", "n": 1})
+    setup.queue_bind(q, hx, arguments={"x-match": "any", "kind": "b", "n": 2})
+    setup.exchange_bind(hx, tx, routing_key="orders.#")
+    setup.queue_bind(q, tx, routing_key="*.audit")
+    setup.queue_unbind(q, tx, routing_key="*.audit")
+    out = {}
+    for i in range(3):
+        conn = ctx.connect(i)
+        ch = ctx.channel(conn, confirm=True)
+        sent = []
+        for key, headers in [
+            ("orders.eu", {"kind": "a", "n": 1}),
+            ("orders.us", {"kind": "a", "n": 2}),
+            ("orders.x", {"n": 2}),
+            ("other.audit", {"kind": "a", "n": 1}),
+        ]:
+            props = pika.BasicProperties(delivery_mode=2, headers=headers)
+            try:
+                ch.basic_publish(tx, key, f"{i}:{key}", props, mandatory=True)
+                sent.append("ack")
+            except pika.exceptions.UnroutableError:
+                sent.append("returned")
+        r = {"publish": sent}
+        wait_for_count(conn, q, sent.count("ack"))
+        r["got"] = [b for b, _red, _prio in get_all(ch, q)]
+        out[f"node{i + 1}"] = r
+    setup.exchange_delete(tx)
+    setup.exchange_delete(hx)
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1346,6 +1418,8 @@ SCENARIOS = [
     each_node,
     prefetch_limit,
     cancel_on_failover,
+    each_node_limits,
+    exchanges_across_nodes,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
