@@ -1369,6 +1369,34 @@ def exchanges_across_nodes(ctx):
     return out
 
 
+def tx_ack(ctx):
+    """Acks in a transaction: a rolled back ack leaves its message unacked
+    (back in the queue once the channel closes), a committed one takes
+    it."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, ["x0", "x1", "x2"])
+    ch = ctx.channel(ctx.use)
+    tags = []
+    for _ in range(3):
+        m, _props, _body = ch.basic_get(q, auto_ack=False)
+        if m is not None:
+            tags.append(m.delivery_tag)
+    ch.tx_select()
+    ch.basic_ack(tags[0])
+    ch.tx_rollback()
+    ch.basic_ack(tags[1])
+    ch.basic_reject(tags[2], requeue=True)
+    out = {"before_commit": passive_count(ctx.use, q)}
+    ch.tx_commit()
+    wait_for_count(ctx.use, q, 1)
+    out["after_commit"] = get_all(ctx.channel(ctx.use), q)
+    ch.close()
+    wait_for_count(ctx.use, q, 1)
+    out["after_close"] = get_all(ctx.channel(ctx.use), q)
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1420,6 +1448,7 @@ SCENARIOS = [
     cancel_on_failover,
     each_node_limits,
     exchanges_across_nodes,
+    tx_ack,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
