@@ -924,8 +924,9 @@ pub(crate) struct Replayed {
     exchanges: BTreeMap<(String, String), ExchangeRecord>,
     bindings: Vec<BindingRecord>,
     policies: BTreeMap<(String, String), PolicyRecord>,
-    /// Every queue, and whether it is exclusive.
-    queues: BTreeMap<(String, String), bool>,
+    /// Every queue: whether it is exclusive, and which declaration of its
+    /// name it is ([`QueueRecord::serial`]).
+    queues: BTreeMap<(String, String), (bool, u64)>,
 }
 
 /// Brings the local broker in line with the cluster's metadata `m`:
@@ -958,7 +959,12 @@ pub(crate) fn replay(b: &mut Broker, prev: Option<Replayed>, m: &Metadata, me: &
         replay_exchanges(b, m);
         r.exchanges.clone_from(&m.exchanges);
     }
-    let queues_changed = full || !r.queues.keys().eq(m.queues.keys());
+    let queues_changed = full
+        || r.queues.len() != m.queues.len()
+        || r.queues
+            .iter()
+            .zip(&m.queues)
+            .any(|((k, (_, serial)), (mk, q))| k != mk || *serial != q.serial);
     if full {
         replay_queues(b, m, me);
     } else if queues_changed {
@@ -968,7 +974,7 @@ pub(crate) fn replay(b: &mut Broker, prev: Option<Replayed>, m: &Metadata, me: &
         r.queues = m
             .queues
             .iter()
-            .map(|(k, q)| (k.clone(), q.exclusive_owner.is_some()))
+            .map(|(k, q)| (k.clone(), (q.exclusive_owner.is_some(), q.serial)))
             .collect();
     }
     if exchanges_changed || r.bindings != m.bindings {
@@ -1104,23 +1110,52 @@ fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
 }
 
 /// Queues added to or removed from the cluster since the last replay
-/// (`prev`: each queue then, and whether it was exclusive).
+/// (`prev`: each queue then, whether it was exclusive and its serial). A
+/// queue deleted and declared again elsewhere between two replays, with
+/// other settings, replaces the predecessor the broker still holds (the
+/// settings are what tells them apart: this node's own declare, whose
+/// serial changes once committed, has the record's).
 fn replay_queues_since(
     b: &mut Broker,
-    prev: &BTreeMap<(String, String), bool>,
+    prev: &BTreeMap<(String, String), (bool, u64)>,
     m: &Metadata,
     me: &str,
 ) {
     for (key, q) in &m.queues {
-        if q.exclusive_owner.is_none() && !prev.contains_key(key) {
-            replay_declare(b, q, me);
+        if q.exclusive_owner.is_some() {
+            continue;
+        }
+        match prev.get(key) {
+            None => replay_declare(b, q, me),
+            Some((_, serial)) if *serial != q.serial => match declared_as(b, q) {
+                Some(true) => {}
+                Some(false) => {
+                    b.admin_delete_queue(&key.0, &key.1);
+                    replay_declare(b, q, me);
+                }
+                None => replay_declare(b, q, me),
+            },
+            Some(_) => {}
         }
     }
-    for (key, exclusive) in prev {
+    for (key, (exclusive, _)) in prev {
         if !exclusive && !m.queues.contains_key(key) {
             b.admin_delete_queue(&key.0, &key.1);
         }
     }
+}
+
+/// Whether the broker's queue of `q`'s name is declared as `q` says
+/// (durable, auto-delete, arguments); `None` if it has no such queue.
+fn declared_as(b: &Broker, q: &QueueRecord) -> Option<bool> {
+    let info = b
+        .queues(Some(&q.vhost))
+        .into_iter()
+        .find(|i| i.name == q.name)?;
+    // The record's arguments came from a broker's table through the same
+    // conversion (floats become strings, for one): compared after it.
+    let same_args = matches!(json_to_arg(&info.arguments), ArgValue::Table(a) if a == q.arguments);
+    Some(info.durable == q.durable && info.auto_delete == q.auto_delete && same_args)
 }
 
 /// Bindings: drops those between shared entities (any exchange, a queue but
@@ -1736,5 +1771,92 @@ impl warren_management::MirrorSource for Records {
 
     fn cancel_sync(&self, vhost: &str, queue: &str) -> Result<(), String> {
         self.on_master(vhost, queue, |m| m.cancel_sync(vhost, queue))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use warren_broker::BrokerConfig;
+    use warren_broker::meta::FileStore;
+
+    use super::*;
+
+    fn declared(max_length: i64) -> Command {
+        Command::DeclareQueue(QueueRecord {
+            vhost: "/".into(),
+            name: "q".into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: [("x-max-length".to_owned(), ArgValue::Int(max_length))].into(),
+            master: "n2".into(),
+            mirrors: vec![],
+            synchronised: vec![],
+            view_version: 0,
+            serial: 0,
+        })
+    }
+
+    fn max_length(b: &Broker) -> Value {
+        let q = b.queues(Some("/")).into_iter().find(|q| q.name == "q");
+        q.expect("queue q").arguments["x-max-length"].clone()
+    }
+
+    /// A queue deleted and declared again through another node, with other
+    /// arguments, between two replays of this node: the broker's queue
+    /// takes the new declaration (it kept its predecessor's before). Its
+    /// serial changing alone (this node's own declare, committed) leaves
+    /// it as it is.
+    #[test]
+    fn a_queue_declared_again_elsewhere_between_replays_takes_its_new_arguments() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path().join("metadata.json")).unwrap();
+        let mut b = Broker::open(BrokerConfig::new(dir.path()), Box::new(store)).unwrap();
+        let mut m = Metadata::default();
+        m.apply(&Command::PutVhost { name: "/".into() });
+        m.apply(&declared(5));
+        let r = replay(&mut b, None, &m, "n1");
+        assert_eq!(max_length(&b), 5);
+        let uid = b.queue_uid("/", "q");
+
+        m.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "q".into(),
+            expected_version: None,
+        });
+        m.apply(&declared(5));
+        let r = replay(&mut b, Some(r), &m, "n1");
+        assert_eq!(b.queue_uid("/", "q"), uid, "declared alike: kept");
+
+        m.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "q".into(),
+            expected_version: None,
+        });
+        m.apply(&declared(7));
+        let r = replay(&mut b, Some(r), &m, "n1");
+        assert_eq!(max_length(&b), 7, "the new declaration's arguments");
+
+        // This node's own declare, with an argument the metadata keeps as
+        // a string (a float), its serial changed: kept.
+        let table = json_to_table(&json!({"x-ratio": 1.5}));
+        b.admin_declare_queue("/", "f", true, false, table.clone())
+            .unwrap();
+        let uid = b.queue_uid("/", "f");
+        let Command::DeclareQueue(mut f) = declared(0) else {
+            unreachable!()
+        };
+        f.name = "f".into();
+        f.arguments = to_args(&table);
+        m.apply(&Command::DeclareQueue(f.clone()));
+        let r = replay(&mut b, Some(r), &m, "n1");
+        m.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "f".into(),
+            expected_version: None,
+        });
+        m.apply(&Command::DeclareQueue(f));
+        replay(&mut b, Some(r), &m, "n1");
+        assert_eq!(b.queue_uid("/", "f"), uid, "its own declaration: kept");
     }
 }
