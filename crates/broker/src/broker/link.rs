@@ -325,8 +325,9 @@ pub(super) enum Asked {
     Declare,
     /// `queue.purge`: the master purges, and says how many went.
     Purge,
-    /// `queue.delete` with conditions: checked against the master's
-    /// counts (every node's consumers), then the delete is made here.
+    /// `queue.delete`: its conditions checked against the master's counts
+    /// (every node's consumers), then the delete is made here, answered
+    /// with the master's count.
     Delete {
         /// Refused while the queue has consumers.
         if_unused: bool,

@@ -678,10 +678,10 @@ impl Broker {
         self.check(id, Access::Configure, "queue", &name)?;
         let f = q.figures();
         let cond = (d.if_unused, d.if_empty);
-        // Conditions on a queue served by another node are checked
-        // against its master's counts (every node's consumers).
+        // A queue served by another node: its conditions are checked
+        // against its master's counts (every node's consumers), and the
+        // count deleted is the master's (a mirror's copy may lag).
         if let Some(Elsewhere::Node(node)) = q.remote.clone()
-            && (d.if_unused || d.if_empty)
             && !d.nowait
         {
             let what = Asked::Delete {

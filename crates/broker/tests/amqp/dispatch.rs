@@ -647,6 +647,45 @@ fn a_conditional_delete_of_a_forwarded_queue_checks_the_masters_counts() {
     );
 }
 
+/// A `queue.delete` of a queue served on another node answers with the
+/// master's count of the messages it deletes (a mirror's copy here may
+/// lag behind, and a node that only forwards has none).
+#[test]
+fn a_delete_of_a_forwarded_queue_counts_the_masters_messages() {
+    let (node, mut c) = far_and_near();
+    c.send(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+            queue: "far".into(),
+            ..Default::default()
+        })),
+    );
+    let req = forwarded(&node, |m| match m {
+        LinkMsg::Count { req, .. } => Some(*req),
+        _ => None,
+    });
+    let counted = LinkMsg::Counted {
+        req,
+        messages: 4,
+        consumers: 0,
+    };
+    node.with_broker(|b| b.link_input("n2", vec![counted], START_MS));
+    c.pump();
+    let got = c.drain();
+    assert!(
+        matches!(
+            got[..],
+            [Incoming {
+                method: AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                    message_count: 4
+                })),
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+}
+
 /// A master that has a forwarded consumer says so on the link before it
 /// delivers to it.
 #[test]
