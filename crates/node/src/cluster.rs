@@ -1797,6 +1797,14 @@ mod tests {
         })
     }
 
+    fn deleted(name: &str) -> Command {
+        Command::DeleteQueue {
+            vhost: "/".into(),
+            name: name.into(),
+            expected_version: None,
+        }
+    }
+
     fn max_length(b: &Broker) -> Value {
         let q = b.queues(Some("/")).into_iter().find(|q| q.name == "q");
         q.expect("queue q").arguments["x-max-length"].clone()
@@ -1819,20 +1827,12 @@ mod tests {
         assert_eq!(max_length(&b), 5);
         let uid = b.queue_uid("/", "q");
 
-        m.apply(&Command::DeleteQueue {
-            vhost: "/".into(),
-            name: "q".into(),
-            expected_version: None,
-        });
+        m.apply(&deleted("q"));
         m.apply(&declared(5));
         let r = replay(&mut b, Some(r), &m, "n1");
         assert_eq!(b.queue_uid("/", "q"), uid, "declared alike: kept");
 
-        m.apply(&Command::DeleteQueue {
-            vhost: "/".into(),
-            name: "q".into(),
-            expected_version: None,
-        });
+        m.apply(&deleted("q"));
         m.apply(&declared(7));
         let r = replay(&mut b, Some(r), &m, "n1");
         assert_eq!(max_length(&b), 7, "the new declaration's arguments");
@@ -1850,11 +1850,7 @@ mod tests {
         f.arguments = to_args(&table);
         m.apply(&Command::DeclareQueue(f.clone()));
         let r = replay(&mut b, Some(r), &m, "n1");
-        m.apply(&Command::DeleteQueue {
-            vhost: "/".into(),
-            name: "f".into(),
-            expected_version: None,
-        });
+        m.apply(&deleted("f"));
         m.apply(&Command::DeclareQueue(f));
         replay(&mut b, Some(r), &m, "n1");
         assert_eq!(b.queue_uid("/", "f"), uid, "its own declaration: kept");

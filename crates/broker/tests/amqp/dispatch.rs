@@ -341,9 +341,40 @@ fn far_and_near() -> (Node, Client) {
 /// Node `n2`'s answer comes down its link; returns the `(class, method)`
 /// of what `c` receives then, in order.
 fn answer_from_n2(node: &Node, c: &mut Client, msg: LinkMsg) -> Vec<(u16, u16)> {
+    replies_from_n2(node, c, msg)
+        .iter()
+        .map(Incoming::ids)
+        .collect()
+}
+
+/// [`answer_from_n2`], whole: what `c` receives then.
+fn replies_from_n2(node: &Node, c: &mut Client, msg: LinkMsg) -> Vec<Incoming> {
     node.with_broker(|b| b.link_input("n2", vec![msg], START_MS));
     c.pump();
-    c.drain().iter().map(Incoming::ids).collect()
+    c.drain()
+}
+
+/// The request id of the `LinkMsg::Count` forwarded to `n2`.
+fn count_req(node: &Node) -> u64 {
+    forwarded(node, |m| match m {
+        LinkMsg::Count { req, .. } => Some(*req),
+        _ => None,
+    })
+}
+
+/// The master's answer to request `req`: `messages` ready, no consumers.
+fn counted(req: u64, messages: u64) -> LinkMsg {
+    LinkMsg::Counted {
+        req,
+        messages,
+        consumers: 0,
+    }
+}
+
+/// The one method `got` holds.
+fn one_method(got: &[Incoming]) -> &AMQPClass {
+    assert_eq!(got.len(), 1, "{got:?}");
+    &got[0].method
 }
 
 /// A `basic.get` forwarded to the queue's master holds the connection's
@@ -401,16 +432,7 @@ fn a_declare_waiting_for_the_masters_counts_keeps_its_place() {
         })),
     );
     assert!(c.drain().is_empty(), "the get answered before the declare");
-    let req = forwarded(&node, |m| match m {
-        LinkMsg::Count { req, .. } => Some(*req),
-        _ => None,
-    });
-    let counted = LinkMsg::Counted {
-        req,
-        messages: 7,
-        consumers: 0,
-    };
-    let replies = answer_from_n2(&node, &mut c, counted);
+    let replies = answer_from_n2(&node, &mut c, counted(count_req(&node), 7));
     assert_eq!(
         replies,
         [(50, 11), (60, 71)],
@@ -545,23 +567,13 @@ fn a_purge_of_a_forwarded_queue_is_made_by_its_master() {
         LinkMsg::Purge { req, .. } => Some(*req),
         _ => None,
     });
-    let counted = LinkMsg::Counted {
-        req,
-        messages: 3,
-        consumers: 0,
-    };
-    node.with_broker(|b| b.link_input("n2", vec![counted], START_MS));
-    c.pump();
-    let got = c.drain();
+    let got = replies_from_n2(&node, &mut c, counted(req, 3));
     assert!(
         matches!(
-            got[..],
-            [Incoming {
-                method: AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
-                    message_count: 3
-                })),
-                ..
-            }]
+            one_method(&got),
+            AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                message_count: 3
+            }))
         ),
         "{got:?}"
     );
@@ -612,17 +624,9 @@ fn a_conditional_delete_of_a_forwarded_queue_checks_the_masters_counts() {
             ..Default::default()
         }))
     };
-    let counted = |req, messages| LinkMsg::Counted {
-        req,
-        messages,
-        consumers: 0,
-    };
     c.send(1, delete());
     assert!(c.drain().is_empty(), "answered before the master's counts");
-    let req = forwarded(&node, |m| match m {
-        LinkMsg::Count { req, .. } => Some(*req),
-        _ => None,
-    });
+    let req = count_req(&node);
     let replies = answer_from_n2(&node, &mut c, counted(req, 2));
     assert_eq!(replies, [(20, 40)], "refused: channel.close");
     c.send(
@@ -635,10 +639,7 @@ fn a_conditional_delete_of_a_forwarded_queue_checks_the_masters_counts() {
     );
     c.drain();
     c.send(2, delete());
-    let req = forwarded(&node, |m| match m {
-        LinkMsg::Count { req, .. } => Some(*req),
-        _ => None,
-    });
+    let req = count_req(&node);
     let replies = answer_from_n2(&node, &mut c, counted(req, 0));
     assert_eq!(replies, [(50, 41)], "delete-ok");
     assert!(
@@ -660,27 +661,14 @@ fn a_delete_of_a_forwarded_queue_counts_the_masters_messages() {
             ..Default::default()
         })),
     );
-    let req = forwarded(&node, |m| match m {
-        LinkMsg::Count { req, .. } => Some(*req),
-        _ => None,
-    });
-    let counted = LinkMsg::Counted {
-        req,
-        messages: 4,
-        consumers: 0,
-    };
-    node.with_broker(|b| b.link_input("n2", vec![counted], START_MS));
-    c.pump();
-    let got = c.drain();
+    let req = count_req(&node);
+    let got = replies_from_n2(&node, &mut c, counted(req, 4));
     assert!(
         matches!(
-            got[..],
-            [Incoming {
-                method: AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
-                    message_count: 4
-                })),
-                ..
-            }]
+            one_method(&got),
+            AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                message_count: 4
+            }))
         ),
         "{got:?}"
     );

@@ -185,6 +185,16 @@ def publish_each(ch, queue, bodies, props=None, mandatory=False):
     return out
 
 
+def take_unacked(ch, queue, n):
+    """basic.get (manual ack) up to `n` times: [delivery tag, body] each."""
+    taken = []
+    for _ in range(n):
+        m, _props, body = ch.basic_get(queue, auto_ack=False)
+        if m is not None:
+            taken.append((m.delivery_tag, body.decode()))
+    return taken
+
+
 def get_all(ch, queue, limit=100):
     """basic.get (auto-ack) until empty: [body, redelivered, priority] each."""
     got = []
@@ -1048,11 +1058,7 @@ def recover_requeue(ctx):
     ctx.declare(q)
     publish_each(ctx.channel(ctx.use, confirm=True), q, ["r0", "r1", "r2"])
     ch = ctx.channel(ctx.use)
-    taken = []
-    for _ in range(2):
-        m, _props, body = ch.basic_get(q, auto_ack=False)
-        if m is not None:
-            taken.append(body.decode())
+    taken = [body for _tag, body in take_unacked(ch, q, 2)]
     ch.basic_recover(requeue=True)
     return {"taken": taken, "after": get_all(ctx.channel(ctx.use), q)}
 
@@ -1065,11 +1071,7 @@ def nack_and_reject_requeue(ctx):
     ctx.declare(q)
     publish_each(ctx.channel(ctx.use, confirm=True), q, [f"n{i}" for i in range(6)])
     ch = ctx.channel(ctx.use)
-    tags = []
-    for _ in range(6):
-        m, _props, _body = ch.basic_get(q, auto_ack=False)
-        if m is not None:
-            tags.append(m.delivery_tag)
+    tags = [tag for tag, _body in take_unacked(ch, q, 6)]
     ch.basic_nack(tags[1], multiple=True, requeue=True)
     ch.basic_reject(tags[4], requeue=True)
     ch.basic_ack(tags[2])
@@ -1377,11 +1379,7 @@ def tx_ack(ctx):
     ctx.declare(q)
     publish_each(ctx.channel(ctx.use, confirm=True), q, ["x0", "x1", "x2"])
     ch = ctx.channel(ctx.use)
-    tags = []
-    for _ in range(3):
-        m, _props, _body = ch.basic_get(q, auto_ack=False)
-        if m is not None:
-            tags.append(m.delivery_tag)
+    tags = [tag for tag, _body in take_unacked(ch, q, 3)]
     ch.tx_select()
     ch.basic_ack(tags[0])
     ch.tx_rollback()
