@@ -918,6 +918,29 @@ fn a_master_whose_disk_failed_serves_its_log_again_once_the_disk_works() {
     assert_eq!(c.closed(), None);
 }
 
+/// Gets (and acks) every message the queue has through `c`, in order.
+fn get_all(net: &mut Net, c: &mut Client) -> Vec<u64> {
+    let mut got = Vec::new();
+    loop {
+        c.request_get();
+        let mut answer = None;
+        net.step_until(
+            "a get",
+            Duration::from_millis(1),
+            Duration::from_secs(30),
+            |_| {
+                answer = c.take_get();
+                answer.is_some()
+            },
+        );
+        let Some(g) = answer.flatten() else {
+            return got;
+        };
+        c.ack(g.tag);
+        got.push(g.seq);
+    }
+}
+
 /// A queue deleted and declared again on a node while that node's replica
 /// of the first declaration is still starting (joining its ring): the
 /// replica must not take the new declaration's queue for its own. It did
@@ -978,18 +1001,7 @@ fn a_replica_of_a_deleted_declaration_never_takes_the_next_one() {
             c.poll();
             c.acked.len() + c.nacked.len() == 2
         });
-        let mut got = Vec::new();
-        loop {
-            c.request_get();
-            let mut answer = None;
-            net.step_until("a get", step, limit, |_| {
-                answer = c.take_get();
-                answer.is_some()
-            });
-            let Some(g) = answer.flatten() else { break };
-            c.ack(g.tag);
-            got.push(g.seq);
-        }
+        let got = get_all(&mut net, &mut c);
         assert_eq!(
             got,
             c.acked.iter().copied().collect::<Vec<_>>(),
@@ -1105,18 +1117,7 @@ fn declared_again_and_again(seed: u64) {
             limit,
             synchronised_everywhere,
         );
-        let mut got = Vec::new();
-        loop {
-            c.request_get();
-            let mut answer = None;
-            net.step_until("a get", step, limit, |_| {
-                answer = c.take_get();
-                answer.is_some()
-            });
-            let Some(g) = answer.flatten() else { break };
-            c.ack(g.tag);
-            got.push(g.seq);
-        }
+        let got = get_all(&mut net, &mut c);
         assert_eq!(
             got,
             (first..first + k).collect::<Vec<_>>(),
