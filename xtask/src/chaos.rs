@@ -1114,7 +1114,7 @@ async fn consume(
                                 .or_default()
                                 .push(Instant::now());
                         }
-                        d.ack(BasicAckOptions::default()).await?;
+                        bounded(d.ack(BasicAckOptions::default())).await?;
                     }
                     Ok(Some(Err(e))) => bail!("{client}: {e}"),
                     Ok(None) => bail!("{client}: cancelled"),
