@@ -1016,8 +1016,7 @@ fn a_replica_of_a_deleted_declaration_never_takes_the_next_one() {
 /// (as each node's replay does: after a seeded delay, sometimes both
 /// changes at once): every declaration's confirmed messages are there to
 /// get through its master, and every node ends with a synchronised replica
-/// of the last declaration's ring. Replicas start and stop under the
-/// driver's hub, which moves their ring traffic, through every cycle.
+/// of the last declaration's ring.
 #[test]
 fn a_queue_declared_again_and_again_keeps_each_declarations_confirmed_messages() {
     for seed in [0, 2, 3, 4, 5] {
@@ -1026,7 +1025,7 @@ fn a_queue_declared_again_and_again_keeps_each_declarations_confirmed_messages()
 }
 
 /// Seed 1 of the test above, which livelocks (an open bug, found
-/// 2026-12-04, before and after the hub): in its first cycle node `n3`'s
+/// 2026-12-04): in its first cycle node `n3`'s
 /// reconciler starts the new declaration's replica on the broker queue of
 /// the old one, before that node's replay deletes and declares the queue
 /// again. That replica stops when its queue goes, its member dead in the
