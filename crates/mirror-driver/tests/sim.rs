@@ -918,6 +918,25 @@ fn a_master_whose_disk_failed_serves_its_log_again_once_the_disk_works() {
     assert_eq!(c.closed(), None);
 }
 
+/// The metadata's delete of queue `q`, as a client's delete commits it.
+fn delete_in_metadata(net: &Net) {
+    net.meta
+        .apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: QUEUE.into(),
+            expected_version: None,
+        })
+        .unwrap();
+}
+
+/// The metadata's declaration of queue `q` (master `n1`).
+fn declare_command() -> Command {
+    queue_commands(16)
+        .into_iter()
+        .find(|c| matches!(c, Command::DeclareQueue(q) if q.name == QUEUE))
+        .unwrap()
+}
+
 /// Gets (and acks) every message the queue has through `c`, in order.
 fn get_all(net: &mut Net, c: &mut Client) -> Vec<u64> {
     let mut got = Vec::new();
@@ -965,17 +984,8 @@ fn a_replica_of_a_deleted_declaration_never_takes_the_next_one() {
         // the metadata once committed.
         c.delete(QUEUE);
         c.declare(QUEUE);
-        net.meta
-            .apply(&Command::DeleteQueue {
-                vhost: "/".into(),
-                name: QUEUE.into(),
-                expected_version: None,
-            })
-            .unwrap();
-        let declare = queue_commands(16)
-            .into_iter()
-            .find(|c| matches!(c, Command::DeclareQueue(q) if q.name == QUEUE))
-            .unwrap();
+        delete_in_metadata(&net);
+        let declare = declare_command();
         net.meta.apply(&declare).unwrap();
         c.publish(1, true);
         net.step_until("the publish settled", step, limit, |_| {
@@ -1050,10 +1060,7 @@ fn declared_again_and_again(seed: u64) {
     for n in ["n1", "n2", "n3"] {
         net.start_now(n);
     }
-    let declare = queue_commands(16)
-        .into_iter()
-        .find(|c| matches!(c, Command::DeclareQueue(q) if q.name == QUEUE))
-        .unwrap();
+    let declare = declare_command();
     let synchronised_everywhere = |n: &Net| {
         let ring = n.record().ring();
         n.record().synchronised.len() == 2
@@ -1073,13 +1080,7 @@ fn declared_again_and_again(seed: u64) {
     for cycle in 0..6 {
         // n1, where the client is, first; the metadata; the others later.
         c.delete(QUEUE);
-        net.meta
-            .apply(&Command::DeleteQueue {
-                vhost: "/".into(),
-                name: QUEUE.into(),
-                expected_version: None,
-            })
-            .unwrap();
+        delete_in_metadata(&net);
         c.declare(QUEUE);
         net.meta.apply(&declare).unwrap();
         for n in ["n2", "n3"] {
