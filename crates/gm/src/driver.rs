@@ -198,11 +198,22 @@ enum PeerFrameRef<'a> {
     },
 }
 
+/// What a consumer of ring events asks to be called with when there are
+/// some ([`RingHandle::on_ready`]).
+pub type ReadyHook = Arc<dyn Fn() + Send + Sync>;
+
 /// A queue of items handed from one task to another in batches.
-#[derive(Debug)]
 struct Handoff<T> {
     items: Mutex<(VecDeque<T>, bool)>,
     notify: Notify,
+    /// Called on each wake as well, once set.
+    hook: std::sync::OnceLock<ReadyHook>,
+}
+
+impl<T> std::fmt::Debug for Handoff<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff").finish_non_exhaustive()
+    }
 }
 
 impl<T> Handoff<T> {
@@ -210,6 +221,7 @@ impl<T> Handoff<T> {
         Arc::new(Self {
             items: Mutex::new((VecDeque::new(), false)),
             notify: Notify::new(),
+            hook: std::sync::OnceLock::new(),
         })
     }
 
@@ -224,11 +236,14 @@ impl<T> Handoff<T> {
 
     fn wake(&self) {
         self.notify.notify_one();
+        if let Some(hook) = self.hook.get() {
+            hook();
+        }
     }
 
     fn close(&self) {
         self.lock().1 = true;
-        self.notify.notify_one();
+        self.wake();
     }
 
     /// Takes every item there is without waiting; `false` (taking
@@ -283,7 +298,10 @@ enum Command {
         ring: String,
         member: MemberId,
         payloads: Vec<Bytes>,
-        reply: oneshot::Sender<Result<Seq, DriverError>>,
+        /// Where the outcome goes; without one, a failure reaches the
+        /// member's events as [`RingEvent::Removed`].
+        reply: Option<oneshot::Sender<Result<Seq, DriverError>>>,
+        events: Arc<Handoff<RingEvent>>,
     },
     Send {
         ring: String,
@@ -456,11 +474,30 @@ impl RingHandle {
                 ring: self.ring.clone(),
                 member: self.member,
                 payloads,
-                reply: tx,
+                reply: Some(tx),
+                events: self.events.clone(),
             })
             .await
             .map_err(|_| DriverError::Stopped)?;
         rx.await.map_err(|_| DriverError::Stopped)?
+    }
+
+    /// Broadcasts a batch of payloads without waiting for the node's task to
+    /// take them (the caller moves on at once). If the member cannot
+    /// broadcast (removed, or not joined), its events get
+    /// [`RingEvent::Removed`], as a failed [`broadcast`](Self::broadcast)
+    /// would be handled.
+    pub async fn broadcast_later(&self, payloads: Vec<Bytes>) -> Result<(), DriverError> {
+        self.cmd
+            .send(Command::Broadcast {
+                ring: self.ring.clone(),
+                member: self.member,
+                payloads,
+                reply: None,
+                events: self.events.clone(),
+            })
+            .await
+            .map_err(|_| DriverError::Stopped)
     }
 
     /// Sends `payload` to member `to` of the ring alone (one hop, not round
@@ -481,7 +518,7 @@ impl RingHandle {
 
     /// Leaves the ring: the member stops at once (as if it crashed) and its
     /// removal from the view is proposed, so the others carry on without it.
-    pub async fn leave(self) {
+    pub async fn leave(&self) {
         let _ = self
             .cmd
             .send(Command::Leave(self.ring.clone(), self.member))
@@ -491,6 +528,20 @@ impl RingHandle {
     /// Waits for events and appends all that are ready to `out`; `false` once the node stopped.
     pub async fn next_events(&self, out: &mut Vec<RingEvent>) -> bool {
         self.events.take(out).await
+    }
+
+    /// Appends the events that are ready to `out` without waiting; `false`
+    /// once the node stopped.
+    pub fn try_events(&self, out: &mut Vec<RingEvent>) -> bool {
+        self.events.try_take(out)
+    }
+
+    /// Has `hook` called whenever events arrive (and once now), for a
+    /// consumer that serves many members from one task with
+    /// [`try_events`](Self::try_events). Only the first hook set counts.
+    pub fn on_ready(&self, hook: ReadyHook) {
+        let _ = self.events.hook.set(hook);
+        self.events.wake();
     }
 }
 
@@ -696,9 +747,20 @@ impl NodeTask {
                 member,
                 payloads,
                 reply,
+                events,
             } => {
+                let failed = |e: DriverError, reply: Option<oneshot::Sender<_>>| match reply {
+                    Some(reply) => {
+                        let _ = reply.send(Err(e));
+                    }
+                    None => {
+                        tracing::debug!(error = %e, "ring broadcast failed");
+                        events.extend([RingEvent::Removed]);
+                        events.wake();
+                    }
+                };
                 let Some(local) = self.rings.get_mut(&ring).and_then(|r| r.get_mut(&member)) else {
-                    let _ = reply.send(Err(DriverError::NoSuchMember(member, ring)));
+                    failed(DriverError::NoSuchMember(member, ring), reply);
                     return;
                 };
                 let mut result = Ok(local.member.last_broadcast());
@@ -711,7 +773,13 @@ impl NodeTask {
                         }
                     }
                 }
-                let _ = reply.send(result);
+                match (result, reply) {
+                    (result, Some(reply)) => {
+                        let _ = reply.send(result);
+                    }
+                    (Err(e), None) => failed(e, None),
+                    (Ok(_), None) => {}
+                }
                 self.dirty.insert((ring.clone(), member));
                 self.drive(&ring, member);
             }

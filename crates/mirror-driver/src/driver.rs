@@ -7,17 +7,20 @@
 //!   durable queue's replicas live: it points the broker's queues at their
 //!   masters, starts this node's replica (master if the record names this
 //!   node master, else a mirror) and stops it when it is no longer wanted.
-//! - One task per replica moves its ring traffic: it feeds the broker what
-//!   the ring, the queue record and the clock say
-//!   ([`Broker::mirror_input`]) and sends what the replica asks for
-//!   ([`Broker::take_mirror_io`]), broadcasts and record compare-and-sets.
+//! - The hub (`hub.rs`) moves every replica's ring traffic: it feeds the
+//!   broker the rings' events ([`Broker::mirror_inputs`]) and sends what the
+//!   replicas ask for ([`Broker::take_mirror_io`]), broadcasts and record
+//!   compare-and-sets.
+//! - One task per replica feeds the broker what is rare: view changes (read
+//!   from the authority), its queue record, majority changes, ticks, the
+//!   stop; then it marks the replica ready for the hub.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use warren_backing_queue::{BackingQueue, QueueConfig};
 use warren_broker::{Broker, MirrorInput, ReplicaEnd, ReplicaStart};
 use warren_cluster::{Command, Metadata, QueueRecord};
@@ -29,15 +32,16 @@ use warren_mirror::{QueueFactory, RecordView, Settings};
 use warren_policy::{CandidateOrder, PlacementInput, Policy, PolicyKind, PolicySet, PolicySpec};
 use warren_transport::{NodeName, PeerAddr, Transport};
 
+use crate::hub::{Entry, Hub};
 use crate::seen::{QueueKey, Seen};
 use crate::{
     ClusterDetector, ClusterRecords, ClusterViewAuthority, MetadataSource, RecordError, RecordStore,
 };
 
 /// A broker shared with the node's other tasks.
-type Shared = Arc<MeasuredMutex<Broker>>;
+pub(crate) type Shared = Arc<MeasuredMutex<Broker>>;
 
-fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
+pub(crate) fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
     b.lock()
 }
 
@@ -157,6 +161,12 @@ pub struct MirrorDriver<S: MetadataSource> {
     /// files as they are (the next start decides what they are). A watch,
     /// not a `Notify`: a task busy when it is set still sees it.
     stop: watch::Sender<bool>,
+    /// The task that moves every replica's ring traffic.
+    hub: Arc<Hub>,
+    /// The hub's task, ended once the replicas have stopped.
+    hub_task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The id of the next replica started (the hub's name for it).
+    next_id: AtomicU64,
 }
 
 impl<S: MetadataSource> std::fmt::Debug for MirrorDriver<S> {
@@ -202,7 +212,18 @@ impl<S: MetadataSource> MirrorDriver<S> {
             ended: Mutex::new(BTreeSet::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
             stop: watch::channel(false).0,
+            hub: Arc::new(Hub::default()),
+            hub_task: Mutex::new(None),
+            next_id: AtomicU64::new(0),
         });
+        let hub = tokio::spawn(me.hub.clone().run(
+            me.node.clone(),
+            me.broker.clone(),
+            me.clock.clone(),
+        ));
+        *me.hub_task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hub.abort_handle());
         // Before the node takes clients: its broker serves the queues it
         // recovered from its own disk, and a mirror's copy is stale. Point
         // them at their masters as the cluster has them now (as of a
@@ -460,16 +481,10 @@ impl<S: MetadataSource> MirrorDriver<S> {
             }
         };
         let records = ClusterRecords::new(self.source.clone(), vhost.clone(), name.clone(), serial);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = self
             .start_replica(
-                &vhost,
-                &name,
-                queue,
-                &ring_id,
-                master,
-                settings,
-                &signals.notify,
-                &records,
+                &vhost, &name, queue, &ring_id, master, settings, id, &records,
             )
             .await;
         let ring = match started {
@@ -496,7 +511,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 return;
             }
         };
-        self.pump(&vhost, &name, ring, signals, &records).await;
+        self.pump(&vhost, &name, id, ring, signals, &records).await;
         self.forget(&key);
     }
 
@@ -520,7 +535,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
         ring_id: &str,
         master: bool,
         settings: Settings,
-        notify: &Arc<Notify>,
+        id: u64,
         records: &ClusterRecords<S>,
     ) -> Result<Option<RingHandle>, String> {
         let node = self.node.clone();
@@ -554,8 +569,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
             .await
             .map_err(|e| format!("joining ring {ring_id}: {e}"))?;
         let waker = {
-            let n = notify.clone();
-            Arc::new(move || n.notify_one())
+            let hub = self.hub.clone();
+            Arc::new(move || hub.ready(id))
         };
         let start = ReplicaStart {
             queue,
@@ -618,11 +633,14 @@ impl<S: MetadataSource> MirrorDriver<S> {
         lock(&self.broker).mirror_input(vhost, name, input, (self.clock)());
     }
 
-    /// Moves one replica's traffic until it stops.
+    /// Feeds one replica what is rare (view changes and the ring events
+    /// after them, its queue record, majority changes, ticks, the stop)
+    /// while the hub moves its ring traffic, until it stops.
     async fn pump(
         &self,
         vhost: &str,
         name: &str,
+        id: u64,
         ring: RingHandle,
         signals: Signals,
         records: &ClusterRecords<S>,
@@ -632,6 +650,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             stopping,
             record: mut changes,
         } = signals;
+        let ring = Arc::new(ring);
         let ring_id = ring.ring().to_owned();
         // Expiries are the broker's tick's; this one is only a safety net,
         // rare because every replica has one (1,000 queues at 50 ms were
@@ -639,27 +658,67 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let mut tick = tokio::time::interval(self.replica_tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut majority = self.source.majority();
+        let (rec_tx, mut rec_rx) = mpsc::channel::<RecordView>(16);
+        let (slow_tx, mut slow_rx) = mpsc::unbounded_channel();
+        let (done_tx, mut done_rx) = oneshot::channel();
+        let joined = Arc::new(AtomicBool::new(false));
+        let slow = Arc::new(AtomicBool::new(false));
+        let propose = {
+            let records = records.clone();
+            Box::new(move |expected: u64, view: RecordView| {
+                let records = records.clone();
+                let tx = rec_tx.clone();
+                tokio::spawn(async move {
+                    let rec = match records.compare_and_set(expected, &view).await {
+                        Ok(r) | Err(RecordError::Conflict(r)) => r,
+                        // Deleted (or declared again): nothing to update.
+                        Err(RecordError::Gone) => return,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "queue record update failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            match records.local() {
+                                Ok(r) => r,
+                                Err(_) => return,
+                            }
+                        }
+                    };
+                    let _ = tx.send(rec).await;
+                });
+            })
+        };
+        self.hub.add(
+            id,
+            Entry {
+                vhost: vhost.to_owned(),
+                name: name.to_owned(),
+                ring: ring.clone(),
+                joined: joined.clone(),
+                slow: slow.clone(),
+                slow_tx,
+                propose,
+                done: done_tx,
+            },
+        );
+        {
+            let hub = self.hub.clone();
+            ring.on_ready(Arc::new(move || hub.ready(id)));
+        }
         if !*majority.borrow_and_update() {
             self.input(vhost, name, MirrorInput::Majority(false));
         }
-        let (rec_tx, mut rec_rx) = mpsc::channel::<RecordView>(16);
         // The record as the replica last had it.
         let mut seen: Option<RecordView> = None;
-        let mut joined = false;
-        let mut outgoing = Vec::new();
-        let mut events = Vec::new();
         let mut stop_requested = false;
         let stopped = self.stopped();
         tokio::pin!(stopped);
-        loop {
+        let storage_failed = loop {
             tokio::select! {
-                alive = ring.next_events(&mut events) => {
-                    if alive {
-                        let batch = std::mem::take(&mut events);
-                        joined |= self.on_ring(vhost, name, &ring, batch).await;
-                    } else {
-                        self.input(vhost, name, MirrorInput::Ring(vec![RingEvent::Removed]));
+                r = &mut done_rx => break r.unwrap_or(false),
+                Some(events) = slow_rx.recv() => {
+                    if self.on_ring(vhost, name, &ring, events).await {
+                        joined.store(true, Ordering::SeqCst);
                     }
+                    slow.store(false, Ordering::SeqCst);
                 }
                 () = notify.notified() => {}
                 r = changes.changed() => {
@@ -691,79 +750,39 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 stop_requested = true;
                 self.input(vhost, name, MirrorInput::Stop);
             }
-            // Let the clients whose input is ready go first: what they
-            // publish, fetch and settle meanwhile joins this turn's
-            // broadcast, so that one-frame-per-write clients (lapin, pika)
-            // do not cost a ring round each (docs/benchmarks.md, "Replica
-            // turns after the ready clients").
-            tokio::task::yield_now().await;
-            let io = lock(&self.broker).take_mirror_io(vhost, name);
-            outgoing.extend(io.broadcasts);
-            if joined && !outgoing.is_empty() {
-                let batch = std::mem::take(&mut outgoing);
-                if let Err(e) = ring.broadcast(batch).await {
-                    tracing::warn!(node = %self.node, %vhost, queue = %name, error = %e, "ring broadcast failed");
-                    self.input(vhost, name, MirrorInput::Ring(vec![RingEvent::Removed]));
-                }
-            }
-            for (to, payload) in io.sends {
-                // Lost only with the link; a new link has the replica report again.
-                let _ = ring.send(to, payload).await;
-            }
-            for (expected, view) in io.proposals {
-                let records = records.clone();
-                let tx = rec_tx.clone();
-                tokio::spawn(async move {
-                    let rec = match records.compare_and_set(expected, &view).await {
-                        Ok(r) | Err(RecordError::Conflict(r)) => r,
-                        // Deleted (or declared again): nothing to update.
-                        Err(RecordError::Gone) => return,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "queue record update failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            match records.local() {
-                                Ok(r) => r,
-                                Err(_) => return,
-                            }
-                        }
-                    };
-                    let _ = tx.send(rec).await;
-                });
-            }
-            if io.stopped {
-                ring.leave().await;
-                // A master keeps its messages unless it handed over, or the
-                // record names another master (which holds them). A node
-                // that is stopping keeps them on disk but takes no more work.
-                let serve = self
-                    .replicas
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .get(&(vhost.to_owned(), name.to_owned()))
-                    .is_none_or(|r| r.keep)
-                    && records.local().is_ok_and(|r| r.master == self.node);
-                // A master whose disk failed keeps its log but takes no more
-                // work; a stopping node keeps what it has for its restart.
-                let end = if io.storage_failed {
-                    ReplicaEnd::Failed
-                } else if self.shutting_down() {
-                    ReplicaEnd::Keep
-                } else if serve {
-                    ReplicaEnd::Serve
-                } else {
-                    ReplicaEnd::Drop
-                };
-                {
-                    let mut b = lock(&self.broker);
-                    let mut factory = fresh_queue(&b, vhost, name);
-                    b.end_replica(vhost, name, &mut factory, end);
-                }
-                tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
-                if io.storage_failed {
-                    self.recover_failed_master(vhost, name, records).await;
-                }
-                return;
-            }
+            // The hub takes and sends what the replica has to say.
+            self.hub.ready(id);
+        };
+        ring.leave().await;
+        // A master keeps its messages unless it handed over, or the
+        // record names another master (which holds them). A node
+        // that is stopping keeps them on disk but takes no more work.
+        let serve = self
+            .replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(vhost.to_owned(), name.to_owned()))
+            .is_none_or(|r| r.keep)
+            && records.local().is_ok_and(|r| r.master == self.node);
+        // A master whose disk failed keeps its log but takes no more
+        // work; a stopping node keeps what it has for its restart.
+        let end = if storage_failed {
+            ReplicaEnd::Failed
+        } else if self.shutting_down() {
+            ReplicaEnd::Keep
+        } else if serve {
+            ReplicaEnd::Serve
+        } else {
+            ReplicaEnd::Drop
+        };
+        {
+            let mut b = lock(&self.broker);
+            let mut factory = fresh_queue(&b, vhost, name);
+            b.end_replica(vhost, name, &mut factory, end);
+        }
+        tracing::info!(node = %self.node, %vhost, queue = %name, ring = %ring_id, "replica stopped");
+        if storage_failed {
+            self.recover_failed_master(vhost, name, records).await;
         }
     }
 
@@ -885,6 +904,14 @@ impl<S: MetadataSource> MirrorDriver<S> {
         );
         let _ =
             tokio::time::timeout(limit, async { while tasks.join_next().await.is_some() {} }).await;
+        if let Some(hub) = self
+            .hub_task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            hub.abort();
+        }
         // Let the last frames (a master's `Stopping`, the members' removal
         // from their rings) reach the peers before the connections drop.
         tokio::time::sleep(Duration::from_millis(300)).await;

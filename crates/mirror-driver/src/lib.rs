@@ -8,9 +8,10 @@
 //! - [`MirrorDriver`]: the node's [`GmNode`](warren_gm::GmNode), the
 //!   reconciler that places replicas from live policies
 //!   (`warren_policy::place`) and points each queue at its master (after a
-//!   change of queue records alone, for those queues only), and one
-//!   task per replica moving its ring traffic and its queue record's
-//!   compare-and-sets.
+//!   change of queue records alone, for those queues only), one task per
+//!   replica for what is rare (view changes, its queue record, ticks, the
+//!   stop), and the hub (`hub.rs`): one task moving every replica's ring
+//!   traffic, in turns that serve all the replicas ready at once.
 //! - [`MetadataSource`]: what the driver needs of the cluster metadata. The
 //!   node passes its Raft store ([`warren_cluster::Cluster`]); in-process
 //!   tests pass [`MemMetadata`], which applies the same commands in memory
@@ -27,6 +28,7 @@
 pub mod conformance;
 mod detector;
 mod driver;
+mod hub;
 mod records;
 mod seen;
 mod source;

@@ -631,7 +631,22 @@ impl Broker {
     pub fn mirror_input(&mut self, vhost: &str, name: &str, input: MirrorInput, now_ms: u64) {
         // What it deletes (an expired or auto-delete queue) is committed off
         // the lock (`commits.rs`).
-        self.detached(|b| b.replica_input(vhost, name, input, now_ms));
+        self.detached(|b| {
+            b.replica_input(vhost, name, input, now_ms);
+            b.wake_clients();
+        });
+    }
+
+    /// [`mirror_input`](Self::mirror_input) for many replicas in one turn:
+    /// each `(vhost, name, input)` in order, the clients woken once at the
+    /// end.
+    pub fn mirror_inputs(&mut self, inputs: Vec<(&str, &str, MirrorInput)>, now_ms: u64) {
+        self.detached(|b| {
+            for (vhost, name, input) in inputs {
+                b.replica_input(vhost, name, input, now_ms);
+            }
+            b.wake_clients();
+        });
     }
 
     fn replica_input(&mut self, vhost: &str, name: &str, input: MirrorInput, now_ms: u64) {
@@ -656,7 +671,6 @@ impl Broker {
         }
         self.mirror_turn(vhost, name);
         self.after_queue_op(vhost, name);
-        self.wake_clients();
     }
 
     /// What the shell must send for queue `name`'s replica (empty if none).
