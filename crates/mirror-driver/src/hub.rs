@@ -216,3 +216,38 @@ struct Served {
     /// Its ring's node stopped: no more events.
     closed: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taken(hub: &Hub) -> Vec<u64> {
+        let mut inbox = hub.inbox();
+        inbox.queued.clear();
+        std::mem::take(&mut inbox.ready)
+    }
+
+    #[test]
+    fn a_replica_is_ready_once_per_turn_in_the_order_it_became_ready() {
+        let hub = Hub::default();
+        for id in [3, 1, 3, 2, 1] {
+            hub.ready(id);
+        }
+        assert_eq!(taken(&hub), vec![3, 1, 2]);
+        // Taken: the next turn sees it again when it is marked again.
+        hub.ready(3);
+        assert_eq!(taken(&hub), vec![3]);
+        assert!(taken(&hub).is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_first_ready_replica_rings_the_bell() {
+        let hub = Hub::default();
+        hub.ready(7);
+        // A permit is stored: the hub's wait ends at once.
+        tokio::time::timeout(std::time::Duration::from_secs(1), hub.bell.notified())
+            .await
+            .expect("the bell rang");
+        assert_eq!(taken(&hub), vec![7]);
+    }
+}
