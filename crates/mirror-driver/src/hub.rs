@@ -101,6 +101,8 @@ impl Hub {
         let mut entries: BTreeMap<u64, Served> = BTreeMap::new();
         // Replicas whose broadcast could not be handed to the ring's node.
         let mut failed: Vec<u64> = Vec::new();
+        // View changes and the events after them, for the replicas' tasks.
+        let mut slow: Vec<(u64, Vec<RingEvent>)> = Vec::new();
         loop {
             self.bell.notified().await;
             let (ready, added) = {
@@ -141,9 +143,8 @@ impl Hub {
                     .iter()
                     .position(|e| matches!(e, RingEvent::View { .. }))
                 {
-                    let tail = events.split_off(i);
                     s.entry.slow.store(true, Ordering::SeqCst);
-                    let _ = s.entry.slow_tx.send(tail);
+                    slow.push((id, events.split_off(i)));
                 }
                 if !events.is_empty() {
                     inputs.push((id, events));
@@ -159,6 +160,15 @@ impl Hub {
                     .collect();
                 let now = clock();
                 lock(&broker).mirror_inputs(batch, now);
+            }
+            // Only now, after the events before it are in: the replica's
+            // task runs on another thread and would otherwise feed the view
+            // change first (the messages of the old view then arrive in the
+            // new one).
+            for (id, tail) in slow.drain(..) {
+                if let Some(s) = entries.get(&id) {
+                    let _ = s.entry.slow_tx.send(tail);
+                }
             }
             // Let the clients whose input is ready go first: what they
             // publish, fetch and settle meanwhile joins this turn's
