@@ -151,6 +151,12 @@ async fn update_view(
 /// ring looks again (see [`NodeTask::propose_join`]).
 const JOIN_RETRY: Duration = Duration::from_millis(500);
 
+/// How often a join waiting for the ring's dead members to be erased looks
+/// again, and for how long at most it waits (see
+/// [`NodeTask::propose_join`]).
+const SETTLE_RETRY: Duration = Duration::from_millis(50);
+const SETTLE_WAIT_MAX: Duration = Duration::from_secs(3);
+
 /// The body of a [`PeerFrame::Ring`].
 #[derive(Debug, Clone, Serialize)]
 enum RingMsg {
@@ -1150,10 +1156,27 @@ impl NodeTask {
         let node = self.cfg.node.clone();
         self.spawn(async move {
             let mut waited = false;
+            let mut settling = Duration::ZERO;
             loop {
                 let Ok(view) = authority.current(&ring).await else {
                     return;
                 };
+                // A dead member is erased by the alive member that inherits
+                // it, once its messages have gone round. If that heir is
+                // still joining it cannot know them, and its join fails
+                // (gm.erl's Lemma 2); so would ours, spliced behind it, once
+                // it inherits the same dead member: with every member a
+                // joiner (the ring's founder died as the others joined) no
+                // join would ever settle. Wait until no alive member
+                // inherits a dead one (once all have failed, the ring starts
+                // afresh), for a few seconds at most.
+                if settling < SETTLE_WAIT_MAX
+                    && view.alive().any(|m| !view.inherited_by(m).is_empty())
+                {
+                    settling += SETTLE_RETRY;
+                    tokio::time::sleep(SETTLE_RETRY).await;
+                    continue;
+                }
                 let blocked = {
                     let suspects = suspects
                         .lock()

@@ -1034,20 +1034,20 @@ fn a_queue_declared_again_and_again_keeps_each_declarations_confirmed_messages()
     }
 }
 
-/// Seed 1 of the test above, which livelocks (an open bug, found
-/// 2026-12-04): in its first cycle node `n3`'s
-/// reconciler starts the new declaration's replica on the broker queue of
-/// the old one, before that node's replay deletes and declares the queue
-/// again. That replica stops when its queue goes, its member dead in the
-/// new ring's view and not yet erased. From then on every join fails
-/// (`Action::JoinFailed`, 1,260 of them in 30 virtual seconds: the
-/// joiner's left neighbour is a dead member whose state it cannot know),
-/// the failed joiner becomes the dead neighbour of the next, and each
-/// replica, the master's too, starts again: no view settles and the
-/// mirrors never synchronise. Run with `--ignored`.
+/// Seed 1 of the test above, a livelock found 2026-12-04 and kept as its
+/// own test: in its first cycle node `n3`'s reconciler starts the new
+/// declaration's replica on the broker queue of the old one, before that
+/// node's replay deletes and declares the queue again. That replica, the
+/// new ring's founder, stops when its queue goes, its member dead in the
+/// view while the other replicas are still joining behind it. A joiner
+/// that inherits a dead member cannot know its state, so its join fails;
+/// each failed joiner's node joined again behind another joiner, which
+/// inherited the same dead founder in turn (1,260 `Action::JoinFailed` in
+/// 30 virtual seconds, the mirrors never synchronised). A join now waits
+/// until no alive member inherits a dead one (`NodeTask::propose_join`):
+/// once every joiner has failed, the ring starts afresh.
 #[test]
-#[ignore = "open bug: the replicas of a declared-again queue livelock (see the doc comment)"]
-fn a_replica_started_on_the_old_declarations_queue_then_deleted_settles() {
+fn a_ring_whose_founder_died_while_the_others_joined_settles() {
     declared_again_and_again(1);
 }
 
@@ -1102,17 +1102,22 @@ fn declared_again_and_again(seed: u64) {
         }
         seq += k;
         let before = c.acked.len() + c.nacked.len();
-        net.step_until("the publishes settled", step, limit, |_| {
-            c.poll();
-            c.acked.len() + c.nacked.len() == before + k as usize
-        });
+        net.step_until(
+            &format!("seed {seed}, cycle {cycle}: the publishes settled"),
+            step,
+            limit,
+            |_| {
+                c.poll();
+                c.acked.len() + c.nacked.len() == before + k as usize
+            },
+        );
         assert!(
             c.nacked.is_empty(),
             "seed {seed}, cycle {cycle}: nacked {:?}",
             c.nacked
         );
         net.step_until(
-            "the declaration mirrored on every node",
+            &format!("seed {seed}, cycle {cycle}: the declaration mirrored on every node"),
             step,
             limit,
             synchronised_everywhere,
