@@ -12,11 +12,11 @@
 
 #![allow(dead_code)]
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
@@ -43,9 +43,14 @@ pub const QUEUE: &str = "q";
 /// Where `q` dead-letters what expires or is rejected (mirrored too).
 pub const DLQ: &str = "dlq";
 
-/// The simulation's virtual time (milliseconds since the epoch), which
-/// [`Net::step`] moves; 0 outside the simulation (the wall clock).
-static VIRTUAL_MS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// The simulation's virtual time (milliseconds since the epoch), which
+    /// [`Net::step`] moves; 0 outside the simulation (the wall clock). Per
+    /// thread: a simulated net runs all its nodes on its test's thread, and
+    /// tests that run at once in one process must not move each other's
+    /// clocks.
+    static VIRTUAL_MS: Cell<u64> = const { Cell::new(0) };
+}
 
 pub type Shared = Arc<MeasuredMutex<Broker>>;
 
@@ -55,7 +60,7 @@ pub fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
 
 /// The brokers' time: virtual in the simulation, else the wall clock.
 pub fn now_ms() -> u64 {
-    match VIRTUAL_MS.load(Ordering::Relaxed) {
+    match VIRTUAL_MS.get() {
         0 => SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
@@ -367,7 +372,7 @@ impl Net {
     /// Its brokers then run on virtual time, which starts at a fixed
     /// instant.
     pub fn simulated(seed: u64, batch: u64) -> Self {
-        VIRTUAL_MS.store(1_800_000_000_000, Ordering::Relaxed);
+        VIRTUAL_MS.set(1_800_000_000_000);
         Self::new(seed, batch)
     }
 
@@ -448,8 +453,9 @@ impl Net {
             node.rt.block_on(async { tokio::time::sleep(d).await });
         }
         self.elapsed += d;
-        if VIRTUAL_MS.load(Ordering::Relaxed) != 0 {
-            VIRTUAL_MS.fetch_add(d.as_millis() as u64, Ordering::Relaxed);
+        let virtual_ms = VIRTUAL_MS.get();
+        if virtual_ms != 0 {
+            VIRTUAL_MS.set(virtual_ms + d.as_millis() as u64);
         }
         self.carry_links();
     }
