@@ -77,6 +77,10 @@ pub struct NodeConfig {
     /// sit in TCP's retransmission backoff for many seconds after the heal,
     /// holding every ring that crosses it.
     pub silent_link_after: Duration,
+    /// Where this node's member ids start (each join takes the next): random
+    /// by default, so that a restarted node never reuses an id still in a
+    /// view; a simulation sets it from its seed to replay a run exactly.
+    pub member_ids_from: u64,
 }
 
 impl NodeConfig {
@@ -92,6 +96,7 @@ impl NodeConfig {
             view_poll_ticks: 20,
             redial_interval: Duration::from_millis(100),
             silent_link_after: Duration::from_secs(3),
+            member_ids_from: rand::random::<u64>() >> 8,
         }
     }
 }
@@ -396,7 +401,7 @@ impl GmNode {
             cmd_tx: cmd_tx.clone(),
             conn_ids,
             tasks: tasks.clone(),
-            id_base: rand::random::<u64>() >> 8,
+            id_base: config.member_ids_from,
             next_member: 0,
             hb_seq: 0,
             poll_credit: 0.0,

@@ -14,6 +14,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,6 +51,9 @@ thread_local! {
     /// tests that run at once in one process must not move each other's
     /// clocks.
     static VIRTUAL_MS: Cell<u64> = const { Cell::new(0) };
+    /// How many nodes this thread's simulated net has started (for their
+    /// GM member ids).
+    static STARTS: Cell<u64> = const { Cell::new(0) };
 }
 
 pub type Shared = Arc<MeasuredMutex<Broker>>;
@@ -226,6 +230,16 @@ fn driver_config(n: &str) -> DriverConfig {
     let mut gm = NodeConfig::new(name(n), PeerAddr::new(format!("gm-{n}")));
     gm.tick_interval = Duration::from_millis(5);
     gm.redial_interval = Duration::from_millis(30);
+    let virtual_ms = VIRTUAL_MS.get();
+    if virtual_ms != 0 {
+        // Simulated: member ids from the virtual clock and the start count,
+        // not at random, so that a seed replays the same run (ids and all).
+        let starts = STARTS.get() + 1;
+        STARTS.set(starts);
+        let mut h = DefaultHasher::new();
+        (n, virtual_ms, starts).hash(&mut h);
+        gm.member_ids_from = h.finish() >> 8;
+    }
     let mut config = DriverConfig::new(gm, format!("link-{n}"));
     config.replica_tick = Duration::from_millis(20);
     config.reconcile_interval = Duration::from_millis(100);
