@@ -14,6 +14,10 @@
 //! majority changes, ticks, the stop. That task feeds the broker itself and
 //! marks the replica ready, so that the hub, the one place that sends a
 //! replica's output, sends it in order.
+//!
+//! One task for every replica is one place where a panic would stall them
+//! all with the node still up: the driver aborts the process if the hub
+//! panics (fail-stop), so that the cluster fails over from the node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
