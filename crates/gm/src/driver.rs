@@ -413,7 +413,23 @@ impl GmNode {
             woken: BTreeSet::new(),
             dirty: BTreeSet::new(),
         };
-        spawn_tracked(&tasks, task.run(cmd_rx, in_rx));
+        let run = tokio::spawn(task.run(cmd_rx, in_rx));
+        tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(run.abort_handle());
+        // Fail-stop: without its task no ring of this node moves, and every
+        // mirrored queue on it would hang with the node still up. A node
+        // that stops is one the cluster fails over from.
+        let node = config.node.clone();
+        tokio::spawn(async move {
+            if let Err(e) = run.await
+                && e.is_panic()
+            {
+                tracing::error!(node = %node, "the GM node task panicked: stopping the node so that the cluster fails over");
+                std::process::abort();
+            }
+        });
         Ok(Self {
             node: config.node,
             local_addr,
