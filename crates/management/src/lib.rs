@@ -84,6 +84,20 @@ pub trait MirrorSource: Send + Sync + fmt::Debug {
     fn sync(&self, vhost: &str, queue: &str) -> Result<(), String>;
     /// Cancels a queue's synchronisation.
     fn cancel_sync(&self, vhost: &str, queue: &str) -> Result<(), String>;
+    /// What the node's replica hub has done, where mirroring runs.
+    fn hub(&self) -> Option<HubCounts> {
+        None
+    }
+}
+
+/// The counters of a node's replica hub, the one task that moves every
+/// replica's ring traffic (`/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HubCounts {
+    /// Turns the hub has taken.
+    pub turns: u64,
+    /// Replicas it served, summed over its turns.
+    pub replicas_served: u64,
 }
 
 /// A node without mirroring: queues have no mirrors; sync requests are

@@ -320,7 +320,7 @@ pub fn render(s: &Management) -> String {
     // seconds per second is how busy it is, and against
     // `process_cpu_seconds_total` the share of the node's work done under it.
     let lock = s.broker.stats();
-    for (name, kind, help, v) in [
+    let mut families = vec![
         (
             "warren_broker_lock_acquisitions_total",
             "counter",
@@ -345,7 +345,25 @@ pub fn render(s: &Management) -> String {
             "Time the broker lock was held (wall clock)",
             lock.held.as_secs_f64(),
         ),
-    ] {
+    ];
+    // The replica hub: served per turn is how many replicas a turn batches.
+    if let Some(hub) = s.mirrors.hub() {
+        families.extend([
+            (
+                "warren_mirror_hub_turns_total",
+                "counter",
+                "Turns of the replica hub, the task that moves every replica's ring traffic",
+                hub.turns as f64,
+            ),
+            (
+                "warren_mirror_hub_replicas_served_total",
+                "counter",
+                "Replicas the hub served, summed over its turns",
+                hub.replicas_served as f64,
+            ),
+        ]);
+    }
+    for (name, kind, help, v) in families {
         family(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
     }

@@ -930,6 +930,11 @@ impl<S: MetadataSource> MirrorDriver<S> {
         self.gm.shutdown();
     }
 
+    /// What the replica hub has done since the node started.
+    pub fn hub_stats(&self) -> crate::HubStats {
+        self.hub.stats()
+    }
+
     /// Messages left to send while a sync of queue `name` runs on this node.
     pub fn sync_left(&self, vhost: &str, name: &str) -> Option<u64> {
         let p = lock(&self.broker).replica_status(vhost, name)?.syncing?;

@@ -20,7 +20,7 @@
 //! panics (fail-stop), so that the cluster fails over from the node.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -73,6 +73,20 @@ struct Inbox {
 pub(crate) struct Hub {
     inbox: Mutex<Inbox>,
     bell: Notify,
+    /// Turns taken so far (that served at least one replica).
+    turns: AtomicU64,
+    /// Replicas served, summed over the turns.
+    served: AtomicU64,
+}
+
+/// What the hub has done since the node started (`/metrics`): served per
+/// turn is how many replicas a turn batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HubStats {
+    /// Turns the hub has taken that served at least one replica.
+    pub turns: u64,
+    /// Replicas it served, summed over its turns.
+    pub replicas_served: u64,
 }
 
 impl Hub {
@@ -80,6 +94,14 @@ impl Hub {
         self.inbox
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the hub has done so far.
+    pub(crate) fn stats(&self) -> HubStats {
+        HubStats {
+            turns: self.turns.load(Ordering::Relaxed),
+            replicas_served: self.served.load(Ordering::Relaxed),
+        }
     }
 
     /// Marks replica `id` as having something to do.
@@ -117,6 +139,10 @@ impl Hub {
                     std::mem::take(&mut inbox.added),
                 )
             };
+            if !ready.is_empty() {
+                self.turns.fetch_add(1, Ordering::Relaxed);
+                self.served.fetch_add(ready.len() as u64, Ordering::Relaxed);
+            }
             for (id, entry) in added {
                 entries.insert(
                     id,

@@ -35,5 +35,6 @@ mod source;
 
 pub use detector::ClusterDetector;
 pub use driver::{Clock, DriverConfig, MirrorDriver};
+pub use hub::HubStats;
 pub use records::{ClusterRecords, ClusterViewAuthority, RecordError, RecordStore};
 pub use source::{MemMetadata, MetadataSource};

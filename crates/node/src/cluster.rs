@@ -1772,6 +1772,14 @@ impl warren_management::MirrorSource for Records {
     fn cancel_sync(&self, vhost: &str, queue: &str) -> Result<(), String> {
         self.on_master(vhost, queue, |m| m.cancel_sync(vhost, queue))
     }
+
+    fn hub(&self) -> Option<warren_management::HubCounts> {
+        let stats = self.mirroring.get()?.hub_stats();
+        Some(warren_management::HubCounts {
+            turns: stats.turns,
+            replicas_served: stats.replicas_served,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -215,6 +215,20 @@ fn a_mirrored_queue_survives_its_masters_sigkill() {
     });
     // The queue's own series come from its master's node alone.
     assert_eq!(nodes[1].metric(&series("warren_queue_ring_members")), None);
+    // Every node's replica hub moved its replica's traffic, in turns.
+    for n in &nodes {
+        let turns = n
+            .metric("warren_mirror_hub_turns_total")
+            .expect("the hub's turns in /metrics");
+        let served = n
+            .metric("warren_mirror_hub_replicas_served_total")
+            .expect("the replicas the hub served in /metrics");
+        assert!(
+            turns > 0 && served >= turns,
+            "{}: hub turns {turns}, replicas served {served}",
+            n.name
+        );
+    }
 
     nodes[0].kill();
     let mut master = String::new();
