@@ -1191,11 +1191,21 @@ impl NodeTask {
                 // join would ever settle. Wait until no alive member
                 // inherits a dead one (once all have failed, the ring starts
                 // afresh), for a few seconds at most.
-                if settling < SETTLE_WAIT_MAX
-                    && view.alive().any(|m| !view.inherited_by(m).is_empty())
-                {
-                    settling += SETTLE_RETRY;
-                    tokio::time::sleep(SETTLE_RETRY).await;
+                // (The wait reads this node's own copy of the view: a
+                // restarted node joins all its rings at once.)
+                let unsettled = |v: &View| v.alive().any(|m| !v.inherited_by(m).is_empty());
+                if settling < SETTLE_WAIT_MAX && unsettled(&view) {
+                    while settling < SETTLE_WAIT_MAX {
+                        settling += SETTLE_RETRY;
+                        tokio::time::sleep(SETTLE_RETRY).await;
+                        if authority
+                            .current_local(&ring)
+                            .await
+                            .is_ok_and(|v| !unsettled(&v))
+                        {
+                            break;
+                        }
+                    }
                     continue;
                 }
                 let blocked = {
