@@ -204,11 +204,16 @@ fn queue(p: &Peer) -> Value {
 }
 
 /// Polls `check` until it holds (two minutes at most: the cluster has to
-/// notice the partition and its end).
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+/// notice the partition and its end); on a timeout the message ends with
+/// the last lines of the `nodes`' logs (their directory goes with the test).
+fn wait_for(what: &str, nodes: &[&Peer], mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            peers::log_tails(nodes, 40)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -384,10 +389,14 @@ fn isolating_the_master_loses_no_confirmed_message() {
     // (and confirmed some more publishes there).
     std::thread::sleep(Duration::from_secs(10));
     let mut master_during = Value::Null;
-    wait_for("the majority side to promote a mirror", || {
-        master_during = queue(&b)["node"].clone();
-        master_during.is_string() && master_during != "warren@a"
-    });
+    wait_for(
+        "the majority side to promote a mirror",
+        &[&a, &b, &c],
+        || {
+            master_during = queue(&b)["node"].clone();
+            master_during.is_string() && master_during != "warren@a"
+        },
+    );
     // A declare through the cut-off node, which sees no majority: answered
     // with an error at once (541, the client moves on), not after the
     // metadata write's 25 s with every client of that node frozen meanwhile.
@@ -429,6 +438,7 @@ fn isolating_the_master_loses_no_confirmed_message() {
 
     wait_for(
         "a master and two synchronised mirrors after the heal",
+        &[&a, &b, &c],
         || {
             let q = queue(&b);
             q["node"].is_string() && names(&q, "synchronised_slave_nodes").len() == 2
@@ -599,7 +609,7 @@ fn cut_between_the_master_and_one_mirror(fault: Fault) {
     let Some(ns) = Netns::enter_new(&format!("warren-{tag}-{}", std::process::id())) else {
         return;
     };
-    let (_root, [_a, b, c], rt) = mirrored_three_in_netns();
+    let (_root, [a, b, c], rt) = mirrored_three_in_netns();
     let ips = ADDRS;
     // Publishers and consumers on b (cut from the master) and c (not cut),
     // forwarded to the master on a.
@@ -650,10 +660,10 @@ fn cut_between_the_master_and_one_mirror(fault: Fault) {
     let healed_at = Instant::now();
     // Liveness: both publishers are confirmed again, and the consumer
     // receives what they publish.
-    wait_for("confirms through b after the heal", || {
+    wait_for("confirms through b after the heal", &[&a, &b, &c], || {
         confirmed_after(&h, "b-", healed_at + Duration::from_secs(1)) > 100
     });
-    wait_for("confirms through c after the heal", || {
+    wait_for("confirms through c after the heal", &[&a, &b, &c], || {
         confirmed_after(&h, "c-", healed_at + Duration::from_secs(1)) > 100
     });
     // Each consumer receives again.
@@ -667,10 +677,10 @@ fn cut_between_the_master_and_one_mirror(fault: Fault) {
             .unwrap_or(0)
     };
     let (at_heal_b, at_heal_c) = (to(&h, &b), to(&h, &c));
-    wait_for("deliveries through b after the heal", || {
+    wait_for("deliveries through b after the heal", &[&a, &b, &c], || {
         to(&h, &b) > at_heal_b + 100
     });
-    wait_for("deliveries through c after the heal", || {
+    wait_for("deliveries through c after the heal", &[&a, &b, &c], || {
         to(&h, &c) > at_heal_c + 100
     });
     stop.store(true, Ordering::SeqCst);
@@ -681,7 +691,7 @@ fn cut_between_the_master_and_one_mirror(fault: Fault) {
     // without deliveries.
     let mut last = Value::Null;
     let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("the queue to be drained", || {
+        wait_for("the queue to be drained", &[&a, &b, &c], || {
             last = queue(&c);
             last["messages"] == 0
         });

@@ -269,6 +269,22 @@ pub fn warnings(p: &Peer) -> Vec<String> {
         .collect()
 }
 
+/// The last `n` lines of each node's log, each headed by its name: for a
+/// failure message, since a test's directory goes with the test.
+pub fn log_tails(nodes: &[&Peer], n: usize) -> String {
+    let mut out = String::new();
+    for p in nodes {
+        let log = std::fs::read_to_string(p.dir.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        out.push_str(&format!("--- {} (last {n} log lines)\n", p.name));
+        for l in &lines[lines.len().saturating_sub(n)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// SIGKILLs process `pid` (a node started by the test).
 pub fn sigkill(pid: u32) {
     let _ = Command::new("kill")
