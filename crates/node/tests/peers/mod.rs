@@ -73,14 +73,18 @@ impl Peer {
         Self::start_at(ip, addrs, name, dir, secret, join, extra)
     }
 
-    /// Starts this node again (after a kill) on the same addresses, with
-    /// the same data directory.
+    /// Starts this node again (after a kill) with the same data directory,
+    /// on the same AMQP and peer addresses (the cluster knows the node by
+    /// its peer address) and on fresh HTTP and metrics ports: a port freed
+    /// by the kill can be taken meanwhile as another connection's ephemeral
+    /// port, and the node then serves no API (a CI run failed so).
     pub fn restart(&self, secret: &Path, extra: &[&str]) -> Self {
         let amqp = format!("{}:{}", self.ip, self.amqp);
+        let any_port = format!("{}:0", self.ip);
         let addrs = [
             amqp.as_str(),
-            self.http.as_str(),
-            self.metrics.as_str(),
+            any_port.as_str(),
+            any_port.as_str(),
             self.peers.as_str(),
         ];
         Self::start_at(&self.ip, addrs, &self.name, &self.dir, secret, None, extra)
