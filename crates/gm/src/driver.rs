@@ -353,6 +353,21 @@ enum Inbound {
     },
 }
 
+/// Fail-stop for a task every ring of the node depends on: if it panics,
+/// the process aborts. Otherwise the node would stay up with every mirrored
+/// queue on it hanging; a node that stops is one the cluster fails over
+/// from. `what` names the task in the log.
+pub fn abort_if_panics(task: tokio::task::JoinHandle<()>, node: String, what: &'static str) {
+    tokio::spawn(async move {
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            tracing::error!(node = %node, "{what} panicked: stopping the node so that the cluster fails over");
+            std::process::abort();
+        }
+    });
+}
+
 fn spawn_tracked<F>(tasks: &Mutex<Vec<AbortHandle>>, fut: F)
 where
     F: Future<Output = ()> + Send + 'static,
@@ -418,18 +433,8 @@ impl GmNode {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(run.abort_handle());
-        // Fail-stop: without its task no ring of this node moves, and every
-        // mirrored queue on it would hang with the node still up. A node
-        // that stops is one the cluster fails over from.
-        let node = config.node.clone();
-        tokio::spawn(async move {
-            if let Err(e) = run.await
-                && e.is_panic()
-            {
-                tracing::error!(node = %node, "the GM node task panicked: stopping the node so that the cluster fails over");
-                std::process::abort();
-            }
-        });
+        // Without its task no ring of this node moves.
+        abort_if_panics(run, config.node.to_string(), "the GM node task");
         Ok(Self {
             node: config.node,
             local_addr,

@@ -97,7 +97,7 @@ pub use authority::{InMemoryAuthority, ViewAuthority};
 #[cfg(feature = "driver")]
 pub use detector::{FailureDetector, HeartbeatDetector};
 #[cfg(feature = "driver")]
-pub use driver::{DriverError, GmNode, NodeConfig, ReadyHook, RingHandle};
+pub use driver::{DriverError, GmNode, NodeConfig, ReadyHook, RingHandle, abort_if_panics};
 pub use event::RingEvent;
 pub use frame::{Frame, FrameKind, Pub, Seq, StreamBatch};
 pub use member::{Action, Config, GmError, Member, Phase};

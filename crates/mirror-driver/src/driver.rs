@@ -224,18 +224,8 @@ impl<S: MetadataSource> MirrorDriver<S> {
         *me.hub_task
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hub.abort_handle());
-        // Fail-stop: without the hub no replica of this node moves, and its
-        // queues would hang with the node still up. A node that stops is one
-        // the cluster fails over from.
-        let node = me.node.clone();
-        tokio::spawn(async move {
-            if let Err(e) = hub.await
-                && e.is_panic()
-            {
-                tracing::error!(node = %node, "the replica hub panicked: stopping the node so that the cluster fails over");
-                std::process::abort();
-            }
-        });
+        // Without the hub no replica of this node moves.
+        warren_gm::abort_if_panics(hub, me.node.to_string(), "the replica hub");
         // Before the node takes clients: its broker serves the queues it
         // recovered from its own disk, and a mirror's copy is stale. Point
         // them at their masters as the cluster has them now (as of a
