@@ -235,6 +235,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             Ok(Ok(meta)) => meta,
             _ => me.source.local(),
         };
+        me.hold_recovered_masters(&meta);
         me.point_queues(&meta, None);
         tokio::spawn(me.clone().register(addr, config.link_addr));
         tokio::spawn(me.clone().reconcile_loop());
@@ -335,6 +336,31 @@ impl<S: MetadataSource> MirrorDriver<S> {
         }
     }
 
+    /// Holds the mirrored queues that this node recovered from its disk and
+    /// masters, whose records count other nodes' mirrors synchronised,
+    /// until their replicas start here (`Broker::hold_for_replica`): what
+    /// this node's store did outside the ring, such a mirror, promoted
+    /// later, would not know (seed 309 of the simulation: a restarted
+    /// master handed out messages to another node's consumer before its
+    /// replica started, and the mirror promoted next delivered them again
+    /// without `redelivered`).
+    fn hold_recovered_masters(&self, meta: &Metadata) {
+        let policies = policy_set(meta);
+        let mut b = lock(&self.broker);
+        for ((vhost, name), q) in &meta.queues {
+            if q.master == self.node
+                && q.exclusive_owner.is_none()
+                && q.synchronised.iter().any(|n| *n != self.node)
+                && policies
+                    .effective_for_queue(vhost, name, false)
+                    .mirroring()
+                    .is_some()
+            {
+                b.hold_for_replica(vhost, name);
+            }
+        }
+    }
+
     /// One pass: point the broker's queues at their masters, and start and
     /// stop this node's replicas to match the metadata; for the queues in
     /// `only` alone if given (nothing else the pass reads has changed).
@@ -349,13 +375,20 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let cluster_nodes: Vec<String> = meta.nodes.keys().cloned().collect();
         let mut wanted: BTreeMap<(String, String), (bool, Settings, u64)> = BTreeMap::new();
         let mut mirrored = BTreeSet::new();
+        // Mastered here and mirrored by no policy: served by this node.
+        let mut unmirrored = Vec::new();
         let looked_at = |key: &QueueKey| only.is_none_or(|o| o.contains(key));
         for ((vhost, name), q) in queues_of(meta, only) {
             if q.exclusive_owner.is_some() {
                 continue;
             }
             let eff = policies.effective_for_queue(vhost, name, false);
-            let Some(ha) = eff.mirroring() else { continue };
+            let Some(ha) = eff.mirroring() else {
+                if q.master == self.node {
+                    unmirrored.push((vhost, name));
+                }
+                continue;
+            };
             let placement = warren_policy::place(&PlacementInput {
                 mode: Some(&ha.mode),
                 master: &q.master,
@@ -379,6 +412,12 @@ impl<S: MetadataSource> MirrorDriver<S> {
                     (vhost.clone(), name.clone()),
                     (master, Settings::from_policy(ha), q.serial),
                 );
+            }
+        }
+        if !unmirrored.is_empty() {
+            let mut b = lock(&self.broker);
+            for (vhost, name) in unmirrored {
+                b.serve_unmirrored(vhost, name);
             }
         }
         let mut reps = self

@@ -599,6 +599,7 @@ impl Broker {
             return;
         }
         q.handed_over = false;
+        q.held_for_replica = false;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
         q.remote_figures = None;

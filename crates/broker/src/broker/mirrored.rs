@@ -434,6 +434,7 @@ impl Broker {
         }
         if start.master {
             q.handed_over = false;
+            q.held_for_replica = false;
             q.remote = None;
         }
         let placeholder = Store::Local(BackingQueue::in_memory(Default::default()));
@@ -596,12 +597,51 @@ impl Broker {
         q.store = Store::Local(bq);
         if serve {
             q.handed_over = false;
+            q.held_for_replica = false;
             q.remote = None;
         }
         self.void_deliveries(vhost, name);
         self.after_queue_op(vhost, name);
         self.wake_clients();
         true
+    }
+
+    /// Holds queue `name`, recovered from this node's disk while the cluster
+    /// names this node its master, until its replica starts as master
+    /// ([`Self::start_replica`]): served from the local store meanwhile,
+    /// its deliveries, acks and publishes would bypass the ring, unseen by
+    /// the mirrors its record counts synchronised, one of which may yet be
+    /// promoted. Meanwhile publishes are nacked, gets come back empty and
+    /// consumers wait, as while a queue has no master.
+    pub fn hold_for_replica(&mut self, vhost: &str, name: &str) {
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
+        if matches!(q.store, Store::Replica(_)) || q.handed_over {
+            return;
+        }
+        tracing::info!(%vhost, queue = %name, "queue held until its mirrored master starts");
+        q.handed_over = true;
+        q.held_for_replica = true;
+        q.remote = Some(Elsewhere::Nowhere);
+    }
+
+    /// Serves queue `name` from this node's store after all if it is held
+    /// by [`Self::hold_for_replica`] and no longer mirrored, this node
+    /// still its master: no replica will start to serve it.
+    pub fn serve_unmirrored(&mut self, vhost: &str, name: &str) {
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
+        if !q.held_for_replica || matches!(q.store, Store::Replica(_)) {
+            return;
+        }
+        tracing::info!(%vhost, queue = %name, "queue no longer mirrored: served by this node");
+        q.handed_over = false;
+        q.held_for_replica = false;
+        q.remote = None;
+        self.after_queue_op(vhost, name);
+        self.wake_clients();
     }
 
     /// Makes this node's outstanding deliveries of queue `name` void: its

@@ -109,6 +109,9 @@ pub(super) struct Queue {
     /// This node's master replica handed the queue over: it is not served
     /// here until this node is made its master again.
     pub(super) handed_over: bool,
+    /// Held (with `handed_over`) until its replica starts as master:
+    /// [`super::Broker::hold_for_replica`].
+    pub(super) held_for_replica: bool,
     /// In the order they were registered.
     pub(super) consumers: Vec<Consumer>,
     pub(super) rr: usize,

@@ -103,6 +103,7 @@ impl Broker {
             store: Store::Local(bq),
             remote: None,
             handed_over: false,
+            held_for_replica: false,
             consumers: Vec::new(),
             rr: 0,
             single_active,

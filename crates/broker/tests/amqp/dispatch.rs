@@ -887,3 +887,27 @@ fn deliveries_from_before_a_link_reset_are_dropped_and_the_consumer_asked_for_ag
     let got = answer_from_n2(&node, &mut c, deliver_from_n2(again, 3));
     assert_eq!(got, [(60, 60)], "a delivery of the new session");
 }
+
+/// A queue held until its mirrored master starts hands nothing out, and a
+/// consumer waits; once no policy mirrors it, this node serves it after
+/// all and the consumer gets what it holds.
+#[test]
+fn a_queue_held_for_its_replica_serves_nothing_until_released() {
+    let (node, mut c) = Node::session();
+    c.queue(1, "q");
+    c.publish(1, "", "q", Message::new("kept"));
+    node.with_broker(|b| b.hold_for_replica("/", "q"));
+    assert_eq!(c.get_body(1, "q"), None);
+    c.consume(1, "q", "held", false);
+    c.pump();
+    assert!(c.drain().is_empty(), "a held queue delivered");
+    // The reconciler's pass pointing the queue at this node does not serve it.
+    node.with_broker(|b| b.set_queue_master("/", "q", None));
+    c.pump();
+    assert!(c.drain().is_empty(), "a held queue delivered");
+    node.with_broker(|b| b.serve_unmirrored("/", "q"));
+    c.pump();
+    let got = c.drain();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].body, b"kept");
+}
