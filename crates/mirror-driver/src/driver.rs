@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use warren_backing_queue::{BackingQueue, QueueConfig};
@@ -49,11 +49,23 @@ pub(crate) fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
 /// epoch, as the node times its connections' input.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
-/// The wall clock.
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// The broker's time on a node, in milliseconds since the Unix epoch: the
+/// wall clock read once, at the first call, and advanced by the monotonic
+/// clock from then on. A step of the system clock (NTP, `date -s`) moves
+/// none of the broker's timers (heartbeats, `x-expires`, message TTLs,
+/// consumer timeouts, group commits): read directly, a step of an hour
+/// forward deleted every queue with a shorter `x-expires` at once, and one
+/// back stopped the heartbeats to every client for that hour.
+#[must_use]
+pub fn steady_clock_ms() -> u64 {
+    static START: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (at, wall) = START.get_or_init(|| {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        (Instant::now(), wall)
+    });
+    wall + at.elapsed().as_millis() as u64
 }
 
 /// Operator policies are stored under this prefix (the node's metadata store
@@ -79,8 +91,8 @@ pub struct DriverConfig {
     pub replica_tick: Duration,
     /// How often the reconciler runs without a metadata change.
     pub reconcile_interval: Duration,
-    /// The broker's time (expiries are timed by it): the wall clock, or the
-    /// simulation's virtual one.
+    /// The broker's time (expiries are timed by it): [`steady_clock_ms`], or
+    /// the simulation's virtual one.
     pub clock: Clock,
 }
 
@@ -96,14 +108,15 @@ impl std::fmt::Debug for DriverConfig {
 }
 
 impl DriverConfig {
-    /// Defaults: a replica tick and a reconcile pass every second, the wall clock.
+    /// Defaults: a replica tick and a reconcile pass every second,
+    /// [`steady_clock_ms`].
     pub fn new(gm: NodeConfig, link_addr: impl Into<String>) -> Self {
         Self {
             gm,
             link_addr: link_addr.into(),
             replica_tick: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(1),
-            clock: Arc::new(wall_clock_ms),
+            clock: Arc::new(steady_clock_ms),
         }
     }
 }

@@ -34,7 +34,7 @@ mod seen;
 mod source;
 
 pub use detector::ClusterDetector;
-pub use driver::{Clock, DriverConfig, MirrorDriver};
+pub use driver::{Clock, DriverConfig, MirrorDriver, steady_clock_ms};
 pub use hub::HubStats;
 pub use records::{ClusterRecords, ClusterViewAuthority, RecordError, RecordStore};
 pub use source::{MemMetadata, MetadataSource};

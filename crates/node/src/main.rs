@@ -21,7 +21,7 @@ mod resources;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
@@ -97,10 +97,10 @@ fn lock(b: &Shared) -> MeasuredGuard<'_, Broker> {
     b.lock()
 }
 
+/// The broker's time: the wall clock at start, advanced by the monotonic
+/// clock (a step of the system clock moves no timer of the broker's).
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    warren_mirror_driver::steady_clock_ms()
 }
 
 /// glibc's malloc raises its mmap threshold to the largest block freed so

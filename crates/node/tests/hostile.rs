@@ -9,7 +9,7 @@ mod peers;
 
 use std::time::Duration;
 
-use common::{Node, within};
+use common::{Node, login_with_heartbeat, within};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
@@ -275,17 +275,6 @@ async fn a_node_under_a_mutation_fuzz_keeps_serving_confirmed_traffic() {
         honest_round_trip(&node, "after-fuzz", 200).await;
     })
     .await;
-}
-
-/// LOGIN with the heartbeat of its tune-ok set to `secs`.
-fn login_with_heartbeat(secs: u16) -> Vec<u8> {
-    let mut login = LOGIN.to_vec();
-    let at = login
-        .windows(4)
-        .position(|w| w == [0, 10, 0, 31])
-        .expect("LOGIN has a tune-ok");
-    login[at + 10..at + 12].copy_from_slice(&secs.to_be_bytes());
-    login
 }
 
 /// basic.publish to "q" and a content header announcing `size` body bytes.

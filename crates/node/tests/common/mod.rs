@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::future::Future;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -22,12 +23,18 @@ pub struct Node {
 impl Node {
     /// Starts a node on free ports with data in `data_dir`, waiting for its ready line.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_with_env(data_dir, extra, &[])
+    }
+
+    /// [`Node::start`] with more environment variables for the process.
+    pub fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(&str, &OsStr)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_warren"))
             .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -117,4 +124,16 @@ pub async fn within<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(60), f)
         .await
         .expect("test timed out")
+}
+
+/// `warren_amqp::fuzz::LOGIN` (protocol header, start-ok as guest, tune-ok,
+/// open of vhost `/`) with the heartbeat of its tune-ok set to `secs`.
+pub fn login_with_heartbeat(secs: u16) -> Vec<u8> {
+    let mut login = warren_amqp::fuzz::LOGIN.to_vec();
+    let at = login
+        .windows(4)
+        .position(|w| w == [0, 10, 0, 31])
+        .expect("LOGIN has a tune-ok");
+    login[at + 10..at + 12].copy_from_slice(&secs.to_be_bytes());
+    login
 }
