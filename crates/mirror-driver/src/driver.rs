@@ -811,19 +811,34 @@ impl<S: MetadataSource> MirrorDriver<S> {
         // A master keeps its messages unless it handed over, or the
         // record names another master (which holds them). A node
         // that is stopping keeps them on disk but takes no more work.
-        let serve = self
-            .replicas
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&(vhost.to_owned(), name.to_owned()))
-            .is_none_or(|r| r.keep)
-            && records.local().is_ok_and(|r| r.master == self.node);
+        let (keep, ended_itself) = {
+            let reps = self
+                .replicas
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let r = reps.get(&(vhost.to_owned(), name.to_owned()));
+            (
+                r.is_none_or(|r| r.keep),
+                r.is_some_and(|r| !r.stopping.load(Ordering::SeqCst)),
+            )
+        };
+        let record = records.local().ok();
+        let serve = keep && record.as_ref().is_some_and(|r| r.master == self.node);
+        // Removed from its ring, not stopped by the reconciler: the queue
+        // is still mirrored, and a mirror the record counts synchronised
+        // may be promoted. Its copy waits for this node's next replica.
+        let hold = ended_itself
+            && record
+                .as_ref()
+                .is_some_and(|r| r.synchronised.iter().any(|n| *n != self.node));
         // A master whose disk failed keeps its log but takes no more
         // work; a stopping node keeps what it has for its restart.
         let end = if storage_failed {
             ReplicaEnd::Failed
         } else if self.shutting_down() {
             ReplicaEnd::Keep
+        } else if serve && hold {
+            ReplicaEnd::Hold
         } else if serve {
             ReplicaEnd::Serve
         } else {

@@ -1133,3 +1133,73 @@ fn declared_again_and_again(seed: u64) {
         );
     }
 }
+
+/// The cluster takes a running master for dead (its ring links cut, the
+/// others' failure detectors suspecting it) while its client keeps
+/// publishing through it, the metadata's round trips slow: the others
+/// remove it from the ring, and a mirror promotes itself once its claim
+/// of the record commits. Between its removal and that claim, the old
+/// master's node still read itself as the record's master. Had it served
+/// its copy then (`ReplicaEnd::Serve`), a publish confirmed there would be
+/// lost once it followed the new master; it holds the copy instead
+/// (`ReplicaEnd::Hold`). Every confirmed message must be there after the
+/// heal, for every seed of the network's delays.
+#[test]
+fn a_master_taken_for_dead_confirms_nothing_outside_its_ring() {
+    let step = Duration::from_millis(2);
+    let limit = Duration::from_secs(30);
+    for seed in 0..8 {
+        let mut net = Net::simulated(seed, 16);
+        for n in ["n1", "n2", "n3"] {
+            net.start_now(n);
+        }
+        net.step_until("both mirrors synchronised", step, limit, |n| {
+            n.record().synchronised.len() == 2 && n.nodes["n1"].role() == Some(Role::Master)
+        });
+        net.meta.set_latency(Duration::from_millis(40));
+        let mut c = Client::connect(&net.nodes["n1"].broker);
+        let mut seq = 0;
+        let mut publish = |c: &mut Client| {
+            seq += 1;
+            c.publish(seq, true);
+        };
+        net.mem.cut(&name("n1"), &name("n2"));
+        net.mem.cut(&name("n1"), &name("n3"));
+        let mut up = net.meta.up_now();
+        up.remove(&name("n1"));
+        net.meta.set_up(up.clone());
+        net.step_until("a mirror promoted", step, limit, |n| {
+            publish(&mut c);
+            c.poll();
+            n.record().master != "n1"
+        });
+        for _ in 0..100 {
+            publish(&mut c);
+            net.step(step);
+            c.poll();
+        }
+        net.mem.heal();
+        up.insert(name("n1"));
+        net.meta.set_up(up);
+        net.meta.set_latency(Duration::ZERO);
+        net.step_until("every publish settled", step, limit, |_| {
+            c.poll();
+            c.unsettled().is_empty()
+        });
+        let master = net.record().master;
+        let mut d = Client::connect(&net.nodes[&master].broker);
+        let got: BTreeSet<u64> = get_all(&mut net, &mut d).into_iter().collect();
+        let lost: Vec<u64> = c
+            .acked
+            .iter()
+            .filter(|s| !got.contains(s))
+            .copied()
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "seed {seed}: confirmed messages lost: {lost:?} (confirmed {}, nacked {})",
+            c.acked.len(),
+            c.nacked.len()
+        );
+    }
+}

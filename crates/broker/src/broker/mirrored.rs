@@ -147,6 +147,14 @@ pub enum ReplicaEnd {
     Keep,
     /// Handed over to another master: the messages are dropped.
     Drop,
+    /// The master's replica ended by itself (removed from its ring) while
+    /// the queue is still mirrored and its record counts other nodes'
+    /// mirrors synchronised: the messages stay, unserved (as
+    /// [`Broker::hold_for_replica`] holds them), for the replica that
+    /// starts here next as master, or go once the record names another
+    /// master. Served meanwhile, they would change outside the ring while
+    /// one of those mirrors may be promoted.
+    Hold,
     /// This node's disk failed under the master: its copy in memory cannot
     /// be trusted (the log is poisoned) and goes; the log stays on disk,
     /// and the queue takes no work here until it is opened again from it
@@ -531,16 +539,20 @@ impl Broker {
             );
         }
         let was_master = m.master;
-        let bq = m
-            .replica
-            .into_queue()
-            .filter(|_| was_master && matches!(end, ReplicaEnd::Serve | ReplicaEnd::Keep));
+        let bq = m.replica.into_queue().filter(|_| {
+            was_master && matches!(end, ReplicaEnd::Serve | ReplicaEnd::Keep | ReplicaEnd::Hold)
+        });
         if was_master && end != ReplicaEnd::Serve {
-            // Handed over, or this node is stopping: no more work here (a
-            // publish accepted now would be on this disk alone); served by
-            // the new master once the record names it.
+            // Handed over, held, or this node is stopping: no more work
+            // here (a publish accepted now would be on this disk alone);
+            // served by the new master once the record names it, or by
+            // this node's next replica.
             q.handed_over = true;
+            q.held_for_replica = end == ReplicaEnd::Hold;
             q.remote = Some(Elsewhere::Nowhere);
+            if end == ReplicaEnd::Hold {
+                tracing::info!(%vhost, queue = %name, "master removed from its ring: queue held until this node's next replica or a new master");
+            }
         }
         let cfg = q.queue_config();
         let replaced = bq.is_none();
