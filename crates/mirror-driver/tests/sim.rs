@@ -21,7 +21,10 @@
 //! ways, one direction blackholed, one link healed, all healed); and the
 //! metadata's round trips slowed (0–80 ms a write or linearizable read, as
 //! Raft's under load). Then everything heals, the cluster settles, and the
-//! checker asks:
+//! checker asks (of the same schedule with, besides, running nodes taken
+//! for dead by the cluster too: their links to the others cut and the
+//! others' failure detectors suspecting them, while they still read and
+//! write the metadata; `seeded_faults_with_nodes_taken_for_dead_…`):
 //!
 //! - no confirmed message is lost: each was consumed (and acked) or is
 //!   still in the queue (the schedule never kills a master while a disk
@@ -68,11 +71,12 @@
 //! message of `dlq` for one of `q`); a client's input now waits for its
 //! gets.
 //!
-//! CI runs [`CI_SEEDS`] and [`REGRESSION_SEEDS`]. Replay one seed, with
-//! the nodes' logs (`info`, or `RUST_LOG`):
+//! CI runs [`CI_SEEDS`] and [`REGRESSION_SEEDS`], and [`CI_SEEDS`] with
+//! nodes taken for dead. Replay one seed, with the nodes' logs (`info`, or
+//! `RUST_LOG`), naming the test (a failure prints the command):
 //!
 //! ```text
-//! WARREN_SIM_SEED=7 cargo nextest run -p warren-mirror-driver --test sim --no-capture
+//! WARREN_SIM_SEED=7 cargo nextest run -p warren-mirror-driver --test sim seeded_faults_lose --no-capture
 //! ```
 //!
 //! `WARREN_SIM_SEEDS=1-200` runs a range instead (to hunt), naming every
@@ -199,6 +203,11 @@ struct Sim {
     failing: Option<(String, Duration)>,
     /// Network faults standing, and when they heal (all of them).
     net_faults: Option<Duration>,
+    /// The running node the cluster takes for dead, and when that ends.
+    suspected: Option<(String, Duration)>,
+    /// Draws the suspicions, when the schedule has them: a stream of its
+    /// own, so that a seed's other draws are those of the schedule without.
+    suspicions: Option<StdRng>,
     /// What the schedule did, for the failure message.
     trace: Vec<String>,
 }
@@ -208,7 +217,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Sim {
-    fn new(seed: u64) -> Self {
+    fn new(seed: u64, suspicions: bool) -> Self {
         let mut net = Net::simulated(seed, 8);
         for n in NODES {
             net.start_now(n);
@@ -222,6 +231,8 @@ impl Sim {
             dead: None,
             failing: None,
             net_faults: None,
+            suspected: None,
+            suspicions: suspicions.then(|| StdRng::seed_from_u64(seed ^ 0x0053_5553_5045_4354)),
             trace: Vec::new(),
         };
         sim.net.step_until(
@@ -352,6 +363,50 @@ impl Sim {
         if self.net_faults.is_some_and(|at| at <= now) {
             self.heal_network();
         }
+        if self.suspected.as_ref().is_some_and(|(_, at)| *at <= now) {
+            self.clear_suspicion();
+        }
+    }
+
+    /// The cluster takes running node `n` for dead (a false suspicion, or a
+    /// cut its failure detectors saw first): its links to the others are
+    /// cut and the others' detectors suspect it, while it still reads and
+    /// writes the metadata.
+    fn suspect(&mut self) {
+        let up = self.up();
+        let Some(rng) = self.suspicions.as_mut() else {
+            return;
+        };
+        let n = up[rng.random_range(0..up.len())].clone();
+        let until = self.net.elapsed + Duration::from_millis(rng.random_range(200..2_000));
+        self.note(format!(
+            "the cluster takes {n} for dead until {} ms",
+            ms(until)
+        ));
+        for other in NODES.iter().filter(|o| **o != n) {
+            self.net.mem.cut(&name(&n), &name(other));
+        }
+        let mut running = self.net.meta.up_now();
+        running.remove(&name(&n));
+        self.net.meta.set_up(running);
+        self.suspected = Some((n, until));
+    }
+
+    /// The suspicion ends: the node's links heal and, if it still runs,
+    /// the cluster sees it up again.
+    fn clear_suspicion(&mut self) {
+        let Some((n, _)) = self.suspected.take() else {
+            return;
+        };
+        self.note(format!("the cluster sees {n} again"));
+        for other in NODES.iter().filter(|o| **o != n) {
+            self.net.mem.heal_link(&name(&n), &name(other));
+        }
+        if self.net.nodes.contains_key(&n) {
+            let mut running = self.net.meta.up_now();
+            running.insert(name(&n));
+            self.net.meta.set_up(running);
+        }
     }
 
     fn restart(&mut self, n: &str) {
@@ -374,6 +429,18 @@ impl Sim {
 
     /// One action of the schedule.
     fn act(&mut self) {
+        // One node-level fault at a time: no suspicion while a node is
+        // down or a disk fails, and no crash during one.
+        if self.suspected.is_none()
+            && self.dead.is_none()
+            && self.failing.is_none()
+            && self
+                .suspicions
+                .as_mut()
+                .is_some_and(|r| r.random_bool(0.02))
+        {
+            self.suspect();
+        }
         let up = self.up();
         match self.rng.random_range(0..100) {
             0..38 => {
@@ -452,7 +519,12 @@ impl Sim {
                             .map(|s| s.role)
                             == Some(Role::Master)
                 });
-                if self.failing.is_some() || self.dead.is_some() || disks.is_empty() || !settled {
+                if self.failing.is_some()
+                    || self.dead.is_some()
+                    || self.suspected.is_some()
+                    || disks.is_empty()
+                    || !settled
+                {
                     return;
                 }
                 let n = self.pick(&disks);
@@ -487,7 +559,7 @@ impl Sim {
     /// synchronised mirror runs on a working disk), half the time with a
     /// power loss; it restarts after a while.
     fn crash(&mut self) {
-        if self.dead.is_some() {
+        if self.dead.is_some() || self.suspected.is_some() {
             return;
         }
         let up = self.up();
@@ -578,6 +650,7 @@ impl Sim {
     fn heal_and_settle(&mut self) {
         self.note("heal everything".into());
         self.net.mem.heal();
+        self.clear_suspicion();
         self.net.meta.set_latency(Duration::ZERO);
         self.net_faults = None;
         if let Some((n, _)) = self.failing.clone() {
@@ -789,11 +862,12 @@ impl Sim {
     }
 }
 
-/// Runs one seed; a failure names the seed and its replay command.
-fn simulate(seed: u64) -> Result<(), String> {
+/// Runs one seed of test `test`'s schedule (with nodes taken for dead if
+/// `suspicions`); a failure names the seed and its replay command.
+fn simulate(test: &str, seed: u64, suspicions: bool) -> Result<(), String> {
     let mut trace = Vec::new();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        let mut sim = Sim::new(seed);
+        let mut sim = Sim::new(seed, suspicions);
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| sim.run_schedule()));
         trace = std::mem::take(&mut sim.trace);
         if let Err(e) = r {
@@ -810,14 +884,14 @@ fn simulate(seed: u64) -> Result<(), String> {
         format!(
             "simulation seed {seed} failed: {msg}\n\
              last actions:\n  {tail}\n\
-             replay: WARREN_SIM_SEED={seed} cargo nextest run -p warren-mirror-driver --test sim --no-capture"
+             replay: WARREN_SIM_SEED={seed} cargo nextest run -p warren-mirror-driver --test sim {test} --no-capture"
         )
     })
 }
 
 /// The seeds to run: `WARREN_SIM_SEED=N` alone, `WARREN_SIM_SEEDS=A-B` a
-/// range, else CI's and the regression seeds.
-fn seeds() -> Vec<u64> {
+/// range, else `default`.
+fn seeds(default: &[u64]) -> Vec<u64> {
     if let Ok(s) = std::env::var("WARREN_SIM_SEED") {
         return vec![s.trim().parse().expect("WARREN_SIM_SEED: a number")];
     }
@@ -825,14 +899,14 @@ fn seeds() -> Vec<u64> {
         let (a, b) = s.split_once('-').expect("WARREN_SIM_SEEDS: A-B");
         return (a.trim().parse().unwrap()..=b.trim().parse().unwrap()).collect();
     }
-    CI_SEEDS.iter().chain(REGRESSION_SEEDS).copied().collect()
+    default.to_vec()
 }
 
-#[test]
-fn seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers() {
+/// Runs test `test`'s seeds; fails naming every failing one.
+fn simulate_seeds(test: &str, default: &[u64], suspicions: bool) {
     let mut failed = Vec::new();
-    for seed in seeds() {
-        if let Err(e) = simulate(seed) {
+    for seed in seeds(default) {
+        if let Err(e) = simulate(test, seed, suspicions) {
             tracing::error!("{e}");
             failed.push((seed, e));
         }
@@ -841,6 +915,27 @@ fn seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers() {
         let seeds: Vec<u64> = failed.iter().map(|(s, _)| *s).collect();
         panic!("failing seeds {seeds:?}; the first:\n{first}");
     }
+}
+
+#[test]
+fn seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers() {
+    let default: Vec<u64> = CI_SEEDS.iter().chain(REGRESSION_SEEDS).copied().collect();
+    simulate_seeds(
+        "seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers",
+        &default,
+        false,
+    );
+}
+
+/// The same schedules with running nodes taken for dead by the cluster
+/// besides (see the module's note). Seeds 1–60 passed when they were added.
+#[test]
+fn seeded_faults_with_nodes_taken_for_dead_lose_no_confirmed_message() {
+    simulate_seeds(
+        "seeded_faults_with_nodes_taken_for_dead_lose_no_confirmed_message",
+        CI_SEEDS,
+        true,
+    );
 }
 
 /// A master whose disk failed, with no synchronised mirror to take over,
