@@ -90,7 +90,14 @@ pub struct MemMetadata {
     shared: Arc<Shared>,
     /// This node's view of the majority ([`MemMetadata::set_majority`]).
     majority: Arc<watch::Sender<bool>>,
+    /// While this node is cut off from the majority ([`MemMetadata::cut_off`]):
+    /// the metadata as it had applied it then.
+    stale: Arc<Mutex<Option<Arc<Metadata>>>>,
 }
+
+/// How long a write or linearizable read of a node cut off from the
+/// majority waits before it fails (a Raft node's waits 10 s).
+const CUT_OFF_WAIT: Duration = Duration::from_secs(1);
 
 impl MemMetadata {
     /// Empty metadata, seen from `node`.
@@ -104,6 +111,7 @@ impl MemMetadata {
                 latency: Mutex::new(Duration::ZERO),
             }),
             majority: Arc::new(watch::Sender::new(true)),
+            stale: Arc::default(),
         }
     }
 
@@ -114,6 +122,7 @@ impl MemMetadata {
             node,
             shared: self.shared.clone(),
             majority: Arc::new(watch::Sender::new(true)),
+            stale: Arc::default(),
         }
     }
 
@@ -183,6 +192,58 @@ impl MemMetadata {
         self.majority.send_replace(majority);
     }
 
+    /// Cuts this node off from the majority (`true`), as a partition cuts
+    /// a Raft node off, or joins it again: meanwhile it sees no majority,
+    /// its view of the metadata stays as it was, and its writes and
+    /// linearizable reads fail after a while. Joining again, it catches up
+    /// at once.
+    pub fn cut_off(&self, cut: bool) {
+        let mut stale = self
+            .stale
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *stale = cut.then(|| self.shared_now());
+        drop(stale);
+        self.majority.send_replace(!cut);
+        if !cut {
+            self.shared.changes.send_modify(|v| *v += 1);
+        }
+    }
+
+    fn shared_now(&self) -> Arc<Metadata> {
+        self.shared
+            .metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn is_cut_off(&self) -> bool {
+        self.stale
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Waits as a node cut off from the majority does, then fails `op` if
+    /// it still is.
+    async fn reach_majority(&self, op: &'static str) -> Result<(), ClusterError> {
+        if !self.is_cut_off() {
+            return Ok(());
+        }
+        tokio::time::sleep(CUT_OFF_WAIT).await;
+        if self.is_cut_off() {
+            return Err(ClusterError::NoMajority {
+                op,
+                waited: CUT_OFF_WAIT,
+                voters: Vec::new(),
+                unreachable: Vec::new(),
+                maybe_applied: false,
+            });
+        }
+        Ok(())
+    }
+
     /// The nodes seen up.
     pub fn up_now(&self) -> BTreeSet<NodeName> {
         self.shared.up.borrow().clone()
@@ -196,14 +257,19 @@ impl MetadataSource for MemMetadata {
     }
 
     fn local(&self) -> Arc<Metadata> {
-        self.shared
-            .metadata
+        if let Some(stale) = self
+            .stale
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .as_ref()
+        {
+            return stale.clone();
+        }
+        self.shared_now()
     }
 
     async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
+        self.reach_majority("read").await?;
         let latency = self.latency();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -212,6 +278,7 @@ impl MetadataSource for MemMetadata {
     }
 
     async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        self.reach_majority("write").await?;
         self.apply(&cmd)
     }
 

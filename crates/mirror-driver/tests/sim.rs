@@ -23,8 +23,10 @@
 //! Raft's under load). Then everything heals, the cluster settles, and the
 //! checker asks (of the same schedule with, besides, running nodes taken
 //! for dead by the cluster too: their links to the others cut and the
-//! others' failure detectors suspecting them, while they still read and
-//! write the metadata; `seeded_faults_with_nodes_taken_for_dead_…`):
+//! others' failure detectors suspecting them, half of them still reaching
+//! the metadata, half cut off from its majority as a partition cuts a Raft
+//! node off (no majority, their view of it stale, their writes failing);
+//! `seeded_faults_with_nodes_taken_for_dead_…`):
 //!
 //! - no confirmed message is lost: each was consumed (and acked) or is
 //!   still in the queue (the schedule never kills a master while a disk
@@ -203,8 +205,9 @@ struct Sim {
     failing: Option<(String, Duration)>,
     /// Network faults standing, and when they heal (all of them).
     net_faults: Option<Duration>,
-    /// The running node the cluster takes for dead, and when that ends.
-    suspected: Option<(String, Duration)>,
+    /// The running node the cluster takes for dead, when that ends, and
+    /// whether it is cut off from the metadata's majority too.
+    suspected: Option<(String, Duration, bool)>,
     /// Draws the suspicions, when the schedule has them: a stream of its
     /// own, so that a seed's other draws are those of the schedule without.
     suspicions: Option<StdRng>,
@@ -363,15 +366,16 @@ impl Sim {
         if self.net_faults.is_some_and(|at| at <= now) {
             self.heal_network();
         }
-        if self.suspected.as_ref().is_some_and(|(_, at)| *at <= now) {
+        if self.suspected.as_ref().is_some_and(|(_, at, _)| *at <= now) {
             self.clear_suspicion();
         }
     }
 
-    /// The cluster takes running node `n` for dead (a false suspicion, or a
+    /// The cluster takes a running node for dead (a false suspicion, or a
     /// cut its failure detectors saw first): its links to the others are
-    /// cut and the others' detectors suspect it, while it still reads and
-    /// writes the metadata.
+    /// cut and the others' detectors suspect it; half the time it is cut
+    /// off from the metadata's majority too (`Net::cut_off`), else it still
+    /// reads and writes the metadata.
     fn suspect(&mut self) {
         let up = self.up();
         let Some(rng) = self.suspicions.as_mut() else {
@@ -379,25 +383,37 @@ impl Sim {
         };
         let n = up[rng.random_range(0..up.len())].clone();
         let until = self.net.elapsed + Duration::from_millis(rng.random_range(200..2_000));
+        let isolated = rng.random_bool(0.5);
         self.note(format!(
-            "the cluster takes {n} for dead until {} ms",
-            ms(until)
+            "the cluster takes {n} for dead until {} ms{}",
+            ms(until),
+            if isolated {
+                ", cut off from the metadata too"
+            } else {
+                ""
+            }
         ));
+        if isolated {
+            self.net.cut_off(&n, true);
+        }
         for other in NODES.iter().filter(|o| **o != n) {
             self.net.mem.cut(&name(&n), &name(other));
         }
         let mut running = self.net.meta.up_now();
         running.remove(&name(&n));
         self.net.meta.set_up(running);
-        self.suspected = Some((n, until));
+        self.suspected = Some((n, until, isolated));
     }
 
     /// The suspicion ends: the node's links heal and, if it still runs,
     /// the cluster sees it up again.
     fn clear_suspicion(&mut self) {
-        let Some((n, _)) = self.suspected.take() else {
+        let Some((n, _, isolated)) = self.suspected.take() else {
             return;
         };
+        if isolated {
+            self.net.cut_off(&n, false);
+        }
         self.note(format!("the cluster sees {n} again"));
         for other in NODES.iter().filter(|o| **o != n) {
             self.net.mem.heal_link(&name(&n), &name(other));

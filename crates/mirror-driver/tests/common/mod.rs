@@ -358,6 +358,8 @@ pub struct Net {
     links: BTreeSet<(String, String)>,
     /// Simulated: the virtual time [`Net::step`] has run.
     pub elapsed: Duration,
+    /// Each node's handle on the metadata (its latest start's).
+    handles: BTreeMap<String, MemMetadata>,
 }
 
 impl Net {
@@ -378,6 +380,7 @@ impl Net {
             storage: BTreeMap::new(),
             links: BTreeSet::new(),
             elapsed: Duration::ZERO,
+            handles: BTreeMap::new(),
         }
     }
 
@@ -416,7 +419,17 @@ impl Net {
                 );
             });
         }
-        (dir, self.meta.for_node(name(n)))
+        let handle = self.meta.for_node(name(n));
+        self.handles.insert(n.to_owned(), handle.clone());
+        (dir, handle)
+    }
+
+    /// Cuts node `n` off from the metadata's majority, or joins it again
+    /// ([`MemMetadata::cut_off`]).
+    pub fn cut_off(&self, n: &str, cut: bool) {
+        if let Some(h) = self.handles.get(n) {
+            h.cut_off(cut);
+        }
     }
 
     /// Node `n` runs: the cluster sees it up.
