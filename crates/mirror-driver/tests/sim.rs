@@ -944,7 +944,7 @@ fn seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers() {
 }
 
 /// The same schedules with running nodes taken for dead by the cluster
-/// besides (see the module's note). Seeds 1–60 passed when they were added.
+/// besides (see the module's note). Seeds 1–150 passed when they were added.
 #[test]
 fn seeded_faults_with_nodes_taken_for_dead_lose_no_confirmed_message() {
     simulate_seeds(
