@@ -556,6 +556,12 @@ impl BackingQueue {
         }
     }
 
+    /// The sequence number the next published message takes.
+    #[must_use]
+    pub fn next_seq(&self) -> SeqId {
+        self.core.next_seq()
+    }
+
     /// Sequence numbers of the ready messages, head first.
     pub fn ready_seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
         self.core.ready_seqs()

@@ -944,12 +944,18 @@ fn seeded_faults_lose_no_confirmed_message_and_the_cluster_recovers() {
 }
 
 /// The same schedules with running nodes taken for dead by the cluster
-/// besides (see the module's note). Seeds 1–150 passed when they were added.
+/// besides (see the module's note). Seeds 1–150 passed when they were
+/// added. Seed 225 failed: after a ring's churn a mirror whose seqs ran
+/// 42 behind its master's claimed the empty master's state (the digests
+/// of two empty queues agree), reported its disk in its own numbering,
+/// and the master's next persistent confirm waited for ever; a sync now
+/// compares the next seq too (`sync_digest` in `warren-mirror`).
 #[test]
 fn seeded_faults_with_nodes_taken_for_dead_lose_no_confirmed_message() {
+    let default: Vec<u64> = CI_SEEDS.iter().chain(&[225]).copied().collect();
     simulate_seeds(
         "seeded_faults_with_nodes_taken_for_dead_lose_no_confirmed_message",
-        CI_SEEDS,
+        &default,
         true,
     );
 }
