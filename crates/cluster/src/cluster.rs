@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -159,6 +160,9 @@ struct Inner {
     majority: watch::Sender<bool>,
     /// When this process started the cluster side (see the majority check).
     started: Instant,
+    /// Whether Raft may call elections: this node heard a majority of the
+    /// voters within the lease (the failure detector's election gate).
+    elections: AtomicBool,
     /// The log index up to which this node's user of the metadata (the
     /// broker) has taken in the changes ([`Cluster::local_at`],
     /// [`Cluster::replayed`]); `None` until it says so the first time.
@@ -238,6 +242,7 @@ impl Cluster {
                 up,
                 majority,
                 started: Instant::now(),
+                elections: AtomicBool::new(true),
                 replayed,
                 stop,
                 stopped: Mutex::new(false),
@@ -1313,6 +1318,24 @@ fn other_members(
         .collect()
 }
 
+/// Whether a majority of the voters, this node included and `but` left out,
+/// was heard from after `since`.
+fn heard_since(inner: &Inner, since: Instant, but: &NodeName) -> bool {
+    let m = inner.raft.metrics().borrow().clone();
+    let members = other_members(inner, &m);
+    let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+    let heard = voters
+        .iter()
+        .filter(|id| {
+            **id == inner.id
+                || members.iter().any(|(m, n, _)| {
+                    m == *id && n != but && inner.peers.last_seen(n).is_some_and(|t| t > since)
+                })
+        })
+        .count();
+    heard * 2 > voters.len()
+}
+
 /// The failure detector: heartbeats every member, reports up/down changes.
 /// A member is down when it has been silent for the failure timeout, or at
 /// once when its address refuses a connection after its link closed (its
@@ -1331,6 +1354,8 @@ async fn detector(weak: Weak<Inner>) {
     };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether Raft may call elections (openraft's default: yes).
+    let mut elect = true;
     // Members silent for a tenth of the heartbeat interval (50 ms by default)
     // are probed at that pace: over transports that can tell (QUIC, where a
     // dead process's link does not end), a dead process's address refuses,
@@ -1443,6 +1468,39 @@ async fn detector(weak: Weak<Inner>) {
             .filter(|id| **id == inner.id || members.iter().any(|(m, n, _)| m == *id && counts(n)))
             .count();
         let majority = voters.is_empty() || voters_up * 2 > voters.len();
+        // Raft elections only while this node hears a majority of the
+        // voters (itself included) within the leader lease: a node cut off
+        // would otherwise raise its term in elections it cannot win, and on
+        // the heal that term deposes the majority's leader, leaving the
+        // whole cluster without one for seconds (openraft 0.9 has no
+        // pre-vote). The lease (`election_timeout_max`) is shorter than a
+        // follower's wait before it stands (lease + election timeout), so
+        // the gate closes first.
+        let lease = inner.config.election_timeout_max;
+        let heard = voters
+            .iter()
+            .filter(|id| {
+                **id == inner.id
+                    || members.iter().any(|(m, n, _)| {
+                        m == *id
+                            && inner
+                                .peers
+                                .last_seen(n)
+                                .is_some_and(|t| now.saturating_duration_since(t) < lease)
+                    })
+            })
+            .count();
+        let may_elect = voters.len() <= 1 || heard * 2 > voters.len();
+        if may_elect != elect {
+            elect = may_elect;
+            inner.raft.runtime_config().elect(elect);
+            inner.elections.store(elect, Ordering::SeqCst);
+            if elect {
+                tracing::info!(node = %inner.config.node, heard, voters = voters.len(), "Raft elections resumed: a majority of the voters heard from");
+            } else {
+                tracing::info!(node = %inner.config.node, heard, voters = voters.len(), ?lease, "Raft elections paused: no majority of the voters heard from within the lease");
+            }
+        }
         if *inner.majority.borrow() != majority {
             if majority {
                 tracing::info!(node = %inner.config.node, voters_up, voters = voters.len(), "a majority of the cluster is reachable again");
@@ -1484,8 +1542,34 @@ async fn detector(weak: Weak<Inner>) {
                     let me = inner.id;
                     let pause = Duration::from_millis(20 + inner.id % 40);
                     let until = Instant::now() + ELECTION_RETRY_WINDOW;
+                    let weak = weak.clone();
+                    let (since, gone_name) = (now, n.clone());
+                    // Asked at once, so that a live majority is heard from
+                    // within a round trip rather than the heartbeat pace.
+                    for (_, name, addr) in members.iter().filter(|(_, name, _)| name != n) {
+                        let (peers, name, addr) = (inner.peers.clone(), name.clone(), addr.clone());
+                        let bound = inner.config.failure_timeout;
+                        tokio::spawn(async move {
+                            let _ = peers.heartbeat(&name, &addr, bound).await;
+                        });
+                    }
                     tokio::spawn(async move {
                         while Instant::now() < until {
+                            // Only once a majority of the voters, this node
+                            // included and the leader left out, was heard
+                            // from since: a node cut off from every other
+                            // is refused by a firewall's resets too, and its
+                            // elections would depose the leader on the heal
+                            // (see the election gate above).
+                            let Some(i) = weak.upgrade() else { break };
+                            if !i.elections.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            if !heard_since(&i, since, &gone_name) {
+                                tokio::time::sleep(pause).await;
+                                continue;
+                            }
+                            drop(i);
                             let _ = raft.trigger().elect().await;
                             tokio::time::sleep(pause).await;
                             let (now, voted_for) = {
