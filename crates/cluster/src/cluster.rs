@@ -1423,6 +1423,21 @@ async fn detector(weak: Weak<Inner>) {
                 }
             });
         }
+        // What this node's heartbeats say: it leads, or follows a leader
+        // it heard within the lease whose address does not refuse it.
+        let lease = inner.config.election_timeout_max;
+        let leader_live = leader.is_some_and(|l| {
+            l == inner.id
+                || members.iter().any(|(id, n, _)| {
+                    *id == l
+                        && !inner.peers.refused(n)
+                        && inner
+                            .peers
+                            .last_seen(n)
+                            .is_some_and(|t| t.elapsed() < lease)
+                })
+        });
+        inner.peers.set_leader_live(leader_live);
         in_flight.retain(|_, h| !h.is_finished());
         for (_, name, addr) in &members {
             if in_flight.contains_key(name) {
@@ -1434,7 +1449,7 @@ async fn detector(weak: Weak<Inner>) {
             in_flight.insert(
                 name.clone(),
                 tokio::spawn(async move {
-                    let _ = peers.heartbeat(&name2, &addr2, bound).await;
+                    let _ = peers.heartbeat(&name2, &addr2, bound, false).await;
                 }),
             );
         }
@@ -1468,26 +1483,23 @@ async fn detector(weak: Weak<Inner>) {
             .filter(|id| **id == inner.id || members.iter().any(|(m, n, _)| m == *id && counts(n)))
             .count();
         let majority = voters.is_empty() || voters_up * 2 > voters.len();
-        // Raft elections only while this node hears a majority of the
-        // voters (itself included) within the leader lease: a node cut off
-        // would otherwise raise its term in elections it cannot win, and on
-        // the heal that term deposes the majority's leader, leaving the
-        // whole cluster without one for seconds (openraft 0.9 has no
-        // pre-vote). The lease (`election_timeout_max`) is shorter than a
-        // follower's wait before it stands (lease + election timeout), so
-        // the gate closes first.
-        let lease = inner.config.election_timeout_max;
+        // Raft elections only while a majority of the voters would grant
+        // this node a vote: itself, and each voter whose heartbeat within
+        // the lease said it has no live leader (a pre-vote, asked through
+        // the heartbeats; openraft 0.9 has none). Otherwise a node cut off
+        // from the leader, both ways or one, raises its term in elections
+        // it cannot win, and on the heal that term deposes the leader,
+        // leaving the cluster without one for seconds. Followers wait the
+        // lease and an election timeout before they stand; a peer says its
+        // leader is gone once it has not heard it for the lease, a
+        // heartbeat interval before that.
         let heard = voters
             .iter()
             .filter(|id| {
                 **id == inner.id
-                    || members.iter().any(|(m, n, _)| {
-                        m == *id
-                            && inner
-                                .peers
-                                .last_seen(n)
-                                .is_some_and(|t| now.saturating_duration_since(t) < lease)
-                    })
+                    || members
+                        .iter()
+                        .any(|(m, n, _)| m == *id && inner.peers.would_vote(n, lease))
             })
             .count();
         let may_elect = voters.len() <= 1 || heard * 2 > voters.len();
@@ -1495,11 +1507,7 @@ async fn detector(weak: Weak<Inner>) {
             elect = may_elect;
             inner.raft.runtime_config().elect(elect);
             inner.elections.store(elect, Ordering::SeqCst);
-            if elect {
-                tracing::info!(node = %inner.config.node, heard, voters = voters.len(), "Raft elections resumed: a majority of the voters heard from");
-            } else {
-                tracing::info!(node = %inner.config.node, heard, voters = voters.len(), ?lease, "Raft elections paused: no majority of the voters heard from within the lease");
-            }
+            tracing::debug!(node = %inner.config.node, elect, would_vote = heard, voters = voters.len(), "Raft election gate");
         }
         if *inner.majority.borrow() != majority {
             if majority {
@@ -1544,13 +1552,13 @@ async fn detector(weak: Weak<Inner>) {
                     let until = Instant::now() + ELECTION_RETRY_WINDOW;
                     let weak = weak.clone();
                     let (since, gone_name) = (now, n.clone());
-                    // Asked at once, so that a live majority is heard from
-                    // within a round trip rather than the heartbeat pace.
+                    // Asked to answer at once, so that a live majority is
+                    // heard from within a round trip, not the heartbeat pace.
                     for (_, name, addr) in members.iter().filter(|(_, name, _)| name != n) {
                         let (peers, name, addr) = (inner.peers.clone(), name.clone(), addr.clone());
                         let bound = inner.config.failure_timeout;
                         tokio::spawn(async move {
-                            let _ = peers.heartbeat(&name, &addr, bound).await;
+                            let _ = peers.heartbeat(&name, &addr, bound, true).await;
                         });
                     }
                     tokio::spawn(async move {

@@ -52,6 +52,17 @@ pub(crate) type Handler =
 /// The shortest silence after which a link is replaced (see [`Peers::stale`]).
 const STALE_LINK_MIN: Duration = Duration::from_secs(5);
 
+/// What a peer last said in a [`PeerFrame::Heard`].
+#[derive(Debug, Clone, Copy)]
+struct Echo {
+    /// When it said it.
+    at: Instant,
+    /// How long it had not heard from this node then.
+    silent_ms: Option<u64>,
+    /// It had a live Raft leader (or led): it would refuse this node a vote.
+    leader_live: bool,
+}
+
 struct Link {
     serial: u64,
     /// When it was adopted.
@@ -88,9 +99,10 @@ struct Inner {
     silent_after: Duration,
     links: Mutex<BTreeMap<NodeName, Arc<Link>>>,
     last_seen: Mutex<BTreeMap<NodeName, Instant>>,
-    /// What each peer last said of this node ([`PeerFrame::Heard`]): when
-    /// it said it, and how long it had not heard from this node then.
-    echo: Mutex<BTreeMap<NodeName, (Instant, Option<u64>)>>,
+    /// What each peer last said ([`PeerFrame::Heard`]).
+    echo: Mutex<BTreeMap<NodeName, Echo>>,
+    /// What this node's heartbeats say of its Raft leader (`leader_live`).
+    leader_live: AtomicBool,
     /// Peers whose address refused a connection since they were last heard.
     refused: Mutex<BTreeSet<NodeName>>,
     /// Peers that said they are stopping cleanly ([`PeerFrame::Leaving`]),
@@ -140,6 +152,7 @@ impl Peers {
                 links: Mutex::new(BTreeMap::new()),
                 last_seen: Mutex::new(BTreeMap::new()),
                 echo: Mutex::new(BTreeMap::new()),
+                leader_live: AtomicBool::new(false),
                 refused: Mutex::new(BTreeSet::new()),
                 leaving: Mutex::new(BTreeSet::new()),
                 lost: Mutex::new(BTreeSet::new()),
@@ -209,12 +222,42 @@ impl Peers {
     /// that never heard this node, never said, or said it too long ago (a
     /// previous run of it) is not counted deaf.
     pub(crate) fn deaf(&self, peer: &NodeName, after: Duration) -> bool {
+        lock(&self.inner.echo).get(peer).is_some_and(|e| {
+            e.at.elapsed() < after
+                && e.silent_ms
+                    .is_some_and(|ms| Duration::from_millis(ms) >= after)
+        })
+    }
+
+    /// Whether `peer` said, less than `within` ago, that it has no live
+    /// Raft leader: it would grant this node a vote (Raft's pre-vote,
+    /// asked through the heartbeats).
+    pub(crate) fn would_vote(&self, peer: &NodeName, within: Duration) -> bool {
         lock(&self.inner.echo)
             .get(peer)
-            .is_some_and(|(at, silent_ms)| {
-                at.elapsed() < after
-                    && silent_ms.is_some_and(|ms| Duration::from_millis(ms) >= after)
-            })
+            .is_some_and(|e| e.at.elapsed() < within && !e.leader_live)
+    }
+
+    /// Sets what this node's heartbeats say of its Raft leader.
+    pub(crate) fn set_leader_live(&self, live: bool) {
+        self.inner.leader_live.store(live, Ordering::Relaxed);
+    }
+
+    /// The [`PeerFrame::Heard`] this node sends `peer` now.
+    fn heard_frame(&self, peer: &NodeName, answer: bool) -> Result<Bytes, CallError> {
+        let silent_ms = self
+            .last_seen(peer)
+            .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX));
+        encode_message(&PeerFrame::Heard {
+            silent_ms,
+            leader_live: self.inner.leader_live.load(Ordering::Relaxed),
+            answer,
+        })
+        .map(Bytes::from)
+        .map_err(|e| CallError::Unreachable {
+            peer: peer.to_string(),
+            reason: e.to_string(),
+        })
     }
 
     /// When a frame last arrived from `peer`.
@@ -392,8 +435,22 @@ impl Peers {
     fn on_frame(&self, link: &Arc<Link>, frame: &[u8]) {
         let body = match decode_message::<PeerFrame>(frame) {
             Ok(PeerFrame::Metadata { body }) => body,
-            Ok(PeerFrame::Heard { silent_ms }) => {
-                lock(&self.inner.echo).insert(link.peer.clone(), (Instant::now(), silent_ms));
+            Ok(PeerFrame::Heard {
+                silent_ms,
+                leader_live,
+                answer,
+            }) => {
+                let echo = Echo {
+                    at: Instant::now(),
+                    silent_ms,
+                    leader_live,
+                };
+                lock(&self.inner.echo).insert(link.peer.clone(), echo);
+                if answer && let Ok(bytes) = self.heard_frame(&link.peer, false) {
+                    // A full queue means the link is busy: its frames say
+                    // the same soon enough.
+                    let _ = link.tx.try_send(bytes);
+                }
                 return;
             }
             Ok(PeerFrame::Leaving) => {
@@ -575,24 +632,19 @@ impl Peers {
     }
 
     /// Sends a heartbeat to `peer` (dialing if needed, bounded by
-    /// `timeout`): [`PeerFrame::Heard`], how long this node has not heard it.
+    /// `timeout`): [`PeerFrame::Heard`], how long this node has not heard it
+    /// and whether it has a live Raft leader; with `answer`, the peer
+    /// answers with its own at once.
     pub(crate) async fn heartbeat(
         &self,
         peer: &NodeName,
         addr: &PeerAddr,
         timeout: Duration,
+        answer: bool,
     ) -> Result<(), CallError> {
         let send = async {
             let link = self.link(Some(peer), addr).await?;
-            let silent_ms = self
-                .last_seen(peer)
-                .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX));
-            let bytes = encode_message(&PeerFrame::Heard { silent_ms })
-                .map(Bytes::from)
-                .map_err(|e| CallError::Unreachable {
-                    peer: peer.to_string(),
-                    reason: e.to_string(),
-                })?;
+            let bytes = self.heard_frame(peer, answer)?;
             link.tx
                 .send(bytes)
                 .await

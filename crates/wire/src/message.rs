@@ -37,6 +37,13 @@ pub enum PeerFrame {
         /// How long ago (ms) the sender last received anything from the
         /// receiver; `None`: never since it started.
         silent_ms: Option<u64>,
+        /// The sender leads the cluster metadata's Raft group, or follows
+        /// a leader it heard within the leader lease: it would refuse the
+        /// receiver a vote (what a Raft pre-vote asks).
+        leader_live: bool,
+        /// The receiver answers at once with its own `Heard` (a node that
+        /// lost its leader asks whether a majority still hears it).
+        answer: bool,
     },
     /// The sender is stopping cleanly (a graceful stop, not a crash): its
     /// peers see it go at info level, not as a fault.
@@ -116,7 +123,11 @@ mod tests {
                 body: Bytes::from_static(b"pub"),
             },
             PeerFrame::Metadata { body: Bytes::new() },
-            PeerFrame::Heard { silent_ms: Some(7) },
+            PeerFrame::Heard {
+                silent_ms: Some(7),
+                leader_live: true,
+                answer: false,
+            },
             PeerFrame::Leaving,
         ] {
             let bytes = encode_message(&frame).unwrap();
