@@ -1,7 +1,7 @@
-//! `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5]`: a seeded
-//! fault schedule against a cluster of `warren` processes in a private
-//! network namespace under a confirmed publish / acked consume load, then a
-//! history check.
+//! `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues
+//! 1-4]`: a seeded fault schedule against a cluster of `warren` processes in
+//! a private network namespace under a confirmed publish / acked consume
+//! load, then a history check.
 //!
 //! The run creates the network namespace `warren-chaos-<pid>` (`lo` up,
 //! deleted at the end, also on an error) and starts every node in it with
@@ -11,9 +11,13 @@
 //! the clients connect from 127.0.0.1, which no partition rule touches.
 //! The cluster (`warren@a`, `warren@b`, … with `--join` to A on the first
 //! start) gets the policy `ha-all` (`ha-mode: all`, `ha-sync-mode:
-//! automatic`) and the durable queue `ha.chaos`, declared on A. Every node
-//! has a publisher (persistent messages, confirms, a unique body each) and
-//! a consumer (manual acks) of its own; each moves to the next live node
+//! automatic`) and the durable queue `ha.chaos`, declared on A; with
+//! `--queues K`, also (in this order) `ha2.chaos` declared on B with the
+//! policy `ha-two` (`ha-mode: exactly`, 2: a queue some nodes only forward
+//! to), `ha.chaos-c` declared on C (its master elsewhere than A's), and
+//! `plain.chaos`, durable and unmirrored, on B. Every node has, for each
+//! queue, a publisher (persistent messages, confirms, a unique body each)
+//! and a consumer (manual acks) of its own; each moves to the next live node
 //! when its connection fails, and none resends anything: the run only
 //! records what was confirmed and what was delivered (with the redelivered
 //! flag). Every 2–4 s the schedule (splitmix64 over the seed) picks a node
@@ -24,13 +28,15 @@
 //! packets dropped at random both ways between it and one other node; then
 //! the rules are flushed. One node at most is faulty at a time (an isolated
 //! node stays reachable by the clients), and a fault waits until the
-//! queue's mirrors are synchronised again (every node showing the same
+//! queues' mirrors are synchronised again (every node showing the same
 //! master). Afterwards every node is up and connected, the load stops, the
-//! queue is drained through A and the history is checked: no confirmed
+//! queues are drained through A and the history is checked: no confirmed
 //! message lost, no repeat without the redelivered flag, every client
-//! moving again within 5 s of each heal, and the drain (the backlog the
-//! consumers left) taking no longer than a fifth of the load's time. Data directories and node logs are in
-//! `target/chaos/<seed>/`.
+//! moving again within 5 s of each heal, the drain (the backlog the
+//! consumers left) taking no longer than a fifth of the load's time, and no
+//! queue holding a message after the drain (one left unacknowledged by a
+//! consumer that is gone: the report names who holds it on each node). Data
+//! directories and node logs are in `target/chaos/<seed>/`.
 
 pub(crate) mod netns;
 
@@ -54,8 +60,54 @@ use serde_json::{Value, json};
 use crate::scenario::{Bins, Node, Spec, names, spawn, tail};
 use netns::Netns;
 
-/// The mirrored queue of the run.
-const QUEUE: &str = "ha.chaos";
+/// The queues of a run with `--queues K`, in order (the first K): name,
+/// the node it is declared on (so where its master starts), and how many
+/// synchronised mirrors it has when healthy (`all`: every other node).
+/// `ha.` names match the policy `ha-all`, `ha2.` names `ha-two` (`ha-mode:
+/// exactly`, 2), and `plain.` names no policy: a durable queue without
+/// mirrors, unavailable while its node is down and recovered from its log.
+const QUEUES: [(&str, usize, Mirrors); 4] = [
+    ("ha.chaos", 0, Mirrors::All),
+    ("ha2.chaos", 1, Mirrors::Exactly(1)),
+    ("ha.chaos-c", 2, Mirrors::All),
+    ("plain.chaos", 1, Mirrors::Exactly(0)),
+];
+
+/// How many synchronised mirrors a queue of the run has when healthy.
+#[derive(Debug, Clone, Copy)]
+enum Mirrors {
+    /// One on every other node.
+    All,
+    /// This many.
+    Exactly(usize),
+}
+
+/// One queue of the run.
+#[derive(Debug, Clone)]
+struct RunQueue {
+    /// Its name.
+    name: &'static str,
+    /// The node it is declared on.
+    home: usize,
+    /// Its synchronised mirrors when healthy.
+    mirrors: usize,
+}
+
+/// The first `opts.queues` of [`QUEUES`] for a cluster of `opts.nodes`.
+fn run_queues(opts: Options) -> Vec<RunQueue> {
+    QUEUES
+        .iter()
+        .take(opts.queues)
+        .map(|&(name, home, mirrors)| RunQueue {
+            name,
+            home,
+            mirrors: match mirrors {
+                Mirrors::All => opts.nodes - 1,
+                Mirrors::Exactly(n) => n,
+            },
+        })
+        .collect()
+}
 /// How long the schedule waits for the mirrors to be synchronised before a
 /// fault, and the drain for the queue to settle.
 const SYNC_WAIT: Duration = Duration::from_secs(60);
@@ -69,6 +121,8 @@ pub(crate) struct Options {
     pub(crate) duration: Duration,
     /// The cluster size (3 or 5).
     pub(crate) nodes: usize,
+    /// How many of [`QUEUES`] carry the load (1–4).
+    pub(crate) queues: usize,
 }
 
 impl Options {
@@ -82,19 +136,24 @@ impl Options {
         if self.nodes != 3 {
             cmd.push_str(&format!(" --nodes {}", self.nodes));
         }
+        if self.queues != 1 {
+            cmd.push_str(&format!(" --queues {}", self.queues));
+        }
         cmd
     }
 }
 
 /// Runs `cargo xtask chaos …`.
 pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
-    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5]";
+    let usage =
+        "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4]";
     let mut opts = Options {
         seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_secs(),
         duration: Duration::from_secs(60),
         nodes: 3,
+        queues: 1,
     };
     let mut args = rest.iter();
     while let Some(flag) = args.next() {
@@ -104,6 +163,10 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             "--duration" => opts.duration = Duration::from_secs(value.parse().context(usage)?),
             "--nodes" => match value.parse() {
                 Ok(n @ (3 | 5)) => opts.nodes = n,
+                _ => bail!("{usage}"),
+            },
+            "--queues" => match value.parse() {
+                Ok(n @ 1..=4) => opts.queues = n,
                 _ => bail!("{usage}"),
             },
             _ => bail!("{usage}"),
@@ -258,6 +321,9 @@ pub(crate) struct Report {
     /// Each node's digest of its copy when the copies still differed after
     /// the load stopped: the run fails.
     pub(crate) diverged: Option<String>,
+    /// Queues that still held messages after the drain (with who holds
+    /// them unacknowledged): messages no consumer can get, the run fails.
+    pub(crate) stuck: Vec<String>,
     /// Messages confirmed and delivered to the consumers per second while
     /// the load ran.
     pub(crate) rates: (f64, f64),
@@ -271,7 +337,7 @@ impl Report {
     /// heal, and every node's copy of the queue had the same digest once
     /// the load stopped.
     pub(crate) fn pass(&self) -> bool {
-        self.safe() && self.stalls.is_empty() && !self.slow_drain()
+        self.safe() && self.stalls.is_empty() && self.stuck.is_empty() && !self.slow_drain()
     }
 
     /// Nothing lost, nothing unpublished came out, every repeat flagged,
@@ -297,9 +363,10 @@ impl std::fmt::Display for Report {
         let few = |v: &[String]| v.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
         writeln!(
             f,
-            "== chaos seed {} ({} nodes, {} s of faults): {}",
+            "== chaos seed {} ({} nodes, {} queue(s), {} s of faults): {}",
             self.opts.seed,
             self.opts.nodes,
+            self.opts.queues,
             self.opts.duration.as_secs(),
             if self.pass() { "PASS" } else { "FAIL" }
         )?;
@@ -357,6 +424,9 @@ impl std::fmt::Display for Report {
                 ""
             }
         )?;
+        for q in &self.stuck {
+            write!(f, "\n  STUCK: {q}")?;
+        }
         if let Some(each) = &self.diverged {
             write!(f, "\n  replicas that differ after the load stopped: {each}")?;
         }
@@ -492,6 +562,7 @@ fn check(
         notes,
         stalls,
         diverged: None,
+        stuck: Vec::new(),
         rates,
         drain: (Duration::ZERO, load),
     }
@@ -508,6 +579,8 @@ struct Cluster<'a> {
     nodes: Vec<Option<Node>>,
     up: Arc<Vec<AtomicBool>>,
     start: Instant,
+    /// The queues carrying the load.
+    queues: Vec<RunQueue>,
 }
 
 impl Cluster<'_> {
@@ -537,90 +610,129 @@ impl Cluster<'_> {
         self.nodes.iter().flatten().next().context("no node is up")
     }
 
-    /// The queue as the management API of node `node` shows it.
-    fn queue(node: &Node) -> Value {
-        Self::queue_with(node, "")
+    /// Queue `name` as the management API of node `node` shows it.
+    fn queue(node: &Node, name: &str) -> Value {
+        Self::queue_with(node, name, "")
     }
 
     /// [`Cluster::queue`] with a query string (`?digest=true`).
-    fn queue_with(node: &Node, query: &str) -> Value {
-        match node.http("GET", &format!("/api/queues/%2F/{QUEUE}{query}"), None) {
+    fn queue_with(node: &Node, name: &str, query: &str) -> Value {
+        match node.http("GET", &format!("/api/queues/%2F/{name}{query}"), None) {
             Ok((200, v)) => v,
             _ => Value::Null,
         }
     }
 
-    /// Waits until every node that is up shows the queue with the same
-    /// master and every other node as a synchronised mirror (a node still
+    /// Waits until, for every queue of the run, every node that is up shows
+    /// the same master and the queue's synchronised mirrors (a node still
     /// cut off from the others would show its own stale view); false if it
     /// did not happen within `SYNC_WAIT`.
     fn wait_synchronised(&self) -> anyhow::Result<bool> {
-        let want = self.specs.len() - 1;
         let deadline = Instant::now() + SYNC_WAIT;
-        loop {
-            let seen = self.queue_views("");
-            let master = seen.first().map(|(_, q)| q["node"].clone());
-            let agreed = seen.iter().all(|(_, q)| {
-                q["node"].is_string()
-                    && Some(&q["node"]) == master.as_ref()
-                    && names(q, "synchronised_slave_nodes").len() == want
-            });
-            if agreed && !seen.is_empty() {
-                return Ok(true);
+        for q in &self.queues {
+            loop {
+                let seen = self.queue_views(q.name, "");
+                let master = seen.first().map(|(_, v)| v["node"].clone());
+                let agreed = seen.iter().all(|(_, v)| {
+                    v["node"].is_string()
+                        && Some(&v["node"]) == master.as_ref()
+                        && names(v, "synchronised_slave_nodes").len() == q.mirrors
+                });
+                if agreed && !seen.is_empty() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let views: Vec<String> = seen
+                        .iter()
+                        .map(|(n, v)| {
+                            let synced = names(v, "synchronised_slave_nodes");
+                            format!("{n}: master {}, synchronised {synced:?}", v["node"])
+                        })
+                        .collect();
+                    self.say(&format!(
+                        "{}: mirrors not synchronised after {SYNC_WAIT:?}: {}",
+                        q.name,
+                        views.join("; ")
+                    ));
+                    return Ok(false);
+                }
+                std::thread::sleep(Duration::from_millis(200));
             }
-            if Instant::now() > deadline {
-                let views: Vec<String> = seen
-                    .iter()
-                    .map(|(n, q)| {
-                        let synced = names(q, "synchronised_slave_nodes");
-                        format!("{n}: master {}, synchronised {synced:?}", q["node"])
-                    })
-                    .collect();
-                self.say(&format!(
-                    "mirrors not synchronised after {SYNC_WAIT:?}: {}",
-                    views.join("; ")
-                ));
-                return Ok(false);
-            }
-            std::thread::sleep(Duration::from_millis(200));
         }
+        Ok(true)
     }
 
-    /// Each live node's name and its view of the queue (`query`: the
+    /// Each live node's name and its view of queue `name` (`query`: the
     /// request's query string).
-    fn queue_views(&self, query: &str) -> Vec<(&str, Value)> {
+    fn queue_views(&self, name: &str, query: &str) -> Vec<(&str, Value)> {
         self.nodes
             .iter()
             .flatten()
-            .map(|n| (n.spec.name.as_str(), Self::queue_with(n, query)))
+            .map(|n| (n.spec.name.as_str(), Self::queue_with(n, name, query)))
             .collect()
     }
 
-    /// Waits until every node holds a copy of the queue with one and the
-    /// same digest (`local_digest`: the same messages in the same order,
-    /// settled alike); on a timeout, each node's digest.
+    /// Waits until, for every queue of the run, its master and each of its
+    /// mirrors hold a copy with one and the same digest (`local_digest`:
+    /// the same messages in the same order, settled alike); on a timeout,
+    /// each node's digest of the first queue that differs.
     fn wait_replicas_agree(&self) -> Result<(), String> {
         let deadline = Instant::now() + SYNC_WAIT;
-        loop {
-            let seen: Vec<(&str, Value)> = self
-                .queue_views("?digest=true")
-                .into_iter()
-                .map(|(n, q)| (n, q["local_digest"].clone()))
-                .collect();
-            let first = seen.first().map(|(_, d)| d.clone());
-            if seen.len() == self.specs.len()
-                && seen
+        for q in &self.queues {
+            loop {
+                let seen: Vec<(&str, Value)> = self
+                    .queue_views(q.name, "?digest=true")
+                    .into_iter()
+                    .map(|(n, v)| (n, v["local_digest"].clone()))
+                    .collect();
+                let copies: Vec<&Value> = seen
                     .iter()
-                    .all(|(_, d)| d.is_string() && Some(d) == first.as_ref())
-            {
-                return Ok(());
+                    .map(|(_, d)| d)
+                    .filter(|d| d.is_string())
+                    .collect();
+                if copies.len() == q.mirrors + 1 && copies.iter().all(|d| *d == copies[0]) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let each: Vec<String> = seen.iter().map(|(n, d)| format!("{n}: {d}")).collect();
+                    return Err(format!("{}: {}", q.name, each.join(", ")));
+                }
+                std::thread::sleep(Duration::from_millis(200));
             }
-            if Instant::now() > deadline {
-                let each: Vec<String> = seen.iter().map(|(n, d)| format!("{n}: {d}")).collect();
-                return Err(each.join(", "));
-            }
-            std::thread::sleep(Duration::from_millis(200));
         }
+        Ok(())
+    }
+
+    /// Who holds queue `name`'s messages, as every live node shows it: the
+    /// queue's consumers, and the channels with unacknowledged messages.
+    fn holders(&self, name: &str) -> String {
+        let mut out = Vec::new();
+        for n in self.nodes.iter().flatten() {
+            let q = Self::queue_with(n, name, "?digest=true");
+            let consumers: Vec<String> = q["consumer_details"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| format!("{} on {}", c["consumer_tag"], c["channel_details"]["name"]))
+                .collect();
+            let channels: Vec<String> = match n.http("GET", "/api/channels", None) {
+                Ok((200, Value::Array(list))) => list
+                    .iter()
+                    .filter(|ch| {
+                        ch["messages_unacknowledged"]
+                            .as_u64()
+                            .is_some_and(|u| u > 0)
+                    })
+                    .map(|ch| format!("{} ({} unacked)", ch["name"], ch["messages_unacknowledged"]))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            out.push(format!(
+                "{}: consumers {consumers:?}, channels with unacked {channels:?}, unacked held by {}",
+                n.spec.name, q["local_unacked_holders"]
+            ));
+        }
+        out.join("; ")
     }
 
     /// Sends `signal` to node `i` with `kill`.
@@ -819,6 +931,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         up: Arc::new(specs.iter().map(|_| AtomicBool::new(false)).collect()),
         specs,
         start: Instant::now(),
+        queues: run_queues(opts),
     };
     for i in 0..opts.nodes {
         c.start(i, i > 0)?;
@@ -828,63 +941,86 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         .enable_all()
         .build()?;
     let a = c.any()?;
-    let (status, v) = a.http(
-        "PUT",
-        "/api/policies/%2F/ha-all",
-        Some(&json!({
+    let mut policies = vec![(
+        "ha-all",
+        json!({
             "pattern": "^ha\\.",
             "apply-to": "queues",
             "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
-        })),
-    )?;
-    if status != 201 && status != 204 {
-        bail!("setting the policy ha-all: {status} {v}");
+        }),
+    )];
+    if c.queues.iter().any(|q| q.name.starts_with("ha2.")) {
+        policies.push((
+            "ha-two",
+            json!({
+                "pattern": "^ha2\\.",
+                "apply-to": "queues",
+                "definition": {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"},
+            }),
+        ));
     }
-    rt.block_on(async {
-        let conn = Connection::connect(&a.amqp_url(), ConnectionProperties::default()).await?;
-        let ch = conn.create_channel().await?;
-        let opts = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), opts, FieldTable::default())
-            .await?;
-        let _ = conn.close(200, "bye".into()).await;
-        anyhow::Ok(())
-    })?;
+    for (name, policy) in &policies {
+        let (status, v) = a.http("PUT", &format!("/api/policies/%2F/{name}"), Some(policy))?;
+        if status != 201 && status != 204 {
+            bail!("setting the policy {name}: {status} {v}");
+        }
+    }
+    for q in &c.queues {
+        let home = c.nodes[q.home].as_ref().context("a queue's node is down")?;
+        rt.block_on(async {
+            let conn =
+                Connection::connect(&home.amqp_url(), ConnectionProperties::default()).await?;
+            let ch = conn.create_channel().await?;
+            let opts = QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            };
+            ch.queue_declare(q.name.into(), opts, FieldTable::default())
+                .await?;
+            let _ = conn.close(200, "bye".into()).await;
+            anyhow::Ok(())
+        })?;
+    }
     if !c.wait_synchronised()? {
-        bail!("{QUEUE} never got {} synchronised mirrors", opts.nodes - 1);
+        bail!("the queues never got their synchronised mirrors");
     }
-    c.say(&format!(
-        "policy ha-all set, {QUEUE} declared on A with {} synchronised mirrors",
-        opts.nodes - 1
-    ));
+    for q in &c.queues {
+        c.say(&format!(
+            "{} declared on {} with {} synchronised mirrors",
+            q.name, c.specs[q.home].name, q.mirrors
+        ));
+    }
 
-    let history = Arc::new(Mutex::new(History::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let urls: Vec<String> = c.specs.iter().map(Spec::amqp_url).collect();
+    let load = Load {
+        urls: c.specs.iter().map(Spec::amqp_url).collect(),
+        up: c.up.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        history: Arc::new(Mutex::new(History::default())),
+    };
     let order = |first: usize| (0..opts.nodes).map(move |k| (first + k) % opts.nodes);
-    // A publisher and a consumer for every node, each preferring its own.
+    // For every node and queue a publisher and a consumer, each preferring
+    // that node; with one queue, named after the node alone.
     let mut clients = Vec::new();
     for (i, spec) in c.specs.iter().enumerate() {
         let letter = spec.name.rsplit('@').next().unwrap_or(&spec.name);
-        clients.push(rt.spawn(publish(
-            format!("chaos-{}-{letter}", opts.seed),
-            format!("publisher {}", spec.name),
-            urls.clone(),
-            order(i).collect(),
-            c.up.clone(),
-            stop.clone(),
-            history.clone(),
-        )));
-        clients.push(rt.spawn(consume(
-            format!("consumer {}", spec.name),
-            urls.clone(),
-            order(i).collect(),
-            c.up.clone(),
-            stop.clone(),
-            history.clone(),
-        )));
+        for (k, q) in c.queues.iter().enumerate() {
+            let (tag, of) = if c.queues.len() == 1 {
+                (letter.to_owned(), String::new())
+            } else {
+                (format!("{letter}{k}"), format!(" on {}", q.name))
+            };
+            let client = |role: &str| Client {
+                name: format!("{role} {}{of}", spec.name),
+                queue: q.name,
+                order: order(i).collect(),
+            };
+            clients.push(rt.spawn(publish(
+                format!("chaos-{}-{tag}", opts.seed),
+                client("publisher"),
+                load.clone(),
+            )));
+            clients.push(rt.spawn(consume(client("consumer"), load.clone())));
+        }
     }
     let load_started = Instant::now();
 
@@ -924,7 +1060,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
                 .to_owned(),
         );
     }
-    stop.store(true, Ordering::SeqCst);
+    load.stop.store(true, Ordering::SeqCst);
     let timeline = Timeline {
         heals,
         started: load_started,
@@ -937,7 +1073,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     }
     let diverged = match c.wait_replicas_agree() {
         Ok(()) => {
-            c.say("every node's copy of the queue has the same digest");
+            c.say("every copy of each queue has its master's digest");
             None
         }
         Err(each) => {
@@ -946,30 +1082,46 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
         }
     };
     let a = c.nodes[0].as_ref().context("A is down")?;
-    let q = Cluster::queue(a);
-    c.say(&format!(
-        "load stopped; draining through {}: messages {}, master {}, synchronised mirrors {:?}",
-        a.spec.name,
-        q["messages"],
-        q["node"],
-        names(&q, "synchronised_slave_nodes")
-    ));
+    for q in &c.queues {
+        let v = Cluster::queue(a, q.name);
+        c.say(&format!(
+            "load stopped; draining {} through {}: messages {}, master {}, synchronised mirrors {:?}",
+            q.name,
+            a.spec.name,
+            v["messages"],
+            v["node"],
+            names(&v, "synchronised_slave_nodes")
+        ));
+    }
     let drain_started = Instant::now();
-    let drained = rt.block_on(drain(&a.amqp_url()))?;
+    let names_of: Vec<&str> = c.queues.iter().map(|q| q.name).collect();
+    let drained = rt.block_on(drain(&a.amqp_url(), &names_of))?;
     // (The drain ends after DRAIN_IDLE without a delivery.)
     let drain_took = drain_started.elapsed().saturating_sub(DRAIN_IDLE);
-    let q = Cluster::queue(a);
-    c.say(&format!(
-        "drained {} deliveries; the queue now shows messages {} (ready {}, unacknowledged {})",
-        drained.len(),
-        q["messages"],
-        q["messages_ready"],
-        q["messages_unacknowledged"]
-    ));
-    let mut h = std::mem::take(&mut *history.lock().expect("the history"));
+    c.say(&format!("drained {} deliveries", drained.len()));
+    let mut stuck = Vec::new();
+    for q in &c.queues {
+        let v = Cluster::queue(a, q.name);
+        c.say(&format!(
+            "{} now shows messages {} (ready {}, unacknowledged {})",
+            q.name, v["messages"], v["messages_ready"], v["messages_unacknowledged"]
+        ));
+        if v["messages"].as_u64() != Some(0) {
+            stuck.push(format!(
+                "{}: {} messages (ready {}, unacknowledged {}) after the drain; {}",
+                q.name,
+                v["messages"],
+                v["messages_ready"],
+                v["messages_unacknowledged"],
+                c.holders(q.name)
+            ));
+        }
+    }
+    let mut h = std::mem::take(&mut *load.history.lock().expect("the history"));
     h.delivered.extend(drained);
     let mut report = check(opts, &h, c.start, &timeline, faults, notes);
     report.diverged = diverged;
+    report.stuck = stuck;
     report.drain.0 = drain_took;
     if !report.pass() {
         for s in &c.specs {
@@ -1013,37 +1165,54 @@ where
     }
 }
 
-/// A publisher (`client`): batches of 20 persistent messages with unique
-/// bodies (`<prefix>-m<n>`), each batch's confirms awaited (20 s at most);
-/// on a failure it connects to the next live node of `order` and goes on
-/// with new bodies.
-async fn publish(
-    prefix: String,
-    client: String,
+/// What every client of the load shares.
+#[derive(Clone)]
+struct Load {
+    /// Each node's AMQP URL.
     urls: Vec<String>,
-    order: Vec<usize>,
+    /// Which nodes are up.
     up: Arc<Vec<AtomicBool>>,
+    /// Set when the load is to stop.
     stop: Arc<AtomicBool>,
+    /// What the clients saw.
     history: Arc<Mutex<History>>,
-) -> anyhow::Result<()> {
+}
+
+/// One client of the load.
+struct Client {
+    /// How the report names it (`publisher warren@a`, `consumer warren@b on
+    /// ha2.chaos`).
+    name: String,
+    /// The queue it publishes to or consumes from.
+    queue: &'static str,
+    /// The nodes it tries, in order.
+    order: Vec<usize>,
+}
+
+/// A publisher: batches of 20 persistent messages into its queue with
+/// unique bodies (`<prefix>-m<n>`), each batch's confirms awaited (20 s at
+/// most); on a failure it connects to the next live node of its order and
+/// goes on with new bodies.
+async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
+    let client = me.name;
     let mut n = 0u64;
-    while let Some(conn) = connect_live(&urls, &order, &up, &stop).await {
+    while let Some(conn) = connect_live(&load.urls, &me.order, &load.up, &load.stop).await {
         let session = async {
             let ch = bounded(conn.create_channel()).await?;
             bounded(ch.confirm_select(ConfirmSelectOptions::default())).await?;
-            while !stop.load(Ordering::SeqCst) {
+            while !load.stop.load(Ordering::SeqCst) {
                 let mut batch = Vec::new();
                 for _ in 0..20 {
                     let body = format!("{prefix}-m{n}");
                     n += 1;
-                    history
+                    load.history
                         .lock()
                         .expect("the history")
                         .published
                         .insert(body.clone());
                     let confirm = bounded(ch.basic_publish(
                         "".into(),
-                        QUEUE.into(),
+                        me.queue.into(),
                         BasicPublishOptions::default(),
                         body.as_bytes(),
                         BasicProperties::default().with_delivery_mode(2),
@@ -1057,7 +1226,7 @@ async fn publish(
                     match tokio::time::timeout_at(deadline, confirm).await {
                         Ok(Ok(c)) if c.is_ack() => {
                             let now = Instant::now();
-                            let mut h = history.lock().expect("the history");
+                            let mut h = load.history.lock().expect("the history");
                             h.confirmed.insert(body, now);
                             h.moved.entry(client.clone()).or_default().push(now);
                         }
@@ -1079,35 +1248,29 @@ async fn publish(
     Ok(())
 }
 
-/// A consumer (`client`): prefetch 100, manual acks, every delivery
+/// A consumer of its queue: prefetch 100, manual acks, every delivery
 /// recorded before its ack; on a failure it connects to the next live node
-/// of `order`.
-async fn consume(
-    client: String,
-    urls: Vec<String>,
-    order: Vec<usize>,
-    up: Arc<Vec<AtomicBool>>,
-    stop: Arc<AtomicBool>,
-    history: Arc<Mutex<History>>,
-) -> anyhow::Result<()> {
-    while let Some(conn) = connect_live(&urls, &order, &up, &stop).await {
+/// of its order.
+async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
+    let client = me.name;
+    while let Some(conn) = connect_live(&load.urls, &me.order, &load.up, &load.stop).await {
         let session = async {
             let ch = bounded(conn.create_channel()).await?;
             bounded(ch.basic_qos(100, BasicQosOptions::default())).await?;
             let mut consumer = bounded(ch.basic_consume(
-                QUEUE.into(),
+                me.queue.into(),
                 "chaos".into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             ))
             .await?;
-            while !stop.load(Ordering::SeqCst) {
+            while !load.stop.load(Ordering::SeqCst) {
                 match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
                     Err(_) => {}
                     Ok(Some(Ok(d))) => {
                         let body = String::from_utf8_lossy(&d.data).into_owned();
                         {
-                            let mut h = history.lock().expect("the history");
+                            let mut h = load.history.lock().expect("the history");
                             h.delivered.push((body, d.redelivered, client.clone()));
                             h.moved
                                 .entry(client.clone())
@@ -1134,22 +1297,27 @@ async fn consume(
 /// How long the drain waits for one more delivery before it is done.
 const DRAIN_IDLE: Duration = Duration::from_secs(5);
 
-/// Consumes (acking) through `url` until nothing came for [`DRAIN_IDLE`]; returns every
-/// delivery (body, redelivered flag, `drain`).
-async fn drain(url: &str) -> anyhow::Result<Vec<(String, bool, String)>> {
+/// Consumes (acking) `queues` through `url` until nothing came for
+/// [`DRAIN_IDLE`]; returns every delivery (body, redelivered flag, `drain`).
+async fn drain(url: &str, queues: &[&str]) -> anyhow::Result<Vec<(String, bool, String)>> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(100, BasicQosOptions::default()).await?;
-    let mut consumer = ch
-        .basic_consume(
-            QUEUE.into(),
-            "chaos-drain".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let mut consumers = Vec::new();
+    for q in queues {
+        consumers.push(
+            ch.basic_consume(
+                (*q).into(),
+                format!("chaos-drain-{q}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?,
+        );
+    }
+    let mut all = futures::stream::select_all(consumers);
     let mut seen = Vec::new();
-    while let Ok(Some(Ok(d))) = tokio::time::timeout(DRAIN_IDLE, consumer.next()).await {
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(DRAIN_IDLE, all.next()).await {
         seen.push((
             String::from_utf8_lossy(&d.data).into_owned(),
             d.redelivered,
@@ -1200,6 +1368,7 @@ mod tests {
             seed: 9,
             duration: Duration::from_secs(1),
             nodes: 3,
+            queues: 1,
         };
         // The consumer's deliveries at 1 s and 2 s, the publisher's confirms
         // at 0 s; heals at 0.5 s (the consumer moved in the 5 s after it)
@@ -1269,6 +1438,7 @@ mod tests {
             seed: 1,
             duration: Duration::from_secs(20),
             nodes: 3,
+            queues: 1,
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");

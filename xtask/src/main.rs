@@ -6,7 +6,7 @@
 //! - `cargo xtask bench all [--quick]` — every bench, into `docs/bench/report.md`.
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
-//! - `cargo xtask chaos [--seed S] [--duration SECS]` — a seeded fault schedule (`chaos`).
+//! - `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4]` — a seeded fault schedule (`chaos`).
 //! - `cargo xtask conformance --record` — RabbitMQ's outcomes of the queue-feature scenarios.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -63,7 +63,9 @@ fn main() -> anyhow::Result<()> {
             );
             eprintln!("  cluster down              stop the cluster started by `cluster up`");
             eprintln!("  scenario 1..6|all         the seed's two-node recovery scenarios");
-            eprintln!("  chaos [--seed S] [--duration SECS] [--nodes 3|5]  seeded fault schedule");
+            eprintln!(
+                "  chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4]  seeded fault schedule"
+            );
             eprintln!(
                 "  conformance --record [--only S]  queue-feature scenarios on RabbitMQ: record its outcomes"
             );

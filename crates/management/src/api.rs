@@ -1216,17 +1216,27 @@ async fn queue_get(
                 .filter(|c| c["queue"]["name"] == name.as_str()),
         );
     }
-    // `?digest=true`: this node's copy's digest, to compare replicas (a
-    // Warren extension). Asked for only: it reads every message held,
-    // under the broker's lock.
+    // `?digest=true`: this node's copy's digest, to compare replicas, and
+    // who holds its deliveries unacknowledged here (a Warren extension).
+    // Asked for only: it reads every message held, under the broker's lock.
     if q.get("digest").is_some_and(|d| d == "true")
         && let Value::Object(o) = &mut v
     {
-        let digest = s.broker().queue_digest(&vhost, &name);
+        let (digest, holders) = {
+            let b = s.broker();
+            (
+                b.queue_digest(&vhost, &name),
+                b.unacked_holders(&vhost, &name),
+            )
+        };
         o.insert(
             "local_digest".into(),
             digest.map_or(Value::Null, |d| json!(format!("{d:016x}"))),
         );
+        // Who holds its deliveries unacknowledged on this node (clients'
+        // channels, other nodes' consumers through their links).
+        let holders: Map<String, Value> = holders.into_iter().map(|(k, n)| (k, json!(n))).collect();
+        o.insert("local_unacked_holders".into(), Value::Object(holders));
     }
     Ok(ok(v))
 }

@@ -276,6 +276,13 @@ pub(crate) struct Link {
     gets: VecDeque<u64>,
 }
 
+impl Link {
+    /// The origin node this internal connection serves.
+    pub(crate) fn origin(&self) -> &str {
+        &self.node
+    }
+}
+
 /// A consumer of a forwarded queue, on the origin.
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteConsumer {

@@ -756,6 +756,36 @@ impl Broker {
         q.store.digest()
     }
 
+    /// Who holds queue `name`'s deliveries unacknowledged on this node, and
+    /// how many each: client channels (`connection N channel C`) and
+    /// forwarding links (`link from NODE`, deliveries to that node's
+    /// consumers). What the queue counts unacknowledged beyond these is held
+    /// by nobody here (a replica's, or a leak).
+    #[must_use]
+    pub fn unacked_holders(&self, vhost: &str, name: &str) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.vhost == vhost)
+            .flat_map(|(id, c)| {
+                c.channels.iter().filter_map(move |(n, ch)| {
+                    let held = ch
+                        .unacked
+                        .values()
+                        .filter(|u| u.remote.is_none() && &*u.queue == name)
+                        .count() as u64;
+                    let who = match &c.link {
+                        Some(l) => format!("link from {}", l.origin()),
+                        None => format!("connection {id} channel {n}"),
+                    };
+                    (held > 0).then_some((who, held))
+                })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The id of this broker's queue `name`, if there is one: each
     /// declaration its own, so that a queue deleted and declared again is
     /// told apart from its predecessor ([`ReplicaStart::queue`]).
