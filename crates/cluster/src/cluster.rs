@@ -3,7 +3,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -160,9 +159,6 @@ struct Inner {
     majority: watch::Sender<bool>,
     /// When this process started the cluster side (see the majority check).
     started: Instant,
-    /// Whether Raft may call elections: this node heard a majority of the
-    /// voters within the lease (the failure detector's election gate).
-    elections: AtomicBool,
     /// The log index up to which this node's user of the metadata (the
     /// broker) has taken in the changes ([`Cluster::local_at`],
     /// [`Cluster::replayed`]); `None` until it says so the first time.
@@ -242,7 +238,6 @@ impl Cluster {
                 up,
                 majority,
                 started: Instant::now(),
-                elections: AtomicBool::new(true),
                 replayed,
                 stop,
                 stopped: Mutex::new(false),
@@ -1506,7 +1501,6 @@ async fn detector(weak: Weak<Inner>) {
         if may_elect != elect {
             elect = may_elect;
             inner.raft.runtime_config().elect(elect);
-            inner.elections.store(elect, Ordering::SeqCst);
             tracing::debug!(node = %inner.config.node, elect, would_vote = heard, voters = voters.len(), "Raft election gate");
         }
         if *inner.majority.borrow() != majority {
@@ -1569,10 +1563,9 @@ async fn detector(weak: Weak<Inner>) {
                             // is refused by a firewall's resets too, and its
                             // elections would depose the leader on the heal
                             // (see the election gate above).
+                            // (A triggered election passes the gate: this
+                            // is the evidence it asks for.)
                             let Some(i) = weak.upgrade() else { break };
-                            if !i.elections.load(Ordering::SeqCst) {
-                                break;
-                            }
                             if !heard_since(&i, since, &gone_name) {
                                 tokio::time::sleep(pause).await;
                                 continue;
