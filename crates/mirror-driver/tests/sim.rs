@@ -762,6 +762,23 @@ impl Sim {
             );
         }
         self.drain_dead_letters();
+        // The master holds nothing: everything delivered was acked, or
+        // requeued and drained (a delivery that no channel holds would sit
+        // unacknowledged for ever, out of every consumer's reach).
+        self.net.step_until(
+            &format!("{QUEUE}'s master holds no message"),
+            STEP,
+            Duration::from_secs(30),
+            |net| {
+                net.nodes.values().any(|node| {
+                    lock(&node.broker).queues(Some("/")).iter().any(|q| {
+                        q.name == QUEUE
+                            && q.served_here
+                            && q.messages_ready + q.messages_unacknowledged == 0
+                    })
+                })
+            },
+        );
         // The replicas agree on what each queue holds (nothing).
         for queue in [QUEUE, DLQ] {
             self.net.step_until(

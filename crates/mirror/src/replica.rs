@@ -789,24 +789,47 @@ impl Replica {
         Ok(token)
     }
 
-    /// Acks a delivery (master only).
+    /// The store a settlement of one of this replica's own deliveries
+    /// applies to: a master's, or the copy a master that stopped keeps
+    /// ([`Replica::into_queue`], for this node's next replica). A client's
+    /// ack or close in the moment between its master stopping and the copy
+    /// being taken must count there: otherwise the copy, served again,
+    /// holds that delivery unacknowledged with no one to settle it.
+    fn settling_bq(&mut self) -> Result<&mut BackingQueue, MirrorError> {
+        if self.role == Role::Stopped && self.master_member == Some(self.member) {
+            return self.bq.as_mut().ok_or(MirrorError::Stopped);
+        }
+        self.master_bq()
+    }
+
+    /// Moves what a settlement recorded into the outgoing batch, unless
+    /// this replica stopped (its copy's ops are not broadcast).
+    fn collect_settled(&mut self) {
+        if self.role != Role::Stopped {
+            self.collect_ops();
+        }
+    }
+
+    /// Acks a delivery (master only, or a stopped master's kept copy).
     pub fn ack(&mut self, tag: DeliveryTag) -> Result<(), MirrorError> {
-        self.master_bq()?.ack(tag)?;
-        self.collect_ops();
+        self.settling_bq()?.ack(tag)?;
+        self.collect_settled();
         Ok(())
     }
 
-    /// Requeues a delivery (master only): back to its place, redelivered.
+    /// Requeues a delivery (master only, or a stopped master's kept copy):
+    /// back to its place, redelivered.
     pub fn requeue(&mut self, tag: DeliveryTag) -> Result<(), MirrorError> {
-        self.master_bq()?.requeue(tag)?;
-        self.collect_ops();
+        self.settling_bq()?.requeue(tag)?;
+        self.collect_settled();
         Ok(())
     }
 
-    /// Rejects a delivery without requeue (master only).
+    /// Rejects a delivery without requeue (master only, or a stopped
+    /// master's kept copy).
     pub fn discard(&mut self, tag: DeliveryTag) -> Result<(), MirrorError> {
-        self.master_bq()?.discard(tag)?;
-        self.collect_ops();
+        self.settling_bq()?.discard(tag)?;
+        self.collect_settled();
         Ok(())
     }
 
@@ -2111,12 +2134,7 @@ mod tests {
             .unwrap();
         r.publish(10, id(2), NewMessage::new(2, &b"t"[..], false))
             .unwrap();
-        r.flush();
-        let sent = r
-            .drain_outputs()
-            .filter(|o| matches!(o, Output::Broadcast(_)))
-            .count() as u64;
-        r.handle_confirm(sent);
+        confirm_round(&mut r);
         assert!(
             confirmed(&mut r).is_empty(),
             "the ring has it, the disk not yet"
@@ -2178,11 +2196,27 @@ mod tests {
         )
     }
 
+    /// [`master_at_epoch_2`], the only member of its ring.
+    fn lone_master(me: MemberId) -> Replica {
+        let mut r = master_at_epoch_2(me);
+        r.handle_view(alone(me));
+        r
+    }
+
+    /// Flushes `r`'s batch and confirms every broadcast it sent.
+    fn confirm_round(r: &mut Replica) {
+        r.flush();
+        let sent = r
+            .drain_outputs()
+            .filter(|o| matches!(o, Output::Broadcast(_)))
+            .count() as u64;
+        r.handle_confirm(sent);
+    }
+
     #[test]
     fn a_master_hearing_a_newer_epoch_is_deposed_and_nacks() {
         let me = MemberId(1);
-        let mut r = master_at_epoch_2(me);
-        r.handle_view(alone(me));
+        let mut r = lone_master(me);
         publish_seq(&mut r, 9).unwrap();
         let token = r.fetch(1).unwrap();
         r.drain_outputs().for_each(drop);
@@ -2196,6 +2230,53 @@ mod tests {
         assert!(out.contains(&Output::FetchFailed { token }));
         assert!(out.contains(&Output::Deposed { epoch: 2 }));
         assert!(matches!(publish_seq(&mut r, 10), Err(MirrorError::Stopped)));
+    }
+
+    /// A master removed from its ring keeps its copy for this node's next
+    /// replica; a client's ack and a closed channel's requeue that come
+    /// before the copy is taken count in it (chaos seed 46 with four
+    /// queues: 8 deliveries acked in that moment stayed unacknowledged in
+    /// the copy, served again, for ever).
+    #[test]
+    fn settlements_after_a_master_stopped_count_in_its_kept_copy() {
+        let mut r = lone_master(MemberId(1));
+        publish_seq(&mut r, 1).unwrap();
+        publish_seq(&mut r, 2).unwrap();
+        let tokens = [r.fetch(1).unwrap(), r.fetch(1).unwrap()];
+        confirm_round(&mut r);
+        let tags: Vec<DeliveryTag> = r
+            .drain_outputs()
+            .filter_map(|o| match o {
+                Output::Fetched {
+                    token,
+                    delivery: Some(d),
+                } if tokens.contains(&token) => Some(d.tag),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tags.len(), 2, "both fetches handed out");
+        r.handle_removed();
+        assert_eq!(r.role(), Role::Stopped);
+        r.ack(tags[0]).unwrap();
+        r.requeue(tags[1]).unwrap();
+        let bq = r.into_queue().expect("the kept copy");
+        let stats = bq.stats();
+        assert_eq!(
+            (stats.ready, stats.unacked),
+            (1, 0),
+            "one acked, one back in the queue"
+        );
+        // A mirror's copy holds no delivery of its own to settle.
+        let mut m = Replica::new_mirror(
+            "q",
+            "b",
+            MemberId(2),
+            Settings::default(),
+            memory(),
+            record("a", 2),
+        );
+        m.handle_removed();
+        assert!(matches!(m.ack(1), Err(MirrorError::Stopped)));
     }
 
     /// A mirror that joined the ring as the master's sync of an empty queue

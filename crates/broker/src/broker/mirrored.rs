@@ -430,6 +430,13 @@ impl Broker {
         factory: QueueFactory,
     ) -> bool {
         let node = self.cfg.node_name.clone();
+        if start.master
+            && self
+                .queue_mut(vhost, name)
+                .is_some_and(|q| q.uid == start.queue && !q.opts.exclusive)
+        {
+            self.requeue_orphans(vhost, name);
+        }
         let Some(q) = self
             .vhosts
             .get_mut(vhost)
@@ -654,6 +661,45 @@ impl Broker {
         q.remote = None;
         self.after_queue_op(vhost, name);
         self.wake_clients();
+    }
+
+    /// Requeues, redelivered, what queue `name`'s local copy counts
+    /// delivered but no channel here holds (a client's or a forwarding
+    /// link's), before the copy serves again as a new master's: a client's
+    /// ack or close while its replica had stopped settled nothing, and such
+    /// a message would otherwise stay unacknowledged for ever (chaos seed 46
+    /// with four queues: a master removed from its ring started again on
+    /// its kept copy with 8 of them).
+    fn requeue_orphans(&mut self, vhost: &str, name: &str) {
+        let held: std::collections::HashSet<u64> = self
+            .conns
+            .values()
+            .filter(|c| c.vhost == vhost)
+            .flat_map(|c| c.channels.values())
+            .flat_map(|ch| ch.unacked.values())
+            .filter(|u| u.remote.is_none() && &*u.queue == name)
+            .map(|u| u.bq_tag)
+            .collect();
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
+        let Store::Local(bq) = &mut q.store else {
+            return;
+        };
+        let orphans: Vec<u64> = bq
+            .unacked_tags()
+            .into_iter()
+            .filter(|t| !held.contains(t))
+            .collect();
+        if orphans.is_empty() {
+            return;
+        }
+        tracing::info!(%vhost, queue = %name, requeued = orphans.len(), "deliveries nobody holds requeued");
+        for tag in orphans {
+            if let Err(e) = bq.requeue(tag) {
+                tracing::warn!(%vhost, queue = %name, error = %e, "requeue of a delivery nobody holds failed");
+            }
+        }
     }
 
     /// Makes this node's outstanding deliveries of queue `name` void: its
