@@ -1854,3 +1854,121 @@ fn deleting_mirrored_queues_logs_no_warning() {
         nodes[i].terminate();
     }
 }
+
+/// Many mirrored queues fail over together: 150 queues mastered on A, each
+/// holding 10 confirmed persistent messages, and A SIGKILLed. Every queue
+/// gets a master among the survivors and keeps all its messages, and each
+/// is consumed through B.
+#[test]
+fn many_mirrored_queues_fail_over_together_when_their_masters_node_dies() {
+    const QUEUES: usize = 150;
+    const EACH: usize = 10;
+    let root = peers::test_root();
+    let (_secret, mut nodes) = three(root.path());
+    set_ha_all(&nodes[0]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = |i: usize| format!("ha.many.{i}");
+    let acked: BTreeSet<String> = rt.block_on(async {
+        let (conn, ch) = confirming(&nodes[0]).await;
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        for i in 0..QUEUES {
+            ch.queue_declare(name(i).as_str().into(), opts, FieldTable::default())
+                .await
+                .unwrap();
+        }
+        let mut pending = Vec::new();
+        for i in 0..QUEUES {
+            for k in 0..EACH {
+                let body = format!("{i}/{k}");
+                let confirm = ch
+                    .basic_publish(
+                        "".into(),
+                        name(i).as_str().into(),
+                        BasicPublishOptions::default(),
+                        body.as_bytes(),
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                    .unwrap();
+                pending.push((body, confirm));
+            }
+        }
+        let mut acked = BTreeSet::new();
+        for (body, confirm) in pending {
+            if confirm.await.is_ok_and(|c| c.is_ack()) {
+                acked.insert(body);
+            }
+        }
+        let _ = conn.close(200, "bye".into()).await;
+        acked
+    });
+    assert_eq!(
+        acked.len(),
+        QUEUES * EACH,
+        "every publish confirmed while all are up"
+    );
+    let listed = |p: &Peer| -> Vec<Value> {
+        p.get("/api/queues/%2F")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|q| {
+                q["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("ha.many."))
+            })
+            .collect()
+    };
+    peers::eventually_within(
+        "every queue with two synchronised mirrors",
+        Duration::from_secs(60),
+        || {
+            let qs = listed(&nodes[0]);
+            qs.len() == QUEUES
+                && qs
+                    .iter()
+                    .all(|q| names(q, "synchronised_slave_nodes").len() == 2)
+        },
+    );
+
+    nodes[0].kill();
+    peers::eventually_within(
+        "every queue mastered by a survivor with all its messages",
+        Duration::from_secs(60),
+        || {
+            let qs = listed(&nodes[1]);
+            qs.len() == QUEUES
+                && qs.iter().all(|q| {
+                    (q["node"] == "warren@b" || q["node"] == "warren@c")
+                        && q["messages"] == EACH as u64
+                })
+        },
+    );
+    let seen: BTreeSet<String> = rt.block_on(async {
+        let conn = connect(&nodes[1]).await;
+        let ch = conn.create_channel().await.unwrap();
+        let mut seen = BTreeSet::new();
+        for i in 0..QUEUES {
+            while let Some(m) = ch
+                .basic_get(name(i).as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
+            {
+                seen.insert(String::from_utf8_lossy(&m.delivery.data).into_owned());
+            }
+        }
+        let _ = conn.close(200, "bye".into()).await;
+        seen
+    });
+    let lost: Vec<&String> = acked.difference(&seen).collect();
+    assert!(
+        lost.is_empty(),
+        "confirmed messages lost: {} ({:?}…)",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+}
