@@ -460,7 +460,10 @@ pub(crate) fn spawn(
     }
     .apply(&mut cmd);
     cmd.args(["--boot-wait", &BOOT_WAIT_SECS.to_string()])
-        .env("RUST_LOG", "info,openraft=warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("WARREN_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".to_owned()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

@@ -918,6 +918,7 @@ impl Broker {
     /// Settles forwarded deliveries `tags` at their master, together.
     pub(super) fn link_settle(&mut self, to: &Elsewhere, vhost: &str, tags: Vec<u64>, how: Settle) {
         let Elsewhere::Node(node) = to else {
+            tracing::debug!(%vhost, settled = tags.len(), "settlements of a lost link's deliveries dropped: the queue's next master delivers them again");
             return;
         };
         let how = match how {
@@ -1546,6 +1547,7 @@ impl Broker {
             }
             LinkMsg::Settle { vhost, tags, how } => {
                 let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() else {
+                    tracing::debug!(node = %from, settled = tags.len(), "settlements for a link with no state here");
                     return;
                 };
                 let how = match how {
@@ -1808,6 +1810,9 @@ impl Broker {
                 .retired_below
                 .get(from)
                 .is_some_and(|below| cid < *below);
+        if !delivered {
+            tracing::debug!(node = %from, cid, tag, retired, "a delivery to a consumer gone: {}", if retired { "its master requeues it" } else { "sent back" });
+        }
         if !delivered && !retired {
             // The consumer is gone, or this node no longer knows it (its
             // link was reset while the delivery was on the way): the message
