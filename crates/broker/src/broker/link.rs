@@ -674,8 +674,19 @@ impl Broker {
                     ch.consumers.remove(&c.tag);
                 }
             }
+            // An id below the new master's reset threshold was given to it
+            // in an earlier session (or was never given to it): a delivery
+            // for such an id would be taken for one of that session's, which
+            // the master requeues itself, and dropped here once the consumer
+            // is gone, leaving the master holding it unacknowledged for
+            // ever (chaos seed 57 with four queues). Such a consumer follows
+            // the queue under a new id.
+            let below = self.links.retired_below.get(m).copied().unwrap_or(0);
             for c in q.consumers.iter_mut() {
-                if c.remote_cid == 0 {
+                if c.remote_cid == 0 || c.remote_cid < below {
+                    if c.remote_cid != 0 {
+                        self.links.consumers.remove(&c.remote_cid);
+                    }
                     c.remote_cid = self.links.next();
                 }
                 // Deliveries still out from an earlier master are not counted.

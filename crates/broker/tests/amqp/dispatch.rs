@@ -835,7 +835,8 @@ fn a_get_from_the_node_taken_for_the_master_is_answered_empty() {
     );
 }
 
-/// A delivery for `cid` from node n2 (the master of `far`), tagged `tag`.
+/// A delivery for `cid` from the master of `far` (n2, or whichever node
+/// feeds it to the broker), tagged `tag`.
 fn deliver_from_n2(cid: u64, tag: u64) -> LinkMsg {
     LinkMsg::Deliver {
         cid,
@@ -845,6 +846,19 @@ fn deliver_from_n2(cid: u64, tag: u64) -> LinkMsg {
         meta: bytes::Bytes::new(),
         body: bytes::Bytes::from(format!("m{tag}")),
     }
+}
+
+/// [`far_and_near`] with consumer `t` of `far` on channel 1, which n2 has
+/// confirmed; returns its id at n2 too.
+fn consuming_far() -> (Node, Client, u64) {
+    let (node, mut c) = far_and_near();
+    c.send(1, consume_method("far", "t", false));
+    let cid = forwarded(&node, |m| match m {
+        LinkMsg::Consume { cid, .. } => Some(*cid),
+        _ => None,
+    });
+    answer_from_n2(&node, &mut c, LinkMsg::ConsumeOk { cid });
+    (node, c, cid)
 }
 
 /// After this node's link state with a queue's master is reset, deliveries
@@ -857,13 +871,7 @@ fn deliver_from_n2(cid: u64, tag: u64) -> LinkMsg {
 /// is delivered.
 #[test]
 fn deliveries_from_before_a_link_reset_are_dropped_and_the_consumer_asked_for_again() {
-    let (node, mut c) = far_and_near();
-    c.send(1, consume_method("far", "t", false));
-    let cid = forwarded(&node, |m| match m {
-        LinkMsg::Consume { cid, .. } => Some(*cid),
-        _ => None,
-    });
-    answer_from_n2(&node, &mut c, LinkMsg::ConsumeOk { cid });
+    let (node, mut c, cid) = consuming_far();
     let got = answer_from_n2(&node, &mut c, deliver_from_n2(cid, 1));
     assert_eq!(got, [(60, 60)], "the first delivery");
     node.with_broker(|b| b.link_down("n2", START_MS));
@@ -886,6 +894,46 @@ fn deliveries_from_before_a_link_reset_are_dropped_and_the_consumer_asked_for_ag
     answer_from_n2(&node, &mut c, LinkMsg::ConsumeOk { cid: again });
     let got = answer_from_n2(&node, &mut c, deliver_from_n2(again, 3));
     assert_eq!(got, [(60, 60)], "a delivery of the new session");
+}
+
+/// A consumer whose queue moves to a master this node's link with has been
+/// reset since the consumer's id was given follows it under a new id: under
+/// the old one, a delivery crossing the consumer's cancel would be taken for
+/// one of the earlier session's (which the master requeues itself) and
+/// dropped, and the master would hold it unacknowledged for ever (chaos
+/// seed 57 with four queues). It is sent back instead.
+#[test]
+fn a_consumer_following_its_queue_to_a_master_reset_since_gets_a_new_id() {
+    let (node, mut c, cid) = consuming_far();
+    // The link with n3 is reset while n2 serves the queue; then n3 takes it.
+    node.with_broker(|b| b.link_down("n3", START_MS));
+    node.with_broker(|b| b.set_queue_master("/", "far", Some("n3")));
+    let moved = sent_to(&node, "n3")
+        .iter()
+        .find_map(|m| match m {
+            LinkMsg::Consume { cid, .. } => Some(*cid),
+            _ => None,
+        })
+        .expect("the consumer asked of n3");
+    assert_ne!(moved, cid, "a new id past n3's reset");
+    c.send(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+            consumer_tag: "t".into(),
+            nowait: false,
+        })),
+    );
+    c.pump();
+    c.drain();
+    let _ = sent_to(&node, "n3");
+    // n3's delivery, sent before it had the cancel, comes back to it.
+    node.with_broker(|b| b.link_input("n3", vec![deliver_from_n2(moved, 7)], START_MS));
+    let back = sent_to(&node, "n3");
+    assert!(
+        back.iter()
+            .any(|m| matches!(m, LinkMsg::Settle { tags, how: 1, .. } if tags == &[7])),
+        "the delivery sent back to n3 for requeue: {back:?}"
+    );
 }
 
 /// A queue held until its mirrored master starts hands nothing out, and a
