@@ -26,6 +26,9 @@
 //!   [`Cluster::leave`] (graceful stop) and [`Cluster::shutdown`] (abrupt).
 //! - [`Cluster::subscribe`] and [`Cluster::up_nodes`]: node up/down from the
 //!   failure detector (heartbeats over the transport; `failure_timeout`).
+//!   The heartbeats also carry a pre-vote: a node stands for Raft election
+//!   only while a majority says it has no live leader, so a node cut off
+//!   cannot depose the leader when it comes back.
 //! - [`offline::forget_cluster_node_offline`] on a stopped node's data directory.
 //!
 //! ```no_run
