@@ -1331,26 +1331,6 @@ fn heard_since(inner: &Inner, since: Instant, but: &NodeName) -> bool {
     heard * 2 > voters.len()
 }
 
-/// Whether a majority of the voters, this node included and `but` left out,
-/// would grant this node a vote: each other one said within the lease that
-/// it has no live leader.
-fn would_elect(inner: &Inner, but: &NodeName) -> bool {
-    let m = inner.raft.metrics().borrow().clone();
-    let members = other_members(inner, &m);
-    let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
-    let lease = inner.config.election_timeout_max;
-    let yes = voters
-        .iter()
-        .filter(|id| {
-            **id == inner.id
-                || members
-                    .iter()
-                    .any(|(m, n, _)| m == *id && n != but && inner.peers.would_vote(n, lease))
-        })
-        .count();
-    yes * 2 > voters.len()
-}
-
 /// The failure detector: heartbeats every member, reports up/down changes.
 /// A member is down when it has been silent for the failure timeout, or at
 /// once when its address refuses a connection after its link closed (its
@@ -1371,7 +1351,6 @@ async fn detector(weak: Weak<Inner>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether Raft may call elections (openraft's default: yes).
     let mut elect = true;
-    let mut last_leader: Option<NodeId> = None;
     // Members silent for a tenth of the heartbeat interval (50 ms by default)
     // are probed at that pace: over transports that can tell (QUIC, where a
     // dead process's link does not end), a dead process's address refuses,
@@ -1415,12 +1394,6 @@ async fn detector(weak: Weak<Inner>) {
             let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
             (members, m.current_leader, voters)
         };
-        // The leader as last known, for the election below: Raft may have
-        // dropped it already (a survivor's vote seen first) when the failure
-        // detector counts it down.
-        if leader.is_some() {
-            last_leader = leader;
-        }
         // A link the peer's side ended: is its process gone? A dial racing
         // the process's exit can be reset rather than refused, so ask again
         // shortly after, instead of waiting for the probe pace.
@@ -1554,7 +1527,7 @@ async fn detector(weak: Weak<Inner>) {
                 let _ = inner.events.send(NodeEvent::Down(n.clone()));
                 let led = members
                     .iter()
-                    .any(|(id, name, _)| name == n && Some(*id) == leader.or(last_leader));
+                    .any(|(id, name, _)| name == n && Some(*id) == leader);
                 // Every surviving voter calls an election: each one's own
                 // candidacy lifts its leader lease (a lone candidate would be
                 // refused by the others' leases until they expire), and
@@ -1564,15 +1537,10 @@ async fn detector(weak: Weak<Inner>) {
                 // still without a leader tries again after a short pause,
                 // different on each voter (from its random node id), rather
                 // than the election timeout.
-                // A leader counted down by its silence alone is stood
-                // against only once a majority says it has no live leader
-                // either (the pre-vote): a one-way cut from the leader must
-                // not depose it. Either way each survivor stands, so that
-                // none refuses the others on its leader lease.
-                if led && voters.contains(&inner.id) {
-                    tracing::info!(node = %inner.config.node, leader = %n, refused, "the Raft leader is down: calling an election");
+                if refused && led && voters.contains(&inner.id) {
+                    tracing::info!(node = %inner.config.node, leader = %n, "the Raft leader is gone: calling an election now");
                     let raft = inner.raft.clone();
-                    let gone = leader.or(last_leader);
+                    let gone = leader;
                     let me = inner.id;
                     let pause = Duration::from_millis(20 + inner.id % 40);
                     let until = Instant::now() + ELECTION_RETRY_WINDOW;
@@ -1598,9 +1566,7 @@ async fn detector(weak: Weak<Inner>) {
                             // (A triggered election passes the gate: this
                             // is the evidence it asks for.)
                             let Some(i) = weak.upgrade() else { break };
-                            let evidence = heard_since(&i, since, &gone_name)
-                                && (i.peers.refused(&gone_name) || would_elect(&i, &gone_name));
-                            if !evidence {
+                            if !heard_since(&i, since, &gone_name) {
                                 tokio::time::sleep(pause).await;
                                 continue;
                             }
