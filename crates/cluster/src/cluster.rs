@@ -1272,17 +1272,18 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
     }
 }
 
-/// How long a voter that sees the Raft leader's process gone keeps calling
-/// elections, a short pause apart, until a new leader follows. It covers
-/// the other voters' detection (over QUIC, a probe every 50 ms after 50 ms
-/// of silence): with 5 calls in about 120 ms, the others, still refusing with
-/// their leases, once left the cluster leaderless until the election
-/// timeout (a 1.3 s publisher stall in `bench mirrored`).
 /// How long a member waits to apply a client's change before it answers
 /// [`Cluster::write_everywhere`] anyway (a member that lags further is
 /// behind a cut, which the failure detector will report).
 pub(crate) const APPLIED_WAIT: Duration = Duration::from_millis(500);
 
+/// How long at least a voter that sees the Raft leader's process gone keeps
+/// calling elections, a short pause apart, until a new leader follows (and
+/// for the election timeout's upper bound, the leader lease, if longer). It covers
+/// the other voters' detection (over QUIC, a probe every 50 ms after 50 ms
+/// of silence): with 5 calls in about 120 ms, the others, still refusing with
+/// their leases, once left the cluster leaderless until the election
+/// timeout (a 1.3 s publisher stall in `bench mirrored`).
 const ELECTION_RETRY_WINDOW: Duration = Duration::from_millis(600);
 
 /// How long a dial to a peer whose link just ended may take.
@@ -1314,8 +1315,11 @@ fn other_members(
 }
 
 /// Whether a majority of the voters, this node included and `but` left out,
-/// was heard from after `since`.
-fn heard_since(inner: &Inner, since: Instant, but: &NodeName) -> bool {
+/// answered this node's `ask` (or a later one): they heard it after the ask
+/// was made. Frames merely received after it could have been sent before a
+/// cut: a node isolated by a firewall's resets took them for a majority and
+/// deposed the leader on the heal (`cargo xtask chaos --seed 67 --nodes 5`).
+fn answered_since(inner: &Inner, ask: u64, but: &NodeName) -> bool {
     let m = inner.raft.metrics().borrow().clone();
     let members = other_members(inner, &m);
     let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
@@ -1323,9 +1327,9 @@ fn heard_since(inner: &Inner, since: Instant, but: &NodeName) -> bool {
         .iter()
         .filter(|id| {
             **id == inner.id
-                || members.iter().any(|(m, n, _)| {
-                    m == *id && n != but && inner.peers.last_seen(n).is_some_and(|t| t > since)
-                })
+                || members
+                    .iter()
+                    .any(|(m, n, _)| m == *id && n != but && inner.peers.answered(n, ask))
         })
         .count();
     heard * 2 > voters.len()
@@ -1351,6 +1355,11 @@ async fn detector(weak: Weak<Inner>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether Raft may call elections (openraft's default: yes).
     let mut elect = true;
+    // The last Raft leader other than this node that the metrics named.
+    let mut last_leader: Option<NodeId> = None;
+    // The dead leader this node has called elections against, until it is
+    // up again or another leader is known.
+    let mut stood: Option<NodeId> = None;
     // Members silent for a tenth of the heartbeat interval (50 ms by default)
     // are probed at that pace: over transports that can tell (QUIC, where a
     // dead process's link does not end), a dead process's address refuses,
@@ -1444,7 +1453,7 @@ async fn detector(weak: Weak<Inner>) {
             in_flight.insert(
                 name.clone(),
                 tokio::spawn(async move {
-                    let _ = peers.heartbeat(&name2, &addr2, bound, false).await;
+                    let _ = peers.heartbeat(&name2, &addr2, bound, 0).await;
                 }),
             );
         }
@@ -1511,6 +1520,22 @@ async fn detector(weak: Weak<Inner>) {
             }
             inner.majority.send_replace(majority);
         }
+        // The Raft leader as last known: openraft may already have dropped
+        // it (a vote request of a higher term) when its death is seen.
+        if leader.is_some_and(|l| l != inner.id) {
+            last_leader = leader;
+        } else if leader == Some(inner.id) {
+            last_leader = None;
+        }
+        stand_against_a_dead_leader(
+            &inner,
+            &weak,
+            &members,
+            &up,
+            &voters,
+            last_leader,
+            &mut stood,
+        );
         let before = inner.up.borrow().clone();
         if before != up {
             for n in up.difference(&before) {
@@ -1525,71 +1550,105 @@ async fn detector(weak: Weak<Inner>) {
                     tracing::warn!(node = %inner.config.node, peer = %n, refused, "node down");
                 }
                 let _ = inner.events.send(NodeEvent::Down(n.clone()));
-                let led = members
-                    .iter()
-                    .any(|(id, name, _)| name == n && Some(*id) == leader);
-                // Every surviving voter calls an election: each one's own
-                // candidacy lifts its leader lease (a lone candidate would be
-                // refused by the others' leases until they expire), and
-                // openraft orders same-term candidates by node id, so the
-                // votes do not split. A voter that had not yet seen the
-                // leader gone refuses a vote (its lease holds), so a voter
-                // still without a leader tries again after a short pause,
-                // different on each voter (from its random node id), rather
-                // than the election timeout.
-                if refused && led && voters.contains(&inner.id) {
-                    tracing::info!(node = %inner.config.node, leader = %n, "the Raft leader is gone: calling an election now");
-                    let raft = inner.raft.clone();
-                    let gone = leader;
-                    let me = inner.id;
-                    let pause = Duration::from_millis(20 + inner.id % 40);
-                    let until = Instant::now() + ELECTION_RETRY_WINDOW;
-                    let weak = weak.clone();
-                    let (since, gone_name) = (now, n.clone());
-                    // Asked to answer at once, so that a live majority is
-                    // heard from within a round trip, not the heartbeat pace.
-                    for (_, name, addr) in members.iter().filter(|(_, name, _)| name != n) {
-                        let (peers, name, addr) = (inner.peers.clone(), name.clone(), addr.clone());
-                        let bound = inner.config.failure_timeout;
-                        tokio::spawn(async move {
-                            let _ = peers.heartbeat(&name, &addr, bound, true).await;
-                        });
-                    }
-                    tokio::spawn(async move {
-                        while Instant::now() < until {
-                            // Only once a majority of the voters, this node
-                            // included and the leader left out, was heard
-                            // from since: a node cut off from every other
-                            // is refused by a firewall's resets too, and its
-                            // elections would depose the leader on the heal
-                            // (see the election gate above).
-                            // (A triggered election passes the gate: this
-                            // is the evidence it asks for.)
-                            let Some(i) = weak.upgrade() else { break };
-                            if !heard_since(&i, since, &gone_name) {
-                                tokio::time::sleep(pause).await;
-                                continue;
-                            }
-                            drop(i);
-                            let _ = raft.trigger().elect().await;
-                            tokio::time::sleep(pause).await;
-                            let (now, voted_for) = {
-                                let m = raft.metrics();
-                                let m = m.borrow();
-                                (m.current_leader, m.vote.leader_id().voted_for())
-                            };
-                            // A new leader, or another candidate this voter
-                            // voted for: calling again would only depose it.
-                            if (now.is_some() && now != gone)
-                                || voted_for.is_some_and(|v| v != me && Some(v) != gone)
-                            {
-                                break;
-                            }
-                        }
-                    });
-                }
             }
             inner.up.send_replace(up);
         }
     }
+}
+
+/// Calls elections at once, instead of after the election timeout, when the
+/// Raft leader (`leader`, as last known) is down and its address refuses:
+/// its process is gone. Checked on every pass of the failure detector, not
+/// only when the leader goes down: a voter that counted the leader down by
+/// its silence before its address refused (the others standing and this
+/// one's lease refusing their votes) stands too once it refuses.
+///
+/// Every surviving voter calls an election: each one's own candidacy lifts
+/// its leader lease (a lone candidate would be refused by the others'
+/// leases until they expire), and openraft orders same-term candidates by
+/// node id, so the votes do not split. A voter still without a leader
+/// tries again after a short pause, different on each voter (from its
+/// random node id), rather than the election timeout. `stood` remembers
+/// the leader stood against, so that each death is answered once.
+fn stand_against_a_dead_leader(
+    inner: &Arc<Inner>,
+    weak: &Weak<Inner>,
+    members: &[(NodeId, NodeName, PeerAddr)],
+    up: &BTreeSet<NodeName>,
+    voters: &BTreeSet<NodeId>,
+    leader: Option<NodeId>,
+    stood: &mut Option<NodeId>,
+) {
+    let gone = leader.and_then(|l| members.iter().find(|(id, _, _)| *id == l));
+    let Some((gone_id, gone_name, _)) = gone else {
+        *stood = None;
+        return;
+    };
+    if up.contains(gone_name) || !inner.peers.refused(gone_name) {
+        *stood = None;
+        return;
+    }
+    if *stood == Some(*gone_id) || !voters.contains(&inner.id) {
+        return;
+    }
+    *stood = Some(*gone_id);
+    tracing::info!(node = %inner.config.node, leader = %gone_name, "the Raft leader is gone: calling an election now");
+    let raft = inner.raft.clone();
+    let gone = Some(*gone_id);
+    let me = inner.id;
+    let pause = Duration::from_millis(20 + inner.id % 40);
+    // At least until the other voters' leases have run out: a voter that
+    // has not seen the leader go refuses a vote until then.
+    let until = Instant::now() + ELECTION_RETRY_WINDOW.max(inner.config.election_timeout_max);
+    let first = inner.peers.new_ask();
+    let others: Vec<(NodeName, PeerAddr)> = members
+        .iter()
+        .filter(|(_, name, _)| name != gone_name)
+        .map(|(_, name, addr)| (name.clone(), addr.clone()))
+        .collect();
+    let (weak, gone_name) = (weak.clone(), gone_name.clone());
+    tokio::spawn(async move {
+        let mut ask = first;
+        while Instant::now() < until {
+            let Some(i) = weak.upgrade() else { break };
+            // Only once a majority of the voters, this node included and
+            // the leader left out, answered: a node cut off from every
+            // other is refused by a firewall's resets too, and its
+            // elections would depose the leader on the heal (see the
+            // election gate in the detector). (A triggered election passes
+            // the gate: this is the evidence it asks for.) Asked to answer
+            // at once, so that a live majority answers within a round trip,
+            // not the heartbeat pace; asked again until it does.
+            if !answered_since(&i, first, &gone_name) {
+                for (name, addr) in &others {
+                    let (peers, name, addr) = (i.peers.clone(), name.clone(), addr.clone());
+                    let bound = i.config.failure_timeout;
+                    tokio::spawn(async move {
+                        let _ = peers.heartbeat(&name, &addr, bound, ask).await;
+                    });
+                }
+                drop(i);
+                tokio::time::sleep(pause).await;
+                if let Some(i) = weak.upgrade() {
+                    ask = i.peers.new_ask();
+                }
+                continue;
+            }
+            drop(i);
+            let _ = raft.trigger().elect().await;
+            tokio::time::sleep(pause).await;
+            let (now, voted_for) = {
+                let m = raft.metrics();
+                let m = m.borrow();
+                (m.current_leader, m.vote.leader_id().voted_for())
+            };
+            // A new leader, or another candidate this voter voted for:
+            // calling again would only depose it.
+            if (now.is_some() && now != gone)
+                || voted_for.is_some_and(|v| v != me && Some(v) != gone)
+            {
+                break;
+            }
+        }
+    });
 }

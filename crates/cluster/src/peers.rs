@@ -61,6 +61,8 @@ struct Echo {
     silent_ms: Option<u64>,
     /// It had a live Raft leader (or led): it would refuse this node a vote.
     leader_live: bool,
+    /// The latest of this node's asks it answered (0: none).
+    answered: u64,
 }
 
 struct Link {
@@ -103,6 +105,8 @@ struct Inner {
     echo: Mutex<BTreeMap<NodeName, Echo>>,
     /// What this node's heartbeats say of its Raft leader (`leader_live`).
     leader_live: AtomicBool,
+    /// The last `ask` this node put in a heartbeat (they count up).
+    asks: AtomicU64,
     /// Peers whose address refused a connection since they were last heard.
     refused: Mutex<BTreeSet<NodeName>>,
     /// Peers that said they are stopping cleanly ([`PeerFrame::Leaving`]),
@@ -153,6 +157,7 @@ impl Peers {
                 last_seen: Mutex::new(BTreeMap::new()),
                 echo: Mutex::new(BTreeMap::new()),
                 leader_live: AtomicBool::new(false),
+                asks: AtomicU64::new(0),
                 refused: Mutex::new(BTreeSet::new()),
                 leaving: Mutex::new(BTreeSet::new()),
                 lost: Mutex::new(BTreeSet::new()),
@@ -243,15 +248,31 @@ impl Peers {
         self.inner.leader_live.store(live, Ordering::Relaxed);
     }
 
-    /// The [`PeerFrame::Heard`] this node sends `peer` now.
-    fn heard_frame(&self, peer: &NodeName, answer: bool) -> Result<Bytes, CallError> {
+    /// A new ask for [`heartbeat`](Self::heartbeat): a peer's answer to it
+    /// ([`answered`](Self::answered)) was sent after this call.
+    pub(crate) fn new_ask(&self) -> u64 {
+        self.inner.asks.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether `peer` answered `ask` (or a later one): it heard this node
+    /// after the ask was made, and this node heard its answer.
+    pub(crate) fn answered(&self, peer: &NodeName, ask: u64) -> bool {
+        lock(&self.inner.echo)
+            .get(peer)
+            .is_some_and(|e| e.answered >= ask)
+    }
+
+    /// The [`PeerFrame::Heard`] this node sends `peer` now, asking for an
+    /// answer with `ask` (0: none) and answering `echo` (0: none).
+    fn heard_frame(&self, peer: &NodeName, ask: u64, echo: u64) -> Result<Bytes, CallError> {
         let silent_ms = self
             .last_seen(peer)
             .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX));
         encode_message(&PeerFrame::Heard {
             silent_ms,
             leader_live: self.inner.leader_live.load(Ordering::Relaxed),
-            answer,
+            ask,
+            echo,
         })
         .map(Bytes::from)
         .map_err(|e| CallError::Unreachable {
@@ -438,15 +459,23 @@ impl Peers {
             Ok(PeerFrame::Heard {
                 silent_ms,
                 leader_live,
-                answer,
+                ask,
+                echo,
             }) => {
-                let echo = Echo {
-                    at: Instant::now(),
-                    silent_ms,
-                    leader_live,
-                };
-                lock(&self.inner.echo).insert(link.peer.clone(), echo);
-                if answer && let Ok(bytes) = self.heard_frame(&link.peer, false) {
+                {
+                    let mut echoes = lock(&self.inner.echo);
+                    let answered = echoes.get(&link.peer).map_or(0, |e| e.answered).max(echo);
+                    let e = Echo {
+                        at: Instant::now(),
+                        silent_ms,
+                        leader_live,
+                        answered,
+                    };
+                    echoes.insert(link.peer.clone(), e);
+                }
+                if ask != 0
+                    && let Ok(bytes) = self.heard_frame(&link.peer, 0, ask)
+                {
                     // A full queue means the link is busy: its frames say
                     // the same soon enough.
                     let _ = link.tx.try_send(bytes);
@@ -633,18 +662,18 @@ impl Peers {
 
     /// Sends a heartbeat to `peer` (dialing if needed, bounded by
     /// `timeout`): [`PeerFrame::Heard`], how long this node has not heard it
-    /// and whether it has a live Raft leader; with `answer`, the peer
-    /// answers with its own at once.
+    /// and whether it has a live Raft leader; with a non-zero `ask`
+    /// ([`new_ask`](Self::new_ask)), the peer answers with its own at once.
     pub(crate) async fn heartbeat(
         &self,
         peer: &NodeName,
         addr: &PeerAddr,
         timeout: Duration,
-        answer: bool,
+        ask: u64,
     ) -> Result<(), CallError> {
         let send = async {
             let link = self.link(Some(peer), addr).await?;
-            let bytes = self.heard_frame(peer, answer)?;
+            let bytes = self.heard_frame(peer, ask, 0)?;
             link.tx
                 .send(bytes)
                 .await

@@ -41,9 +41,12 @@ pub enum PeerFrame {
         /// a leader it heard within the leader lease: it would refuse the
         /// receiver a vote (what a Raft pre-vote asks).
         leader_live: bool,
-        /// The receiver answers at once with its own `Heard` (a node that
-        /// lost its leader asks whether a majority still hears it).
-        answer: bool,
+        /// Non-zero: the receiver answers at once with its own `Heard`
+        /// echoing this number (a node that lost its leader asks whether a
+        /// majority hears it now, not only before a cut).
+        ask: u64,
+        /// The `ask` of the sender's peer this frame answers (0: none).
+        echo: u64,
     },
     /// The sender is stopping cleanly (a graceful stop, not a crash): its
     /// peers see it go at info level, not as a fault.
@@ -126,7 +129,8 @@ mod tests {
             PeerFrame::Heard {
                 silent_ms: Some(7),
                 leader_live: true,
-                answer: false,
+                ask: 3,
+                echo: 2,
             },
             PeerFrame::Leaving,
         ] {
