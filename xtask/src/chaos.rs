@@ -444,9 +444,9 @@ struct History {
     published: BTreeSet<String>,
     /// Bodies the broker confirmed (`basic.ack`), with when.
     confirmed: BTreeMap<String, Instant>,
-    /// Every delivery: body, redelivered flag and who got it (`consumer B`,
-    /// `drain`), in order.
-    delivered: Vec<(String, bool, String)>,
+    /// Every delivery: body, redelivered flag, who got it (`consumer B`,
+    /// `drain`) and when, in order.
+    delivered: Vec<(String, bool, String, Instant)>,
     /// When each client (`publisher B`, `consumer C`, …) last moved: the
     /// times of its confirms or of its deliveries (not the drain's).
     moved: BTreeMap<String, Vec<Instant>>,
@@ -512,13 +512,19 @@ fn check(
     // Per consumer and publisher: what one consumer gets of one publisher's
     // messages comes in publish order.
     let mut highest: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-    let mut first_by: BTreeMap<&str, &str> = BTreeMap::new();
-    for (body, redelivered, by) in &h.delivered {
+    let mut first_by: BTreeMap<&str, (&str, Instant)> = BTreeMap::new();
+    for (body, redelivered, by, when) in &h.delivered {
         let c = count.entry(body.as_str()).or_default();
         *c += 1;
-        let first = *first_by.entry(body.as_str()).or_insert(by.as_str());
+        let (first, first_at) = *first_by
+            .entry(body.as_str())
+            .or_insert((by.as_str(), *when));
         if *c > 1 && !redelivered {
-            unflagged.push(format!("{body} ({first}, then {by})"));
+            unflagged.push(format!(
+                "{body} ({first} at {:.3}s, then {by} at {:.3}s)",
+                at(first_at),
+                at(*when)
+            ));
         }
         // Bodies end in "-<publisher>-m<its publish number>".
         let parsed = body.rsplit_once("-m").and_then(|(publisher, n)| {
@@ -1271,7 +1277,8 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
                         let body = String::from_utf8_lossy(&d.data).into_owned();
                         {
                             let mut h = load.history.lock().expect("the history");
-                            h.delivered.push((body, d.redelivered, client.clone()));
+                            h.delivered
+                                .push((body, d.redelivered, client.clone(), Instant::now()));
                             h.moved
                                 .entry(client.clone())
                                 .or_default()
@@ -1298,8 +1305,9 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
 const DRAIN_IDLE: Duration = Duration::from_secs(5);
 
 /// Consumes (acking) `queues` through `url` until nothing came for
-/// [`DRAIN_IDLE`]; returns every delivery (body, redelivered flag, `drain`).
-async fn drain(url: &str, queues: &[&str]) -> anyhow::Result<Vec<(String, bool, String)>> {
+/// [`DRAIN_IDLE`]; returns every delivery (body, redelivered flag, `drain`,
+/// when).
+async fn drain(url: &str, queues: &[&str]) -> anyhow::Result<Vec<(String, bool, String, Instant)>> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(100, BasicQosOptions::default()).await?;
@@ -1322,6 +1330,7 @@ async fn drain(url: &str, queues: &[&str]) -> anyhow::Result<Vec<(String, bool, 
             String::from_utf8_lossy(&d.data).into_owned(),
             d.redelivered,
             "drain".to_owned(),
+            Instant::now(),
         ));
         d.ack(BasicAckOptions::default()).await?;
     }
@@ -1354,7 +1363,7 @@ mod tests {
             h.published.insert(body(n));
             h.confirmed.insert(body(n), start);
         }
-        let by = |c: &str, (b, r): (String, bool)| (b, r, format!("consumer {c}"));
+        let by = |c: &str, (b, r): (String, bool)| (b, r, format!("consumer {c}"), start);
         h.delivered = vec![
             by("A", (body(1), false)),
             by("A", (body(3), false)),
@@ -1405,7 +1414,10 @@ mod tests {
         assert_eq!(r.lost.len(), 1, "m4: {:?}", r.lost);
         assert_eq!(
             r.unflagged,
-            [format!("{} (consumer A, then consumer B)", body(1))]
+            [format!(
+                "{} (consumer A at 0.000s, then consumer B at 0.000s)",
+                body(1)
+            )]
         );
         assert_eq!(r.duplicates, 2);
         assert_eq!(r.out_of_order, [body(2)]);
