@@ -36,7 +36,8 @@
 //! consumers left) taking no longer than a fifth of the load's time, and no
 //! queue holding a message after the drain (one left unacknowledged by a
 //! consumer that is gone: the report names who holds it on each node). Data
-//! directories and node logs are in `target/chaos/<seed>/`.
+//! directories, node logs and every delivery of each repeated message
+//! (`repeats.txt`) are in `target/chaos/<seed>/`.
 
 pub(crate) mod netns;
 
@@ -1131,6 +1132,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     }
     let mut h = std::mem::take(&mut *load.history.lock().expect("the history"));
     h.delivered.extend(drained);
+    write_repeats(&work.join("repeats.txt"), &h, c.start)?;
     let mut report = check(opts, &h, c.start, &timeline, faults, notes);
     report.diverged = diverged;
     report.stuck = stuck;
@@ -1305,6 +1307,24 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Writes every delivery of each message delivered more than once to
+/// `path`, one line each (body, seconds since `start`, who, the redelivered
+/// flag), for reading a failed run.
+fn write_repeats(path: &Path, h: &History, start: Instant) -> anyhow::Result<()> {
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for (body, ..) in &h.delivered {
+        *count.entry(body.as_str()).or_default() += 1;
+    }
+    let mut out = String::new();
+    for (body, redelivered, by, when) in &h.delivered {
+        if count[body.as_str()] > 1 {
+            let t = when.saturating_duration_since(start).as_secs_f64();
+            out.push_str(&format!("{body} {t:.3}s {by} redelivered={redelivered}\n"));
+        }
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
 /// How long the drain waits for one more delivery before it is done.
