@@ -1286,6 +1286,10 @@ pub(crate) const APPLIED_WAIT: Duration = Duration::from_millis(500);
 /// timeout (a 1.3 s publisher stall in `bench mirrored`).
 const ELECTION_RETRY_WINDOW: Duration = Duration::from_millis(600);
 
+/// How many rounds in a row (20–60 ms each) a voter that stood against a
+/// dead leader sees the same new leader before it stops watching.
+const LEADER_HELD_ROUNDS: u32 = 5;
+
 /// How long a dial to a peer whose link just ended may take.
 const LOST_LINK_DIAL: Duration = Duration::from_millis(200);
 
@@ -1312,27 +1316,6 @@ fn other_members(
                 .map(|nn| (*id, nn, PeerAddr::new(n.addr.clone())))
         })
         .collect()
-}
-
-/// Whether a majority of the voters, this node included and `but` left out,
-/// answered this node's `ask` (or a later one): they heard it after the ask
-/// was made. Frames merely received after it could have been sent before a
-/// cut: a node isolated by a firewall's resets took them for a majority and
-/// deposed the leader on the heal (`cargo xtask chaos --seed 67 --nodes 5`).
-fn answered_since(inner: &Inner, ask: u64, but: &NodeName) -> bool {
-    let m = inner.raft.metrics().borrow().clone();
-    let members = other_members(inner, &m);
-    let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
-    let heard = voters
-        .iter()
-        .filter(|id| {
-            **id == inner.id
-                || members
-                    .iter()
-                    .any(|(m, n, _)| m == *id && n != but && inner.peers.answered(n, ask))
-        })
-        .count();
-    heard * 2 > voters.len()
 }
 
 /// The failure detector: heartbeats every member, reports up/down changes.
@@ -1595,59 +1578,76 @@ fn stand_against_a_dead_leader(
     tracing::info!(node = %inner.config.node, leader = %gone_name, "the Raft leader is gone: calling an election now");
     let raft = inner.raft.clone();
     let gone = Some(*gone_id);
-    let me = inner.id;
     let pause = Duration::from_millis(20 + inner.id % 40);
     // At least until the other voters' leases have run out: a voter that
     // has not seen the leader go refuses a vote until then.
     let until = Instant::now() + ELECTION_RETRY_WINDOW.max(inner.config.election_timeout_max);
-    let first = inner.peers.new_ask();
     let others: Vec<(NodeName, PeerAddr)> = members
         .iter()
         .filter(|(_, name, _)| name != gone_name)
         .map(|(_, name, addr)| (name.clone(), addr.clone()))
         .collect();
-    let (weak, gone_name) = (weak.clone(), gone_name.clone());
+    // The voters whose answers count: every one but this node and the
+    // leader.
+    let counted: Vec<NodeName> = members
+        .iter()
+        .filter(|(id, name, _)| voters.contains(id) && name != gone_name)
+        .map(|(_, name, _)| name.clone())
+        .collect();
+    let voters = voters.len();
+    let weak = weak.clone();
+    // Each round asks the others to answer at once (so that a live
+    // majority answers within a round trip, not the heartbeat pace), waits
+    // a pause, and stands only if a majority of the voters, this node
+    // included and the leader left out, answered that round's ask and would
+    // grant a vote: a pre-vote per election, as the detector's gate asks
+    // (a triggered election passes the gate: this is the evidence).
+    // - Only answers to this node's ask count: frames merely received
+    //   since could have been sent before a cut. A node isolated by a
+    //   firewall's resets (refused by every other) took them for a
+    //   majority, stood, and deposed the leader on the heal (`cargo xtask
+    //   chaos --seed 67 --nodes 5`).
+    // - Asked again each round, and on until a leader held: a survivor
+    //   whose election crossed its rival's win deposed it, then stood again
+    //   and again with a log shorter than the deposed leader's, which had
+    //   stopped standing (`t27`, once in 30 runs beside busy loops).
     tokio::spawn(async move {
-        let mut ask = first;
+        // The leader seen in the last rounds, and for how many in a row.
+        let (mut last, mut held) = (None, 0);
         while Instant::now() < until {
             let Some(i) = weak.upgrade() else { break };
-            // Only once a majority of the voters, this node included and
-            // the leader left out, answered: a node cut off from every
-            // other is refused by a firewall's resets too, and its
-            // elections would depose the leader on the heal (see the
-            // election gate in the detector). (A triggered election passes
-            // the gate: this is the evidence it asks for.) Asked to answer
-            // at once, so that a live majority answers within a round trip,
-            // not the heartbeat pace; asked again until it does.
-            if !answered_since(&i, first, &gone_name) {
-                for (name, addr) in &others {
-                    let (peers, name, addr) = (i.peers.clone(), name.clone(), addr.clone());
-                    let bound = i.config.failure_timeout;
-                    tokio::spawn(async move {
-                        let _ = peers.heartbeat(&name, &addr, bound, ask).await;
-                    });
-                }
-                drop(i);
-                tokio::time::sleep(pause).await;
-                if let Some(i) = weak.upgrade() {
-                    ask = i.peers.new_ask();
+            let ask = i.peers.new_ask();
+            for (name, addr) in &others {
+                let (peers, name, addr) = (i.peers.clone(), name.clone(), addr.clone());
+                let bound = i.config.failure_timeout;
+                tokio::spawn(async move {
+                    let _ = peers.heartbeat(&name, &addr, bound, ask).await;
+                });
+            }
+            drop(i);
+            tokio::time::sleep(pause).await;
+            // A new leader: calling now would only depose it. It may still
+            // be deposed by another survivor's election that crossed its
+            // win (its log then longer than that survivor's, which cannot
+            // win), so this watches on until one leader has held a while.
+            let now = raft.metrics().borrow().current_leader;
+            if now.is_some() && now != gone {
+                held = if now == last { held + 1 } else { 1 };
+                last = now;
+                if held >= LEADER_HELD_ROUNDS {
+                    break;
                 }
                 continue;
             }
+            held = 0;
+            let Some(i) = weak.upgrade() else { break };
+            let willing = 1 + counted
+                .iter()
+                .filter(|n| i.peers.would_vote_since(n, ask))
+                .count();
             drop(i);
-            let _ = raft.trigger().elect().await;
-            tokio::time::sleep(pause).await;
-            let (now, voted_for) = {
-                let m = raft.metrics();
-                let m = m.borrow();
-                (m.current_leader, m.vote.leader_id().voted_for())
-            };
-            // A new leader, or another candidate this voter voted for:
-            // calling again would only depose it.
-            if (now.is_some() && now != gone)
-                || voted_for.is_some_and(|v| v != me && Some(v) != gone)
-            {
-                break;
+            if willing * 2 > voters {
+                let _ = raft.trigger().elect().await;
             }
         }
     });

@@ -254,12 +254,14 @@ impl Peers {
         self.inner.asks.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Whether `peer` answered `ask` (or a later one): it heard this node
-    /// after the ask was made, and this node heard its answer.
-    pub(crate) fn answered(&self, peer: &NodeName, ask: u64) -> bool {
+    /// Whether `peer` answered `ask` (or a later one) and would grant this
+    /// node a vote: it heard this node after the ask was made, this node
+    /// heard its answer, and its latest word is that it has no live Raft
+    /// leader (a pre-vote, granted).
+    pub(crate) fn would_vote_since(&self, peer: &NodeName, ask: u64) -> bool {
         lock(&self.inner.echo)
             .get(peer)
-            .is_some_and(|e| e.answered >= ask)
+            .is_some_and(|e| e.answered >= ask && !e.leader_live)
     }
 
     /// The [`PeerFrame::Heard`] this node sends `peer` now, asking for an

@@ -263,6 +263,32 @@ async fn t28_a_follower_refused_by_the_leader_stands_only_when_answered() {
     .await;
 }
 
+/// A follower whose link to the leader alone is cut, refused (the way
+/// `iptables` REJECT rules added one peer at a time look for a moment),
+/// while the third node still follows the leader, stands for no election:
+/// the third node answers its ask but would refuse it a vote, so the leader
+/// stays in place on the heal. Seen in `cargo xtask chaos --seed 67 --nodes
+/// 5 --queues 4`: B, being isolated one rule at a time, asked the nodes not
+/// yet cut off, took their answers for a majority, stood, and deposed the
+/// leader on the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t29_a_follower_cut_from_the_leader_alone_stands_for_no_election() {
+    cut_follower_and_heal(29, async |tc, leader, follower, others| {
+        let third = others
+            .iter()
+            .find(|x| x.as_str() != leader)
+            .expect("a third node");
+        let mut up = tc.node(follower).up_nodes();
+        let heard = up.wait_for(|up| up.contains(third));
+        tokio::time::timeout(std::time::Duration::from_secs(10), heard)
+            .await
+            .expect("the follower hears the third node")
+            .expect("the follower runs");
+        tc.net.cut(&n(leader), &n(follower));
+    })
+    .await;
+}
+
 /// Forms a cluster of three, cuts one follower off with `cut` (given the
 /// leader, the follower and the other two), heals after 3 s, and checks
 /// that the leader led all the while the follower caught up.
