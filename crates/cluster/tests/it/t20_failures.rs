@@ -246,17 +246,7 @@ async fn t26_a_follower_that_stops_hearing_the_leader_leaves_it_in_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t28_a_follower_refused_by_the_leader_stands_only_when_answered() {
     cut_follower_and_heal(28, async |tc, leader, follower, others| {
-        let third = others
-            .iter()
-            .find(|x| x.as_str() != leader)
-            .expect("a third node");
-        // Once the follower hears the third node (just formed, it may not).
-        let mut up = tc.node(follower).up_nodes();
-        let heard = up.wait_for(|up| up.contains(third));
-        tokio::time::timeout(std::time::Duration::from_secs(10), heard)
-            .await
-            .expect("the follower hears the third node")
-            .expect("the follower runs");
+        let third = &third_heard_by(tc, leader, follower, others).await;
         tc.net.blackhole(&n(follower), third);
         tc.net.cut(&n(leader), &n(follower));
     })
@@ -274,19 +264,33 @@ async fn t28_a_follower_refused_by_the_leader_stands_only_when_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t29_a_follower_cut_from_the_leader_alone_stands_for_no_election() {
     cut_follower_and_heal(29, async |tc, leader, follower, others| {
-        let third = others
-            .iter()
-            .find(|x| x.as_str() != leader)
-            .expect("a third node");
-        let mut up = tc.node(follower).up_nodes();
-        let heard = up.wait_for(|up| up.contains(third));
-        tokio::time::timeout(std::time::Duration::from_secs(10), heard)
-            .await
-            .expect("the follower hears the third node")
-            .expect("the follower runs");
+        // Once the follower hears the third node, which answers its asks.
+        third_heard_by(tc, leader, follower, others).await;
         tc.net.cut(&n(leader), &n(follower));
     })
     .await;
+}
+
+/// The node of `others` that is not `leader`, once `follower` hears it
+/// (in a cluster just formed, it may not yet).
+async fn third_heard_by(
+    tc: &TestCluster,
+    leader: &str,
+    follower: &str,
+    others: &[warren_wire::NodeName],
+) -> warren_wire::NodeName {
+    let third = others
+        .iter()
+        .find(|x| x.as_str() != leader)
+        .expect("a third node")
+        .clone();
+    let mut up = tc.node(follower).up_nodes();
+    let heard = up.wait_for(|up| up.contains(&third));
+    tokio::time::timeout(std::time::Duration::from_secs(10), heard)
+        .await
+        .expect("the follower hears the third node")
+        .expect("the follower runs");
+    third
 }
 
 /// Forms a cluster of three, cuts one follower off with `cut` (given the
