@@ -291,8 +291,8 @@ async fn overview(
         "management_version": env!("CARGO_PKG_VERSION"),
         "rates_mode": "basic",
         "rabbitmq_version": "3.13.7",
-        "product_name": "Warren",
-        "product_version": env!("CARGO_PKG_VERSION"),
+        "product_name": s.product.0,
+        "product_version": s.product.1,
         "cluster_name": s.node,
         "erlang_version": "none (Rust)",
     });

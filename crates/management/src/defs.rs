@@ -74,8 +74,8 @@ fn export(s: &Management, vhost: Option<&str>) -> ApiResult<Value> {
     let mut out = json!({
         "rabbit_version": "3.13.7",
         "rabbitmq_version": "3.13.7",
-        "product_name": "Warren",
-        "product_version": env!("CARGO_PKG_VERSION"),
+        "product_name": s.product.0,
+        "product_version": s.product.1,
         "policies": regular,
         "parameters": operator,
         "queues": queues,

@@ -124,6 +124,8 @@ impl MirrorSource for SingleNode {
 pub struct Management {
     broker: SharedBroker,
     node: String,
+    /// Product name and version, as the broker gives them to clients.
+    product: (String, String),
     listeners: Vec<(String, SocketAddr)>,
     http_addr: Option<SocketAddr>,
     mirrors: Arc<dyn MirrorSource>,
@@ -147,10 +149,18 @@ impl fmt::Debug for Management {
 impl Management {
     /// The API over `broker`, for the node named as the broker's config says.
     pub fn new(broker: SharedBroker) -> Self {
-        let node = broker.lock().node_name().to_owned();
+        let (node, product) = {
+            let b = broker.lock();
+            let (name, version) = b.product();
+            (
+                b.node_name().to_owned(),
+                (name.to_owned(), version.to_owned()),
+            )
+        };
         Self {
             broker,
             node,
+            product,
             listeners: Vec::new(),
             http_addr: None,
             mirrors: Arc::new(SingleNode),

@@ -78,8 +78,9 @@ pub fn render(s: &Management) -> String {
     family(&mut out, "rabbitmq_build_info", "gauge", "Versions");
     let _ = writeln!(
         out,
-        "rabbitmq_build_info{{rabbitmq_version=\"3.13.7\",product_name=\"Warren\",product_version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
+        "rabbitmq_build_info{{rabbitmq_version=\"3.13.7\",product_name=\"{}\",product_version=\"{}\"}} 1",
+        label(&s.product.0),
+        label(&s.product.1)
     );
     for (name, help, v) in [
         (

@@ -51,6 +51,8 @@ pub(crate) const ENV_KEYS: &[(&str, &str)] = &[
         "WARREN_COLLECT_STATISTICS_INTERVAL",
         "collect_statistics_interval",
     ),
+    ("WARREN_PRODUCT_NAME", "product.name"),
+    ("WARREN_PRODUCT_VERSION", "product.version"),
 ];
 
 /// A refused configuration: where, and why.
@@ -126,6 +128,11 @@ pub(crate) struct Settings {
     /// `consumer_timeout`, milliseconds: a channel holding a delivery
     /// unacknowledged for longer is closed (RabbitMQ's; default 30 min).
     pub consumer_timeout_ms: Option<u64>,
+    /// `product.name`: the product clients see in the server properties
+    /// and operators in the API (RabbitMQ's override; default Warren).
+    pub product_name: Option<String>,
+    /// `product.version`: its version (default Warren's).
+    pub product_version: Option<String>,
     /// `vm_memory_high_watermark.relative` / `.absolute`.
     pub memory_high_watermark: Option<MemoryLimit>,
     /// `disk_free_limit.relative` / `.absolute`.
@@ -244,6 +251,8 @@ impl Settings {
                     _ => return Err(format!("{v:?} is not a positive number of milliseconds")),
                 });
             }
+            "product.name" => self.product_name = Some(non_empty(v)?),
+            "product.version" => self.product_version = Some(non_empty(v)?),
             "collect_statistics_interval" => {
                 self.stats_interval_ms = Some(match v.parse() {
                     Ok(n) if n > 0 => n,
@@ -432,6 +441,8 @@ impl Settings {
             boot_wait: self.boot_wait.or(lower.boot_wait),
             net_ticktime: self.net_ticktime.or(lower.net_ticktime),
             consumer_timeout_ms: self.consumer_timeout_ms.or(lower.consumer_timeout_ms),
+            product_name: self.product_name.or(lower.product_name),
+            product_version: self.product_version.or(lower.product_version),
             memory_high_watermark: self.memory_high_watermark.or(lower.memory_high_watermark),
             disk_free_limit: self.disk_free_limit.or(lower.disk_free_limit),
             default_user: self.default_user.or(lower.default_user),
@@ -623,6 +634,8 @@ mod tests {
              log.console.level = warning\n\
              collect_statistics_interval = 1000\n\
              consumer_timeout = 900000\n\
+             product.name = RabbitMQ\n\
+             product.version = 3.10.8\n\
              listeners.ssl.default = 5671\n\
              ssl_options.certfile = {cert}\n\
              ssl_options.keyfile = {key}\n\
@@ -653,6 +666,8 @@ mod tests {
         assert_eq!(s.net_ticktime, Some(15));
         assert_eq!(s.stats_interval_ms, Some(1000));
         assert_eq!(s.consumer_timeout_ms, Some(900_000));
+        assert_eq!(s.product_name.as_deref(), Some("RabbitMQ"));
+        assert_eq!(s.product_version.as_deref(), Some("3.10.8"));
         assert_eq!(s.memory_high_watermark, Some(MemoryLimit::Relative(0.6)));
         assert_eq!(s.disk_free_limit, Some(DiskLimit::Absolute(2_000_000_000)));
         assert_eq!(s.default_user.as_deref(), Some("admin"));

@@ -334,6 +334,12 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     if let Some(ms) = args.settings.consumer_timeout_ms {
         cfg.consumer_timeout_ms = ms;
     }
+    if let Some(name) = &args.settings.product_name {
+        cfg.amqp.product.clone_from(name);
+    }
+    if let Some(version) = &args.settings.product_version {
+        cfg.amqp.version.clone_from(version);
+    }
     let mut broker = Broker::open(cfg, store)
         .with_context(|| format!("opening the data in {}", args.data_dir.display()))?;
     if first_start {

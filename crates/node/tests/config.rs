@@ -36,6 +36,23 @@ fn warren(dir: &Path) -> Command {
     c
 }
 
+/// The payload of the connection.start frame the node on `port` sends a
+/// client that opens with the AMQP 0-9-1 header (its server properties).
+fn connection_start(port: u16) -> Vec<u8> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"AMQP\x00\x00\x09\x01").unwrap();
+    let mut head = [0u8; 7];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(head[0], 1, "a method frame");
+    let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
+    let mut payload = vec![0u8; usize::try_from(size).unwrap()];
+    s.read_exact(&mut payload).unwrap();
+    assert_eq!(payload[..4], [0, 10, 0, 10], "connection.start");
+    payload
+}
+
 #[tokio::test]
 async fn a_node_runs_as_its_warren_conf_says() {
     let dir = tempfile::tempdir().unwrap();
@@ -57,7 +74,9 @@ async fn a_node_runs_as_its_warren_conf_says() {
              default_pass = s3cret\n\
              log.console.level = warning\n\
              vm_memory_high_watermark.absolute = 2GB\n\
-             disk_free_limit.absolute = 50MB\n",
+             disk_free_limit.absolute = 50MB\n\
+             product.name = RabbitMQ\n\
+             product.version = 3.10.8\n",
             data.display()
         ),
     )
@@ -100,6 +119,30 @@ async fn a_node_runs_as_its_warren_conf_says() {
     assert_eq!(node["mem_limit"], 2_000_000_000u64, "{node}");
     assert_eq!(node["disk_free_limit"], 50_000_000u64, "{node}");
     assert_eq!(node["mem_alarm"], false, "{node}");
+    // The product as configured, to operators and to clients (RabbitMQ's
+    // `product.name` and `product.version`).
+    let overview: serde_json::Value = ureq::get(&format!("http://127.0.0.1:{http}/api/overview"))
+        .set("Authorization", &auth)
+        .call()
+        .expect("GET /api/overview")
+        .into_string()
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap();
+    assert_eq!(overview["product_name"], "RabbitMQ", "{overview}");
+    assert_eq!(overview["product_version"], "3.10.8", "{overview}");
+    let start = connection_start(amqp);
+    for (key, value) in [("product", "RabbitMQ"), ("version", "3.10.8")] {
+        let mut field = vec![u8::try_from(key.len()).unwrap()];
+        field.extend_from_slice(key.as_bytes());
+        field.push(b'S');
+        field.extend_from_slice(&u32::try_from(value.len()).unwrap().to_be_bytes());
+        field.extend_from_slice(value.as_bytes());
+        assert!(
+            start.windows(field.len()).any(|w| w == field),
+            "no {key} = {value} in connection.start: {}",
+            String::from_utf8_lossy(&start)
+        );
+    }
 
     tokio::time::timeout(Duration::from_secs(60), async {
         let url = format!("amqp://admin:s3cret@127.0.0.1:{amqp}/%2f");

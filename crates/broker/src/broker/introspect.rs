@@ -250,6 +250,13 @@ impl Broker {
         &self.cfg.node_name
     }
 
+    /// The product name and version the node gives clients and operators
+    /// (`product.name`, `product.version`; by default Warren's).
+    #[must_use]
+    pub fn product(&self) -> (&str, &str) {
+        (&self.cfg.amqp.product, &self.cfg.amqp.version)
+    }
+
     /// The node's data directory.
     #[must_use]
     pub fn data_dir(&self) -> &Path {
