@@ -36,6 +36,21 @@ fn warren(dir: &Path) -> Command {
     c
 }
 
+/// `GET path` of the management API on `port`, as the configured admin.
+fn api(port: u16, path: &str) -> serde_json::Value {
+    let auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("admin:s3cret")
+    );
+    ureq::get(&format!("http://127.0.0.1:{port}{path}"))
+        .set("Authorization", &auth)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .into_string()
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap()
+}
+
 /// The payload of the connection.start frame the node on `port` sends a
 /// client that opens with the AMQP 0-9-1 header (its server properties).
 fn connection_start(port: u16) -> Vec<u8> {
@@ -103,31 +118,13 @@ async fn a_node_runs_as_its_warren_conf_says() {
     );
     assert!(data.join("metadata.json").exists(), "data in data_dir");
     // The resource limits are the configured ones.
-    let auth = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode("admin:s3cret")
-    );
-    let node: serde_json::Value = ureq::get(&format!(
-        "http://127.0.0.1:{http}/api/nodes/warren%40fromconf"
-    ))
-    .set("Authorization", &auth)
-    .call()
-    .expect("GET /api/nodes/warren@fromconf")
-    .into_string()
-    .map(|t| serde_json::from_str(&t).unwrap())
-    .unwrap();
+    let node = api(http, "/api/nodes/warren%40fromconf");
     assert_eq!(node["mem_limit"], 2_000_000_000u64, "{node}");
     assert_eq!(node["disk_free_limit"], 50_000_000u64, "{node}");
     assert_eq!(node["mem_alarm"], false, "{node}");
     // The product as configured, to operators and to clients (RabbitMQ's
     // `product.name` and `product.version`).
-    let overview: serde_json::Value = ureq::get(&format!("http://127.0.0.1:{http}/api/overview"))
-        .set("Authorization", &auth)
-        .call()
-        .expect("GET /api/overview")
-        .into_string()
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap();
+    let overview = api(http, "/api/overview");
     assert_eq!(overview["product_name"], "RabbitMQ", "{overview}");
     assert_eq!(overview["product_version"], "3.10.8", "{overview}");
     let start = connection_start(amqp);
