@@ -28,7 +28,10 @@
 //!   failure detector (heartbeats over the transport; `failure_timeout`).
 //!   The heartbeats also carry a pre-vote: a node stands for Raft election
 //!   only while a majority says it has no live leader, so a node cut off
-//!   cannot depose the leader when it comes back.
+//!   cannot depose the leader when it comes back. When the leader's process
+//!   is gone (its address refuses), the survivors stand at once, each round
+//!   a pre-vote of its own: a majority answered this node's ask (a number
+//!   the answer echoes) and has no live leader.
 //! - [`offline::forget_cluster_node_offline`] on a stopped node's data directory.
 //!
 //! ```no_run
