@@ -342,7 +342,7 @@ impl Cluster {
 
     /// Commits a client's change (a declare, a bind, a policy) as
     /// [`Cluster::write`] does, then waits until every other running member
-    /// has applied it too (each at most [`APPLIED_WAIT`]), as RabbitMQ
+    /// has applied it too (each at most 500 ms), as RabbitMQ
     /// answers `declare-ok` once every node's schema has the queue: a client
     /// that uses it through another node right after finds it there.
     pub async fn write_everywhere(&self, cmd: Command) -> Result<Outcome, ClusterError> {
