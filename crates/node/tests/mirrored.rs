@@ -103,13 +103,28 @@ async fn consumer(p: &Peer, tag: &str, prefetch: u16) -> (Connection, Channel, C
 /// Publishes `n` persistent messages with confirms; returns the bodies acked.
 async fn publish_confirmed(p: &Peer, from: usize, n: usize) -> BTreeSet<String> {
     let (conn, ch) = confirming(p).await;
+    let acked = publish_each(
+        &ch,
+        (from..from + n).map(|i| (QUEUE.to_owned(), format!("m{i}"))),
+    )
+    .await;
+    let _ = conn.close(200, "bye".into()).await;
+    acked
+}
+
+/// Publishes each (queue, body) persistent on `ch`, a channel in confirm
+/// mode, all before awaiting any confirm; returns the bodies the broker
+/// acked.
+async fn publish_each(
+    ch: &Channel,
+    messages: impl Iterator<Item = (String, String)>,
+) -> BTreeSet<String> {
     let mut pending = Vec::new();
-    for i in from..from + n {
-        let body = format!("m{i}");
+    for (queue, body) in messages {
         let confirm = ch
             .basic_publish(
                 "".into(),
-                QUEUE.into(),
+                queue.as_str().into(),
                 BasicPublishOptions::default(),
                 body.as_bytes(),
                 BasicProperties::default().with_delivery_mode(2),
@@ -120,13 +135,10 @@ async fn publish_confirmed(p: &Peer, from: usize, n: usize) -> BTreeSet<String> 
     }
     let mut acked = BTreeSet::new();
     for (body, confirm) in pending {
-        if let Ok(c) = confirm.await
-            && c.is_ack()
-        {
+        if confirm.await.is_ok_and(|c| c.is_ack()) {
             acked.insert(body);
         }
     }
-    let _ = conn.close(200, "bye".into()).await;
     acked
 }
 
@@ -1879,29 +1891,9 @@ fn many_mirrored_queues_fail_over_together_when_their_masters_node_dies() {
                 .await
                 .unwrap();
         }
-        let mut pending = Vec::new();
-        for i in 0..QUEUES {
-            for k in 0..EACH {
-                let body = format!("{i}/{k}");
-                let confirm = ch
-                    .basic_publish(
-                        "".into(),
-                        name(i).as_str().into(),
-                        BasicPublishOptions::default(),
-                        body.as_bytes(),
-                        BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await
-                    .unwrap();
-                pending.push((body, confirm));
-            }
-        }
-        let mut acked = BTreeSet::new();
-        for (body, confirm) in pending {
-            if confirm.await.is_ok_and(|c| c.is_ack()) {
-                acked.insert(body);
-            }
-        }
+        let messages =
+            (0..QUEUES).flat_map(|i| (0..EACH).map(move |k| (name(i), format!("{i}/{k}"))));
+        let acked = publish_each(&ch, messages).await;
         let _ = conn.close(200, "bye".into()).await;
         acked
     });
