@@ -518,7 +518,7 @@ fn check(
     let mut out_of_order = Vec::new();
     // Per consumer and publisher: what one consumer gets of one publisher's
     // messages comes in publish order.
-    let mut highest: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut highest: BTreeMap<(&str, &str), (u64, Instant)> = BTreeMap::new();
     for (body, redelivered, by, when) in &h.delivered {
         let c = count.entry(body.as_str()).or_default();
         *c += 1;
@@ -536,11 +536,19 @@ fn check(
             && !redelivered
             && let Some((publisher, n)) = parsed
         {
-            let high = highest.entry((by.as_str(), publisher)).or_default();
-            if n < *high {
-                out_of_order.push(body.clone());
+            let high = highest
+                .entry((by.as_str(), publisher))
+                .or_insert((0, *when));
+            if n < high.0 {
+                out_of_order.push(format!(
+                    "{body} ({by} at {:.3}s, after m{} at {:.3}s)",
+                    at(*when),
+                    high.0,
+                    at(high.1)
+                ));
+            } else {
+                *high = (n, *when);
             }
-            *high = (*high).max(n);
         }
     }
     let unflagged = unflagged_by
@@ -1450,7 +1458,13 @@ mod tests {
             )]
         );
         assert_eq!(r.duplicates, 3);
-        assert_eq!(r.out_of_order, [body(2)]);
+        assert_eq!(
+            r.out_of_order,
+            [format!(
+                "{} (consumer A at 0.000s, after m3 at 0.000s)",
+                body(2)
+            )]
+        );
         assert_eq!(r.phantom, ["chaos-9-m99"]);
         assert!(!r.pass());
         assert!(r.to_string().contains("out of publish order"));
