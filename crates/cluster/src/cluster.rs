@@ -1510,15 +1510,7 @@ async fn detector(weak: Weak<Inner>) {
         } else if leader == Some(inner.id) {
             last_leader = None;
         }
-        stand_against_a_dead_leader(
-            &inner,
-            &weak,
-            &members,
-            &up,
-            &voters,
-            last_leader,
-            &mut stood,
-        );
+        stand_against_a_dead_leader(&inner, &members, &up, &voters, last_leader, &mut stood);
         let before = inner.up.borrow().clone();
         if before != up {
             for n in up.difference(&before) {
@@ -1548,14 +1540,13 @@ async fn detector(weak: Weak<Inner>) {
 ///
 /// Every surviving voter calls an election: each one's own candidacy lifts
 /// its leader lease (a lone candidate would be refused by the others'
-/// leases until they expire), and openraft orders same-term candidates by
-/// node id, so the votes do not split. A voter still without a leader
-/// tries again after a short pause, different on each voter (from its
-/// random node id), rather than the election timeout. `stood` remembers
-/// the leader stood against, so that each death is answered once.
+/// leases until they expire). Same-term candidacies can split the votes,
+/// so a voter still without a leader tries again after a short pause,
+/// different on each voter (from its random node id), rather than after
+/// the election timeout. `stood` remembers the leader stood against, so
+/// that each death is answered once.
 fn stand_against_a_dead_leader(
     inner: &Arc<Inner>,
-    weak: &Weak<Inner>,
     members: &[(NodeId, NodeName, PeerAddr)],
     up: &BTreeSet<NodeName>,
     voters: &BTreeSet<NodeId>,
@@ -1595,7 +1586,7 @@ fn stand_against_a_dead_leader(
         .map(|(_, name, _)| name.clone())
         .collect();
     let voters = voters.len();
-    let weak = weak.clone();
+    let weak = Arc::downgrade(inner);
     // Each round asks the others to answer at once (so that a live
     // majority answers within a round trip, not the heartbeat pace), waits
     // a pause, and stands only if a majority of the voters, this node

@@ -249,7 +249,8 @@ impl Peers {
     }
 
     /// A new ask for [`heartbeat`](Self::heartbeat): a peer's answer to it
-    /// ([`answered`](Self::answered)) was sent after this call.
+    /// ([`would_vote_since`](Self::would_vote_since)) was sent after this
+    /// call.
     pub(crate) fn new_ask(&self) -> u64 {
         self.inner.asks.fetch_add(1, Ordering::Relaxed) + 1
     }
