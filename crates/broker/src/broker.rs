@@ -58,7 +58,7 @@ mod topology;
 
 pub use args::QUEUE_RESIDENT_MAX;
 pub use commits::{CommitDone, MetaCommit};
-pub use persistence::SyncBatch;
+pub use persistence::{Reopen, SyncBatch};
 pub use state::Departed;
 
 // The items the child modules share, by the names they use (`super::…`).
@@ -220,6 +220,10 @@ pub struct Broker {
     /// Mirrored queues whose ring backlog is over the high-water mark:
     /// publishers wait (credit-based flow control, as RabbitMQ's).
     backlogged: HashSet<(String, Arc<str>)>,
+    /// Durable queues served here whose log failed (a full or failing
+    /// disk): not served until the shell opens their logs again
+    /// ([`Broker::failed_logs`]).
+    failed_logs: HashSet<(String, Arc<str>)>,
     /// Resource alarms: publishers are blocked while one is in force.
     alarms: alarm::Alarms,
     /// The traffic counts of closed client connections.
@@ -309,6 +313,7 @@ impl Broker {
             deferred_nacks: Vec::new(),
             links: link::Links::default(),
             backlogged: HashSet::new(),
+            failed_logs: HashSet::new(),
             alarms: alarm::Alarms::default(),
             retired_counters: stats::MessageCounters::default(),
             retired_latency: stats::LatencyHistogram::default(),

@@ -41,7 +41,7 @@ pub use broker::stats::{
 };
 pub use broker::{
     Broker, BrokerConfig, CommitDone, ConnId, Departed, FLOW_READY_MAX, MetaCommit, Overview,
-    QUEUE_RESIDENT_MAX, SyncBatch, Waker,
+    QUEUE_RESIDENT_MAX, Reopen, SyncBatch, Waker,
 };
 
 /// An error opening or configuring a broker.

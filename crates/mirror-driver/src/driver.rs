@@ -894,21 +894,11 @@ impl<S: MetadataSource> MirrorDriver<S> {
     /// Opens the log of queue `name` again after its disk failed (off the
     /// broker's lock) and hands the broker what it holds.
     fn reopen(&self, vhost: &str, name: &str) -> Result<(), String> {
-        let (dir, storage, store, cfg) = {
-            let b = lock(&self.broker);
-            (
-                b.queue_dir(vhost, name),
-                b.storage(),
-                b.store_config(vhost, name),
-                b.queue_config(vhost, name),
-            )
-        };
         // A queue deleted meanwhile, or one with nothing on disk: nothing to open.
-        let (Some(dir), Some(cfg)) = (dir, cfg) else {
+        let Some(plan) = lock(&self.broker).reopen_plan(vhost, name) else {
             return Ok(());
         };
-        let (bq, report) =
-            BackingQueue::reopen_in(storage, &dir, cfg, store).map_err(|e| e.to_string())?;
+        let (bq, report) = plan.open().map_err(|e| e.to_string())?;
         let meta = self.source.local();
         let serve = policy_set(&meta)
             .effective_for_queue(vhost, name, false)

@@ -3,7 +3,8 @@
 //! A tokio shell around [`warren_broker::Broker`]: one task per client
 //! connection (read, feed the broker under its lock, write everything the
 //! turn produced in one write), a thread running the group commits of
-//! durable queues, a ticker for message and queue expiry, and a management
+//! durable queues, a ticker for message and queue expiry, a task opening
+//! failed queue logs again (`failed_logs`), and a management
 //! HTTP API (`warren-management`) on `--http-addr`. Settings come from the
 //! command line, `WARREN_*` variables and `warren.conf` (`config`).
 
@@ -14,6 +15,7 @@ mod app;
 mod client;
 mod cluster;
 mod config;
+mod failed_logs;
 mod links;
 mod mirroring;
 mod resources;
@@ -381,6 +383,8 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         })
     };
 
+    let reopener = tokio::spawn(failed_logs::reopen(broker.clone()));
+
     let listener = TcpListener::bind(&args.amqp_addr)
         .await
         .with_context(|| format!("listening for AMQP on {}", args.amqp_addr))?;
@@ -504,6 +508,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     // Give connection tasks a moment to write their connection.close.
     tokio::time::sleep(Duration::from_millis(100)).await;
     ticker.abort();
+    reopener.abort();
     signal.stop();
     let _ = tokio::task::spawn_blocking(move || syncer.join()).await;
     lock(&broker).sync_all();

@@ -14,9 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use warren_amqp::{ChannelId, ContentMethod};
-use warren_backing_queue::{
-    BackingQueue, Delivery, DeliveryTag, Dropped, QueueConfig, Stats, SyncJob,
-};
+use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob};
 use warren_gm::{MemberId, RingEvent, View};
 use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
 
@@ -592,13 +590,6 @@ impl Broker {
         }
     }
 
-    /// The settings a store of queue `name` is opened with, if there is
-    /// such a queue.
-    #[must_use]
-    pub fn queue_config(&self, vhost: &str, name: &str) -> Option<QueueConfig> {
-        Some(self.vhosts.get(vhost)?.queues.get(name)?.queue_config())
-    }
-
     /// Gives queue `name`, whose master's disk failed
     /// ([`ReplicaEnd::Failed`]), the messages `bq` opened again from its
     /// log. It serves them once its replica starts again as master; with
@@ -712,7 +703,7 @@ impl Broker {
     /// mirror, a log opened again after a disk failure), so a client's later
     /// ack, reject or channel close must not settle another message under
     /// the same tag. Its consumers' unacked counts start again.
-    fn void_deliveries(&mut self, vhost: &str, name: &str) {
+    pub(super) fn void_deliveries(&mut self, vhost: &str, name: &str) {
         for c in self.conns.values_mut().filter(|c| c.vhost == vhost) {
             for ch in c.channels.values_mut() {
                 for u in ch.unacked.values_mut() {

@@ -1,15 +1,19 @@
-//! Persistence: where a durable queue's log lives and the group commits
+//! Persistence: where a durable queue's log lives, the group commits
 //! that make persistent messages durable before they are confirmed
-//! (prepared under the broker's lock, run off it, completed under it).
+//! (prepared under the broker's lock, run off it, completed under it), and
+//! a queue whose log failed (a full or failing disk): its unconfirmed
+//! publishes nacked, the queue held until its log opens again.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
-use warren_backing_queue::{Journal, StoreError, SyncJob};
+use warren_backing_queue::{
+    BackingQueue, Journal, QueueConfig, RecoveryReport, Storage, StoreConfig, StoreError, SyncJob,
+};
 
 use super::publish::confirm_one;
-use super::{Broker, Store};
+use super::{Broker, Elsewhere, Store, nack_one};
 
 /// Where durable queue `name` of `vhost` keeps its log: a hash of the vhost,
 /// a NUL, and the name. No vhost holds a NUL (see [`valid_name`](super::valid_name)), so the
@@ -96,7 +100,123 @@ impl SyncBatch {
     }
 }
 
+/// A durable queue's log to open again after this process's copy of the
+/// queue failed: gathered under the broker's lock
+/// ([`Broker::reopen_plan`], [`Broker::failed_logs`]), opened off it
+/// ([`Reopen::open`]: it reads the whole log), and handed back
+/// ([`Broker::reopened`], or `restore_queue` for a mirrored queue's master).
+pub struct Reopen {
+    /// The queue's vhost.
+    pub vhost: String,
+    /// The queue's name.
+    pub name: String,
+    /// Which declaration of the queue failed (a queue deleted and declared
+    /// again meanwhile is not this one).
+    uid: u64,
+    dir: PathBuf,
+    storage: Arc<dyn Storage>,
+    store: StoreConfig,
+    cfg: QueueConfig,
+}
+
+impl std::fmt::Debug for Reopen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reopen")
+            .field("vhost", &self.vhost)
+            .field("name", &self.name)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reopen {
+    /// Opens the queue's log again (blocking). Every message it recovers
+    /// comes back marked delivered: the marks in memory went with the
+    /// failed copy (`BackingQueue::reopen_in`).
+    pub fn open(&self) -> Result<(BackingQueue, RecoveryReport), StoreError> {
+        BackingQueue::reopen_in(self.storage.clone(), &self.dir, self.cfg, self.store)
+    }
+}
+
 impl Broker {
+    /// What opening durable queue `name`'s log again takes; `None` for a
+    /// queue this node does not have or one with no log.
+    #[must_use]
+    pub fn reopen_plan(&self, vhost: &str, name: &str) -> Option<Reopen> {
+        let q = self.vhosts.get(vhost)?.queues.get(name)?;
+        Some(Reopen {
+            vhost: vhost.to_owned(),
+            name: name.to_owned(),
+            uid: q.uid,
+            dir: q.dir.clone()?,
+            storage: self.cfg.storage.clone(),
+            store: super::args::store_config(q.lazy),
+            cfg: q.queue_config(),
+        })
+    }
+
+    /// The durable queues served here whose log failed, to open again
+    /// ([`Reopen::open`], then [`Self::reopened`]). The node's shell asks
+    /// every second; until a log opens, its queue nacks publishes, gets
+    /// come back empty and consumers wait.
+    pub fn failed_logs(&mut self) -> Vec<Reopen> {
+        let failed = std::mem::take(&mut self.failed_logs);
+        let mut plans = Vec::new();
+        for (vhost, name) in failed {
+            // A queue deleted meanwhile has nothing to open.
+            if let Some(plan) = self.reopen_plan(&vhost, &name) {
+                plans.push(plan);
+                self.failed_logs.insert((vhost, name));
+            }
+        }
+        plans
+    }
+
+    /// Serves the queue of `plan` again from `bq`, its log opened again
+    /// after the failure. Returns false (and drops `bq`) if the queue was
+    /// deleted or declared anew meanwhile.
+    pub fn reopened(&mut self, plan: &Reopen, bq: BackingQueue) -> bool {
+        let key = (plan.vhost.clone(), Arc::from(plan.name.as_str()));
+        if !self.failed_logs.remove(&key) {
+            return false;
+        }
+        if self
+            .queue_mut(&plan.vhost, &plan.name)
+            .is_none_or(|q| q.uid != plan.uid)
+        {
+            return false;
+        }
+        self.restore_queue(&plan.vhost, &plan.name, bq, true)
+    }
+
+    /// Durable queue `name`'s log failed (a write, a sync or a commit:
+    /// ENOSPC, EIO). Nothing more can be promised from this copy of it:
+    /// the publishes waiting for their confirm are nacked (the publisher
+    /// resends, as after RabbitMQ's queue crashed), deliveries made from it
+    /// are void, and the queue is held, as while it has no master, until
+    /// [`Self::failed_logs`] opens its log again. Without this the queue
+    /// took publishes it could never confirm, for good.
+    pub(super) fn fail_log(&mut self, vhost: &str, name: &str) {
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
+        if q.dir.is_none() || q.remote.is_some() || !matches!(q.store, Store::Local(_)) {
+            return;
+        }
+        tracing::error!(%vhost, queue = %name, "the queue's log failed: its unconfirmed publishes are nacked, and it is held until its log opens again");
+        q.store = Store::Local(BackingQueue::in_memory(q.queue_config()));
+        q.handed_over = true;
+        q.remote = Some(Elsewhere::Nowhere);
+        let pending: Vec<_> = q.confirms.drain(..).collect();
+        let key = (vhost.to_owned(), q.name.clone());
+        self.failed_logs.insert(key);
+        self.void_deliveries(vhost, name);
+        for (_, conn, ch, cseq) in pending {
+            nack_one(&mut self.conns, conn, ch, cseq);
+        }
+        self.wake_clients();
+    }
+
     /// Writes and fsyncs every durable queue's log inline (at shutdown, after
     /// the sync task stopped).
     pub fn sync_all(&mut self) {
@@ -148,6 +268,7 @@ impl Broker {
             journal: self.journal.clone(),
             ..SyncBatch::default()
         };
+        let mut failed = Vec::new();
         for (vname, v) in &mut self.vhosts {
             for q in v.queues.values_mut() {
                 if !q.store.needs_sync() {
@@ -164,9 +285,13 @@ impl Broker {
                     Ok(None) => {}
                     Err(e) => {
                         tracing::error!(vhost = %vname, queue = %q.name, error = %e, "preparing a group commit failed");
+                        failed.push((vname.clone(), q.name.clone()));
                     }
                 }
             }
+        }
+        for (vhost, name) in failed {
+            self.fail_log(&vhost, &name);
         }
         batch
     }
@@ -181,6 +306,7 @@ impl Broker {
         self.io.logs_synced += batch.jobs.len() as u64;
         let mut seqs = Vec::new();
         let mut replicas = Vec::new();
+        let mut failed = Vec::new();
         for entry in batch.jobs {
             let SyncEntry {
                 vhost: vname,
@@ -210,7 +336,14 @@ impl Broker {
                 None => false,
             };
             let bq = match &mut q.store {
-                Store::Local(_) if !ok => continue,
+                Store::Local(bq) if !ok => {
+                    // The queue's log failed, unless the job was of a log
+                    // the queue no longer has (completing it says which).
+                    if bq.complete_sync(&job).is_err() {
+                        failed.push((vname, qname));
+                    }
+                    continue;
+                }
                 Store::Local(bq) => bq,
                 Store::Replica(m) => {
                     // A failed job too: a mirror whose disk failed drops
@@ -236,6 +369,7 @@ impl Broker {
             };
             if let Err(e) = bq.complete_sync(&job) {
                 tracing::error!(vhost = %vname, queue = %qname, error = %e, "completing a group commit failed");
+                failed.push((vname, qname));
                 continue;
             }
             seqs.clear();
@@ -253,6 +387,9 @@ impl Broker {
         }
         for (vname, qname) in replicas {
             self.mirror_turn(&vname, &qname);
+        }
+        for (vname, qname) in failed {
+            self.fail_log(&vname, &qname);
         }
         for (id, c) in &mut self.conns {
             if !c.confirm_dirty.is_empty() {

@@ -195,6 +195,18 @@ impl Broker {
                         }
                     }
                 }
+                Err(e) if q.dir.is_some() => {
+                    // The durable queue's log failed: this publish and those
+                    // waiting for their commit are nacked, the queue held
+                    // until its log opens again.
+                    tracing::error!(queue = %qname, error = %e, "publish failed");
+                    if let Some((conn, ch, cseq)) = confirm {
+                        pending += 1;
+                        nacks.push((conn, ch, cseq));
+                    }
+                    self.fail_log(vhost, qname);
+                    continue;
+                }
                 Err(e) => {
                     tracing::error!(queue = %qname, error = %e, "publish failed");
                     return Err(err(

@@ -17,12 +17,12 @@ fn confirm(i: &Incoming) -> Option<(&'static str, u64, bool)> {
 }
 
 /// The confirms received so far.
-fn confirms(c: &mut Client) -> Vec<(&'static str, u64, bool)> {
+pub(crate) fn confirms(c: &mut Client) -> Vec<(&'static str, u64, bool)> {
     c.drain().iter().filter_map(confirm).collect()
 }
 
 /// A client whose channel 1 is in confirm mode.
-fn confirming(node: &Node) -> Client {
+pub(crate) fn confirming(node: &Node) -> Client {
     let mut c = node.connect();
     c.open_channel(1);
     c.confirm_select(1);

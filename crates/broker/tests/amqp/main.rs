@@ -7,6 +7,7 @@
 mod commits;
 mod confirms;
 mod dead_letter;
+mod disk;
 mod dispatch;
 mod flow;
 mod reply_to;

@@ -18,6 +18,7 @@ use warren_amqp::amq_protocol::protocol::{
     AMQPClass, BasicProperties, basic, channel, confirm, connection, exchange, queue, tx,
 };
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
+use warren_backing_queue::Storage;
 use warren_broker::meta::{FileStore, MemoryStore, MetadataStore};
 use warren_broker::{Broker, BrokerConfig, ConnId};
 
@@ -46,8 +47,22 @@ impl Node {
         Self::open_in(tempfile::tempdir().expect("tempdir"), store)
     }
 
+    /// A fresh broker at [`START_MS`] whose queue logs (and journal) are on
+    /// `storage`, such as a `MemStorage` whose faults the test turns on.
+    pub fn on_storage(storage: Arc<dyn Storage>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = BrokerConfig::new(dir.path());
+        cfg.storage = storage;
+        Self::open_with(dir, Box::new(MemoryStore::default()), cfg)
+    }
+
     fn open_in(dir: tempfile::TempDir, store: Box<dyn MetadataStore>) -> Self {
-        let mut broker = Broker::open(BrokerConfig::new(dir.path()), store).expect("open broker");
+        let cfg = BrokerConfig::new(dir.path());
+        Self::open_with(dir, store, cfg)
+    }
+
+    fn open_with(dir: tempfile::TempDir, store: Box<dyn MetadataStore>, cfg: BrokerConfig) -> Self {
+        let mut broker = Broker::open(cfg, store).expect("open broker");
         broker.add_vhost("/").expect("vhost");
         broker.tick(START_MS);
         Self(Rc::new(RefCell::new(Inner {
