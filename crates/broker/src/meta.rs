@@ -411,8 +411,12 @@ impl MetadataStore for FileStore {
     }
 
     fn apply(&mut self, change: Change) -> Result<(), MetaError> {
+        // A change the file did not take (a full disk) is not kept either:
+        // the client was told it failed, and the next write must not carry
+        // it to the file after all.
+        let before = self.defs.clone();
         self.defs.apply(&change);
-        self.write()
+        self.write().inspect_err(|_| self.defs = before)
     }
 }
 
@@ -455,5 +459,39 @@ mod tests {
         let d = FileStore::open(&path).unwrap().load();
         assert!(d.queues.is_empty() && d.bindings.is_empty());
         assert_eq!(d.vhosts, vec!["/".to_string()]);
+    }
+
+    #[test]
+    fn a_change_the_file_did_not_take_is_not_written_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.json");
+        let mut s = FileStore::open(&path).unwrap();
+        s.apply(Change::PutVhost("/".into())).unwrap();
+        let queue = |name: &str| {
+            Change::PutQueue(QueueDef {
+                vhost: "/".into(),
+                name: name.into(),
+                durable: true,
+                master: None,
+                auto_delete: false,
+                arguments: FieldTable::default(),
+            })
+        };
+        // The file cannot be written: its temporary's name is a directory.
+        let tmp = path.with_extension("json.tmp");
+        fs::create_dir(&tmp).unwrap();
+        assert!(s.apply(queue("refused")).is_err());
+        let before = s.load();
+        assert!(!before.queues.iter().any(|q| q.name == "refused"));
+        fs::remove_dir(&tmp).unwrap();
+        s.apply(queue("taken")).unwrap();
+        let names: Vec<String> = FileStore::open(&path)
+            .unwrap()
+            .load()
+            .queues
+            .into_iter()
+            .map(|q| q.name)
+            .collect();
+        assert_eq!(names, ["taken"]);
     }
 }
