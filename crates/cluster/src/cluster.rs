@@ -608,6 +608,24 @@ impl Cluster {
         Ok(())
     }
 
+    /// Resolves, with the error, once this node's Raft has stopped on a
+    /// fault: openraft stops its core on any storage error (a full or
+    /// failing disk), after which the node can neither commit metadata nor
+    /// learn the cluster's. Never resolves otherwise, [`shutdown`](Self::shutdown) included.
+    pub async fn failed(&self) -> String {
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            if let Err(e) = &metrics.borrow_and_update().running_state
+                && !matches!(e, openraft::error::Fatal::Stopped)
+            {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Stops the node at once (no hand-off): Raft, connections, the failure
     /// detector. Safe to call more than once.
     pub async fn shutdown(&self) {

@@ -34,6 +34,9 @@ pub(crate) enum Exit {
     Stop,
     /// Restart the process, reset, to join the cluster of this member.
     Rejoin(String),
+    /// Stop the process with this error: the node cannot go on (its Raft
+    /// stopped on a storage fault).
+    Failed(String),
 }
 
 type Reply = oneshot::Sender<Result<(), String>>;

@@ -1356,6 +1356,12 @@ impl Clustered {
         }))
     }
 
+    /// Resolves, with the error, once the node's Raft stopped on a storage
+    /// fault ([`Cluster::failed`]).
+    pub(crate) async fn failed(&self) -> String {
+        self.cluster.failed().await
+    }
+
     /// The address peers dial to reach this node.
     pub(crate) fn peer_addr(&self) -> String {
         self.cluster.peer_addr().to_string()

@@ -163,6 +163,9 @@ fn main() -> anyhow::Result<()> {
         app::Exit::Stop => Ok(()),
         // `join_cluster`: start again, reset, joining the seed's cluster.
         app::Exit::Rejoin(_) => Err(cluster::restart()),
+        app::Exit::Failed(e) => Err(anyhow::anyhow!(
+            "the node's cluster metadata store failed: {e}; start the node again once its disk works"
+        )),
     }
 }
 
@@ -497,6 +500,19 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
             }
             _ = term.recv() => break app::Exit::Stop,
             _ = int.recv() => break app::Exit::Stop,
+            // Fail-stop: a node whose Raft stopped can neither commit nor
+            // learn metadata, so it stops for its clients to go elsewhere
+            // and its queues' mirrors to take over (as etcd exits when its
+            // log cannot be written).
+            fault = async {
+                match &clustered {
+                    Some(c) => c.failed().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::error!(error = %fault, "the cluster metadata store failed: stopping the node");
+                break app::Exit::Failed(fault);
+            }
         }
     };
 
@@ -515,6 +531,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     if let Some(c) = &clustered {
         match &exit {
             app::Exit::Stop => c.leave().await,
+            app::Exit::Failed(_) => c.shutdown().await,
             app::Exit::Rejoin(seed) => {
                 c.shutdown().await;
                 let rejoin = cluster::Rejoin {

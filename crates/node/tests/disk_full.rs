@@ -1,13 +1,20 @@
-//! A node whose disk fills up: a real tmpfs of 16 MiB mounted for the test
-//! (root only; skipped with a message elsewhere, unless
-//! `WARREN_REQUIRE_MOUNT=1`), a real `warren` process and lapin. The disk
-//! free alarm is off (`disk_free_limit.absolute = 0`), as when the disk
-//! fills faster than the alarm looks. Publishes the node cannot store are
-//! nacked, never left unanswered; once space is freed the queue opens its
-//! log again and confirms again; every message confirmed at any point is
-//! delivered, after a SIGKILL and restart too.
+//! A node whose disk fills up: a real tmpfs mounted for the test (root
+//! only; skipped with a message elsewhere, unless `WARREN_REQUIRE_MOUNT=1`),
+//! real `warren` processes and lapin. The disk free alarm is off
+//! (`disk_free_limit.absolute = 0`), as when the disk fills faster than the
+//! alarm looks.
+//!
+//! - Alone: publishes the node cannot store are nacked, never left
+//!   unanswered; once space is freed the queue opens its log again and
+//!   confirms again; every message confirmed at any point is delivered,
+//!   after a SIGKILL and restart too.
+//! - A cluster member: its Raft log cannot be written either, so the node
+//!   stops with a clear error (fail-stop), its mirrored queue's mirrors take
+//!   over with every confirmed message, and once space is freed it starts
+//!   again with its unmirrored queue's messages.
 
 mod common;
+mod peers;
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -20,7 +27,8 @@ use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use peers::{declare_durable, eventually, set_ha_all, three_with};
 
 const QUEUE: &str = "disk.q";
 
@@ -59,13 +67,21 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A confirming channel on a new connection to `node`, the durable queue declared.
-async fn channel(node: &Node) -> (lapin::Connection, Channel) {
-    let conn = node.connect().await;
+/// A confirming channel on a new connection to `url`.
+async fn channel(url: &str) -> (Connection, Channel) {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("connect");
     let ch = conn.create_channel().await.expect("channel");
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
+    (conn, ch)
+}
+
+/// [`channel`] to `node`, the durable queue [`QUEUE`] declared.
+async fn queue_channel(node: &Node) -> (Connection, Channel) {
+    let (conn, ch) = channel(&node.url()).await;
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
@@ -76,16 +92,17 @@ async fn channel(node: &Node) -> (lapin::Connection, Channel) {
     (conn, ch)
 }
 
-/// Publishes `body` (persistent, padded to 8 KiB) and returns whether it
-/// was acked (false: nacked). Within 60 s: never left unanswered.
-async fn publish(ch: &Channel, body: &str) -> bool {
+/// Publishes `body` (persistent, padded to 8 KiB) to `queue` and returns
+/// whether it was acked (false: nacked). Within 60 s: never left
+/// unanswered.
+async fn publish_to(ch: &Channel, queue: &str, body: &str) -> bool {
     let mut payload = body.as_bytes().to_vec();
     payload.push(b' ');
     payload.resize(8 << 10, b'.');
     let confirm = ch
         .basic_publish(
             "".into(),
-            QUEUE.into(),
+            queue.into(),
             BasicPublishOptions::default(),
             &payload,
             BasicProperties::default().with_delivery_mode(2),
@@ -95,12 +112,17 @@ async fn publish(ch: &Channel, body: &str) -> bool {
     within(confirm).await.expect("confirm").is_ack()
 }
 
-/// Every message of the queue (basic.get with acks), by the name at the
+/// [`publish_to`] the queue [`QUEUE`].
+async fn publish(ch: &Channel, body: &str) -> bool {
+    publish_to(ch, QUEUE, body).await
+}
+
+/// Every message of `queue` (basic.get with acks), by the name at the
 /// start of its body.
-async fn take_all(ch: &Channel) -> BTreeSet<String> {
+async fn take_all_of(ch: &Channel, queue: &str) -> BTreeSet<String> {
     let mut got = BTreeSet::new();
     while let Some(m) = ch
-        .basic_get(QUEUE.into(), BasicGetOptions { no_ack: true })
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
         .await
         .expect("basic.get")
     {
@@ -108,6 +130,18 @@ async fn take_all(ch: &Channel) -> BTreeSet<String> {
         got.insert(body.split(' ').next().unwrap_or_default().to_owned());
     }
     got
+}
+
+/// [`take_all_of`] the queue [`QUEUE`].
+async fn take_all(ch: &Channel) -> BTreeSet<String> {
+    take_all_of(ch, QUEUE).await
+}
+
+/// Writes a `warren.conf` with the disk free alarm off into `dir`; its path.
+fn no_disk_alarm(dir: &Path) -> String {
+    let conf = dir.join("warren.conf");
+    std::fs::write(&conf, "disk_free_limit.absolute = 0\n").expect("config");
+    conf.to_str().expect("utf-8 path").to_owned()
 }
 
 /// Fills the file system of `dir` with one file until it refuses more.
@@ -125,12 +159,10 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     let Some(_tmpfs) = Tmpfs::mount(&disk, "16m") else {
         return;
     };
-    let conf = root.path().join("warren.conf");
-    std::fs::write(&conf, "disk_free_limit.absolute = 0\n").expect("config");
-    let conf = conf.to_str().expect("utf-8 path");
+    let conf = no_disk_alarm(root.path());
     let data = disk.join("data");
-    let mut node = Node::start(&data, &["--config", conf]);
-    let (conn, ch) = channel(&node).await;
+    let mut node = Node::start(&data, &["--config", &conf]);
+    let (conn, ch) = queue_channel(&node).await;
 
     let mut confirmed = BTreeSet::new();
     for i in 0..50 {
@@ -193,7 +225,7 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     // What the node confirmed is on its disk: after a SIGKILL, the
     // restarted node has every message confirmed and not yet taken, here
     // the ones published now.
-    let (conn, ch) = channel(&node).await;
+    let (conn, ch) = queue_channel(&node).await;
     let mut kept = BTreeSet::new();
     for k in 0..20 {
         let name = format!("kept-{k}");
@@ -202,7 +234,96 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     }
     drop(conn);
     node.kill();
-    let node = Node::start(&data, &["--config", conf]);
-    let (_conn, ch) = channel(&node).await;
+    let node = Node::start(&data, &["--config", &conf]);
+    let (_conn, ch) = queue_channel(&node).await;
     assert_eq!(take_all(&ch).await, kept);
+}
+
+#[test]
+fn a_member_whose_disk_fills_stops_its_mirrors_take_over_and_it_starts_again_once_space_is_freed() {
+    let root = peers::test_root();
+    let disk = root.path().join("c");
+    std::fs::create_dir(&disk).expect("mount point");
+    let Some(_tmpfs) = Tmpfs::mount(&disk, "48m") else {
+        return;
+    };
+    let conf = no_disk_alarm(root.path());
+    let extra = ["--config", conf.as_str()];
+    let (secret, mut nodes) = three_with(root.path(), &extra);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    set_ha_all(&nodes[0]);
+    // Both served by c, the node whose disk will fill: one mirrored to a
+    // and b, one not.
+    let (mirrored, plain) = ("ha.disk", "plain.disk");
+    declare_durable(&rt, &nodes[2], mirrored);
+    declare_durable(&rt, &nodes[2], plain);
+    eventually("ha.disk's two mirrors synchronised", || {
+        let q = nodes[0].get("/api/queues/%2F/ha.disk");
+        q["synchronised_slave_nodes"].as_array().map(Vec::len) == Some(2)
+    });
+    let url_a = nodes[0].amqp_url();
+    let (mut confirmed, kept) = rt.block_on(async {
+        let (_conn, ch) = channel(&url_a).await;
+        let (mut confirmed, mut kept) = (BTreeSet::new(), BTreeSet::new());
+        for i in 0..30 {
+            let name = format!("before-{i}");
+            assert!(publish_to(&ch, mirrored, &name).await, "{name} nacked");
+            confirmed.insert(name.clone());
+            assert!(publish_to(&ch, plain, &name).await, "{name} nacked");
+            kept.insert(name);
+        }
+        (confirmed, kept)
+    });
+
+    fill(&disk);
+    // Publishes through a go on being answered while c fails: c's queue
+    // logs and then its Raft log refuse the writes, c stops, and a mirror
+    // on a or b takes the queue over with what was confirmed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stopped = None;
+    let mut acked_since = 0;
+    rt.block_on(async {
+        let (_conn, ch) = channel(&url_a).await;
+        for i in 0.. {
+            let name = format!("full-{i}");
+            if publish_to(&ch, mirrored, &name).await {
+                confirmed.insert(name);
+                if stopped.is_some() {
+                    acked_since += 1;
+                }
+            }
+            if stopped.is_none() {
+                stopped = nodes[2].exited();
+            }
+            if acked_since == 10 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "60 s after c's disk filled: c stopped: {stopped:?}, publishes acked since: {acked_since}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let status = stopped.expect("c stopped");
+    assert!(!status.success(), "c stopped with {status}");
+    let log = std::fs::read_to_string(root.path().join("c.log")).expect("c's log");
+    assert!(
+        log.contains("the cluster metadata store failed"),
+        "c's log does not say why it stopped"
+    );
+    let got = rt.block_on(async {
+        let (_conn, ch) = channel(&url_a).await;
+        take_all_of(&ch, mirrored).await
+    });
+    let lost: Vec<&String> = confirmed.difference(&got).collect();
+    assert!(lost.is_empty(), "confirmed but not delivered: {lost:?}");
+
+    std::fs::remove_file(disk.join("filler")).expect("free the disk");
+    let c = nodes[2].restart(&secret, &extra);
+    let got = rt.block_on(async {
+        let (_conn, ch) = channel(&c.amqp_url()).await;
+        take_all_of(&ch, plain).await
+    });
+    assert_eq!(got, kept, "the unmirrored queue after c's restart");
 }

@@ -229,6 +229,11 @@ impl Peer {
         let _ = self.child.wait();
     }
 
+    /// How the process ended, if it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Sends the process signal `sig` (`-STOP`, `-CONT`, …).
     pub fn signal(&self, sig: &str) {
         let status = Command::new("kill")
