@@ -2,7 +2,8 @@
 //! `/api/nodes` on a real three-node cluster with client connections open —
 //! the protocols a listener serves, every member's peer listener, the links
 //! a node has, its file descriptors, sockets and tasks; and nothing shown
-//! for what a node cannot know of another.
+//! for what a node cannot know of another (a queue on a stopped member is
+//! "down", its counts not shown).
 
 mod common;
 
@@ -170,7 +171,49 @@ fn cluster_status_and_nodes_show_true_values() {
         }
     }
 
-    // A member that is gone is no longer a link.
+    // A durable queue served by c, with a message in it.
+    rt.block_on(async {
+        let conn = Connection::connect(&c.amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("connect to c");
+        let ch = conn.create_channel().await.unwrap();
+        let durable = lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.queue_declare("on.c".into(), durable, Default::default())
+            .await
+            .unwrap();
+        ch.basic_publish(
+            "".into(),
+            "on.c".into(),
+            Default::default(),
+            b"m",
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap();
+        conn.close(200, "bye".into()).await.unwrap();
+    });
+    eventually("a shows on.c running with its message", || {
+        let (_, q) = a.http("GET", "/api/queues/%2F/on.c", None);
+        q["state"] == "running" && q["messages"] == 1
+    });
+
+    // A member that is gone is no longer a link, and its queue is down:
+    // what it holds is not known (RabbitMQ's `state` "down", no counts).
     c.terminate();
     eventually("a linked to b only", || links(&a) == ["warren@b"]);
+    eventually("a shows on.c down", || {
+        let (_, q) = a.http("GET", "/api/queues/%2F/on.c", None);
+        q["state"] == "down"
+    });
+    let (_, q) = a.http("GET", "/api/queues/%2F/on.c", None);
+    assert_eq!(q["node"], "warren@c", "{q}");
+    assert!(q.get("messages").is_none(), "{q}");
+    let rows = a.ctl(&["list_queues", "name", "state", "messages"]).rows();
+    assert!(
+        rows.contains(&vec!["on.c".to_owned(), "down".to_owned(), String::new()]),
+        "{rows:?}"
+    );
 }

@@ -1,6 +1,6 @@
 //! The `/api` handlers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -1009,13 +1009,27 @@ async fn op_policy_delete(
     delete_policy(&s, &vhost, &name, true).await
 }
 
+/// The cluster members that are not running (none on a node alone).
+fn down_nodes(s: &Management) -> BTreeSet<String> {
+    s.cluster.as_ref().map_or_else(BTreeSet::new, |c| {
+        c.status()
+            .members
+            .into_iter()
+            .filter(|m| !m.running)
+            .map(|m| m.name)
+            .collect()
+    })
+}
+
 /// A queue as `/api/queues` shows it. Its message stats and rates are
-/// shown by the node that serves it (elsewhere they are not known).
+/// shown by the node that serves it (elsewhere they are not known). A
+/// queue whose node is down (in `down`) is `"state": "down"` with no
+/// message counts, as RabbitMQ shows it: what it holds is not known.
 pub(crate) fn queue_json(
     node: &str,
     q: &QueueInfo,
     set: &PolicySet,
-    m: Option<QueueMirrors>,
+    (m, down): (Option<QueueMirrors>, &BTreeSet<String>),
     (r, ranges): (&Rates, &Ranges),
 ) -> Value {
     let eff = set.effective_for_queue(&q.vhost, &q.name, q.exclusive);
@@ -1023,7 +1037,10 @@ pub(crate) fn queue_json(
         node: node.to_owned(),
         ..QueueMirrors::default()
     });
-    let state = if m.syncing.is_some() {
+    let down = down.contains(&m.node);
+    let state = if down {
+        "down"
+    } else if m.syncing.is_some() {
         "syncing"
     } else {
         "running"
@@ -1056,6 +1073,12 @@ pub(crate) fn queue_json(
         "message_bytes_ready": q.message_bytes_ready,
         "message_bytes_unacknowledged": q.message_bytes_unacknowledged,
     });
+    if down {
+        if let Value::Object(o) = &mut v {
+            o.retain(|k, _| !k.starts_with("message") && !k.starts_with("consumer_"));
+        }
+        return v;
+    }
     if let Value::Object(o) = &mut v {
         if let Some(n) = m.syncing {
             o.insert("sync_messages".into(), json!(n));
@@ -1083,11 +1106,12 @@ fn all_queues_json(s: &Management, vhost: Option<&str>, ranges: &Ranges) -> ApiR
     };
     let set = warren_broker::policy_set(&defs);
     let r = s.rates();
+    let down = down_nodes(s);
     Ok(qs
         .iter()
         .map(|q| {
             let m = s.mirrors.mirrors(&q.vhost, &q.name);
-            queue_json(&s.node, q, &set, m, (&r, ranges))
+            queue_json(&s.node, q, &set, (m, &down), (&r, ranges))
         })
         .collect())
 }
@@ -1182,7 +1206,7 @@ fn one_queue(s: &Management, vhost: &str, name: &str, ranges: &Ranges) -> ApiRes
     };
     let set = warren_broker::policy_set(&defs);
     let m = s.mirrors.mirrors(vhost, name);
-    let mut v = queue_json(&s.node, &q, &set, m, (&s.rates(), ranges));
+    let mut v = queue_json(&s.node, &q, &set, (m, &down_nodes(s)), (&s.rates(), ranges));
     let consumers: Vec<Value> = {
         let b = s.broker();
         let conns = b.connections();
