@@ -482,14 +482,24 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         args.node_name
     );
 
+    // Accepts failed in a row (out of file descriptors: every 10 ms), so
+    // that the log says so once per run of them, not a hundred times a second.
+    let mut failed_accepts = 0u64;
     let exit = loop {
         tokio::select! {
             accepted = app.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    if failed_accepts > 0 {
+                        tracing::info!(failed = failed_accepts, "accepting clients again");
+                        failed_accepts = 0;
+                    }
                     tokio::spawn(client::serve(broker.clone(), stream, peer, app.running()));
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    if failed_accepts == 0 {
+                        tracing::warn!(error = %e, "accept failed; retrying every 10 ms");
+                    }
+                    failed_accepts += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
