@@ -1024,7 +1024,9 @@ fn down_nodes(s: &Management) -> BTreeSet<String> {
 /// A queue as `/api/queues` shows it. Its message stats and rates are
 /// shown by the node that serves it (elsewhere they are not known). A
 /// queue whose node is down (in `down`) is `"state": "down"` with no
-/// message counts, as RabbitMQ shows it: what it holds is not known.
+/// message counts, as RabbitMQ shows it: what it holds is not known; one
+/// whose log failed is `"stopped"` (RabbitMQ's state for a queue its vhost
+/// stopped when the message store failed), likewise without counts.
 pub(crate) fn queue_json(
     node: &str,
     q: &QueueInfo,
@@ -1040,6 +1042,8 @@ pub(crate) fn queue_json(
     let down = down.contains(&m.node);
     let state = if down {
         "down"
+    } else if q.log_failed {
+        "stopped"
     } else if m.syncing.is_some() {
         "syncing"
     } else {
@@ -1073,7 +1077,7 @@ pub(crate) fn queue_json(
         "message_bytes_ready": q.message_bytes_ready,
         "message_bytes_unacknowledged": q.message_bytes_unacknowledged,
     });
-    if down {
+    if down || q.log_failed {
         if let Value::Object(o) = &mut v {
             o.retain(|k, _| !k.starts_with("message") && !k.starts_with("consumer_"));
         }

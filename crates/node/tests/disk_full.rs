@@ -190,6 +190,19 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
         }
     }
     assert_eq!(nacked, 10, "2,000 publishes onto a full disk, none nacked");
+    // What the API shows while the queue is held (its log cannot open
+    // while the disk is full): RabbitMQ's "stopped", and no counts, which
+    // are not known.
+    let held = Instant::now() + Duration::from_secs(5);
+    let q = loop {
+        let q = node.api("/api/queues/%2F/disk.q");
+        if q["state"] == "stopped" || Instant::now() > held {
+            break q;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(q["state"], "stopped", "{q}");
+    assert!(q.get("messages").is_none(), "{q}");
 
     std::fs::remove_file(disk.join("filler")).expect("free the disk");
     // The queue opens its log again within a few seconds (it tries every

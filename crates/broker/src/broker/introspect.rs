@@ -57,6 +57,9 @@ pub struct QueueInfo {
     pub served_here: bool,
     /// Its ring, when mirrored.
     pub ring: Option<RingInfo>,
+    /// Its log failed (a full or failing disk): held, its messages not
+    /// known, until its log opens again ([`Broker::failed_logs`]).
+    pub log_failed: bool,
 }
 
 /// A mirrored queue's ring as this node's replica sees it.
@@ -357,6 +360,7 @@ impl Broker {
                     counters: q.counters,
                     served_here: q.remote.is_none(),
                     ring: q.store.ring(),
+                    log_failed: self.failed_logs.contains(&(vn.clone(), q.name.clone())),
                 });
             }
         }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use base64::Engine as _;
 use lapin::{Connection, ConnectionProperties};
 
 /// A running `warren` process.
@@ -16,6 +17,8 @@ pub struct Node {
     child: Child,
     /// The AMQP port it listens on.
     pub port: u16,
+    /// The management API's address (`127.0.0.1:PORT`).
+    pub http: String,
     /// Its data directory.
     pub data_dir: PathBuf,
 }
@@ -52,9 +55,17 @@ impl Node {
             .and_then(|a| a.rsplit(':').next())
             .and_then(|p| p.trim().parse().ok())
             .unwrap_or_else(|| panic!("no ready line from warren, got {line:?}"));
+        let http = line
+            .split("HTTP on ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
         Self {
             child,
             port,
+            http,
             data_dir: data_dir.to_owned(),
         }
     }
@@ -74,6 +85,21 @@ impl Node {
         Connection::connect(&self.url(), ConnectionProperties::default())
             .await
             .expect("connect")
+    }
+
+    /// `GET path` of the management API as guest: the JSON answer.
+    pub fn api(&self, path: &str) -> serde_json::Value {
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("guest:guest")
+        );
+        ureq::get(&format!("http://{}{path}", self.http))
+            .set("Authorization", &auth)
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .into_string()
+            .map(|t| serde_json::from_str(&t).expect("JSON"))
+            .expect("a body")
     }
 
     /// The process's resident memory (`VmRSS`), in bytes.
