@@ -20,6 +20,9 @@ use crate::state::{Command, Metadata, Outcome, QueueRecord, QueueView, RingRecor
 use crate::store::{LogStore, StateMachine, raft_dir};
 use crate::types::{NodeId, PeerNode, Raft, node_id};
 
+mod dead_leader;
+use dead_leader::stand_against_a_dead_leader;
+
 /// How a node runs its part of the cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -1295,19 +1298,6 @@ async fn handle_admin(inner: &Inner, req: AdminRequest, timeout: Duration) -> Ad
 /// behind a cut, which the failure detector will report).
 pub(crate) const APPLIED_WAIT: Duration = Duration::from_millis(500);
 
-/// How long at least a voter that sees the Raft leader's process gone keeps
-/// calling elections, a short pause apart, until a new leader follows (and
-/// for the election timeout's upper bound, the leader lease, if longer). It covers
-/// the other voters' detection (over QUIC, a probe every 50 ms after 50 ms
-/// of silence): with 5 calls in about 120 ms, the others, still refusing with
-/// their leases, once left the cluster leaderless until the election
-/// timeout (a 1.3 s publisher stall in `bench mirrored`).
-const ELECTION_RETRY_WINDOW: Duration = Duration::from_millis(600);
-
-/// How many rounds in a row (20–60 ms each) a voter that stood against a
-/// dead leader sees the same new leader before it stops watching.
-const LEADER_HELD_ROUNDS: u32 = 5;
-
 /// How long a dial to a peer whose link just ended may take.
 const LOST_LINK_DIAL: Duration = Duration::from_millis(200);
 
@@ -1547,117 +1537,4 @@ async fn detector(weak: Weak<Inner>) {
             inner.up.send_replace(up);
         }
     }
-}
-
-/// Calls elections at once, instead of after the election timeout, when the
-/// Raft leader (`leader`, as last known) is down and its address refuses:
-/// its process is gone. Checked on every pass of the failure detector, not
-/// only when the leader goes down: a voter that counted the leader down by
-/// its silence before its address refused (the others standing and this
-/// one's lease refusing their votes) stands too once it refuses.
-///
-/// Every surviving voter calls an election: each one's own candidacy lifts
-/// its leader lease (a lone candidate would be refused by the others'
-/// leases until they expire). Same-term candidacies can split the votes,
-/// so a voter still without a leader tries again after a short pause,
-/// different on each voter (from its random node id), rather than after
-/// the election timeout. `stood` remembers the leader stood against, so
-/// that each death is answered once.
-fn stand_against_a_dead_leader(
-    inner: &Arc<Inner>,
-    members: &[(NodeId, NodeName, PeerAddr)],
-    up: &BTreeSet<NodeName>,
-    voters: &BTreeSet<NodeId>,
-    leader: Option<NodeId>,
-    stood: &mut Option<NodeId>,
-) {
-    let gone = leader.and_then(|l| members.iter().find(|(id, _, _)| *id == l));
-    let Some((gone_id, gone_name, _)) = gone else {
-        *stood = None;
-        return;
-    };
-    if up.contains(gone_name) || !inner.peers.refused(gone_name) {
-        *stood = None;
-        return;
-    }
-    if *stood == Some(*gone_id) || !voters.contains(&inner.id) {
-        return;
-    }
-    *stood = Some(*gone_id);
-    tracing::info!(node = %inner.config.node, leader = %gone_name, "the Raft leader is gone: calling an election now");
-    let raft = inner.raft.clone();
-    let gone = Some(*gone_id);
-    let pause = Duration::from_millis(20 + inner.id % 40);
-    // At least until the other voters' leases have run out: a voter that
-    // has not seen the leader go refuses a vote until then.
-    let until = Instant::now() + ELECTION_RETRY_WINDOW.max(inner.config.election_timeout_max);
-    let others: Vec<(NodeName, PeerAddr)> = members
-        .iter()
-        .filter(|(_, name, _)| name != gone_name)
-        .map(|(_, name, addr)| (name.clone(), addr.clone()))
-        .collect();
-    // The voters whose answers count: every one but this node and the
-    // leader.
-    let counted: Vec<NodeName> = members
-        .iter()
-        .filter(|(id, name, _)| voters.contains(id) && name != gone_name)
-        .map(|(_, name, _)| name.clone())
-        .collect();
-    let voters = voters.len();
-    let weak = Arc::downgrade(inner);
-    // Each round asks the others to answer at once (so that a live
-    // majority answers within a round trip, not the heartbeat pace), waits
-    // a pause, and stands only if a majority of the voters, this node
-    // included and the leader left out, answered that round's ask and would
-    // grant a vote: a pre-vote per election, as the detector's gate asks
-    // (a triggered election passes the gate: this is the evidence).
-    // - Only answers to this node's ask count: frames merely received
-    //   since could have been sent before a cut. A node isolated by a
-    //   firewall's resets (refused by every other) took them for a
-    //   majority, stood, and deposed the leader on the heal (`cargo xtask
-    //   chaos --seed 67 --nodes 5`).
-    // - Asked again each round, and on until a leader held: a survivor
-    //   whose election crossed its rival's win deposed it, then stood again
-    //   and again with a log shorter than the deposed leader's, which had
-    //   stopped standing (`t27`, once in 30 runs beside busy loops).
-    tokio::spawn(async move {
-        // The leader seen in the last rounds, and for how many in a row.
-        let (mut last, mut held) = (None, 0);
-        while Instant::now() < until {
-            let Some(i) = weak.upgrade() else { break };
-            let ask = i.peers.new_ask();
-            for (name, addr) in &others {
-                let (peers, name, addr) = (i.peers.clone(), name.clone(), addr.clone());
-                let bound = i.config.failure_timeout;
-                tokio::spawn(async move {
-                    let _ = peers.heartbeat(&name, &addr, bound, ask).await;
-                });
-            }
-            drop(i);
-            tokio::time::sleep(pause).await;
-            // A new leader: calling now would only depose it. It may still
-            // be deposed by another survivor's election that crossed its
-            // win (its log then longer than that survivor's, which cannot
-            // win), so this watches on until one leader has held a while.
-            let now = raft.metrics().borrow().current_leader;
-            if now.is_some() && now != gone {
-                held = if now == last { held + 1 } else { 1 };
-                last = now;
-                if held >= LEADER_HELD_ROUNDS {
-                    break;
-                }
-                continue;
-            }
-            held = 0;
-            let Some(i) = weak.upgrade() else { break };
-            let willing = 1 + counted
-                .iter()
-                .filter(|n| i.peers.would_vote_since(n, ask))
-                .count();
-            drop(i);
-            if willing * 2 > voters {
-                let _ = raft.trigger().elect().await;
-            }
-        }
-    });
 }
