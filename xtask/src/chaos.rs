@@ -312,8 +312,12 @@ pub(crate) struct Report {
     /// Repeated deliveries in all (flagged or not).
     pub(crate) duplicates: usize,
     /// First deliveries (not flagged redelivered) that came after a message
-    /// published later had already come: reported, not a failure (a
-    /// failover may legitimately reorder only what it flags redelivered).
+    /// published later on the same channel (publisher session) had already
+    /// come: reported, not a failure (a failover may legitimately reorder
+    /// only what it flags redelivered). Across a publisher's sessions there
+    /// is no order to keep: a publish nacked when its session broke may
+    /// still reach the queue, after the next session's (RabbitMQ orders one
+    /// channel's publishes only).
     pub(crate) out_of_order: Vec<String>,
     /// Delivered messages that were never confirmed (allowed).
     pub(crate) unconfirmed_delivered: usize,
@@ -516,8 +520,8 @@ fn check(
     // Each message's deliveries without the flag: who got it and when.
     let mut unflagged_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     let mut out_of_order = Vec::new();
-    // Per consumer and publisher: what one consumer gets of one publisher's
-    // messages comes in publish order.
+    // Per consumer and publisher session: what one consumer gets of one
+    // channel's messages comes in publish order.
     let mut highest: BTreeMap<(&str, &str), (u64, Instant)> = BTreeMap::new();
     for (body, redelivered, by, when) in &h.delivered {
         let c = count.entry(body.as_str()).or_default();
@@ -528,9 +532,11 @@ fn check(
                 .or_default()
                 .push(format!("{by} at {:.3}s", at(*when)));
         }
-        // Bodies end in "-<publisher>-m<its publish number>".
-        let parsed = body.rsplit_once("-m").and_then(|(publisher, n)| {
-            Some((publisher.rsplit_once('-')?.1, n.parse::<u64>().ok()?))
+        // Bodies end in "-<publisher>-s<its session>-m<its publish number>".
+        let parsed = body.rsplit_once("-m").and_then(|(head, n)| {
+            let (rest, _) = head.rsplit_once("-s")?;
+            let publisher_session = &head[rest.rfind('-')? + 1..];
+            Some((publisher_session, n.parse::<u64>().ok()?))
         });
         if *c == 1
             && !redelivered
@@ -1212,13 +1218,16 @@ struct Client {
 }
 
 /// A publisher: batches of 20 persistent messages into its queue with
-/// unique bodies (`<prefix>-m<n>`), each batch's confirms awaited (20 s at
-/// most); on a failure it connects to the next live node of its order and
-/// goes on with new bodies.
+/// unique bodies (`<prefix>-s<session>-m<n>`, a session per connection),
+/// each batch's confirms awaited (20 s at most); on a failure it connects
+/// to the next live node of its order and goes on with new bodies.
 async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
     let client = me.name;
     let mut n = 0u64;
+    let mut sessions = 0u64;
     while let Some(conn) = connect_live(&load.urls, &me.order, &load.up, &load.stop).await {
+        sessions += 1;
+        let prefix = format!("{prefix}-s{sessions}");
         let session = async {
             let ch = bounded(conn.create_channel()).await?;
             bounded(ch.confirm_select(ConfirmSelectOptions::default())).await?;
@@ -1391,7 +1400,7 @@ mod tests {
     #[test]
     fn the_history_check_finds_loss_repeats_and_reordering() {
         let start = Instant::now();
-        let body = |n: u32| format!("chaos-9-m{n}");
+        let body = |n: u32| format!("chaos-9-a1-s1-m{n}");
         let mut h = History::default();
         for n in 1..=6 {
             h.published.insert(body(n));
@@ -1410,7 +1419,10 @@ mod tests {
             by("A", (body(6), true)),
             by("B", (body(6), false)),
             by("A", ("chaos-9-m99".into(), false)), // never published
+            // Another session of the same publisher: its own order.
+            by("A", ("chaos-9-a1-s2-m1".into(), false)),
         ];
+        h.published.insert("chaos-9-a1-s2-m1".into());
         let opts = Options {
             seed: 9,
             duration: Duration::from_secs(1),
