@@ -223,6 +223,8 @@ struct MemFile {
     state: Mutex<MemFileState>,
     /// The storage's fault switch ([`MemStorage::set_failing`]).
     failing: Arc<AtomicBool>,
+    /// The storage's read fault switch ([`MemStorage::set_failing_reads`]).
+    failing_reads: Arc<AtomicBool>,
 }
 
 impl MemFile {
@@ -253,6 +255,9 @@ impl StorageFile for MemFile {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.failing_reads.load(Ordering::Relaxed) {
+            return Err(io::Error::other("injected read fault"));
+        }
         let s = lock(&self.state);
         let src = s
             .current
@@ -284,6 +289,8 @@ struct MemDirs {
     durable: BTreeMap<PathBuf, Arc<MemFile>>,
     /// While set, writes, syncs and creations fail.
     failing: Arc<AtomicBool>,
+    /// While set, reads of files fail.
+    failing_reads: Arc<AtomicBool>,
     /// Power losses so far: the boot id.
     boots: u64,
 }
@@ -328,6 +335,14 @@ impl MemStorage {
         lock(&self.0).failing.store(failing, Ordering::Relaxed);
     }
 
+    /// Makes every read of a file fail with an I/O error (a bad sector, a
+    /// failing disk) while `failing` holds; writes go on.
+    pub fn set_failing_reads(&self, failing: bool) {
+        lock(&self.0)
+            .failing_reads
+            .store(failing, Ordering::Relaxed);
+    }
+
     fn get(&self, path: &Path) -> io::Result<Arc<MemFile>> {
         lock(&self.0)
             .current
@@ -356,6 +371,9 @@ impl Storage for MemStorage {
     }
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        if lock(&self.0).failing_reads.load(Ordering::Relaxed) {
+            return Err(io::Error::other("injected read fault"));
+        }
         Ok(lock(&self.get(path)?.state).current.clone())
     }
 
@@ -374,6 +392,7 @@ impl Storage for MemStorage {
         let f = Arc::new(MemFile {
             state: Mutex::default(),
             failing: Arc::clone(&d.failing),
+            failing_reads: Arc::clone(&d.failing_reads),
         });
         d.current.insert(path.to_path_buf(), Arc::clone(&f));
         Ok(f)

@@ -44,19 +44,20 @@ fn pick(q: &mut Queue, mut has_room: impl FnMut(&Consumer) -> bool) -> Option<us
 }
 
 /// Hands ready messages of `q` to its consumers (see [`pick`]) within
-/// their prefetch limits.
-fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: ConnId) {
+/// their prefetch limits. Returns false if its store failed to read one.
+#[must_use]
+fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: ConnId) -> bool {
     if q.consumers.is_empty() || q.remote.is_some() {
-        return;
+        return true;
     }
     q.last_used_ms = q.last_used_ms.max(now);
     if matches!(q.store, Store::Replica(_)) {
         drive_replica(q, conns, now);
-        return;
+        return true;
     }
     loop {
         if q.store.stats().ready == 0 {
-            return;
+            return true;
         }
         let chosen = pick(q, |c| {
             let Some(conn) = conns.get_mut(&c.conn) else {
@@ -81,17 +82,17 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
             true
         });
         let Some(idx) = chosen else {
-            return;
+            return true;
         };
         let Store::Local(bq) = &mut q.store else {
-            return;
+            return true;
         };
         let delivery = match bq.fetch(now) {
             Ok(Some(d)) => d,
-            Ok(None) => return,
+            Ok(None) => return true,
             Err(e) => {
                 tracing::error!(queue = %q.name, error = %e, "fetch failed");
-                return;
+                return false;
             }
         };
         q.rr = idx + 1;
@@ -206,7 +207,12 @@ impl Broker {
         let Some(q) = v.queues.get_mut(qname) else {
             return;
         };
-        drive(q, &mut self.conns, self.now, self.current);
+        if !drive(q, &mut self.conns, self.now, self.current) && q.dir.is_some() {
+            // The durable queue's log failed a read (a bad sector, a
+            // failing disk): as when a write fails.
+            self.fail_log(vhost, qname);
+            return;
+        }
         if matches!(q.store, Store::Replica(_)) {
             self.mirror_turn(vhost, qname);
         }
@@ -233,7 +239,9 @@ impl Broker {
                 self.dead.extend(q.dead_letter(vhost, d.reason, meta, body));
             }
             // Expired messages at the head may have gone during the fetches.
-            drive(q, &mut self.conns, self.now, self.current);
+            if !drive(q, &mut self.conns, self.now, self.current) && q.dir.is_some() {
+                self.fail_log(vhost, qname);
+            }
         }
         self.dead_letter();
     }
@@ -632,9 +640,18 @@ impl Broker {
                 return Ok(());
             }
         };
-        let d = bq
-            .fetch(now)
-            .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+        let d = match bq.fetch(now) {
+            Ok(d) => d,
+            Err(e) if q.dir.is_some() => {
+                // The durable queue's log failed a read: held until it opens
+                // again, and a held queue's get comes back empty.
+                tracing::error!(queue = %name, error = %e, "fetch failed");
+                self.fail_log(&vhost, &qarc);
+                self.conn(id).send_get_empty(ch);
+                return Ok(());
+            }
+            Err(e) => return Err(err(ReplyCode::InternalError, e.to_string())),
+        };
         let Some(d) = d else {
             self.conn(id).send_get_empty(ch);
             self.after_queue_op(&vhost, &qarc);

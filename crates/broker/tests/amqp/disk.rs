@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
+use warren_amqp::amq_protocol::types::AMQPValue;
 use warren_backing_queue::MemStorage;
 
 use crate::confirms::{confirming, confirms};
@@ -103,4 +104,52 @@ fn a_publish_the_log_cannot_write_is_nacked_and_the_connection_stays() {
     node.sync();
     assert_eq!(answers(&mut c), [("ack", 2)]);
     assert_eq!(take_all(&mut c, "d"), [("after".to_owned(), false)]);
+}
+
+/// A durable lazy queue (bodies on disk only) holding one confirmed
+/// message, "kept", on a storage whose reads then fail.
+fn lazy_queue_with_reads_failing() -> (Arc<MemStorage>, Node, Client) {
+    let storage = Arc::new(MemStorage::new());
+    let node = Node::on_storage(storage.clone());
+    let mut c = confirming(&node);
+    let lazy = QueueOpts::durable().arg("x-queue-mode", AMQPValue::LongString("lazy".into()));
+    c.declare_queue(1, "d", lazy).unwrap();
+    c.publish(1, "", "d", Message::persistent("kept"));
+    node.sync();
+    assert_eq!(answers(&mut c), [("ack", 1)]);
+    storage.set_failing_reads(true);
+    (storage, node, c)
+}
+
+#[test]
+fn a_get_the_log_cannot_read_holds_the_queue_until_its_log_opens() {
+    let (storage, node, mut c) = lazy_queue_with_reads_failing();
+    // The read fails: the queue is held, its get empty.
+    assert_eq!(take_all(&mut c, "d"), []);
+    assert!(!reopen(&node), "opened while reads fail");
+    storage.set_failing_reads(false);
+    assert!(reopen(&node));
+    assert_eq!(take_all(&mut c, "d"), [("kept".to_owned(), true)]);
+}
+
+#[test]
+fn a_delivery_the_log_cannot_read_holds_the_queue_until_its_log_opens() {
+    let (storage, node, mut c) = lazy_queue_with_reads_failing();
+    c.consume(1, "d", "reader", true);
+    assert!(
+        !c.drain().iter().any(|i| i.ids() == (60, 60)),
+        "a delivery read from a failing disk"
+    );
+    storage.set_failing_reads(false);
+    assert!(reopen(&node));
+    // The consumer waited and now gets the message, marked delivered.
+    let deliveries: Vec<bool> = c
+        .drain()
+        .iter()
+        .filter_map(|i| match &i.method {
+            AMQPClass::Basic(basic::AMQPMethod::Deliver(d)) => Some(d.redelivered),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deliveries, [true]);
 }
