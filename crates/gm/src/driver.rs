@@ -145,12 +145,30 @@ async fn update_view(
             tokio::task::yield_now().await;
             false
         }
+        Err(ViewError::Unavailable(e)) => {
+            // No leader, no majority, a failing store: retrying at once
+            // would burn the proposal's attempts (and the CPU) before an
+            // election could end.
+            tracing::debug!(%ring, error = %e, "view change not decided: retrying");
+            tokio::time::sleep(UNDECIDED_RETRY).await;
+            false
+        }
         Err(e) => {
             tracing::debug!(%ring, error = %e, "view change refused");
             true
         }
     }
 }
+
+/// How long a proposal the authority could not decide waits before it is
+/// made again ([`ViewError::Unavailable`]).
+const UNDECIDED_RETRY: Duration = Duration::from_millis(50);
+
+/// How often the removals of the members next to a node still suspected are
+/// proposed again: a proposal gives up after its attempts (an authority
+/// without a leader for seconds), and a suspicion is reported only when it
+/// starts.
+const SUSPECTS_REREPORT: Duration = Duration::from_secs(1);
 
 /// How often a join waiting for a suspected node's members to leave the
 /// ring looks again (see [`NodeTask::propose_join`]).
@@ -424,6 +442,7 @@ impl GmNode {
             fetching: BTreeSet::new(),
             removing: BTreeSet::new(),
             suspects: Arc::default(),
+            suspects_reported: Instant::now(),
             loopback: VecDeque::new(),
             woken: BTreeSet::new(),
             dirty: BTreeSet::new(),
@@ -669,6 +688,9 @@ struct NodeTask {
     /// because of a suspicion is dropped once its node is heard from again
     /// (a healed partition), however long the proposal took.
     suspects: Arc<Mutex<BTreeSet<NodeName>>>,
+    /// When the suspects' neighbours were last reported again
+    /// ([`SUSPECTS_REREPORT`]).
+    suspects_reported: Instant,
     loopback: VecDeque<(String, MemberId, Frame)>,
     woken: BTreeSet<NodeName>,
     /// Members that took input since the last flush.
@@ -1032,6 +1054,20 @@ impl NodeTask {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(suspect.clone());
             self.report_neighbours_on(&suspect);
+        }
+        if now.saturating_duration_since(self.suspects_reported) >= SUSPECTS_REREPORT {
+            self.suspects_reported = now;
+            let still: Vec<NodeName> = self
+                .suspects
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned()
+                .collect();
+            // A removal still in flight is not proposed twice (`remove`).
+            for suspect in still {
+                self.report_neighbours_on(&suspect);
+            }
         }
         self.poll_views();
         // Every member ticks in place; only those with something to do are

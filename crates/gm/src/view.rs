@@ -103,6 +103,10 @@ pub enum ViewError {
         /// The authority's current version.
         current: ViewVersion,
     },
+    /// The authority could not decide the change now (no majority, no
+    /// leader, a failing store); it may still be applied. Try again later.
+    #[error("view change not decided: {0}")]
+    Unavailable(String),
 }
 
 impl View {

@@ -714,8 +714,8 @@ async fn a_large_broadcast_holds_back_neither_other_rings_nor_heartbeats() {
 }
 
 /// A view authority as a node in a minority sees it: while `cut`, every
-/// update is refused as a conflict after a while (the Raft write timed out
-/// and may still be applied), so the driver keeps retrying its proposals.
+/// update is left undecided after a while (the Raft write timed out and
+/// may still be applied), so the driver keeps retrying its proposals.
 /// It counts its reads of either kind.
 #[derive(Debug, Default)]
 struct Minority {
@@ -748,10 +748,9 @@ impl ViewAuthority for Minority {
     ) -> Result<View, ViewError> {
         if self.cut.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            return Err(ViewError::Conflict {
-                expected,
-                current: expected,
-            });
+            return Err(ViewError::Unavailable(format!(
+                "no majority (at version {expected})"
+            )));
         }
         self.inner.update(ring, expected, change).await
     }

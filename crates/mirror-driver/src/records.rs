@@ -236,10 +236,7 @@ impl<S: MetadataSource> ViewAuthority for ClusterViewAuthority<S> {
             }
             Err(e) => {
                 tracing::warn!(%ring, error = %e, "ring view change not committed");
-                Err(ViewError::Conflict {
-                    expected,
-                    current: expected,
-                })
+                Err(ViewError::Unavailable(e.to_string()))
             }
         }
     }

@@ -254,8 +254,27 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
 
 #[test]
 fn a_member_whose_disk_fills_stops_its_mirrors_take_over_and_it_starts_again_once_space_is_freed() {
+    member_disk_fills(2, 0);
+}
+
+/// As above with the node that is the Raft leader (the first, which the
+/// others joined) as well as the queues' master: the view change that
+/// hands its queue over is first refused by its failing store, then has
+/// no leader to decide it until the others elect one.
+#[test]
+fn the_leaders_disk_fills_and_its_mirrored_queue_moves_to_another_node() {
+    member_disk_fills(0, 1);
+}
+
+/// Three nodes, node `full`'s data on a 48 MiB tmpfs; it serves a
+/// mirrored and an unmirrored queue, clients publish through node `via`.
+/// Its disk fills: it stops, a mirror takes the mirrored queue over with
+/// every confirmed message, and started again with room on its disk it
+/// serves the unmirrored queue's messages.
+fn member_disk_fills(full: usize, via: usize) {
     let root = peers::test_root();
-    let disk = root.path().join("c");
+    let node = ["a", "b", "c"][full];
+    let disk = root.path().join(node);
     std::fs::create_dir(&disk).expect("mount point");
     let Some(_tmpfs) = Tmpfs::mount(&disk, "48m") else {
         return;
@@ -265,18 +284,18 @@ fn a_member_whose_disk_fills_stops_its_mirrors_take_over_and_it_starts_again_onc
     let (secret, mut nodes) = three_with(root.path(), &extra);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     set_ha_all(&nodes[0]);
-    // Both served by c, the node whose disk will fill: one mirrored to a
-    // and b, one not.
+    // Both served by the node whose disk will fill: one mirrored to the
+    // two others, one not.
     let (mirrored, plain) = ("ha.disk", "plain.disk");
-    declare_durable(&rt, &nodes[2], mirrored);
-    declare_durable(&rt, &nodes[2], plain);
+    declare_durable(&rt, &nodes[full], mirrored);
+    declare_durable(&rt, &nodes[full], plain);
     eventually("ha.disk's two mirrors synchronised", || {
-        let q = nodes[0].get("/api/queues/%2F/ha.disk");
+        let q = nodes[via].get("/api/queues/%2F/ha.disk");
         q["synchronised_slave_nodes"].as_array().map(Vec::len) == Some(2)
     });
-    let url_a = nodes[0].amqp_url();
+    let url = nodes[via].amqp_url();
     let (mut confirmed, kept) = rt.block_on(async {
-        let (_conn, ch) = channel(&url_a).await;
+        let (_conn, ch) = channel(&url).await;
         let (mut confirmed, mut kept) = (BTreeSet::new(), BTreeSet::new());
         for i in 0..30 {
             let name = format!("before-{i}");
@@ -289,14 +308,14 @@ fn a_member_whose_disk_fills_stops_its_mirrors_take_over_and_it_starts_again_onc
     });
 
     fill(&disk);
-    // Publishes through a go on being answered while c fails: c's queue
-    // logs and then its Raft log refuse the writes, c stops, and a mirror
-    // on a or b takes the queue over with what was confirmed.
+    // Publishes go on being answered while the node fails: its queue logs
+    // and then its Raft log refuse the writes, it stops, and a mirror on
+    // another node takes the queue over with what was confirmed.
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut stopped = None;
     let mut acked_since = 0;
     rt.block_on(async {
-        let (_conn, ch) = channel(&url_a).await;
+        let (_conn, ch) = channel(&url).await;
         for i in 0.. {
             let name = format!("full-{i}");
             if publish_to(&ch, mirrored, &name).await {
@@ -306,37 +325,37 @@ fn a_member_whose_disk_fills_stops_its_mirrors_take_over_and_it_starts_again_onc
                 }
             }
             if stopped.is_none() {
-                stopped = nodes[2].exited();
+                stopped = nodes[full].exited();
             }
             if acked_since == 10 {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "60 s after c's disk filled: c stopped: {stopped:?}, publishes acked since: {acked_since}"
+                "60 s after {node}'s disk filled: it stopped: {stopped:?}, publishes acked since: {acked_since}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    let status = stopped.expect("c stopped");
-    assert!(!status.success(), "c stopped with {status}");
-    let log = std::fs::read_to_string(root.path().join("c.log")).expect("c's log");
+    let status = stopped.expect("the node stopped");
+    assert!(!status.success(), "it stopped with {status}");
+    let log = std::fs::read_to_string(root.path().join(format!("{node}.log"))).expect("its log");
     assert!(
         log.contains("the cluster metadata store failed"),
-        "c's log does not say why it stopped"
+        "its log does not say why it stopped"
     );
     let got = rt.block_on(async {
-        let (_conn, ch) = channel(&url_a).await;
+        let (_conn, ch) = channel(&url).await;
         take_all_of(&ch, mirrored).await
     });
     let lost: Vec<&String> = confirmed.difference(&got).collect();
     assert!(lost.is_empty(), "confirmed but not delivered: {lost:?}");
 
     std::fs::remove_file(disk.join("filler")).expect("free the disk");
-    let c = nodes[2].restart(&secret, &extra);
+    let back = nodes[full].restart(&secret, &extra);
     let got = rt.block_on(async {
-        let (_conn, ch) = channel(&c.amqp_url()).await;
+        let (_conn, ch) = channel(&back.amqp_url()).await;
         take_all_of(&ch, plain).await
     });
-    assert_eq!(got, kept, "the unmirrored queue after c's restart");
+    assert_eq!(got, kept, "the unmirrored queue after the restart");
 }
