@@ -221,9 +221,9 @@ pub struct Broker {
     /// publishers wait (credit-based flow control, as RabbitMQ's).
     backlogged: HashSet<(String, Arc<str>)>,
     /// Durable queues served here whose log failed (a full or failing
-    /// disk): not served until the shell opens their logs again
-    /// ([`Broker::failed_logs`]).
-    failed_logs: HashSet<(String, Arc<str>)>,
+    /// disk), with the uid of the declaration that failed: not served until
+    /// the shell opens their logs again ([`Broker::failed_logs`]).
+    failed_logs: HashMap<(String, Arc<str>), u64>,
     /// Resource alarms: publishers are blocked while one is in force.
     alarms: alarm::Alarms,
     /// The traffic counts of closed client connections.
@@ -313,7 +313,7 @@ impl Broker {
             deferred_nacks: Vec::new(),
             links: link::Links::default(),
             backlogged: HashSet::new(),
-            failed_logs: HashSet::new(),
+            failed_logs: HashMap::new(),
             alarms: alarm::Alarms::default(),
             retired_counters: stats::MessageCounters::default(),
             retired_latency: stats::LatencyHistogram::default(),

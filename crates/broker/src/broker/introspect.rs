@@ -360,7 +360,7 @@ impl Broker {
                     counters: q.counters,
                     served_here: q.remote.is_none(),
                     ring: q.store.ring(),
-                    log_failed: self.failed_logs.contains(&(vn.clone(), q.name.clone())),
+                    log_failed: self.failed_logs.get(&(vn.clone(), q.name.clone())) == Some(&q.uid),
                 });
             }
         }

@@ -162,11 +162,11 @@ impl Broker {
     pub fn failed_logs(&mut self) -> Vec<Reopen> {
         let failed = std::mem::take(&mut self.failed_logs);
         let mut plans = Vec::new();
-        for (vhost, name) in failed {
-            // A queue deleted meanwhile has nothing to open.
-            if let Some(plan) = self.reopen_plan(&vhost, &name) {
+        for ((vhost, name), uid) in failed {
+            // A queue deleted (or declared anew) meanwhile has nothing to open.
+            if let Some(plan) = self.reopen_plan(&vhost, &name).filter(|p| p.uid == uid) {
                 plans.push(plan);
-                self.failed_logs.insert((vhost, name));
+                self.failed_logs.insert((vhost, name), uid);
             }
         }
         plans
@@ -177,9 +177,10 @@ impl Broker {
     /// deleted or declared anew meanwhile.
     pub fn reopened(&mut self, plan: &Reopen, bq: BackingQueue) -> bool {
         let key = (plan.vhost.clone(), Arc::from(plan.name.as_str()));
-        if !self.failed_logs.remove(&key) {
+        if self.failed_logs.get(&key) != Some(&plan.uid) {
             return false;
         }
+        self.failed_logs.remove(&key);
         if self
             .queue_mut(&plan.vhost, &plan.name)
             .is_none_or(|q| q.uid != plan.uid)
@@ -208,8 +209,8 @@ impl Broker {
         q.handed_over = true;
         q.remote = Some(Elsewhere::Nowhere);
         let pending: Vec<_> = q.confirms.drain(..).collect();
-        let key = (vhost.to_owned(), q.name.clone());
-        self.failed_logs.insert(key);
+        let (key, uid) = ((vhost.to_owned(), q.name.clone()), q.uid);
+        self.failed_logs.insert(key, uid);
         self.void_deliveries(vhost, name);
         for (_, conn, ch, cseq) in pending {
             nack_one(&mut self.conns, conn, ch, cseq);

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
+use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, queue};
 use warren_amqp::amq_protocol::types::AMQPValue;
 use warren_backing_queue::MemStorage;
 
@@ -152,4 +152,39 @@ fn a_delivery_the_log_cannot_read_holds_the_queue_until_its_log_opens() {
         })
         .collect();
     assert_eq!(deliveries, [true]);
+}
+
+#[test]
+fn a_failed_queue_deleted_and_declared_again_is_not_replaced_by_the_old_log() {
+    let storage = Arc::new(MemStorage::new());
+    let node = Node::on_storage(storage.clone());
+    let mut c = confirming(&node);
+    c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
+    storage.set_failing(true);
+    c.publish(1, "", "d", Message::persistent("lost"));
+    node.sync();
+    assert_eq!(answers(&mut c), [("nack", 1)]);
+    let plans = node.with_broker(warren_broker::Broker::failed_logs);
+    assert_eq!(plans.len(), 1);
+    storage.set_failing(false);
+    let delete = AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+        queue: "d".into(),
+        if_unused: false,
+        if_empty: false,
+        nowait: false,
+    }));
+    c.call(1, delete).expect("queue.delete");
+    c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
+    c.publish(1, "", "d", Message::persistent("new"));
+    node.sync();
+    assert_eq!(answers(&mut c), [("ack", 2)]);
+    // Nothing to open for the new declaration, and the plan made before
+    // the delete is refused.
+    assert!(
+        node.with_broker(warren_broker::Broker::failed_logs)
+            .is_empty()
+    );
+    let (bq, _) = plans[0].open().expect("opens");
+    assert!(!node.with_broker(|b| b.reopened(&plans[0], bq)));
+    assert_eq!(take_all(&mut c, "d"), [("new".to_owned(), false)]);
 }
