@@ -166,8 +166,8 @@ const UNDECIDED_RETRY: Duration = Duration::from_millis(50);
 
 /// How often the removals of the members next to a node still suspected are
 /// proposed again: a proposal gives up after its attempts (an authority
-/// without a leader for seconds), and a suspicion is reported only when it
-/// starts.
+/// without a leader for seconds), and a suspicion is otherwise reported
+/// only when it starts or a view is installed.
 const SUSPECTS_REREPORT: Duration = Duration::from_secs(1);
 
 /// How often a join waiting for a suspected node's members to leave the
@@ -1182,7 +1182,19 @@ impl NodeTask {
         let in_tx = self.in_tx.clone();
         let ring2 = ring.clone();
         let suspects = self.suspects.clone();
-        self.propose(ring, move |view| {
+        // A later report of the same member is allowed a second after this
+        // one is settled or given up (not while it runs: reports come every
+        // [`SUSPECTS_REREPORT`] while a suspicion lasts).
+        let settled = async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = in_tx
+                .send(Inbound::Proposed {
+                    ring: ring2,
+                    member: victim,
+                })
+                .await;
+        };
+        let make = move |view: &View| {
             let still = suspect.as_ref().is_none_or(|n| {
                 suspects
                     .lock()
@@ -1193,17 +1205,8 @@ impl NodeTask {
                 tracing::info!(%victim, "its node was heard from again: member not removed");
             }
             (still && view.is_alive(victim)).then_some(ViewChange::Remove(victim))
-        });
-        self.spawn(async move {
-            // Allow a later report of the same member once this one is settled.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let _ = in_tx
-                .send(Inbound::Proposed {
-                    ring: ring2,
-                    member: victim,
-                })
-                .await;
-        });
+        };
+        self.propose(ring, make, settled);
     }
 
     /// Proposes that member `id` of this node joins `ring`, after its last
@@ -1278,8 +1281,9 @@ impl NodeTask {
         });
     }
 
-    /// Proposes the change `make` builds from the current view, retrying on conflicts.
-    fn propose<F>(&self, ring: String, make: F)
+    /// Proposes the change `make` builds from the current view, retrying on
+    /// conflicts; `then` runs once the proposal is settled or given up.
+    fn propose<F>(&self, ring: String, make: F, then: impl Future<Output = ()> + Send + 'static)
     where
         F: Fn(&View) -> Option<ViewChange> + Send + 'static,
     {
@@ -1288,15 +1292,16 @@ impl NodeTask {
         self.spawn(async move {
             for _ in 0..100 {
                 let Ok(view) = authority.current(&ring).await else {
-                    return;
+                    break;
                 };
                 let Some(change) = make(&view) else {
-                    return;
+                    break;
                 };
                 if update_view(&*authority, &in_tx, &ring, &view, change).await {
-                    return;
+                    break;
                 }
             }
+            then.await;
         });
     }
 
@@ -1475,11 +1480,15 @@ impl NodeTask {
         for change in proposals {
             match change {
                 ViewChange::Remove(m) => self.remove(ring.to_owned(), m, None),
-                ViewChange::Erase(dead) => self.propose(ring.to_owned(), move |v| {
-                    v.entry(dead)
-                        .is_some_and(|e| !e.alive)
-                        .then_some(ViewChange::Erase(dead))
-                }),
+                ViewChange::Erase(dead) => self.propose(
+                    ring.to_owned(),
+                    move |v| {
+                        v.entry(dead)
+                            .is_some_and(|e| !e.alive)
+                            .then_some(ViewChange::Erase(dead))
+                    },
+                    async {},
+                ),
                 ViewChange::Join { .. } => {}
             }
         }
