@@ -95,7 +95,7 @@ async fn queue_channel(node: &Node) -> (Connection, Channel) {
 /// Publishes `body` (persistent, padded to 8 KiB) to `queue` and returns
 /// whether it was acked (false: nacked). Within 60 s: never left
 /// unanswered.
-async fn publish_to(ch: &Channel, queue: &str, body: &str) -> bool {
+async fn publish(ch: &Channel, queue: &str, body: &str) -> bool {
     let mut payload = body.as_bytes().to_vec();
     payload.push(b' ');
     payload.resize(8 << 10, b'.');
@@ -112,14 +112,9 @@ async fn publish_to(ch: &Channel, queue: &str, body: &str) -> bool {
     within(confirm).await.expect("confirm").is_ack()
 }
 
-/// [`publish_to`] the queue [`QUEUE`].
-async fn publish(ch: &Channel, body: &str) -> bool {
-    publish_to(ch, QUEUE, body).await
-}
-
 /// Every message of `queue` (basic.get with acks), by the name at the
 /// start of its body.
-async fn take_all_of(ch: &Channel, queue: &str) -> BTreeSet<String> {
+async fn take_all(ch: &Channel, queue: &str) -> BTreeSet<String> {
     let mut got = BTreeSet::new();
     while let Some(m) = ch
         .basic_get(queue.into(), BasicGetOptions { no_ack: true })
@@ -130,11 +125,6 @@ async fn take_all_of(ch: &Channel, queue: &str) -> BTreeSet<String> {
         got.insert(body.split(' ').next().unwrap_or_default().to_owned());
     }
     got
-}
-
-/// [`take_all_of`] the queue [`QUEUE`].
-async fn take_all(ch: &Channel) -> BTreeSet<String> {
-    take_all_of(ch, QUEUE).await
 }
 
 /// Writes a `warren.conf` with the disk free alarm off into `dir`; its path.
@@ -168,7 +158,7 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     for i in 0..50 {
         let name = format!("before-{i}");
         assert!(
-            publish(&ch, &name).await,
+            publish(&ch, QUEUE, &name).await,
             "{name} nacked with room on the disk"
         );
         confirmed.insert(name);
@@ -180,7 +170,7 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     let mut nacked = 0;
     for i in 0..2_000 {
         let name = format!("full-{i}");
-        if publish(&ch, &name).await {
+        if publish(&ch, QUEUE, &name).await {
             confirmed.insert(name);
         } else {
             nacked += 1;
@@ -212,7 +202,7 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     loop {
         let name = format!("after-{i}");
         i += 1;
-        if publish(&ch, &name).await {
+        if publish(&ch, QUEUE, &name).await {
             confirmed.insert(name);
             break;
         }
@@ -225,12 +215,12 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     for j in 0..20 {
         let name = format!("later-{j}");
         assert!(
-            publish(&ch, &name).await,
+            publish(&ch, QUEUE, &name).await,
             "{name} nacked after the queue came back"
         );
         confirmed.insert(name);
     }
-    let got = take_all(&ch).await;
+    let got = take_all(&ch, QUEUE).await;
     let lost: Vec<&String> = confirmed.difference(&got).collect();
     assert!(lost.is_empty(), "confirmed but not delivered: {lost:?}");
     drop(conn);
@@ -242,14 +232,14 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     let mut kept = BTreeSet::new();
     for k in 0..20 {
         let name = format!("kept-{k}");
-        assert!(publish(&ch, &name).await, "{name} nacked");
+        assert!(publish(&ch, QUEUE, &name).await, "{name} nacked");
         kept.insert(name);
     }
     drop(conn);
     node.kill();
     let node = Node::start(&data, &["--config", &conf]);
     let (_conn, ch) = queue_channel(&node).await;
-    assert_eq!(take_all(&ch).await, kept);
+    assert_eq!(take_all(&ch, QUEUE).await, kept);
 }
 
 #[test]
@@ -299,9 +289,9 @@ fn member_disk_fills(full: usize, via: usize) {
         let (mut confirmed, mut kept) = (BTreeSet::new(), BTreeSet::new());
         for i in 0..30 {
             let name = format!("before-{i}");
-            assert!(publish_to(&ch, mirrored, &name).await, "{name} nacked");
+            assert!(publish(&ch, mirrored, &name).await, "{name} nacked");
             confirmed.insert(name.clone());
-            assert!(publish_to(&ch, plain, &name).await, "{name} nacked");
+            assert!(publish(&ch, plain, &name).await, "{name} nacked");
             kept.insert(name);
         }
         (confirmed, kept)
@@ -318,7 +308,7 @@ fn member_disk_fills(full: usize, via: usize) {
         let (_conn, ch) = channel(&url).await;
         for i in 0.. {
             let name = format!("full-{i}");
-            if publish_to(&ch, mirrored, &name).await {
+            if publish(&ch, mirrored, &name).await {
                 confirmed.insert(name);
                 if stopped.is_some() {
                     acked_since += 1;
@@ -346,7 +336,7 @@ fn member_disk_fills(full: usize, via: usize) {
     );
     let got = rt.block_on(async {
         let (_conn, ch) = channel(&url).await;
-        take_all_of(&ch, mirrored).await
+        take_all(&ch, mirrored).await
     });
     let lost: Vec<&String> = confirmed.difference(&got).collect();
     assert!(lost.is_empty(), "confirmed but not delivered: {lost:?}");
@@ -355,7 +345,7 @@ fn member_disk_fills(full: usize, via: usize) {
     let back = nodes[full].restart(&secret, &extra);
     let got = rt.block_on(async {
         let (_conn, ch) = channel(&back.amqp_url()).await;
-        take_all_of(&ch, plain).await
+        take_all(&ch, plain).await
     });
     assert_eq!(got, kept, "the unmirrored queue after the restart");
 }
