@@ -34,6 +34,19 @@ fetch() {
     rm -rf amqplib && mkdir amqplib && tar xzf amqplib-2.0.0.tgz -C amqplib
     (cd amqplib/package && npm install -q --no-save --ignore-scripts --no-audit --no-fund \
         buffer-more-ints@~1.0.0 claire@0.4.1 >/dev/null)
+    # The Go clients, from Debian's packages (their sources ship the tests),
+    # built in GOPATH mode: no Go module proxy is needed.
+    apt-get install -y -qq golang-go golang-github-rabbitmq-amqp091-go-dev \
+        golang-github-streadway-amqp-dev golang-uber-goleak-dev >/dev/null
+    g=$SUITES/go && rm -rf "$g" && mkdir -p "$g/src/github.com/rabbitmq" \
+        "$g/src/github.com/streadway" "$g/src/go.uber.org"
+    cp -r /usr/share/gocode/src/github.com/rabbitmq/amqp091-go "$g/src/github.com/rabbitmq/"
+    cp -r /usr/share/gocode/src/github.com/streadway/amqp "$g/src/github.com/streadway/"
+    cp -rL /usr/share/gocode/src/go.uber.org/goleak "$g/src/go.uber.org/"
+    (cd "$g/src/github.com/rabbitmq/amqp091-go" && GOPATH=$g GO111MODULE=off \
+        go test -c -tags integration -o "$g/amqp091-go.test" .)
+    (cd "$g/src/github.com/streadway/amqp" && GOPATH=$g GO111MODULE=off \
+        go test -c -tags integration -o "$g/streadway-amqp.test" .)
     # lapin: the crate Warren's own tests use (its package ships tests/).
     (cd "$ROOT" && cargo fetch -q)
     crate=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/lapin-4.12.3.crate | head -1)
@@ -118,9 +131,15 @@ suites() {
     cd "$SUITES/lapin-4.12.3"
     CARGO_TARGET_DIR=$SUITES/lapin-target AMQP_ADDR=amqp://127.0.0.1:5672/%2f \
         cargo test -q --tests > "$r/lapin-$b.txt" 2>&1 || true
+    for t in amqp091-go streadway-amqp; do
+        AMQP_URL=amqp://guest:guest@127.0.0.1:5672/ "$SUITES/go/$t.test" -test.v -test.count=1 \
+            -test.timeout 600s > "$r/$t-$b.txt" 2>&1 || true
+        printf 'go: %s passed, %s failed\n' "$(grep -c -- '--- PASS' "$r/$t-$b.txt")" \
+            "$(grep -c -- '--- FAIL' "$r/$t-$b.txt")" >> "$r/$t-$b.txt"
+    done
     for f in "$r"/*-"$b".txt; do
         printf '%-24s %s\n' "$(basename "$f" .txt)" \
-            "$(grep -E '(passed|failed).* in [0-9.]+s|^# (pass|fail|cancelled) |^test result' "$f" | tr '\n' ' ')"
+            "$(grep -E '(passed|failed).* in [0-9.]+s|^# (pass|fail|cancelled) |^test result|^go: ' "$f" | tr '\n' ' ')"
     done
 }
 

@@ -335,6 +335,11 @@ pub struct Connection {
     last_send_ms: Option<u64>,
     recv_activity: bool,
     send_activity: bool,
+    /// The client closed the connection (connection.close, answered with
+    /// close-ok): what it still sends is read by [`Self::after_close`].
+    client_closed: bool,
+    /// Bytes of the frame being skipped after the client's close.
+    discarding: usize,
 }
 
 impl Connection {
@@ -373,6 +378,8 @@ impl Connection {
             last_send_ms: None,
             recv_activity: false,
             send_activity: false,
+            client_closed: false,
+            discarding: 0,
         }
     }
 
@@ -545,13 +552,19 @@ impl Connection {
     /// Consumes every complete frame in `buf`, leaving an incomplete one.
     ///
     /// Input pauses (bytes stay in `buf`) while an `Authenticate` or
-    /// `OpenVhost` event waits for its answer; once closed, input is dropped.
+    /// `OpenVhost` event waits for its answer; once closed, input is dropped
+    /// (after a client's own close, but for a connection.close, which gets
+    /// close-ok again: keep feeding it until the client closes the socket).
     pub fn handle_bytes(&mut self, buf: &mut BytesMut) {
         if !buf.is_empty() {
             self.recv_activity = true;
         }
         loop {
             match self.state {
+                State::Closed if self.client_closed => {
+                    self.after_close(buf);
+                    return;
+                }
                 State::Closed | State::Refusing => {
                     buf.clear();
                     return;
@@ -817,6 +830,7 @@ impl Connection {
         match (self.state, method) {
             (_, M::Close(close)) => {
                 self.send_close_ok();
+                self.client_closed = true;
                 self.finish(CloseReason::ClientClosed {
                     reply_code: close.reply_code,
                     reply_text: close.reply_text.to_string(),
@@ -1418,6 +1432,31 @@ impl Connection {
             0,
             AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
         );
+    }
+
+    /// After close-ok to the client's connection.close the socket is the
+    /// client's to close, as with RabbitMQ: what the client still sends is
+    /// discarded, frame by frame, but each further connection.close gets
+    /// close-ok again, as RabbitMQ answers it (a client whose threads close
+    /// the connection at once may send several, each waiting for its answer).
+    fn after_close(&mut self, buf: &mut BytesMut) {
+        loop {
+            let n = self.discarding.min(buf.len());
+            buf.advance(n);
+            self.discarding -= n;
+            if self.discarding > 0 {
+                return;
+            }
+            let Some(h) = peek_header(buf) else { return };
+            // The class and method ids follow the 7-byte header.
+            if h.size >= 4 && buf.len() < 11 {
+                return;
+            }
+            if h.frame_type == FRAME_METHOD && h.channel == 0 && buf[7..11] == [0, 10, 0, 50] {
+                self.send_close_ok();
+            }
+            self.discarding = h.size as usize + FRAME_OVERHEAD;
+        }
     }
 
     fn send_channel_close_ok(&mut self, ch: ChannelId) {

@@ -168,22 +168,38 @@ pub(crate) async fn serve_stream<S>(
             break;
         }
     }
-    let _ = wr.shutdown().await;
     let departed = lock(&broker).disconnect(id, now_ms());
-    let client_closed = departed.as_ref().is_some_and(Departed::client_closed);
     // Unfinished messages can be large: freed here, off the broker's lock.
-    drop(departed);
-    if client_closed {
-        // A client may still be writing what it queued behind its
-        // connection.close (amqplib's publishes): read it to the end, as
-        // RabbitMQ does, rather than reset the socket under the client.
-        let mut sink = vec![0u8; 16 * 1024];
+    let closed = departed
+        .filter(Departed::client_closed)
+        .map(Departed::into_amqp);
+    if let Some(mut amqp) = closed {
+        // After close-ok the socket is the client's to close, as with
+        // RabbitMQ: a client may still be writing what it queued behind its
+        // connection.close (amqplib's publishes; amqp091-go's concurrent
+        // closes, each waiting for its close-ok), and one that reads
+        // end-of-file before it has seen its own close through takes it for
+        // a lost connection. So it is read to its end (or for a bounded
+        // time) before this side is shut.
         let _ = tokio::time::timeout(CLOSED_READ_LIMIT, async {
-            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+            loop {
+                amqp.handle_bytes(&mut input);
+                output.clear();
+                amqp.take_output(&mut output);
+                if !output.is_empty() && wr.write_all(&output).await.is_err() {
+                    return;
+                }
+                input.reserve(16 * 1024);
+                if !matches!(rd.read_buf(&mut input).await, Ok(n) if n > 0) {
+                    return;
+                }
+            }
         })
         .await;
     }
+    let _ = wr.shutdown().await;
 }
 
-/// How long a connection the client closed is read to its end.
+/// How long a connection the client closed is read to its end, at most,
+/// before the server shuts the socket.
 const CLOSED_READ_LIMIT: Duration = Duration::from_secs(2);

@@ -510,7 +510,9 @@ async fn a_topic_pattern_of_many_hashes_does_not_stall_the_node() {
 /// frames out of order, framing errors) gets what RabbitMQ 3.10 answers:
 /// the same reply codes, and the socket closed at once or later alike (a
 /// connection that fails while starting is closed 3 s later, without
-/// connection.close). `tests/hostile/preopen.py` sends the cases on raw
+/// connection.close; after close-ok to a client's connection.close, the
+/// socket is left for the client to close and a repeated close gets close-ok
+/// again). `tests/hostile/preopen.py` sends the cases on raw
 /// sockets; its outcomes on RabbitMQ 3.10 are recorded beside it
 /// (`python3 preopen.py PORT --record`), and the few where Warren answers
 /// otherwise are listed there with their reasons.

@@ -349,6 +349,52 @@ fn client_close_gets_close_ok_and_closed_event() {
     assert!(h.events().is_empty());
 }
 
+/// After its close-ok, a client's further connection.close gets close-ok
+/// again, as RabbitMQ 3.10 answers it (`client_close_twice` in
+/// `crates/node/tests/hostile/preopen.py`); everything else is skipped frame
+/// by frame, a large one across several reads.
+#[test]
+fn a_repeated_client_close_gets_close_ok_again() {
+    let close = method(
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        })),
+    );
+    let close_ok = |h: &mut Harness| {
+        let frames = h.frames();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert!(matches!(
+            &frames[0],
+            AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)))
+        ));
+    };
+    let mut h = Harness::with_channel(1);
+    h.send(&[close.clone(), close.clone()].concat());
+    let frames = h.frames();
+    assert_eq!(frames.len(), 2, "one close-ok per close: {frames:?}");
+    assert_eq!(h.events().len(), 1, "one Closed event");
+    // A body frame of 100,000 bytes whose payload looks like a close, sent
+    // in pieces, then a close split in two.
+    let mut big = vec![3, 0, 1];
+    big.extend_from_slice(&100_000u32.to_be_bytes());
+    big.extend(close.iter().cycle().take(100_000));
+    big.push(0xCE);
+    for piece in big.chunks(7_000) {
+        h.send(piece);
+        assert!(h.output().is_empty());
+    }
+    h.send(&close[..9]);
+    assert!(h.output().is_empty());
+    h.send(&close[9..]);
+    close_ok(&mut h);
+    assert_eq!(h.pending_input(), 0);
+    assert!(h.events().is_empty());
+}
+
 #[test]
 fn server_close_ignores_all_but_close_ok() {
     let mut h = Harness::with_channel(1);

@@ -380,6 +380,14 @@ impl Departed {
     pub fn client_closed(&self) -> bool {
         self.0.client_closed
     }
+
+    /// The departed connection's protocol state, to read what the client
+    /// still sends after its close off the broker's lock (it answers a
+    /// repeated connection.close, as RabbitMQ does).
+    #[must_use]
+    pub fn into_amqp(self) -> Connection {
+        self.0.amqp
+    }
 }
 
 impl fmt::Debug for Departed {

@@ -2,7 +2,8 @@
 client library would never send it: which frames the broker answers (reply
 codes only: RabbitMQ's texts quote Erlang terms) and whether it closes the
 socket at once or later (RabbitMQ waits 3 s before closing a connection that
-failed while starting, and 10 s for a silent client).
+failed while starting, and 10 s for a silent client; after its close-ok to a
+client's connection.close it leaves the socket for the client to close).
 
     python3 preopen.py PORT              # prints {case: outcome} as JSON
     python3 preopen.py PORT --record     # the same, to record a broker
@@ -137,6 +138,8 @@ def run(steps, wait=13.0):
     return {"reply": reply, "socket_closed": "at once" if at_once else "later"}
 
 
+CLOSE = method(0, 10, 50, struct.pack(">H", 200) + sstr("bye") + struct.pack(">HH", 0, 0))
+
 LOGIN = [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), TUNE_OK, open_(), ("wait", 0.3)]
 
 CASES = {
@@ -155,7 +158,7 @@ CASES = {
     "channel_open_before_connection_open": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), TUNE_OK, method(1, 20, 10, sstr(""))],
     "bad_frame_end_before_connection_open": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), TUNE_OK, open_()[:-1] + b"\x00"],
     "bad_tune_ok": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), method(0, 10, 31, struct.pack(">HIH", 2047, 1000000000, 0))],
-    "close_before_open": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), method(0, 10, 50, struct.pack(">H", 200) + sstr("bye") + struct.pack(">HH", 0, 0))],
+    "close_before_open": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), CLOSE],
     "bad_mechanism": [HDR, ("wait", 0.3), start_ok(mech="FOO")],
     "bad_vhost": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), TUNE_OK, open_("nope")],
     "channel_open_before_tune_ok": [HDR, ("wait", 0.3), start_ok(), ("wait", 0.3), method(1, 20, 10, sstr(""))],
@@ -175,6 +178,9 @@ CASES = {
     "unknown_class": LOGIN + [method(1, 20, 10, sstr("")), ("wait", 0.3), method(1, 77, 10)],
     "truncated_method_args": LOGIN + [method(1, 20, 10, sstr("")), ("wait", 0.3), method(1, 50, 10, b"\x00\x00\x05ab")],
     "method_on_unopened_channel": LOGIN + [method(3, 50, 10, b"\x00\x00" + sstr("q") + b"\x00" + lstr(b""))],
+    "client_close": LOGIN + [CLOSE],
+    "client_close_twice": LOGIN + [CLOSE + CLOSE],
+    "client_close_then_publish": LOGIN + [method(1, 20, 10, sstr("")), ("wait", 0.3), CLOSE + method(1, 60, 40, b"\x00\x00" + sstr("") + sstr("q") + b"\x00")],
     "frame_over_frame_max": LOGIN + [method(1, 20, 10, sstr("")), ("wait", 0.3), struct.pack(">BHI", 3, 1, 200000) + b"\x00" * 1000],
 }
 
