@@ -23,11 +23,13 @@ fetch() {
     cd "$SUITES/pypi"
     pip download -q --no-deps --no-binary :all: amqp==5.4.2 kombu==5.7.0
     pip download -q --no-deps --no-binary aiormq,aio-pika aiormq==7.2.4 aio-pika==10.2.1
+    pip download -q --no-deps --no-binary :all: amqpstorm==3.1.4 rabbitpy==3.0.2
     for f in *.tar.gz; do tar xzf "$f"; done
     python3 -m venv "$SUITES/venv"
     "$PY" -m pip install -q -e amqp-5.4.2 -e kombu-5.7.0 -e aiormq-7.2.4 -e aio_pika-10.2.1 \
         pytest pytest-rerunfailures aiomisc aiomisc-pytest shortuuid timeout-decorator \
         pytest-rst hypothesis pytest-freezer
+    "$PY" -m pip install -q -e amqpstorm-3.1.4 -e rabbitpy-3.0.2 mock requests python-dotenv
     "$PY" "$HERE/patch_aio.py" "$SUITES/pypi"
     cd "$SUITES/npm"
     npm pack -q amqplib@2.0.0 >/dev/null
@@ -84,7 +86,9 @@ start_rabbitmq() {
     listeners > "$d/rabbitmq.conf"
     printf 'ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = false\n' \
         >> "$d/rabbitmq.conf"
-    echo '[].' > "$d/enabled_plugins"
+    # The management API on 15672, for AMQPStorm's management tests.
+    printf 'management.tcp.port = 15672\nmanagement.tcp.ip = 127.0.0.1\n' >> "$d/rabbitmq.conf"
+    echo '[rabbitmq_management].' > "$d/enabled_plugins"
     env RABBITMQ_NODENAME=suites@localhost RABBITMQ_NODE_PORT=5672 RABBITMQ_DIST_PORT=25812 \
         RABBITMQ_MNESIA_BASE="$d/mnesia" RABBITMQ_LOG_BASE="$d/log" \
         RABBITMQ_CONFIG_FILE="$d/rabbitmq" RABBITMQ_ENABLED_PLUGINS_FILE="$d/enabled_plugins" \
@@ -131,6 +135,20 @@ suites() {
     cd "$SUITES/lapin-4.12.3"
     CARGO_TARGET_DIR=$SUITES/lapin-target AMQP_ADDR=amqp://127.0.0.1:5672/%2f \
         cargo test -q --tests > "$r/lapin-$b.txt" 2>&1 || true
+    # AMQPStorm's functional tests (its management ones on the broker's
+    # HTTP API: Warren's on 15682, RabbitMQ's on 15672), without the TLS ones.
+    http=15672 && [ "$b" = warren ] && http=15682
+    cd "$SUITES/pypi/amqpstorm-3.1.4"
+    AMQP_HOST=127.0.0.1 AMQP_USERNAME=guest AMQP_PASSWORD=guest \
+        AMQP_URI='amqp://guest:guest@127.0.0.1:5672/%2F' AMQP_HTTP_URL=http://127.0.0.1:$http \
+        "$PY" -m pytest amqpstorm/tests/functional -p no:cacheprovider -q -rfE \
+        --ignore=amqpstorm/tests/functional/ssl \
+        --deselect amqpstorm/tests/functional/management/test_api.py::ApiFunctionalTests::test_api_ssl_test \
+        > "$r/amqpstorm-$b.txt" 2>&1 || true
+    cd "$SUITES/pypi/rabbitpy-3.0.2"
+    RABBITMQ_URL='amqp://guest:guest@127.0.0.1:5672/%2F' "$PY" -m pytest \
+        tests/test_integration.py tests/integration -p no:cacheprovider -q -rfE \
+        > "$r/rabbitpy-$b.txt" 2>&1 || true
     for t in amqp091-go streadway-amqp; do
         AMQP_URL=amqp://guest:guest@127.0.0.1:5672/ "$SUITES/go/$t.test" -test.v -test.count=1 \
             -test.timeout 600s > "$r/$t-$b.txt" 2>&1 || true

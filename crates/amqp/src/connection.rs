@@ -448,6 +448,12 @@ impl Connection {
         &self.client_properties
     }
 
+    /// The SASL mechanism the client logged in with (none before start-ok).
+    #[must_use]
+    pub fn mechanism(&self) -> Option<Mechanism> {
+        self.mechanism
+    }
+
     /// The authenticated (or authenticating) user name.
     #[must_use]
     pub fn username(&self) -> &str {

@@ -9,7 +9,8 @@
 //! - users, permissions, definitions, `/api/vhosts/{vhost}` and operator
 //!   policies (one by one) are for administrators;
 //! - nodes and the cluster for monitors (`monitoring` or `administrator`);
-//! - a vhost's queues, exchanges, bindings and policy lists for
+//! - a vhost's queues, exchanges, bindings and policy lists, and the
+//!   message operations (publish, get, the aliveness test), for
 //!   administrators and users with permissions in that vhost;
 //! - one policy, read or written, for administrators and for policymakers
 //!   with permissions in its vhost;
@@ -126,6 +127,15 @@ fn rule(template: &str, method: &Method) -> Rule {
         // Whose connection it is decides, in the handler.
         return Rule::Anyone;
     }
+    if matches!(
+        template,
+        "/api/exchanges/{vhost}/{name}/publish"
+            | "/api/queues/{vhost}/{name}/get"
+            | "/api/aliveness-test/{vhost}"
+    ) {
+        // The broker checks the user's write or read permission too.
+        return Rule::Vhost;
+    }
     if method != Method::GET && method != Method::HEAD {
         return Rule::Admin;
     }
@@ -139,7 +149,7 @@ fn rule(template: &str, method: &Method) -> Rule {
         | "/api/consumers"
         | "/api/consumers/{vhost}"
         | "/api/{*rest}" => Rule::Anyone,
-        t if t.starts_with("/api/health/") => Rule::Anyone,
+        t if t.starts_with("/api/health/") || t.starts_with("/api/healthchecks/") => Rule::Anyone,
         "/api/nodes" | "/api/nodes/{name}" | "/api/cluster" => Rule::Monitor,
         "/api/operator-policies/{vhost}/{name}" => Rule::Admin,
         t if matches!(
@@ -153,7 +163,7 @@ fn rule(template: &str, method: &Method) -> Rule {
     }
 }
 
-fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+pub(crate) fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let encoded = value
         .strip_prefix("Basic ")

@@ -57,7 +57,7 @@ impl ApiError {
         }
     }
 
-    fn internal(reason: impl Into<String>) -> Self {
+    pub(crate) fn internal(reason: impl Into<String>) -> Self {
         Self {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             error: "internal_error",
@@ -175,6 +175,9 @@ pub(crate) fn routes(state: Management) -> Router {
             get(vhost_get).put(vhost_put).delete(vhost_delete),
         )
         .route("/api/users", get(users))
+        .route("/api/users/bulk-delete", post(users_bulk_delete))
+        .route("/api/users/{name}/permissions", get(user_permissions))
+        .route("/api/vhosts/{vhost}/permissions", get(vhost_permissions))
         .route(
             "/api/users/{name}",
             get(user_get).put(user_put).delete(user_delete),
@@ -211,6 +214,8 @@ pub(crate) fn routes(state: Management) -> Router {
             axum::routing::delete(queue_purge),
         )
         .route("/api/queues/{vhost}/{name}/actions", post(queue_action))
+        .route("/api/queues/{vhost}/{name}/bindings", get(queue_bindings))
+        .route("/api/queues/{vhost}/{name}/get", post(crate::messages::get))
         .route("/api/exchanges", get(exchanges_all))
         .route("/api/exchanges/{vhost}", get(exchanges_vhost))
         .route(
@@ -221,11 +226,19 @@ pub(crate) fn routes(state: Management) -> Router {
             "/api/exchanges/{vhost}/{name}/bindings/{side}",
             get(exchange_bindings),
         )
+        .route(
+            "/api/exchanges/{vhost}/{name}/publish",
+            post(crate::messages::publish),
+        )
         .route("/api/bindings", get(bindings_all))
         .route("/api/bindings/{vhost}", get(bindings_vhost))
         .route(
             "/api/bindings/{vhost}/e/{source}/{kind}/{destination}",
             get(bindings_between).post(binding_post),
+        )
+        .route(
+            "/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}",
+            get(binding_get).delete(binding_delete),
         )
         .route("/api/connections", get(clients::connections))
         .route(
@@ -256,6 +269,13 @@ pub(crate) fn routes(state: Management) -> Router {
             get(mirror_sync_critical),
         )
         .route("/api/health/checks/node-is-quorum-critical", get(health_ok))
+        .route("/api/healthchecks/node", get(healthcheck_node))
+        .route("/api/healthchecks/node/", get(healthcheck_node))
+        .route("/api/healthchecks/node/{node}", get(healthcheck_named))
+        .route(
+            "/api/aliveness-test/{vhost}",
+            get(crate::messages::aliveness),
+        )
         .route("/api/cluster-name", get(cluster_name))
         .route("/api/cluster", get(crate::cluster::status))
         .route("/api/cluster/join", post(crate::cluster::join))
@@ -730,6 +750,39 @@ async fn user_delete(State(s): State<Management>, Path(name): Path<String>) -> A
     }
 }
 
+/// `POST /api/users/bulk-delete` with `{"users": [names]}`: deletes them in
+/// order; at the first that does not exist it stops with 400 (those before
+/// it stay deleted), as RabbitMQ 3.10 does.
+async fn users_bulk_delete(State(s): State<Management>, body: Bytes) -> ApiResult<Response> {
+    let v = parse_body(&body)?;
+    let names: Vec<String> = v
+        .get("users")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad_request("[{key_missing,users}]"))?
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect();
+    let missing = s
+        .changing(|b| {
+            for name in &names {
+                if !b.delete_user(name)? {
+                    return Ok(Some(name.clone()));
+                }
+            }
+            Ok(None)
+        })
+        .await?;
+    match missing {
+        None => Ok(no_content()),
+        Some(name) => Ok((
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({"error": "bad_request", "reason": ["no_such_user", name]}).to_string(),
+        )
+            .into_response()),
+    }
+}
+
 // ------------------------------------------------------------- permissions
 
 fn permission_json(p: &PermissionDef) -> Value {
@@ -739,6 +792,41 @@ fn permission_json(p: &PermissionDef) -> Value {
 async fn permissions(State(s): State<Management>) -> Response {
     let ps = s.broker().permissions();
     ok(Value::Array(ps.iter().map(permission_json).collect()))
+}
+
+/// `GET /api/users/{name}/permissions`: the user's permissions in every vhost.
+async fn user_permissions(
+    State(s): State<Management>,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    let b = s.broker();
+    let exists = b.user(&name).is_some();
+    permissions_where(&b, exists, |p| p.user == name)
+}
+
+/// `GET /api/vhosts/{vhost}/permissions`: every user's permissions in it.
+async fn vhost_permissions(
+    State(s): State<Management>,
+    Path(vhost): Path<String>,
+) -> ApiResult<Response> {
+    let b = s.broker();
+    let exists = b.has_vhost(&vhost);
+    permissions_where(&b, exists, |p| p.vhost == vhost)
+}
+
+/// The permissions `keep` selects; 404 unless the user or vhost `exists`.
+fn permissions_where(
+    b: &warren_broker::Broker,
+    exists: bool,
+    keep: impl Fn(&PermissionDef) -> bool,
+) -> ApiResult<Response> {
+    if !exists {
+        return Err(ApiError::not_found());
+    }
+    let ps = b.permissions();
+    Ok(ok(Value::Array(
+        ps.iter().filter(|p| keep(p)).map(permission_json).collect(),
+    )))
 }
 
 async fn permission_get(
@@ -1386,7 +1474,7 @@ fn exchange_json(x: &warren_broker::ExchangeInfo) -> Value {
 
 /// An exchange's name as a path gives it (`amq.default` is the default
 /// exchange, `""`).
-fn exchange_name(name: String) -> String {
+pub(crate) fn exchange_name(name: String) -> String {
     if name == "amq.default" {
         String::new()
     } else {
@@ -1559,6 +1647,69 @@ async fn binding_post(
     Ok(r)
 }
 
+/// The binding between `source` and `destination` whose properties key
+/// (its routing key, `~` for an empty one) is `props`.
+fn find_binding(
+    s: &Management,
+    (vhost, source, kind, destination, props): (&str, &str, &str, &str, &str),
+) -> ApiResult<warren_broker::BindingInfo> {
+    let dtype = destination_type(kind)?;
+    let b = s.broker();
+    if !b.has_vhost(vhost) {
+        return Err(ApiError::not_found());
+    }
+    b.bindings(Some(vhost))
+        .into_iter()
+        .find(|x| {
+            x.source == source
+                && x.destination == destination
+                && x.destination_type == dtype
+                && properties_key(x) == props
+        })
+        .ok_or_else(ApiError::not_found)
+}
+
+/// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}`.
+async fn binding_get(
+    State(s): State<Management>,
+    Path((vhost, source, kind, destination, props)): Path<(String, String, String, String, String)>,
+) -> ApiResult<Response> {
+    let b = find_binding(&s, (&vhost, &source, &kind, &destination, &props))?;
+    Ok(ok(binding_json(&b)))
+}
+
+/// `DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}`:
+/// unbinds, as `queue.unbind` or `exchange.unbind` would.
+async fn binding_delete(
+    State(s): State<Management>,
+    Path((vhost, source, kind, destination, props)): Path<(String, String, String, String, String)>,
+) -> ApiResult<Response> {
+    let found = find_binding(&s, (&vhost, &source, &kind, &destination, &props))?;
+    let def = warren_broker::meta::BindingDef {
+        vhost,
+        source,
+        destination,
+        destination_is_exchange: found.destination_type == "exchange",
+        routing_key: found.routing_key,
+        arguments: json_to_table(&found.arguments),
+    };
+    if s.changing(|b| Ok(b.admin_unbind(&def)?)).await? {
+        Ok(no_content())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+/// A binding's properties key in the API's paths: its routing key, or `~`
+/// for an empty one.
+fn properties_key(b: &warren_broker::BindingInfo) -> String {
+    if b.routing_key.is_empty() {
+        "~".to_owned()
+    } else {
+        b.routing_key.clone()
+    }
+}
+
 pub(crate) fn binding_json(b: &warren_broker::BindingInfo) -> Value {
     json!({
         "source": b.source,
@@ -1567,7 +1718,7 @@ pub(crate) fn binding_json(b: &warren_broker::BindingInfo) -> Value {
         "destination_type": b.destination_type,
         "routing_key": b.routing_key,
         "arguments": b.arguments,
-        "properties_key": if b.routing_key.is_empty() { "~".to_owned() } else { b.routing_key.clone() },
+        "properties_key": properties_key(b),
     })
 }
 
@@ -1613,6 +1764,36 @@ async fn exchange_bindings(
             .map(binding_json)
             .collect(),
     )))
+}
+
+/// `GET /api/queues/{vhost}/{name}/bindings`: the bindings to the queue,
+/// the default exchange's first. For a queue that does not exist RabbitMQ
+/// 3.10 lists the default exchange's binding all the same; so does this.
+async fn queue_bindings(
+    State(s): State<Management>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let b = s.broker();
+    if !b.has_vhost(&vhost) {
+        return Err(ApiError::not_found());
+    }
+    let mut list: Vec<Value> = b
+        .bindings(Some(&vhost))
+        .iter()
+        .filter(|x| x.destination_type == "queue" && x.destination == name)
+        .map(binding_json)
+        .collect();
+    if list.is_empty() {
+        list.push(binding_json(&warren_broker::BindingInfo {
+            vhost: vhost.clone(),
+            source: String::new(),
+            destination: name.clone(),
+            destination_type: "queue",
+            routing_key: name,
+            arguments: Value::Object(Map::new()),
+        }));
+    }
+    Ok(ok(Value::Array(list)))
 }
 
 async fn bindings_all(
@@ -1667,6 +1848,35 @@ fn alarms_response(alarms: Vec<(String, warren_broker::AlarmSet)>, reason: &str)
         body.to_string(),
     )
         .into_response()
+}
+
+/// `GET /api/healthchecks/node` (RabbitMQ 3.10's older check, still
+/// served): `{"status": "ok"}` while this node runs without a resource
+/// alarm, else `{"status": "failed", "reason"}`, both with 200.
+async fn healthcheck_node(State(s): State<Management>) -> Response {
+    healthcheck(&s)
+}
+
+/// `GET /api/healthchecks/node/{node}`: the same for this node, by name.
+async fn healthcheck_named(
+    State(s): State<Management>,
+    Path(node): Path<String>,
+) -> ApiResult<Response> {
+    if node != s.node {
+        return Err(ApiError::not_found());
+    }
+    Ok(healthcheck(&s))
+}
+
+fn healthcheck(s: &Management) -> Response {
+    let local = s.broker().local_alarms();
+    if local.memory || local.disk {
+        let which = if local.memory { "memory" } else { "disk" };
+        return ok(
+            json!({"status": "failed", "reason": format!("resource alarm in effect: {which}")}),
+        );
+    }
+    ok(json!({"status": "ok"}))
 }
 
 async fn health_ok() -> Response {

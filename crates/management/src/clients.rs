@@ -40,7 +40,8 @@ fn connection_json(node: &str, c: &ConnectionInfo, (r, ranges): (&Rates, &Ranges
         "channels": c.channels,
         "protocol": "AMQP 0-9-1",
         "ssl": false,
-        "auth_mechanism": "PLAIN",
+        "auth_mechanism": c.auth_mechanism,
+        "client_properties": c.client_properties,
         "type": "network",
     });
     if let Value::Object(o) = &mut v {

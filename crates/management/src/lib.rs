@@ -5,7 +5,10 @@
 //! `/api/permissions`, `/api/policies`, `/api/operator-policies`,
 //! `/api/queues` with the mirror fields, `/api/exchanges`, `/api/bindings`,
 //! `/api/connections`, `/api/channels`, `/api/consumers`,
-//! `/api/definitions`, `/api/health/checks/…`), Warren's
+//! `/api/definitions`, `/api/health/checks/…`, `/api/healthchecks/node`),
+//! the message operations (`POST …/publish`, `POST …/get`,
+//! `/api/aliveness-test/{vhost}`, through an AMQP client inside the node
+//! that logs in as the request's user: the `direct` module), Warren's
 //! `POST /api/nodes/{name}/stop`, `/stop_app` and `/start_app` (through a
 //! [`NodeControl`]), plus `/api/openapi.json` describing them, and a web
 //! page at `/` (overview with rates and charts, connections, channels,
@@ -31,8 +34,10 @@ mod api;
 mod clients;
 mod cluster;
 mod defs;
+mod direct;
 mod fanout;
 mod listener;
+mod messages;
 mod metrics;
 mod node;
 mod openapi;
@@ -53,6 +58,7 @@ pub use cluster::{
     ClusterControl, ClusterFuture, ClusterInfo, ClusterMember, JoinFuture, JoinOutcome,
 };
 pub use defs::{ImportError, import_definitions};
+pub use listener::HTTP_IDLE_TIMEOUT;
 pub use metrics::{metrics_router, render as render_metrics, serve_metrics};
 pub use node::NodeControl;
 pub use openapi::openapi_document;
@@ -134,6 +140,7 @@ pub struct Management {
     started: Instant,
     stats_interval: Duration,
     rates: Arc<Mutex<rates::Rates>>,
+    http_idle: Duration,
 }
 
 impl fmt::Debug for Management {
@@ -169,6 +176,7 @@ impl Management {
             started: Instant::now(),
             stats_interval: rates::DEFAULT_INTERVAL,
             rates: Arc::new(Mutex::new(rates::Rates::new(rates::DEFAULT_INTERVAL))),
+            http_idle: HTTP_IDLE_TIMEOUT,
         }
     }
 
@@ -178,6 +186,14 @@ impl Management {
     pub fn statistics_interval(mut self, every: Duration) -> Self {
         self.stats_interval = every;
         self.rates = Arc::new(Mutex::new(rates::Rates::new(every)));
+        self
+    }
+
+    /// Sets how long an HTTP connection may wait for its next request's
+    /// headers ([`HTTP_IDLE_TIMEOUT`] by default, as RabbitMQ's).
+    #[must_use]
+    pub fn http_idle_timeout(mut self, idle: Duration) -> Self {
+        self.http_idle = idle;
         self
     }
 
@@ -277,5 +293,6 @@ pub fn router(state: Management) -> Router {
 /// the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: Management) -> std::io::Result<()> {
     let _sampler = rates::AbortOnDrop(tokio::spawn(rates::sample_forever(state.clone())));
-    listener::serve_router(listener, router(state)).await
+    let idle = state.http_idle;
+    listener::serve_router(listener, router(state), idle).await
 }

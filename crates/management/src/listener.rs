@@ -14,18 +14,27 @@ use tokio::sync::Semaphore;
 
 /// How long a client has to send a request's headers, and how long a
 /// kept-alive connection may wait for its next request, before it is
-/// closed: a client that sends its headers a byte at a time, or nothing
-/// at all, holds no connection for long.
-pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// closed (hyper's header timeout counts both): RabbitMQ 3.10 closes an
+/// idle kept-alive connection after 60 s, and a client that pools its
+/// connections (Python's requests) and calls every few seconds would
+/// otherwise meet a connection closed under its request. A client that
+/// sends its headers a byte at a time, or nothing at all, holds its
+/// connection no longer than that.
+pub const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Connections served at once per listener; more wait in the listen
 /// backlog until one ends (as ranch's `max_connections` for RabbitMQ's
 /// listeners), so HTTP clients cannot take every descriptor of the node.
 pub(crate) const MAX_CONNECTIONS: usize = 1024;
 
-/// Serves `router` on `listener` until the task is dropped. Handlers see
-/// the client's address as `ConnectInfo<SocketAddr>`.
-pub(crate) async fn serve_router(listener: TcpListener, router: Router) -> std::io::Result<()> {
+/// Serves `router` on `listener` until the task is dropped, closing a
+/// connection that sends no whole request's headers within `idle`.
+/// Handlers see the client's address as `ConnectInfo<SocketAddr>`.
+pub(crate) async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    idle: Duration,
+) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
@@ -44,8 +53,7 @@ pub(crate) async fn serve_router(listener: TcpListener, router: Router) -> std::
         let service = TowerToHyperService::new(router.clone().layer(Extension(ConnectInfo(peer))));
         tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
+            http.timer(TokioTimer::new()).header_read_timeout(idle);
             if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(%peer, error = %e, "HTTP connection ended");
             }

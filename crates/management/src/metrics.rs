@@ -470,5 +470,6 @@ pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     state: Management,
 ) -> std::io::Result<()> {
-    crate::listener::serve_router(listener, metrics_router(state)).await
+    let idle = state.http_idle;
+    crate::listener::serve_router(listener, metrics_router(state), idle).await
 }

@@ -44,11 +44,26 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
     ),
     ("/api/vhosts", &["get"], "Virtual hosts"),
     (
+        "/api/vhosts/{vhost}/permissions",
+        &["get"],
+        "Every user's permissions in a vhost",
+    ),
+    (
         "/api/vhosts/{vhost}",
         &["get", "put", "delete"],
         "One virtual host",
     ),
     ("/api/users", &["get"], "Users"),
+    (
+        "/api/users/bulk-delete",
+        &["post"],
+        "Delete users {\"users\": [names]} in order; 400 at the first missing one",
+    ),
+    (
+        "/api/users/{name}/permissions",
+        &["get"],
+        "A user's permissions in every vhost",
+    ),
     (
         "/api/users/{name}",
         &["get", "put", "delete"],
@@ -99,6 +114,16 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         &["post"],
         "{\"action\":\"sync\"} or {\"action\":\"cancel_sync\"}",
     ),
+    (
+        "/api/queues/{vhost}/{name}/bindings",
+        &["get"],
+        "Bindings to a queue, the default exchange's first",
+    ),
+    (
+        "/api/queues/{vhost}/{name}/get",
+        &["post"],
+        "Get messages: count, ackmode (ack_requeue_true|false, reject_requeue_true|false), encoding (auto|base64), truncate",
+    ),
     ("/api/exchanges", &["get"], "Exchanges"),
     ("/api/exchanges/{vhost}", &["get"], "Exchanges of a vhost"),
     (
@@ -116,12 +141,22 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         &["get"],
         "Bindings to an exchange",
     ),
+    (
+        "/api/exchanges/{vhost}/{name}/publish",
+        &["post"],
+        "Publish: routing_key, payload, payload_encoding (string|base64), properties; answers {\"routed\": bool}",
+    ),
     ("/api/bindings", &["get"], "Bindings"),
     ("/api/bindings/{vhost}", &["get"], "Bindings of a vhost"),
     (
         "/api/bindings/{vhost}/e/{source}/{kind}/{destination}",
         &["get", "post"],
         "Bindings from an exchange to a queue (kind q) or exchange (kind e); POST: routing_key, arguments (201, Location: props)",
+    ),
+    (
+        "/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}",
+        &["get", "delete"],
+        "One binding by its properties key (the routing key, ~ for an empty one)",
     ),
     (
         "/api/connections",
@@ -184,6 +219,21 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         "/api/health/checks/node-is-quorum-critical",
         &["get"],
         "Always 200: Warren has no quorum queues",
+    ),
+    (
+        "/api/healthchecks/node",
+        &["get"],
+        "RabbitMQ 3.10's older node check: {\"status\":\"ok\"}, or failed with a reason under a resource alarm",
+    ),
+    (
+        "/api/healthchecks/node/{node}",
+        &["get"],
+        "The same for this node by name",
+    ),
+    (
+        "/api/aliveness-test/{vhost}",
+        &["get"],
+        "Declares the queue aliveness-test, publishes test_message to it and gets it back",
     ),
     ("/api/openapi.json", &["get"], "This document"),
 ];

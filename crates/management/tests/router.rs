@@ -220,14 +220,16 @@ async fn node_control_serves_stop_stop_app_and_start_app() {
 }
 
 /// A client that starts a request and never finishes its headers is
-/// disconnected (after `HEADER_TIMEOUT`: `axum::serve` set none, and 3,000
-/// such connections sat open for good, on the way to the node's descriptor
-/// limit); others are served meanwhile.
+/// disconnected (after the idle timeout, 60 s by default, 2 s here:
+/// `axum::serve` set none, and 3,000 such connections sat open for good,
+/// on the way to the node's descriptor limit); others are served meanwhile.
 #[tokio::test]
 async fn a_request_whose_headers_never_end_is_dropped() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let dir = tempfile::tempdir().unwrap();
-    let addr = common::serve(Management::new(common::broker(dir.path()))).await;
+    let state = Management::new(common::broker(dir.path()))
+        .http_idle_timeout(std::time::Duration::from_secs(2));
+    let addr = common::serve(state).await;
     let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
     slow.write_all(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")
         .await

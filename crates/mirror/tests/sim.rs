@@ -1598,3 +1598,69 @@ fn a_mirror_whose_writes_fail_leaves_the_synchronised_set_until_a_sync() {
     assert_eq!(sim.nodes[1].replica.digest(), sim.nodes[m].replica.digest());
     sim.check_end();
 }
+
+/// A mirror that joins a queue holding messages (a sync with a backlog)
+/// holds later confirms back until its own fsync, as one that joined an
+/// empty queue does.
+#[test]
+fn a_mirror_synchronised_from_a_backlog_holds_confirms_until_its_fsync() {
+    let mut sim = Sim::with_disk(3, settings(SyncMode::Automatic, 16), true);
+    for _ in 0..40 {
+        sim.publish();
+    }
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 40);
+    sim.add_synchronised_mirrors(1);
+    five_confirms_wait_for_the_mirrors_fsync(&mut sim);
+}
+
+/// Five publishes are confirmed once the one synchronised mirror has synced
+/// its disk, not before (the master's disk alone is not enough).
+fn five_confirms_wait_for_the_mirrors_fsync(sim: &mut Sim) {
+    let confirmed = sim.check.confirmed.len();
+    for _ in 0..5 {
+        sim.publish();
+    }
+    sim.ring_rounds();
+    let m = sim.master().unwrap();
+    sim.sync_disk(m);
+    sim.ring_rounds();
+    assert_eq!(
+        sim.check.confirmed.len(),
+        confirmed,
+        "on the master's disk only, not on the new mirror's"
+    );
+    let mirror = sim.synced_alive_mirrors()[0];
+    sim.sync_disk(mirror);
+    sim.ring_rounds();
+    assert_eq!(sim.check.confirmed.len(), confirmed + 5);
+    sim.quiesce();
+    sim.check_end();
+}
+
+/// The same when publishes, deliveries and acks go on while the mirror
+/// receives the backlog (ops buffered during the sync, applied after it).
+#[test]
+fn a_mirror_synchronised_under_traffic_holds_confirms_until_its_fsync() {
+    let mut sim = Sim::with_disk(3, settings(SyncMode::Automatic, 4), true);
+    for _ in 0..40 {
+        sim.publish();
+    }
+    sim.quiesce();
+    sim.add_node(false);
+    for _ in 0..200 {
+        sim.publish();
+        sim.fetch();
+        sim.settle_delivery(false);
+        sim.flush_all();
+        for _ in 0..20 {
+            sim.deliver_frame();
+        }
+        for i in 0..sim.nodes.len() {
+            sim.sync_disk(i);
+        }
+    }
+    sim.quiesce();
+    assert_eq!(sim.synced_alive_mirrors().len(), 1);
+    five_confirms_wait_for_the_mirrors_fsync(&mut sim);
+}

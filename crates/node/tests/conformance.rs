@@ -14,6 +14,7 @@
 
 #![allow(clippy::print_stderr)]
 
+mod common;
 mod peers;
 
 use std::collections::BTreeMap;
@@ -24,21 +25,6 @@ use peers::{Peer, eventually, names, three_with};
 use serde_json::{Value, json};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance");
-
-fn has_pika() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import pika"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var("WARREN_REQUIRE_PIKA").as_deref() != Ok("1"),
-            "WARREN_REQUIRE_PIKA=1 but python3 cannot import pika (pip install pika)"
-        );
-        eprintln!("conformance skipped: python3 cannot import pika (pip install pika)");
-    }
-    ok
-}
 
 /// `scenario/placement` keys that are known to differ from RabbitMQ.
 fn known_divergences() -> Vec<String> {
@@ -61,7 +47,7 @@ fn scenarios_json(script: &str, flag: &str) -> BTreeMap<String, Value> {
 
 #[test]
 fn queue_features_behave_as_in_rabbitmq() {
-    if !has_pika() {
+    if !common::has_pika("conformance") {
         return;
     }
     let script = format!("{DIR}/scenarios.py");

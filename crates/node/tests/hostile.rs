@@ -9,7 +9,7 @@ mod peers;
 
 use std::time::Duration;
 
-use common::{Node, login_with_heartbeat, within};
+use common::{Node, differ_from_rabbitmq, login_with_heartbeat, probe_json, within};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
@@ -521,36 +521,11 @@ async fn pre_open_errors_are_answered_as_rabbitmq_answers_them() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path(), &[]);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hostile/preopen.py");
-    let port = node.port.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .arg(port)
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("run python3");
-    assert!(
-        out.status.success(),
-        "preopen.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let warren: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&out.stdout).expect("preopen.py prints JSON");
+    let warren = probe_json(script.to_owned(), vec![node.port.to_string()]).await;
     let rabbit: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(include_str!("hostile/preopen-rabbitmq-3.10.json")).unwrap();
     assert!(warren.len() > 25, "too few cases ran: {warren:?}");
-    let differ: Vec<String> = warren
-        .iter()
-        .filter(|(case, got)| rabbit.get(*case) != Some(*got))
-        .map(|(case, got)| {
-            format!(
-                "{case}: warren {got}, rabbitmq 3.10 {}",
-                rabbit.get(case).unwrap_or(&serde_json::Value::Null)
-            )
-        })
-        .collect();
+    let differ = differ_from_rabbitmq(&warren, &rabbit);
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     honest_round_trip(&node, "after-preopen", 20).await;
 }

@@ -4,20 +4,13 @@
 
 #![allow(clippy::print_stderr)]
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn pika_suite() {
-    let has_pika = Command::new("python3")
-        .args(["-c", "import pika"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_pika {
-        assert!(
-            std::env::var("WARREN_REQUIRE_PIKA").as_deref() != Ok("1"),
-            "WARREN_REQUIRE_PIKA=1 but python3 cannot import pika (pip install pika)"
-        );
-        eprintln!("pika_suite skipped: python3 cannot import pika (pip install pika)");
+    if !common::has_pika("pika_suite") {
         return;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/test_pika.py");

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
+use warren_amqp::Mechanism;
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
 use super::link::QueueFigures;
@@ -123,6 +124,10 @@ pub struct ConnectionInfo {
     pub channels: u64,
     /// Bytes read from and written to its socket.
     pub octets: Octets,
+    /// The client's connection.start-ok properties, as JSON.
+    pub client_properties: Value,
+    /// The SASL mechanism it logged in with (`None` before start-ok).
+    pub auth_mechanism: Option<&'static str>,
 }
 
 /// One channel of a client connection.
@@ -247,6 +252,13 @@ fn missing(what: &str, name: &str, vhost: &str) -> BrokerError {
 }
 
 impl Broker {
+    /// The time of the broker's latest input, in the shell's clock: for an
+    /// in-process client that has no clock of its own.
+    #[must_use]
+    pub fn now_ms(&self) -> u64 {
+        self.now
+    }
+
     /// The node's name.
     #[must_use]
     pub fn node_name(&self) -> &str {
@@ -462,6 +474,8 @@ impl Broker {
                 vhost: c.vhost.clone(),
                 channels: c.channels.len() as u64,
                 octets: c.octets,
+                client_properties: table_to_json(c.amqp.client_properties()),
+                auth_mechanism: c.amqp.mechanism().map(Mechanism::as_str),
             })
             .collect();
         out.sort_by_key(|c| c.id);

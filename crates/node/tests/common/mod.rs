@@ -163,3 +163,58 @@ pub fn login_with_heartbeat(secs: u16) -> Vec<u8> {
     login[at + 10..at + 12].copy_from_slice(&secs.to_be_bytes());
     login
 }
+
+/// Whether python3 can import pika. Without it `test` says so and passes,
+/// unless `WARREN_REQUIRE_PIKA=1`.
+#[allow(clippy::print_stderr)]
+pub fn has_pika(test: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import pika"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var("WARREN_REQUIRE_PIKA").as_deref() != Ok("1"),
+            "WARREN_REQUIRE_PIKA=1 but python3 cannot import pika (pip install pika)"
+        );
+        eprintln!("{test} skipped: python3 cannot import pika (pip install pika)");
+    }
+    ok
+}
+
+/// The `{case: outcome}` object a probe script prints, run as `python3
+/// SCRIPT ARGS…` off the async runtime; the test fails if the script does.
+pub async fn probe_json(
+    script: String,
+    args: Vec<String>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3").arg(&script).args(&args).output()
+    })
+    .await
+    .unwrap()
+    .expect("run python3");
+    assert!(
+        out.status.success(),
+        "the probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the probe prints a JSON object")
+}
+
+/// The cases whose outcome in `got` is not the one `recorded` from
+/// RabbitMQ 3.10, one line each.
+pub fn differ_from_rabbitmq(
+    got: &serde_json::Map<String, serde_json::Value>,
+    recorded: &serde_json::Map<String, serde_json::Value>,
+) -> Vec<String> {
+    got.iter()
+        .filter(|(case, outcome)| recorded.get(*case) != Some(*outcome))
+        .map(|(case, outcome)| {
+            format!(
+                "{case}: warren {outcome}, rabbitmq 3.10 {}",
+                recorded.get(case).unwrap_or(&serde_json::Value::Null)
+            )
+        })
+        .collect()
+}
