@@ -516,7 +516,9 @@ impl SegmentLog {
                                 break;
                             }
                             None if is_last => {
-                                tracing::warn!(file = %path.display(), offset = pos, "cutting off torn tail of segment log");
+                                // The caller says so, once (`RecoveryReport::truncated`):
+                                // an open retried every second must not repeat it.
+                                tracing::debug!(file = %path.display(), offset = pos, "cutting off torn tail of segment log");
                                 report.truncated = Some((path.clone(), pos as u64));
                                 valid_len = pos as u64;
                                 break;

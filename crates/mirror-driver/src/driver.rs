@@ -905,7 +905,10 @@ impl<S: MetadataSource> MirrorDriver<S> {
             .mirroring()
             .is_none();
         if lock(&self.broker).restore_queue(vhost, name, bq, serve) {
-            tracing::info!(node = %self.node, %vhost, queue = %name, messages = report.messages, "queue opened again from its log after the disk failure");
+            let cut = report
+                .truncated
+                .map(|(file, at)| format!("{}@{at}", file.display()));
+            tracing::info!(node = %self.node, %vhost, queue = %name, messages = report.messages, torn_tail_cut = ?cut, "queue opened again from its log after the disk failure");
         }
         Ok(())
     }

@@ -37,7 +37,10 @@ pub(crate) async fn reopen(broker: Shared) {
                 Ok((bq, report)) => {
                     told.remove(&key);
                     if lock(&broker).reopened(&plan, bq) {
-                        tracing::info!(vhost = %plan.vhost, queue = %plan.name, messages = report.messages, "queue served again: its log opened after the failure");
+                        let cut = report
+                            .truncated
+                            .map(|(file, at)| format!("{}@{at}", file.display()));
+                        tracing::info!(vhost = %plan.vhost, queue = %plan.name, messages = report.messages, torn_tail_cut = ?cut, "queue served again: its log opened after the failure");
                     }
                 }
                 Err(e) => {
