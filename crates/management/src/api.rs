@@ -283,6 +283,11 @@ pub(crate) fn routes(state: Management) -> Router {
             "/api/cluster/nodes/{name}",
             axum::routing::delete(crate::cluster::forget),
         )
+        .route("/api/parameters", get(none_yet))
+        .route("/api/parameters/{component}", get(none_yet))
+        .route("/api/parameters/{component}/{vhost}", get(none_yet))
+        .route("/api/vhost-limits", get(none_yet))
+        .route("/api/vhost-limits/{vhost}", get(none_yet))
         .route("/api/openapi.json", get(openapi))
         .route("/api/{*rest}", get(api_not_found).put(api_not_found))
         .route_layer(middleware::from_fn_with_state(state.clone(), access::auth))
@@ -1877,6 +1882,13 @@ fn healthcheck(s: &Management) -> Response {
         );
     }
     ok(json!({"status": "ok"}))
+}
+
+/// Lists of what Warren does not have (runtime parameters such as
+/// federation upstreams, vhost limits): empty, as on a RabbitMQ without
+/// any, so tools that list them (rabbitmqadmin) work.
+async fn none_yet() -> Response {
+    ok(Value::Array(Vec::new()))
 }
 
 async fn health_ok() -> Response {

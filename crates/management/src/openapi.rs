@@ -235,6 +235,16 @@ pub(crate) const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         &["get"],
         "Declares the queue aliveness-test, publishes test_message to it and gets it back",
     ),
+    (
+        "/api/parameters",
+        &["get"],
+        "Runtime parameters: none (Warren has no federation or shovel); also per component and vhost",
+    ),
+    (
+        "/api/vhost-limits",
+        &["get"],
+        "Vhost limits: none yet; also per vhost",
+    ),
     ("/api/openapi.json", &["get"], "This document"),
 ];
 

@@ -111,6 +111,8 @@ def main():
     out["user_permissions_missing"] = status("GET", "/users/probe-nobody/permissions")
     out["vhost_permissions_missing"] = status("GET", "/vhosts/probe-none/permissions")
 
+    out["parameters"] = call("GET", "/parameters")
+    out["vhost_limits"] = call("GET", "/vhost-limits")
     node = call("GET", "/nodes")[1][0]["name"]
     out["healthcheck"] = call("GET", "/healthchecks/node")
     out["healthcheck_slash"] = call("GET", "/healthchecks/node/")
