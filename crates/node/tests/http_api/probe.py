@@ -2,7 +2,8 @@
 libraries' own suites use them (AMQPStorm's functional tests): publish and
 get over HTTP, the aliveness test, a queue's bindings, a binding by its
 properties key, per-user and per-vhost permissions, bulk user deletion, the
-older node health check and a connection's client properties. Prints
+older node health check, a connection's client properties, and the
+parameter and vhost-limit lists rabbitmqadmin reads. Prints
 {case: outcome} as JSON: status codes and the fields that do not depend on
 the broker (no node names, no timestamps).
 
