@@ -286,7 +286,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The router: `/api/…`, `/api/openapi.json` and the web page at `/`.
 pub fn router(state: Management) -> Router {
-    api::routes(state.clone()).merge(web::routes())
+    api::routes(state.clone())
+        .merge(web::routes())
+        .layer(axum::middleware::from_fn(read_whole_body))
+}
+
+/// The most a request's body may carry (axum's own limit for the handlers
+/// that read one).
+const BODY_LIMIT: usize = 2 << 20;
+
+/// Reads a request's whole body before its handler runs, so a handler that
+/// has no use for it (a `DELETE` sent with a JSON body, as AMQPStorm's does,
+/// the body written after the headers) leaves the connection reusable:
+/// hyper closes a kept-alive connection whose body was not read, and the
+/// client's next request on it meets a closed socket. 413 past the limit.
+async fn read_whole_body(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let (parts, body) = req.into_parts();
+    match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(bytes) => {
+            let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            next.run(req).await
+        }
+        Err(_) => axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+    }
 }
 
 /// Serves [`router`] on `listener`, and samples the message rates, until

@@ -244,3 +244,54 @@ async fn a_request_whose_headers_never_end_is_dropped() {
     .await;
     assert!(ended.is_ok(), "the slow request's connection is still open");
 }
+
+/// A request whose body comes after its headers (as Python's requests
+/// writes a DELETE with a JSON body), to a handler that has no use for the
+/// body, leaves the kept-alive connection open for the next request (hyper
+/// closed one whose body was not read: AMQPStorm's next call met
+/// `RemoteDisconnected`).
+#[tokio::test]
+async fn a_body_no_handler_reads_leaves_the_connection_usable() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = common::serve(Management::new(common::broker(dir.path()))).await;
+    let auth = "Authorization: Basic Z3Vlc3Q6Z3Vlc3Q=";
+    let (status, _) = request(
+        &addr,
+        "PUT",
+        "/api/queues/%2F/q",
+        Some(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = br#"{"vhost":"/","name":"q","mode":"delete"}"#;
+    let head = format!(
+        "DELETE /api/queues/%2F/q HTTP/1.1\r\nHost: x\r\n{auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    s.write_all(body).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the DELETE's answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 204"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let next = format!("GET /api/overview HTTP/1.1\r\nHost: x\r\n{auth}\r\n\r\n");
+    s.write_all(next.as_bytes()).await.unwrap();
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "the next request on the connection: {:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+}
