@@ -117,7 +117,7 @@ impl Direct {
             "connection_name".into(),
             LongString::from("management API").into(),
         );
-        d.queue(&[
+        d.send(&[
             method(
                 0,
                 connection_method(connection::AMQPMethod::StartOk(connection::StartOk {
@@ -168,7 +168,7 @@ impl Direct {
         properties: BasicProperties,
         body: &[u8],
     ) -> ApiResult<bool> {
-        self.queue(&[method(
+        self.send(&[method(
             CH,
             AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
                 nowait: false,
@@ -200,7 +200,7 @@ impl Direct {
             body.chunks(131_072 - 8)
                 .map(|c| AMQPFrame::Body(CH, c.to_vec())),
         );
-        self.queue(&frames);
+        self.send(&frames);
         let mut routed = true;
         loop {
             match self.frame().await? {
@@ -223,7 +223,7 @@ impl Direct {
 
     /// `basic.get` (with acks): the next message of `queue`, if any.
     pub(crate) async fn get(&mut self, queue: &str) -> ApiResult<Option<Got>> {
-        self.queue(&[method(
+        self.send(&[method(
             CH,
             AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
                 queue: queue.into(),
@@ -281,12 +281,12 @@ impl Direct {
                 method(CH, AMQPClass::Basic(m))
             })
             .collect();
-        self.queue(&frames);
+        self.send(&frames);
     }
 
     /// `queue.declare` of a non-durable queue (or of one that exists).
     pub(crate) async fn declare(&mut self, name: &str) -> ApiResult<()> {
-        self.queue(&[method(
+        self.send(&[method(
             CH,
             AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
                 queue: name.into(),
@@ -304,7 +304,7 @@ impl Direct {
 
     /// Closes the connection cleanly, waiting for close-ok.
     pub(crate) async fn close(mut self) {
-        self.queue(&[method(
+        self.send(&[method(
             0,
             connection_method(connection::AMQPMethod::Close(connection::Close {
                 reply_code: 200,
@@ -337,8 +337,9 @@ impl Direct {
         }
     }
 
-    /// Encodes `frames` for the broker, which takes them on the next pump.
-    fn queue(&mut self, frames: &[AMQPFrame]) {
+    /// Encodes `frames` for the broker, which takes them on the next pump
+    /// (input pauses while a login or a metadata commit is pending).
+    fn send(&mut self, frames: &[AMQPFrame]) {
         for f in frames {
             // Only frames this module makes, each valid: encoding cannot fail.
             if let Ok(ctx) = gen_frame(f)(WriteContext::from(Vec::new())) {
