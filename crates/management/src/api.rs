@@ -1378,7 +1378,7 @@ async fn queue_put(
         if !b.has_vhost(&vhost) {
             return Err(ApiError::not_found());
         }
-        let existed = b.queues(Some(&vhost)).iter().any(|q| q.name == name);
+        let existed = b.has_queue(&vhost, &name);
         b.admin_declare_queue(&vhost, &name, durable, auto_delete, args)?;
         Ok(created_or_updated(!existed))
     })
@@ -1443,12 +1443,7 @@ async fn queue_action(
     body: Bytes,
 ) -> ApiResult<Response> {
     let v = parse_body(&body)?;
-    if !s
-        .broker()
-        .queues(Some(&vhost))
-        .iter()
-        .any(|x| x.name == name)
-    {
+    if !s.broker().has_queue(&vhost, &name) {
         return Err(ApiError::not_found());
     }
     let r = match v.get("action").and_then(Value::as_str) {

@@ -37,6 +37,9 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The channel every operation uses.
 const CH: u16 = 1;
 
+/// The frame_max this client asks for in tune-ok; body frames fill it.
+const FRAME_MAX: u32 = 131_072;
+
 /// A message `basic.get` returned.
 pub(crate) struct Got {
     /// The delivery tag, to settle it.
@@ -131,7 +134,7 @@ impl Direct {
                 0,
                 connection_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
                     channel_max: 1,
-                    frame_max: 131_072,
+                    frame_max: FRAME_MAX,
                     heartbeat: 0,
                 })),
             ),
@@ -197,7 +200,7 @@ impl Direct {
         ];
         // Body frames within the frame_max asked for, less the frame's 8 bytes.
         frames.extend(
-            body.chunks(131_072 - 8)
+            body.chunks(FRAME_MAX as usize - 8)
                 .map(|c| AMQPFrame::Body(CH, c.to_vec())),
         );
         self.send(&frames);

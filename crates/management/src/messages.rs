@@ -62,12 +62,7 @@ pub(crate) async fn get(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req = GetRequest::parse(&body)?;
-    if !s
-        .broker()
-        .queues(Some(&vhost))
-        .iter()
-        .any(|q| q.name == name)
-    {
+    if !s.broker().has_queue(&vhost, &name) {
         return Err(ApiError::not_found());
     }
     let mut d = direct(&s, &headers, &vhost).await?;

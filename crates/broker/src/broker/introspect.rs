@@ -292,6 +292,15 @@ impl Broker {
         self.vhosts.contains_key(vhost)
     }
 
+    /// Whether queue `name` exists in `vhost` (a lookup, where
+    /// [`queues`](Self::queues) describes every queue).
+    #[must_use]
+    pub fn has_queue(&self, vhost: &str, name: &str) -> bool {
+        self.vhosts
+            .get(vhost)
+            .is_some_and(|v| v.queues.contains_key(name))
+    }
+
     /// Users, sorted by name.
     #[must_use]
     pub fn users(&self) -> Vec<UserDef> {
