@@ -1171,7 +1171,11 @@ fn status(c: &Client, cli: &Cli, cluster: bool) -> Res<()> {
             s.push('\n');
         }
         if let Some(sockets) = known("sockets_used") {
-            s.push_str(&format!("Sockets: {sockets}\n"));
+            s.push_str(&format!("Sockets: {sockets}"));
+            if let Some(limit) = known("sockets_total") {
+                s.push_str(&format!(", limit: {limit}"));
+            }
+            s.push('\n');
         }
         if let Some(tasks) = known("proc_used") {
             s.push_str(&format!(

@@ -488,9 +488,14 @@ fn node_json(s: &Management) -> Value {
     });
     // What cannot be read is left out, not shown as 0.
     if let Value::Object(n) = &mut node {
-        if let Some((fds, sockets)) = process::fds_and_sockets() {
+        if let Some(fds) = process::fds() {
             n.insert("fd_used".into(), fds.into());
-            n.insert("sockets_used".into(), sockets.into());
+        }
+        if let Some((used, total)) = s.node_control.as_ref().and_then(|c| c.client_sockets()) {
+            n.insert("sockets_used".into(), used.into());
+            if let Some(total) = total {
+                n.insert("sockets_total".into(), total.into());
+            }
         }
         if let Some(limit) = process::fd_limit() {
             n.insert("fd_total".into(), limit.into());

@@ -436,7 +436,7 @@ pub fn render(s: &Management) -> String {
         );
         let _ = writeln!(out, "process_cpu_seconds_total {cpu}");
     }
-    if let Some((fds, _)) = crate::process::fds_and_sockets() {
+    if let Some(fds) = crate::process::fds() {
         family(
             &mut out,
             "rabbitmq_process_open_fds",

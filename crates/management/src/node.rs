@@ -25,6 +25,12 @@ pub trait NodeControl: Send + Sync + fmt::Debug {
     fn start_app(&self) -> ClusterFuture;
     /// Whether client connections are accepted.
     fn app_running(&self) -> bool;
+    /// Client sockets held, and how many the node may hold (`None`:
+    /// unlimited): RabbitMQ's `sockets_used` and `sockets_total`. `None`
+    /// where the node keeps no such count.
+    fn client_sockets(&self) -> Option<(u64, Option<u64>)> {
+        None
+    }
 }
 
 async fn act(

@@ -13,8 +13,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::Shared;
-use crate::client::serve_stream;
+use crate::client::serve;
 use crate::config::Tls;
+use crate::sockets::ClientSockets;
 
 /// How long a client may take over the TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -26,6 +27,7 @@ pub(crate) async fn start(
     tls: &Tls,
     broker: Shared,
     running: Arc<AtomicBool>,
+    sockets: ClientSockets,
 ) -> anyhow::Result<SocketAddr> {
     let cert = tls
         .certfile
@@ -56,12 +58,14 @@ pub(crate) async fn start(
     let local = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
+            // Held from accept, through the TLS handshake, to the close.
+            let socket = sockets.reserve().await;
             let Ok((stream, peer)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             };
+            let socket = socket.hold();
             let _ = stream.set_nodelay(true);
-            let probe = rustix::io::dup(&stream).ok();
             let (acceptor, broker, running) = (acceptor.clone(), broker.clone(), running.clone());
             tokio::spawn(async move {
                 // As long as an AMQP handshake may take: a silent or slow
@@ -69,7 +73,7 @@ pub(crate) async fn start(
                 let handshake =
                     tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
                 match handshake.await {
-                    Ok(Ok(tls)) => serve_stream(broker, tls, peer, running, probe).await,
+                    Ok(Ok(tls)) => serve(broker, tls, peer, running, socket).await,
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "AMQPS handshake failed"),
                     Err(_) => tracing::info!(%peer, "AMQPS handshake timed out"),
                 }

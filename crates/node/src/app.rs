@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use warren_management::{ClusterFuture, NodeControl};
 
+use crate::sockets::{ClientSockets, HeldSocket};
 use crate::{Shared, lock};
 
 /// What the API asks of the node.
@@ -46,6 +47,7 @@ type Reply = oneshot::Sender<Result<(), String>>;
 pub(crate) struct AppControl {
     tx: mpsc::UnboundedSender<(Request, Reply)>,
     running: Arc<AtomicBool>,
+    sockets: ClientSockets,
 }
 
 impl AppControl {
@@ -76,6 +78,10 @@ impl NodeControl for AppControl {
 
     fn app_running(&self) -> bool {
         self.running.load(Ordering::SeqCst)
+    }
+
+    fn client_sockets(&self) -> Option<(u64, Option<u64>)> {
+        Some(self.sockets.used_and_total())
     }
 }
 
@@ -109,15 +115,18 @@ pub(crate) struct App {
     listener: Option<TcpListener>,
     addr: SocketAddr,
     running: Arc<AtomicBool>,
+    sockets: ClientSockets,
 }
 
 impl App {
     /// The app around a bound AMQP listener, the API's requests to it and
     /// the API's handle that sends them. Unless `started`, the listener is
-    /// closed at once and the app waits for `StartApp`.
+    /// closed at once and the app waits for `StartApp`. Clients, AMQPS's
+    /// too, share `sockets`.
     pub(crate) fn new(
         listener: TcpListener,
         started: bool,
+        sockets: ClientSockets,
     ) -> std::io::Result<(Self, Requests, Arc<AppControl>)> {
         let addr = listener.local_addr()?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -125,11 +134,13 @@ impl App {
         let control = Arc::new(AppControl {
             tx,
             running: running.clone(),
+            sockets: sockets.clone(),
         });
         let app = Self {
             listener: started.then_some(listener),
             addr,
             running,
+            sockets,
         };
         Ok((app, Requests { rx }, control))
     }
@@ -145,12 +156,20 @@ impl App {
         self.running.clone()
     }
 
-    /// The next client; pending for ever while the app is stopped.
-    pub(crate) async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
-        match &self.listener {
-            Some(l) => l.accept().await,
-            None => std::future::pending().await,
-        }
+    /// The node's budget of client sockets.
+    pub(crate) fn sockets(&self) -> ClientSockets {
+        self.sockets.clone()
+    }
+
+    /// The next client, with its share of the client sockets; pending for
+    /// ever while the app is stopped, and while every socket is taken.
+    pub(crate) async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr, HeldSocket)> {
+        let Some(l) = &self.listener else {
+            return std::future::pending().await;
+        };
+        let socket = self.sockets.reserve().await;
+        let (stream, peer) = l.accept().await?;
+        Ok((stream, peer, socket.hold()))
     }
 
     /// Carries out `StopApp` or `StartApp` and answers it; `Stop` and

@@ -9,18 +9,19 @@
 //! once, with everything it held.
 
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use warren_broker::{Broker, ConnId, Departed};
 
+use crate::sockets::HeldSocket;
 use crate::{Shared, lock, now_ms};
 
 /// Bytes a paused connection may read ahead without feeding them: room for
@@ -32,23 +33,28 @@ const HELD_INPUT_MAX: usize = 256 * 1024;
 /// peer that has hung up.
 const GONE_PROBE_EVERY: Duration = Duration::from_millis(250);
 
-/// Serves one plain TCP client connection.
-pub(crate) async fn serve(
-    broker: Shared,
-    stream: TcpStream,
-    peer: SocketAddr,
-    running: Arc<AtomicBool>,
-) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "set_nodelay failed");
+/// A client's byte stream (plain TCP, or TLS over it) and the TCP socket
+/// under it, which a paused connection probes for a peer that has hung up.
+pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket the stream runs over.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl ClientStream for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
     }
-    let probe = rustix::io::dup(&stream).ok();
-    serve_stream(broker, stream, peer, running, probe).await;
+}
+
+impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
 }
 
 /// Whether the peer of the socket `fd` has hung up (closed or shut down its
 /// sending side), even with data of its still unread.
-fn peer_gone(fd: &OwnedFd) -> bool {
+fn peer_gone(fd: &impl AsFd) -> bool {
     let mut fds = [PollFd::new(fd, PollFlags::RDHUP)];
     let now = Timespec {
         tv_sec: 0,
@@ -66,18 +72,16 @@ fn turn_state(b: &Broker, id: ConnId) -> (Option<u64>, bool) {
     (b.poll_conn_timeout(id), b.input_paused(id))
 }
 
-/// Runs one client connection over any byte stream (TCP, or TLS for AMQPS).
-/// `probe`, a duplicate of the socket's descriptor, lets a paused
-/// connection see its peer hang up.
-pub(crate) async fn serve_stream<S>(
+/// Runs one client connection over TCP, or TLS for AMQPS. `socket`, its
+/// share of the node's client sockets, is given back when it ends.
+pub(crate) async fn serve(
     broker: Shared,
-    stream: S,
+    mut stream: impl ClientStream,
     peer: SocketAddr,
     running: Arc<AtomicBool>,
-    probe: Option<OwnedFd>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
-{
+    socket: HeldSocket,
+) {
+    let _socket = socket;
     let notify = Arc::new(Notify::new());
     let id = {
         let n = notify.clone();
@@ -89,7 +93,6 @@ pub(crate) async fn serve_stream<S>(
         }
         b.connect(peer, Arc::new(move || n.notify_one()))
     };
-    let (mut rd, mut wr) = tokio::io::split(stream);
     let mut input = BytesMut::with_capacity(64 * 1024);
     let mut output = BytesMut::with_capacity(64 * 1024);
     // Bytes wait in `input`, unfed because the connection was paused.
@@ -111,7 +114,7 @@ pub(crate) async fn serve_stream<S>(
         let full = paused && input.len() >= HELD_INPUT_MAX;
         if full && probed.elapsed() >= GONE_PROBE_EVERY {
             probed = Instant::now();
-            if probe.as_ref().is_some_and(peer_gone) {
+            if peer_gone(stream.tcp()) {
                 break;
             }
         }
@@ -130,7 +133,7 @@ pub(crate) async fn serve_stream<S>(
                     }
                     b
                 }
-                r = rd.read_buf(&mut input), if !full => match r {
+                r = stream.read_buf(&mut input), if !full => match r {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
                         let mut b = lock(&broker);
@@ -158,7 +161,7 @@ pub(crate) async fn serve_stream<S>(
             open
         };
         if !output.is_empty() {
-            if wr.write_all(&output).await.is_err() {
+            if stream.write_all(&output).await.is_err() {
                 break;
             }
             // Drop our handle so that the encoder can reuse the allocation.
@@ -186,18 +189,18 @@ pub(crate) async fn serve_stream<S>(
                 amqp.handle_bytes(&mut input);
                 output.clear();
                 amqp.take_output(&mut output);
-                if !output.is_empty() && wr.write_all(&output).await.is_err() {
+                if !output.is_empty() && stream.write_all(&output).await.is_err() {
                     return;
                 }
                 input.reserve(16 * 1024);
-                if !matches!(rd.read_buf(&mut input).await, Ok(n) if n > 0) {
+                if !matches!(stream.read_buf(&mut input).await, Ok(n) if n > 0) {
                     return;
                 }
             }
         })
         .await;
     }
-    let _ = wr.shutdown().await;
+    let _ = stream.shutdown().await;
 }
 
 /// How long a connection the client closed is read to its end, at most,

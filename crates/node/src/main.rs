@@ -19,6 +19,7 @@ mod failed_logs;
 mod links;
 mod mirroring;
 mod resources;
+mod sockets;
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,8 @@ use warren_broker::auth::{PermissionDef, UserDef, hash_password};
 use warren_broker::meta::FileStore;
 use warren_broker::{Broker, BrokerConfig};
 use warren_lock::{MeasuredGuard, MeasuredMutex};
+
+use sockets::ClientSockets;
 
 /// Command line of the `warren` binary.
 #[derive(Debug, Parser)]
@@ -311,6 +314,7 @@ fn import_definitions(broker: &mut Broker, path: &Path) -> anyhow::Result<()> {
 }
 
 async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
+    let fd_limit = sockets::raise_fd_limit();
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     // Restarted by `join_cluster`: reset, then join the seed at the same addresses.
@@ -392,13 +396,21 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         .await
         .with_context(|| format!("listening for AMQP on {}", args.amqp_addr))?;
     // After `join_cluster` the app waits for `start_app`, as in RabbitMQ.
-    let (mut app, mut requests, app_control) = app::App::new(listener, rejoin.is_none())?;
+    let sockets = ClientSockets::for_fd_limit(fd_limit);
+    tracing::info!(sockets = ?sockets.used_and_total().1, "client socket budget");
+    let (mut app, mut requests, app_control) = app::App::new(listener, rejoin.is_none(), sockets)?;
     let amqp_addr = app.addr();
     let amqps_addr = match &args.settings.tls.listener {
         Some(addr) => Some(
-            amqps::start(*addr, &args.settings.tls, broker.clone(), app.running())
-                .await
-                .context("starting the AMQPS listener")?,
+            amqps::start(
+                *addr,
+                &args.settings.tls,
+                broker.clone(),
+                app.running(),
+                app.sockets(),
+            )
+            .await
+            .context("starting the AMQPS listener")?,
         ),
         None => None,
     };
@@ -488,12 +500,15 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     let exit = loop {
         tokio::select! {
             accepted = app.accept() => match accepted {
-                Ok((stream, peer)) => {
+                Ok((stream, peer, socket)) => {
                     if failed_accepts > 0 {
                         tracing::info!(failed = failed_accepts, "accepting clients again");
                         failed_accepts = 0;
                     }
-                    tokio::spawn(client::serve(broker.clone(), stream, peer, app.running()));
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "set_nodelay failed");
+                    }
+                    tokio::spawn(client::serve(broker.clone(), stream, peer, app.running(), socket));
                 }
                 Err(e) => {
                     if failed_accepts == 0 {

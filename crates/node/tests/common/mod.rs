@@ -31,7 +31,30 @@ impl Node {
 
     /// [`Node::start`] with more environment variables for the process.
     pub fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(&str, &OsStr)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_warren"))
+        Self::spawn(
+            Command::new(env!("CARGO_BIN_EXE_warren")),
+            data_dir,
+            extra,
+            env,
+        )
+    }
+
+    /// [`Node::start`] under an open-files limit (`ulimit -n`, soft and
+    /// hard), as a shell sets it before it runs the node in its place.
+    pub fn start_with_open_files(data_dir: &Path, limit: u32) -> Self {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
+            .arg(env!("CARGO_BIN_EXE_warren"));
+        Self::spawn(sh, data_dir, &[], &[])
+    }
+
+    fn spawn(
+        mut command: Command,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &OsStr)],
+    ) -> Self {
+        let mut child = command
             .args(["--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .arg("--data-dir")
             .arg(data_dir)
@@ -217,4 +240,18 @@ pub fn differ_from_rabbitmq(
             )
         })
         .collect()
+}
+
+/// Fails unless a probe's outcomes, case by case, are the ones recorded
+/// from RabbitMQ 3.10 (`recorded`, the JSON file's text).
+pub fn assert_as_rabbitmq(warren: &serde_json::Map<String, serde_json::Value>, recorded: &str) {
+    let rabbit: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(recorded).expect("a recorded JSON object");
+    assert_eq!(
+        warren.keys().collect::<Vec<_>>(),
+        rabbit.keys().collect::<Vec<_>>(),
+        "the probe's cases changed: record RabbitMQ 3.10 again"
+    );
+    let differ = differ_from_rabbitmq(warren, &rabbit);
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
