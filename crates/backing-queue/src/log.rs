@@ -4,8 +4,11 @@
 //!
 //! Invariants:
 //! - Records are appended to the last ("active") segment. When it is full the
-//!   log writes and syncs it, then starts a new one; so only the last segment
-//!   can ever have a torn tail.
+//!   log writes it out, seals it and starts a new one. A sealed segment is
+//!   synced before any byte of a later one is written, by the next
+//!   [`SyncJob`] (off the caller's lock) or by the log if it must write
+//!   first; so only the last segment that holds records can ever have a torn
+//!   tail, and recovery drops the segments after a torn one (they hold none).
 //! - A segment is deleted only from the head (oldest first), once none of its
 //!   publishes is live, and only by a [`SyncJob`] after that job's sync has
 //!   made every removal and every compaction copy durable. Recovery ignores
@@ -137,6 +140,14 @@ pub(crate) struct SegmentLog {
     poisoned: bool,
     /// The write buffer last handed to a sync job, until written.
     deferred: DeferredSlot,
+    /// Segments rolled over and not yet synced.
+    sealed: SealedSlot,
+    /// A segment was sealed since the last sync job was prepared, or that
+    /// job has not completed: until then writing the active segment means
+    /// syncing the sealed one first.
+    sealed_pending: bool,
+    /// The first sync job that syncs what is sealed now.
+    sealed_by_gen: u64,
     /// No segment is retired or compacted while set: a lazy snapshot reads
     /// its records later (see `BackingQueue::snapshot_lazy`).
     pinned: bool,
@@ -159,15 +170,47 @@ struct DeferredWrite {
 
 type DeferredSlot = Arc<Mutex<Option<DeferredWrite>>>;
 
+/// A full segment closed by a roll and not yet synced, with the log's
+/// directory if the segment's own creation is not yet durable.
+#[derive(Debug)]
+struct Sealed {
+    file: Arc<dyn StorageFile>,
+    path: PathBuf,
+    dir: Option<PathBuf>,
+}
+
+/// The segments a log sealed and nobody has synced yet, oldest first.
+type SealedSlot = Arc<Mutex<Vec<Sealed>>>;
+
+/// Syncs the sealed segments, oldest first; whoever writes a segment file
+/// calls it first, so that no later segment holds a byte before every
+/// earlier one is durable. One that fails stays, to be synced again.
+fn sync_sealed(storage: &dyn Storage, slot: &Mutex<Vec<Sealed>>) -> Result<(), StoreError> {
+    let mut sealed = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    while let Some(s) = sealed.first() {
+        s.file.sync_data().map_err(|e| StoreError::io(&s.path, e))?;
+        if let Some(dir) = &s.dir {
+            sync_dir(storage, dir)?;
+        }
+        sealed.remove(0);
+    }
+    Ok(())
+}
+
 /// Writes the slot's buffer if nobody has yet.
 ///
 /// A write that fails stays in the slot: the log's next attempt
 /// (`settle_deferred`) writes it again, or is poisoned. Taking it out
 /// first lost it, and the next append went in after a hole of zeros that
 /// recovery refuses as corruption.
-fn write_deferred(slot: &Mutex<Option<DeferredWrite>>) -> Result<(), StoreError> {
+fn write_deferred(
+    storage: &dyn Storage,
+    sealed: &Mutex<Vec<Sealed>>,
+    slot: &Mutex<Option<DeferredWrite>>,
+) -> Result<(), StoreError> {
     let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(w) = slot.as_mut().filter(|w| !w.written) {
+        sync_sealed(storage, sealed)?;
         w.file
             .write_at(&w.data, w.offset)
             .map_err(|e| StoreError::io(&w.path, e))?;
@@ -188,6 +231,8 @@ pub struct SyncJob {
     storage: Arc<dyn Storage>,
     /// The appends to write before the sync, unless the log already did.
     deferred: Option<DeferredSlot>,
+    /// The log's sealed segments, synced before anything else is written.
+    sealed: SealedSlot,
     file: Option<(Arc<dyn StorageFile>, PathBuf)>,
     /// Everything `file` holds past its last sync is in `deferred`: a
     /// journal record of it may stand for the file's sync (and with no
@@ -341,10 +386,12 @@ impl SyncJob {
             .collect()
     }
 
-    /// Writes the appends the log handed over, unless it already did.
+    /// Syncs the segments the log sealed, then writes the appends it
+    /// handed over, unless it already did.
     fn write(&mut self) -> Result<(), StoreError> {
+        sync_sealed(&*self.storage, &self.sealed)?;
         match &self.deferred {
-            Some(slot) => write_deferred(slot),
+            Some(slot) => write_deferred(&*self.storage, &self.sealed, slot),
             None => Ok(()),
         }
     }
@@ -463,14 +510,19 @@ impl SegmentLog {
         let mut resident = 0u64;
         for (i, &id) in ids.iter().enumerate() {
             let is_last = i + 1 == ids.len();
+            // A torn segment that is not the last: a crash came between a
+            // roll and its sync, so the later ones hold no record and go.
+            let tear_ends_log = || is_last || !holds_records(&*storage, dir, &ids[i + 1..]);
+            let mut torn = false;
             let path = segment_path(dir, id);
             let data = Bytes::from(storage.read(&path).map_err(|e| StoreError::io(&path, e))?);
             let mut valid_len = data.len() as u64;
             let header_len = record::SEGMENT_HEADER_LEN as usize;
             match record::parse_segment_header(&data) {
                 Some(base) => max_seq = max_seq.max(base.saturating_sub(1)),
-                None if is_last && data.len() < header_len && is_torn_header(&data) => {
+                None if data.len() < header_len && is_torn_header(&data) && tear_ends_log() => {
                     valid_len = 0;
+                    torn = true;
                 }
                 None if cfg.skip_corrupt => {
                     report.skipped.push((path.clone(), 0, header_len as u64));
@@ -515,12 +567,13 @@ impl SegmentLog {
                                 valid_len = pos as u64;
                                 break;
                             }
-                            None if is_last => {
+                            None if tear_ends_log() => {
                                 // The caller says so, once (`RecoveryReport::truncated`):
                                 // an open retried every second must not repeat it.
                                 tracing::debug!(file = %path.display(), offset = pos, "cutting off torn tail of segment log");
                                 report.truncated = Some((path.clone(), pos as u64));
                                 valid_len = pos as u64;
+                                torn = true;
                                 break;
                             }
                             _ if !cfg.skip_corrupt => {
@@ -559,6 +612,16 @@ impl SegmentLog {
                 live: 0,
                 live_bytes: 0,
             });
+            if torn && !is_last {
+                for &later in &ids[i + 1..] {
+                    let later = segment_path(dir, later);
+                    tracing::debug!(file = %later.display(), "removing a segment begun after a torn one");
+                    storage
+                        .remove(&later)
+                        .map_err(|e| StoreError::io(&later, e))?;
+                }
+                break;
+            }
         }
 
         let mut log = SegmentLog {
@@ -582,6 +645,9 @@ impl SegmentLog {
             gen_completed: 0,
             poisoned: false,
             deferred: DeferredSlot::default(),
+            sealed: SealedSlot::default(),
+            sealed_pending: false,
+            sealed_by_gen: 0,
             pinned: false,
         };
         let next_seq = max_seq + 1;
@@ -595,7 +661,13 @@ impl SegmentLog {
             Some(_) => {}
             None => log.new_segment(0, next_seq)?,
         }
-        sync_dir(&*storage, dir)?;
+        // What recovery cut or removed is made durable now. A new log's
+        // first segment is not: the first sync job syncs the directory
+        // (`new_segment` marked it), rather than a declare waiting for it
+        // here, under the broker's lock.
+        if !ids.is_empty() {
+            sync_dir(&*storage, dir)?;
+        }
         let boot = new_boot(&*storage, dir);
         if boot.is_some() || marks_lost {
             if !found.is_empty() {
@@ -680,12 +752,16 @@ impl SegmentLog {
 
     /// Writes the buffer handed to a sync job that has not run yet, if any.
     fn settle_deferred(&mut self) -> Result<(), StoreError> {
-        write_deferred(&self.deferred).inspect_err(|_| self.poisoned = true)
+        write_deferred(&*self.storage, &self.sealed, &self.deferred)
+            .inspect_err(|_| self.poisoned = true)
     }
 
-    /// Writes the buffer to the active segment file.
+    /// Writes the buffer to the active segment file (the sealed segments
+    /// synced first, if no sync job has yet).
     fn write_out(&mut self) -> Result<(), StoreError> {
         self.settle_deferred()?;
+        sync_sealed(&*self.storage, &self.sealed).inspect_err(|_| self.poisoned = true)?;
+        self.sealed_pending = false;
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -703,7 +779,8 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// Closes the active segment (written and synced) and starts a new one.
+    /// Closes the active segment (written, and sealed for the next sync
+    /// job to sync) and starts a new one.
     fn roll(&mut self) -> Result<(), StoreError> {
         self.flush_marks();
         self.write_out()?;
@@ -711,16 +788,18 @@ impl SegmentLog {
             let s = self.active();
             (s.id, s.path.clone(), Arc::clone(&s.file))
         };
-        // A recycled file may be longer: cut its stale tail, so that only the
-        // last segment ever has bytes past its valid records.
+        // A recycled file may be longer: cut its stale tail, so that once
+        // synced a sealed segment has no bytes past its records.
         let len = self.active().len;
         file.set_len(len).map_err(|e| StoreError::io(&path, e))?;
-        file.sync_data().map_err(|e| StoreError::io(&path, e))?;
-        if self.dir_dirty {
-            sync_dir(&*self.storage, &self.dir)?;
-            self.dir_dirty = false;
-        }
-        self.synced_seq = self.synced_seq.max(self.appended_seq);
+        // Its sync is the next writer's: not here, under the caller's lock.
+        let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone());
+        self.sealed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Sealed { file, path, dir });
+        self.sealed_pending = true;
+        self.sealed_by_gen = self.gen_prepared + 1;
         // Not the seq of the record being appended: a compaction copy is old.
         let base = self.appended_seq + 1;
         self.new_segment(id.wrapping_add(1), base)
@@ -752,7 +831,9 @@ impl SegmentLog {
     ) -> Result<StoreRef, StoreError> {
         let rec_len = crate::core::record_len(props.len() as u32, body.len() as u32, meta.priority);
         self.append(rec_len)?;
-        if body.len() >= LARGE_BODY_BYTES {
+        // While a sealed segment awaits its sync, writing the active one
+        // would sync it here, under the caller's lock: buffer instead.
+        if body.len() >= LARGE_BODY_BYTES && !self.sealed_pending {
             // Written straight from the caller's buffer, never copied.
             let seed = self.active().id;
             record::encode_publish_head(&mut self.buf, seed, meta, props, body);
@@ -778,7 +859,7 @@ impl SegmentLog {
         self.live_bytes += rec_len;
         self.disk_bytes += rec_len;
         self.appended_seq = self.appended_seq.max(meta.seq);
-        if self.buf.len() >= WRITE_BUFFER_BYTES {
+        if self.buf.len() >= WRITE_BUFFER_BYTES && !self.sealed_pending {
             self.write_out()?;
         }
         Ok(store)
@@ -964,6 +1045,7 @@ impl SegmentLog {
             generation: self.gen_prepared,
             storage: Arc::clone(&self.storage),
             deferred,
+            sealed: Arc::clone(&self.sealed),
             file,
             journalable,
             dir,
@@ -992,6 +1074,10 @@ impl SegmentLog {
             });
         }
         self.gen_completed = job.generation;
+        if job.generation >= self.sealed_by_gen {
+            // Its `write` synced every segment sealed before it was prepared.
+            self.sealed_pending = false;
+        }
         for spare in job.retired.iter().filter_map(|(_, s)| s.clone()) {
             self.spares.push(spare);
             self.spares_in_flight -= 1;
@@ -1024,6 +1110,19 @@ impl SegmentLog {
     pub(crate) fn disk_bytes(&self) -> u64 {
         self.disk_bytes
     }
+}
+
+/// Whether any of the segments `ids` in `dir` holds a valid record (a
+/// segment that cannot be read counts as holding one).
+fn holds_records(storage: &dyn Storage, dir: &Path, ids: &[u32]) -> bool {
+    ids.iter()
+        .any(|&id| match storage.read(&segment_path(dir, id)) {
+            Ok(data) => {
+                let from = (record::SEGMENT_HEADER_LEN as usize).min(data.len());
+                next_valid(&data, from, id).is_some()
+            }
+            Err(_) => true,
+        })
 }
 
 /// A header cut short by a crash right after the segment was created.

@@ -39,6 +39,24 @@ fn ids(dir: &Path, store: StoreConfig) -> Result<Vec<u64>, StoreError> {
     Ok(out)
 }
 
+/// Cuts the file at `path` to `len` bytes, as a crash may leave it.
+fn cut(path: &Path, len: u64) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// The segment config of the tests with several segments.
+fn small_segments() -> StoreConfig {
+    StoreConfig {
+        segment_bytes: 400,
+        ..StoreConfig::default()
+    }
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     for e in fs::read_dir(from).unwrap() {
         let p = e.unwrap().path();
@@ -57,12 +75,7 @@ fn truncation_anywhere_in_the_last_segment_keeps_a_prefix() {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(src.path(), dir.path());
         let f = dir.path().join(files[0].file_name().unwrap());
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&f)
-            .unwrap()
-            .set_len(cut)
-            .unwrap();
+        self::cut(&f, cut);
         let got = ids(dir.path(), StoreConfig::default()).expect("a torn tail is not an error");
         assert_eq!(
             got,
@@ -87,10 +100,7 @@ fn truncation_anywhere_in_the_last_segment_keeps_a_prefix() {
 
 #[test]
 fn bit_flips_are_detected_and_skippable() {
-    let store = StoreConfig {
-        segment_bytes: 400,
-        ..StoreConfig::default()
-    };
+    let store = small_segments();
     let src = tempfile::tempdir().unwrap();
     let files = write_log(src.path(), 20, store);
     assert!(files.len() >= 3, "several segments");
@@ -131,5 +141,65 @@ fn bit_flips_are_detected_and_skippable() {
             assert!(got.windows(2).all(|w| w[0] < w[1]));
             assert!(got.len() >= 19, "flip at {pos} lost {:?}", 20 - got.len());
         }
+    }
+}
+
+#[test]
+fn a_torn_segment_followed_only_by_empty_ones_ends_the_log() {
+    // A crash between a roll and the sealed segment's sync: the sealed one
+    // torn anywhere, the ones begun after it holding no record (empty, or
+    // a header only). Anything else after a tear is corruption.
+    let store = small_segments();
+    let src = tempfile::tempdir().unwrap();
+    let files = write_log(src.path(), 20, store);
+    assert!(files.len() >= 3, "several segments");
+    let name = |i: usize| files[i].file_name().unwrap().to_owned();
+    let (sealed, after) = (files.len() - 2, files.len() - 1);
+    let sealed_len = fs::metadata(&files[sealed]).unwrap().len();
+    let before: usize = ids(src.path(), store).unwrap().len();
+    let in_earlier = {
+        // Messages in the segments before the torn one.
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(src.path(), dir.path());
+        fs::remove_file(dir.path().join(name(after))).unwrap();
+        fs::write(dir.path().join(name(sealed)), b"").unwrap();
+        ids(dir.path(), store).unwrap().len()
+    };
+    for header_only in [false, true] {
+        for cut in (0..sealed_len).step_by(7) {
+            let dir = tempfile::tempdir().unwrap();
+            copy_dir(src.path(), dir.path());
+            let torn = dir.path().join(name(sealed));
+            self::cut(&torn, cut);
+            let later = dir.path().join(name(after));
+            let bytes = fs::read(&later).unwrap();
+            fs::write(&later, if header_only { &bytes[..20] } else { &[][..] }).unwrap();
+            let got = ids(dir.path(), store).expect("a torn sealed segment is not an error");
+            assert_eq!(
+                got,
+                (0..got.len() as u64).collect::<Vec<_>>(),
+                "cut at {cut}"
+            );
+            assert!(
+                got.len() >= in_earlier && got.len() < before,
+                "cut at {cut}: {got:?}"
+            );
+            // The log goes on from the tear.
+            let (mut q, _) = BackingQueue::open(dir.path(), QueueConfig::default(), store).unwrap();
+            q.publish(0, NewMessage::new(99, vec![99; 20], true))
+                .unwrap();
+            q.sync().unwrap();
+            drop(q);
+            assert_eq!(ids(dir.path(), store).unwrap().last(), Some(&99));
+        }
+    }
+    // A tear followed by a segment that holds records is corruption.
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(src.path(), dir.path());
+    let torn = dir.path().join(name(sealed));
+    cut(&torn, sealed_len - 5);
+    match ids(dir.path(), store) {
+        Err(StoreError::Corrupt { file, .. }) => assert_eq!(file, torn),
+        other => panic!("expected corruption, got {other:?}"),
     }
 }
