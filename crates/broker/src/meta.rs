@@ -7,6 +7,7 @@
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use warren_amqp::amq_protocol::types::FieldTable;
@@ -306,6 +307,11 @@ pub trait MetadataStore: Send + std::fmt::Debug {
         let _ = change;
         Ok(())
     }
+    /// Whether [`share`](Self::share) keeps anything: false for a store
+    /// of durable entities only, which is then never handed transient ones.
+    fn shares(&self) -> bool {
+        false
+    }
     /// The nodes that can take a new queue's master now (running, in the
     /// cluster), each with how many queue masters it hosts: what a
     /// `queue-master-locator` chooses from. `None` alone (a single node's
@@ -328,6 +334,15 @@ pub trait MetadataStore: Send + std::fmt::Debug {
     fn defers(&self) -> bool {
         false
     }
+    /// Whether a store that [defers](Self::defers) takes every change
+    /// through the commits, also those no client waits for (a channel's
+    /// auto-delete, the tick), queued behind the commits in flight instead
+    /// of applied at once: so it sees every change in the order the broker
+    /// made them. For a store whose one committer writes them all (a
+    /// single node's file).
+    fn defers_all(&self) -> bool {
+        false
+    }
 }
 
 /// Keeps everything in memory (tests, transient nodes).
@@ -348,9 +363,18 @@ impl MetadataStore for MemoryStore {
 }
 
 /// A JSON snapshot file, rewritten atomically (write, fsync, rename, fsync
-/// the directory) on every change.
+/// the directory) on every change, or on every batch of changes once its
+/// writes are handed to the shell ([`committer`](Self::committer)).
 #[derive(Debug)]
 pub struct FileStore {
+    file: Arc<Mutex<DefinitionsFile>>,
+    /// The shell commits the changes, off the broker's lock.
+    deferred: bool,
+}
+
+/// The file and what it holds.
+#[derive(Debug)]
+struct DefinitionsFile {
     path: PathBuf,
     defs: Definitions,
 }
@@ -374,49 +398,114 @@ impl FileStore {
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(io)?;
         }
-        Ok(Self { path, defs })
+        Ok(Self {
+            file: Arc::new(Mutex::new(DefinitionsFile { path, defs })),
+            deferred: false,
+        })
     }
 
-    fn write(&self) -> Result<(), MetaError> {
-        let io = |path: &Path, source| MetaError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let tmp = self.path.with_extension("json.tmp");
-        let bytes = serde_json::to_vec_pretty(&self.defs).map_err(|e| MetaError::Invalid {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        })?;
-        let mut f = fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(&bytes).map_err(|e| io(&tmp, e))?;
-        f.sync_all().map_err(|e| io(&tmp, e))?;
-        fs::rename(&tmp, &self.path).map_err(|e| io(&self.path, e))?;
-        if let Some(dir) = self.path.parent() {
-            let d = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            fs::File::open(d)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io(d, e))?;
+    /// Hands the file's writes to the caller: from now on the broker keeps
+    /// every change for [`Broker::take_commits`](crate::Broker::take_commits),
+    /// in the order it made them, and the caller writes them with
+    /// [`FileCommitter::commit`] off the broker's lock (one write for many
+    /// clients' changes) before it reports them done.
+    pub fn committer(&mut self) -> FileCommitter {
+        self.deferred = true;
+        FileCommitter {
+            file: Arc::clone(&self.file),
         }
+    }
+
+    fn file(&self) -> std::sync::MutexGuard<'_, DefinitionsFile> {
+        self.file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Writes a [`FileStore`]'s changes, off the broker's lock.
+#[derive(Debug, Clone)]
+pub struct FileCommitter {
+    file: Arc<Mutex<DefinitionsFile>>,
+}
+
+impl FileCommitter {
+    /// Applies `changes` in order and writes the file once. A write that
+    /// fails changes nothing: the same changes may be committed again.
+    /// The store's readers never wait for the disk: the file is written
+    /// from a copy, which replaces the definitions once it is durable.
+    pub fn commit(&self, changes: &[Change]) -> Result<(), MetaError> {
+        let (path, mut defs) = {
+            let f = self
+                .file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (f.path.clone(), f.defs.clone())
+        };
+        for change in changes {
+            defs.apply(change);
+        }
+        write_definitions(&path, &defs)?;
+        self.file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .defs = defs;
         Ok(())
     }
 }
 
+/// Writes `defs` to `path` atomically and durably: a temporary file,
+/// fsynced, renamed over it, then the directory fsynced.
+fn write_definitions(path: &Path, defs: &Definitions) -> Result<(), MetaError> {
+    let io = |path: &Path, source| MetaError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec_pretty(defs).map_err(|e| MetaError::Invalid {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut f = fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+    f.write_all(&bytes).map_err(|e| io(&tmp, e))?;
+    f.sync_all().map_err(|e| io(&tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| io(path, e))?;
+    if let Some(dir) = path.parent() {
+        let d = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        fs::File::open(d)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(d, e))?;
+    }
+    Ok(())
+}
+
 impl MetadataStore for FileStore {
     fn load(&self) -> Definitions {
-        self.defs.clone()
+        self.file().defs.clone()
     }
 
     fn apply(&mut self, change: Change) -> Result<(), MetaError> {
         // A change the file did not take (a full disk) is not kept either:
         // the client was told it failed, and the next write must not carry
         // it to the file after all.
-        let before = self.defs.clone();
-        self.defs.apply(&change);
-        self.write().inspect_err(|_| self.defs = before)
+        let mut f = self.file();
+        let mut defs = f.defs.clone();
+        defs.apply(&change);
+        write_definitions(&f.path, &defs)?;
+        f.defs = defs;
+        Ok(())
+    }
+
+    fn defers(&self) -> bool {
+        self.deferred
+    }
+
+    fn defers_all(&self) -> bool {
+        self.deferred
     }
 }
 
@@ -493,5 +582,32 @@ mod tests {
             .map(|q| q.name)
             .collect();
         assert_eq!(names, ["taken"]);
+    }
+
+    #[test]
+    fn a_committer_writes_batches_and_a_failed_write_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("defs").join("meta.json");
+        let mut s = FileStore::open(&path).unwrap();
+        assert!(!s.defers() && !s.defers_all());
+        let committer = s.committer();
+        assert!(s.defers() && s.defers_all(), "handed to the shell");
+        let batch = [
+            Change::PutVhost("v".into()),
+            Change::PutVhost("w".into()),
+            Change::DeleteVhost("v".into()),
+        ];
+        // The file's directory is gone: the write fails, nothing changes.
+        std::fs::remove_dir_all(dir.path().join("defs")).unwrap();
+        assert!(committer.commit(&batch).is_err());
+        assert!(s.load().vhosts.is_empty());
+        // Tried again once it can be written: the whole batch, in order.
+        std::fs::create_dir_all(dir.path().join("defs")).unwrap();
+        committer.commit(&batch).unwrap();
+        assert_eq!(s.load().vhosts, vec!["w".to_owned()]);
+        assert_eq!(
+            FileStore::open(&path).unwrap().load().vhosts,
+            vec!["w".to_owned()]
+        );
     }
 }

@@ -629,6 +629,10 @@ impl MetadataStore for ClusterStore {
         self.apply(change)
     }
 
+    fn shares(&self) -> bool {
+        true
+    }
+
     fn defers(&self) -> bool {
         true
     }

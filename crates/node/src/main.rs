@@ -17,6 +17,7 @@ mod cluster;
 mod config;
 mod failed_logs;
 mod links;
+mod metadata;
 mod mirroring;
 mod resources;
 mod sockets;
@@ -330,9 +331,16 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     if let Some(r) = &rejoin {
         r.done(&args.data_dir)?;
     }
-    let store: Box<dyn warren_broker::meta::MetadataStore> = match &clustered {
-        Some(c) => c.store(),
-        None => Box::new(FileStore::open(args.data_dir.join("metadata.json"))?),
+    // A single node writes its definitions file off the broker's lock
+    // (`metadata.rs`); a cluster's nodes commit through Raft.
+    let (store, file_committer): (Box<dyn warren_broker::meta::MetadataStore>, _) = match &clustered
+    {
+        Some(c) => (c.store(), None),
+        None => {
+            let mut file = FileStore::open(args.data_dir.join("metadata.json"))?;
+            let committer = file.committer();
+            (Box::new(file), Some(committer))
+        }
     };
     let first_start = {
         let d = store.load();
@@ -359,6 +367,18 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         import_definitions(&mut broker, path)?;
     }
     let broker: Shared = Arc::new(MeasuredMutex::new(broker));
+    let (stop_commits, commits_stopped) = tokio::sync::watch::channel(false);
+    let file_commits = file_committer.map(|committer| {
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let w = wake.clone();
+        lock(&broker).set_commit_waker(Arc::new(move || w.notify_one()));
+        tokio::spawn(metadata::commit_loop(
+            broker.clone(),
+            committer,
+            wake,
+            commits_stopped,
+        ))
+    });
     resources::start(broker.clone(), args.data_dir.clone());
     if let Some(c) = &clustered {
         c.attach(broker.clone());
@@ -548,6 +568,11 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     lock(&broker).close_all("broker shutdown");
     // Give connection tasks a moment to write their connection.close.
     tokio::time::sleep(Duration::from_millis(100)).await;
+    // What the clients' departures changed (auto-deletes) reaches the file.
+    let _ = stop_commits.send(true);
+    if let Some(task) = file_commits {
+        let _ = task.await;
+    }
     ticker.abort();
     reopener.abort();
     signal.stop();

@@ -836,6 +836,88 @@ async fn sigkill_keeps_confirmed_persistent_messages_and_durable_entities() {
     .await;
 }
 
+/// Durable declares, binds and deletes from several clients at once, the
+/// node SIGKILLed as soon as the last is answered: every change answered
+/// is in the definitions file (written off the broker's lock, many
+/// clients' changes at a time), in the order the clients made them.
+#[tokio::test]
+async fn answered_declares_binds_and_deletes_survive_a_sigkill_in_order() {
+    const CLIENTS: usize = 4;
+    const QUEUES: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path(), &[]);
+    // Kept open: the kill comes before any client leaves.
+    let _clients = within(async {
+        let mut tasks = Vec::new();
+        for c in 0..CLIENTS {
+            let conn = node.connect().await;
+            tasks.push(tokio::spawn(async move {
+                let ch = conn.create_channel().await.unwrap();
+                for i in 0..QUEUES {
+                    let name = format!("c{c}.q{i}");
+                    declare(
+                        &ch,
+                        &name,
+                        QueueDeclareOptions::durable(),
+                        FieldTable::default(),
+                    )
+                    .await;
+                    if i % 2 == 0 {
+                        ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                            .await
+                            .unwrap();
+                    } else {
+                        ch.queue_bind(
+                            name.as_str().into(),
+                            "amq.direct".into(),
+                            name.as_str().into(),
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await
+                        .unwrap();
+                    }
+                }
+                conn
+            }));
+        }
+        let mut clients = Vec::new();
+        for t in tasks {
+            clients.push(t.await.unwrap());
+        }
+        clients
+    })
+    .await;
+    node.kill();
+
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let conn = node.connect().await;
+        for c in 0..CLIENTS {
+            for i in 0..QUEUES {
+                let name = format!("c{c}.q{i}");
+                let ch = conn.create_channel().await.unwrap();
+                let found = ch
+                    .queue_declare(
+                        name.as_str().into(),
+                        QueueDeclareOptions::default().passive(),
+                        FieldTable::default(),
+                    )
+                    .await;
+                if i % 2 == 0 {
+                    assert_eq!(code(&found.unwrap_err()), Some(404), "{name} was deleted");
+                } else {
+                    found.unwrap_or_else(|e| panic!("{name} was declared: {e}"));
+                    // Its binding came back with it.
+                    publish(&ch, "amq.direct", &name, b"routed", persistent()).await;
+                    assert_eq!(count(&conn, &name).await, 1, "{name}'s binding");
+                }
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn sigterm_exits_cleanly_and_keeps_messages() {
     let dir = tempfile::tempdir().unwrap();

@@ -236,12 +236,18 @@ impl Broker {
         }
     }
 
-    /// Keeps `change` for the command's commit when recording; gives it
+    /// Keeps `change` for the command's commit when recording, or as a
+    /// commit nobody waits for when the store takes every change that way
+    /// ([`defers_all`](crate::meta::MetadataStore::defers_all)); gives it
     /// back otherwise.
     pub(super) fn defer(&mut self, change: Change) -> Option<Change> {
         match &mut self.commits.recording {
             Some(changes) => {
                 changes.push(change);
+                None
+            }
+            None if self.meta.defers_all() => {
+                self.queue_commit(Waiter::Nobody, vec![change]);
                 None
             }
             None => Some(change),

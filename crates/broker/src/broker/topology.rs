@@ -896,7 +896,7 @@ impl Broker {
         scope: Scope,
         change: Change,
     ) -> Result<(), crate::meta::MetaError> {
-        if scope == Scope::Local {
+        if scope == Scope::Local || (scope == Scope::Shared && !self.meta.shares()) {
             return Ok(());
         }
         // A client's command: committed off the lock (`commits.rs`).

@@ -26,6 +26,10 @@ impl MetadataStore for Deferring {
         self.apply(change)
     }
 
+    fn shares(&self) -> bool {
+        true
+    }
+
     fn defers(&self) -> bool {
         true
     }
