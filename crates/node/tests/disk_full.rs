@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use common::{Node, within};
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -134,11 +135,14 @@ fn no_disk_alarm(dir: &Path) -> String {
     conf.to_str().expect("utf-8 path").to_owned()
 }
 
-/// Fills the file system of `dir` with one file until it refuses more.
+/// Fills the file system of `dir` with one file until it refuses more,
+/// to the last byte.
 fn fill(dir: &Path) {
     let mut f = std::fs::File::create(dir.join("filler")).expect("create the filler");
     let chunk = vec![0u8; 64 << 10];
-    while f.write_all(&chunk).is_ok() {}
+    for size in [64 << 10, 4 << 10, 256, 1] {
+        while f.write_all(&chunk[..size]).is_ok() {}
+    }
 }
 
 #[tokio::test]
@@ -193,8 +197,30 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     };
     assert_eq!(q["state"], "stopped", "{q}");
     assert!(q.get("messages").is_none(), "{q}");
+    // A binding of the durable queue cannot be written to the definitions
+    // file: it is answered once it can, never refused for a full disk.
+    let (binder, bind_ch) = channel(&node.url()).await;
+    let bound = tokio::spawn(async move {
+        bind_ch
+            .queue_bind(
+                QUEUE.into(),
+                "amq.direct".into(),
+                "bound-on-a-full-disk".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    });
+    // Before the file's writes left the broker's lock, a 541 came at once.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!bound.is_finished(), "a bind answered on a full disk");
 
     std::fs::remove_file(disk.join("filler")).expect("free the disk");
+    within(bound)
+        .await
+        .expect("the bind task")
+        .expect("the bind made on the full disk is answered once there is room");
+    drop(binder);
     // The queue opens its log again within a few seconds (it tries every
     // second), nacking publishes meanwhile.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -240,6 +266,22 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     let node = Node::start(&data, &["--config", &conf]);
     let (_conn, ch) = queue_channel(&node).await;
     assert_eq!(take_all(&ch, QUEUE).await, kept);
+    // The binding made on the full disk is kept.
+    ch.basic_publish(
+        "amq.direct".into(),
+        "bound-on-a-full-disk".into(),
+        BasicPublishOptions::default(),
+        b"routed",
+        BasicProperties::default(),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("confirm");
+    assert_eq!(
+        take_all(&ch, QUEUE).await,
+        BTreeSet::from(["routed".to_owned()])
+    );
 }
 
 #[test]
