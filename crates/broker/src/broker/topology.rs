@@ -550,8 +550,15 @@ impl Broker {
             } else {
                 self.locate_master(&vhost, &name, args.locator)
             };
-            self.record(
-                Scope::of_queue(&opts),
+            // Made first: a queue whose log cannot be made (a full disk)
+            // is refused before anything of it is recorded.
+            let scope = Scope::of_queue(&opts);
+            let owner = d.exclusive.then_some(id);
+            let mut q = self
+                .make_queue(&vhost, Arc::from(name.as_str()), opts, owner)
+                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            let recorded = self.record(
+                scope,
                 Change::PutQueue(QueueDef {
                     vhost: vhost.clone(),
                     name: name.clone(),
@@ -560,12 +567,22 @@ impl Broker {
                     auto_delete: d.auto_delete,
                     arguments: d.arguments.clone(),
                 }),
-            )
-            .map_err(meta_err)?;
-            let owner = d.exclusive.then_some(id);
-            let mut q = self
-                .make_queue(&vhost, Arc::from(name.as_str()), opts, owner)
-                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            );
+            if let Err(e) = recorded {
+                // Not recorded (a store that writes under the lock): none
+                // of it stays.
+                if let Some(dir) = q.dir.clone() {
+                    drop(q);
+                    if let Err(e) = warren_backing_queue::remove_log_dir(
+                        &*self.cfg.storage,
+                        self.journal.as_deref(),
+                        &dir,
+                    ) {
+                        tracing::warn!(dir = %dir.display(), error = %e, "could not remove an unrecorded queue's files");
+                    }
+                }
+                return Err(meta_err(e));
+            }
             if let Some(m) = master {
                 tracing::info!(%vhost, queue = %name, master = %m, "queue served by (its master locator's choice)");
                 q.remote = Some(Elsewhere::Node(Arc::from(m.as_str())));

@@ -168,3 +168,19 @@ fn an_auto_delete_queue_left_by_its_last_consumer_is_deleted_without_waiting() {
     node.with_broker(|br| br.commit_done(commits[0].ticket, Ok(())));
     assert!(a.drain().is_empty());
 }
+
+#[test]
+fn a_declare_whose_log_cannot_be_made_commits_nothing() {
+    let storage = std::sync::Arc::new(warren_backing_queue::MemStorage::new());
+    let node = Node::on_storage_with(storage.clone(), Box::new(Deferring::default()));
+    let mut a = node.connect();
+    a.open_channel(1);
+    storage.set_failing(true);
+    a.send(1, declare("q", true));
+    let closed = a.expect_close(0);
+    assert_eq!(closed.code, 541, "{closed:?}");
+    // Refused before anything of it was recorded: no commit would bring
+    // the queue back at the next start.
+    assert!(node.with_broker(|b| b.take_commits()).is_empty());
+    assert!(!node.queue_names().contains(&"q".to_owned()));
+}

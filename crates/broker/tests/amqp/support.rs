@@ -50,10 +50,15 @@ impl Node {
     /// A fresh broker at [`START_MS`] whose queue logs (and journal) are on
     /// `storage`, such as a `MemStorage` whose faults the test turns on.
     pub fn on_storage(storage: Arc<dyn Storage>) -> Self {
+        Self::on_storage_with(storage, Box::new(MemoryStore::default()))
+    }
+
+    /// [`Node::on_storage`] over the metadata store `store`.
+    pub fn on_storage_with(storage: Arc<dyn Storage>, store: Box<dyn MetadataStore>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cfg = BrokerConfig::new(dir.path());
         cfg.storage = storage;
-        Self::open_with(dir, Box::new(MemoryStore::default()), cfg)
+        Self::open_with(dir, store, cfg)
     }
 
     fn open_in(dir: tempfile::TempDir, store: Box<dyn MetadataStore>) -> Self {
