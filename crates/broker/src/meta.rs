@@ -598,11 +598,11 @@ mod tests {
             Change::DeleteVhost("v".into()),
         ];
         // The file's directory is gone: the write fails, nothing changes.
-        std::fs::remove_dir_all(dir.path().join("defs")).unwrap();
+        fs::remove_dir_all(dir.path().join("defs")).unwrap();
         assert!(committer.commit(&batch).is_err());
         assert!(s.load().vhosts.is_empty());
         // Tried again once it can be written: the whole batch, in order.
-        std::fs::create_dir_all(dir.path().join("defs")).unwrap();
+        fs::create_dir_all(dir.path().join("defs")).unwrap();
         committer.commit(&batch).unwrap();
         assert_eq!(s.load().vhosts, vec!["w".to_owned()]);
         assert_eq!(
