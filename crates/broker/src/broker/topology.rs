@@ -556,7 +556,14 @@ impl Broker {
             let owner = d.exclusive.then_some(id);
             let mut q = self
                 .make_queue(&vhost, Arc::from(name.as_str()), opts, owner)
-                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+                .map_err(|e| match e {
+                    BrokerError::Store(e) => {
+                        // The file and the error stay in the node's log.
+                        tracing::error!(%vhost, queue = %name, error = %e, "could not open a new queue's log");
+                        err(ReplyCode::InternalError, "could not open the queue's log")
+                    }
+                    e => err(ReplyCode::InternalError, e.to_string()),
+                })?;
             let recorded = self.record(
                 scope,
                 Change::PutQueue(QueueDef {

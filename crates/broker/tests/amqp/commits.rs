@@ -179,6 +179,11 @@ fn a_declare_whose_log_cannot_be_made_commits_nothing() {
     a.send(1, declare("q", true));
     let closed = a.expect_close(0);
     assert_eq!(closed.code, 541, "{closed:?}");
+    // The file and its error are for the node's log, not the client.
+    assert_eq!(
+        closed.text, "INTERNAL_ERROR - could not open the queue's log",
+        "{closed:?}"
+    );
     // Refused before anything of it was recorded: no commit would bring
     // the queue back at the next start.
     assert!(node.with_broker(|b| b.take_commits()).is_empty());
