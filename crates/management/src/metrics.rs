@@ -445,6 +445,33 @@ pub fn render(s: &Management) -> String {
         );
         let _ = writeln!(out, "rabbitmq_process_open_fds {fds}");
     }
+    if let Some(limit) = crate::process::fd_limit() {
+        family(
+            &mut out,
+            "rabbitmq_process_max_fds",
+            "gauge",
+            "Open file descriptors limit",
+        );
+        let _ = writeln!(out, "rabbitmq_process_max_fds {limit}");
+    }
+    if let Some((used, total)) = s.node_control.as_ref().and_then(|c| c.client_sockets()) {
+        family(
+            &mut out,
+            "rabbitmq_process_open_tcp_sockets",
+            "gauge",
+            "Open client TCP sockets",
+        );
+        let _ = writeln!(out, "rabbitmq_process_open_tcp_sockets {used}");
+        if let Some(total) = total {
+            family(
+                &mut out,
+                "rabbitmq_process_max_tcp_sockets",
+                "gauge",
+                "Open client TCP sockets limit",
+            );
+            let _ = writeln!(out, "rabbitmq_process_max_tcp_sockets {total}");
+        }
+    }
     out
 }
 

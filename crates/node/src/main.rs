@@ -481,12 +481,16 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
             api = api.statistics_interval(Duration::from_millis(ms));
         }
         if let Some(c) = &clustered {
-            api = api.cluster(c.control(app_control)).mirrors(c.mirrors());
+            api = api
+                .cluster(c.control(app_control.clone()))
+                .mirrors(c.mirrors());
         }
         tokio::spawn(warren_management::serve(l, api));
     }
     if let Some(l) = metrics_listener {
-        let mut metrics = warren_management::Management::new(broker.clone());
+        // The process gauges read the client sockets through the app.
+        let mut metrics =
+            warren_management::Management::new(broker.clone()).node_control(app_control);
         if let Some(c) = &clustered {
             // The ring gauges read the queue records' mirrors.
             metrics = metrics.mirrors(c.mirrors());
