@@ -11,14 +11,17 @@ once. PREFIX names the queues (`ha.` for mirrored ones).
     python3 benches/declares.py PREFIX COUNT [CONNECTIONS]
     python3 benches/declares.py plain. 300
     python3 benches/declares.py ha. 600 8
+
+Another broker (a single node, RabbitMQ): AMQP_URL=amqp://guest:guest@HOST:PORT/%2f
 """
+import os
 import sys
 import threading
 import time
 
 import pika
 
-URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
+URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 
 
 def one_after_another(prefix, count):

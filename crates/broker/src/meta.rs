@@ -362,9 +362,14 @@ impl MetadataStore for MemoryStore {
     }
 }
 
-/// A JSON snapshot file, rewritten atomically (write, fsync, rename, fsync
-/// the directory) on every change, or on every batch of changes once its
-/// writes are handed to the shell ([`committer`](Self::committer)).
+/// The definitions on disk: a JSON snapshot (`metadata.json`, rewritten
+/// atomically: write, fsync, rename, fsync the directory) and a log of the
+/// changes since (`metadata.log` beside it: one JSON line per batch of
+/// changes, appended and fdatasynced). A commit costs what it changes, not
+/// the size of the definitions; the snapshot is rewritten (and the log
+/// emptied) once the log outgrows it. Changes go to the file one at a time
+/// ([`MetadataStore::apply`]), or in batches once its writes are handed to
+/// the shell ([`committer`](Self::committer)).
 #[derive(Debug)]
 pub struct FileStore {
     file: Arc<Mutex<DefinitionsFile>>,
@@ -372,34 +377,99 @@ pub struct FileStore {
     deferred: bool,
 }
 
-/// The file and what it holds.
+/// The snapshot and log, and what they hold.
 #[derive(Debug)]
 struct DefinitionsFile {
     path: PathBuf,
     defs: Definitions,
+    /// The log, once opened for appending.
+    log: Option<fs::File>,
+    /// Bytes in the log.
+    log_len: u64,
+    /// Bytes of the last snapshot written or read (`None`: there is none).
+    snapshot_len: Option<u64>,
+}
+
+/// The log is folded into a new snapshot past this size, or past the
+/// snapshot's own size if that is larger.
+const LOG_COMPACT_BYTES: u64 = 1 << 20;
+
+/// The change log beside the snapshot at `path`.
+fn log_path(path: &Path) -> PathBuf {
+    path.with_extension("log")
 }
 
 impl FileStore {
-    /// Opens (or starts empty) the store at `path`.
+    /// Opens (or starts empty) the store at `path`, replaying the changes
+    /// logged since its snapshot (a torn last line, a crash in its append,
+    /// is cut off).
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, MetaError> {
         let path = path.into();
-        let io = |source| MetaError::Io {
-            path: path.clone(),
+        let io = |path: &Path, source| MetaError::Io {
+            path: path.to_owned(),
             source,
         };
-        let defs = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| MetaError::Invalid {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Definitions::default(),
-            Err(e) => return Err(io(e)),
+        let invalid = |path: &Path, reason: String| MetaError::Invalid {
+            path: path.to_owned(),
+            reason,
+        };
+        let (mut defs, snapshot_len) = match fs::read(&path) {
+            Ok(bytes) => (
+                serde_json::from_slice(&bytes).map_err(|e| invalid(&path, e.to_string()))?,
+                Some(bytes.len() as u64),
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Definitions::default(), None),
+            Err(e) => return Err(io(&path, e)),
         };
         if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(io)?;
+            fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        }
+        let log = log_path(&path);
+        let mut log_len = 0;
+        match fs::read(&log) {
+            Ok(bytes) => {
+                let mut lines = bytes.split_inclusive(|&b| b == b'\n').peekable();
+                while let Some(line) = lines.next() {
+                    let last = lines.peek().is_none();
+                    let batch = line
+                        .strip_suffix(b"\n")
+                        .and_then(|l| serde_json::from_slice::<Vec<Change>>(l).ok());
+                    match batch {
+                        Some(batch) => {
+                            for change in &batch {
+                                defs.apply(change);
+                            }
+                            log_len += line.len() as u64;
+                        }
+                        None if last => {
+                            tracing::warn!(file = %log.display(), offset = log_len, "cutting off a torn last line of the metadata log");
+                            let f = fs::OpenOptions::new()
+                                .write(true)
+                                .open(&log)
+                                .map_err(|e| io(&log, e))?;
+                            f.set_len(log_len).map_err(|e| io(&log, e))?;
+                            f.sync_all().map_err(|e| io(&log, e))?;
+                        }
+                        None => {
+                            return Err(invalid(
+                                &log,
+                                format!("a line at byte {log_len} is not a batch of changes"),
+                            ));
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&log, e)),
         }
         Ok(Self {
-            file: Arc::new(Mutex::new(DefinitionsFile { path, defs })),
+            file: Arc::new(Mutex::new(DefinitionsFile {
+                path,
+                defs,
+                log: None,
+                log_len,
+                snapshot_len,
+            })),
             deferred: false,
         })
     }
@@ -415,12 +485,11 @@ impl FileStore {
             file: Arc::clone(&self.file),
         }
     }
+}
 
-    fn file(&self) -> std::sync::MutexGuard<'_, DefinitionsFile> {
-        self.file
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
+fn lock_file(file: &Mutex<DefinitionsFile>) -> std::sync::MutexGuard<'_, DefinitionsFile> {
+    file.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Writes a [`FileStore`]'s changes, off the broker's lock.
@@ -430,33 +499,101 @@ pub struct FileCommitter {
 }
 
 impl FileCommitter {
-    /// Applies `changes` in order and writes the file once. A write that
-    /// fails changes nothing: the same changes may be committed again.
-    /// The store's readers never wait for the disk: the file is written
-    /// from a copy, which replaces the definitions once it is durable.
+    /// Makes `changes` durable, in order, with one append to the log (or
+    /// one new snapshot). A write that fails changes nothing: the same
+    /// changes may be committed again. Only this committer writes, so the
+    /// store's readers wait for no disk: the definitions change once the
+    /// write is durable.
     pub fn commit(&self, changes: &[Change]) -> Result<(), MetaError> {
-        let (path, mut defs) = {
-            let f = self
-                .file
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            (f.path.clone(), f.defs.clone())
-        };
-        for change in changes {
-            defs.apply(change);
+        let mut f = lock_file(&self.file);
+        if changes.is_empty() {
+            return Ok(());
         }
-        write_definitions(&path, &defs)?;
-        self.file
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .defs = defs;
+        let compact = f
+            .snapshot_len
+            .is_none_or(|snapshot| f.log_len >= snapshot.max(LOG_COMPACT_BYTES));
+        if compact {
+            let mut defs = f.defs.clone();
+            for change in changes {
+                defs.apply(change);
+            }
+            f.snapshot_len = Some(write_definitions(&f.path, &defs)?);
+            f.defs = defs;
+            // The snapshot holds everything logged: the log starts again.
+            // Until it is emptied a restart replays it onto the snapshot,
+            // which changes nothing (each change sets what it names).
+            if f.log_len > 0 {
+                let log = log_path(&f.path);
+                let emptied = fs::OpenOptions::new()
+                    .write(true)
+                    .open(&log)
+                    .and_then(|l| l.set_len(0).and_then(|()| l.sync_all()));
+                match emptied {
+                    Ok(()) => f.log_len = 0,
+                    Err(e) => {
+                        tracing::warn!(file = %log.display(), error = %e, "could not empty the metadata log")
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let mut line = serde_json::to_vec(changes).map_err(|e| MetaError::Invalid {
+            path: f.path.clone(),
+            reason: e.to_string(),
+        })?;
+        line.push(b'\n');
+        let log = log_path(&f.path);
+        let io = |source| MetaError::Io {
+            path: log.clone(),
+            source,
+        };
+        if f.log.is_none() {
+            let file = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&log)
+                .map_err(io)?;
+            // Whatever a failed append left past the last whole line goes.
+            if file.metadata().map_err(io)?.len() > f.log_len {
+                file.set_len(f.log_len).map_err(io)?;
+            }
+            // Its name made durable before anything in it counts.
+            sync_parent(&log).map_err(io)?;
+            f.log = Some(file);
+        }
+        let at = f.log_len;
+        let written = f.log.as_ref().map_or(Ok(()), |file| {
+            std::os::unix::fs::FileExt::write_all_at(file, &line, at)
+                .and_then(|()| file.sync_data())
+        });
+        if let Err(e) = written {
+            // What may have reached the file past `at` is cut off when the
+            // log is opened again, for the next append (or at start, as a
+            // torn line).
+            f.log = None;
+            return Err(io(e));
+        }
+        f.log_len += line.len() as u64;
+        for change in changes {
+            f.defs.apply(change);
+        }
         Ok(())
     }
 }
 
+/// Fsyncs the directory holding `path`.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::File::open(dir)?.sync_all()
+}
+
 /// Writes `defs` to `path` atomically and durably: a temporary file,
-/// fsynced, renamed over it, then the directory fsynced.
-fn write_definitions(path: &Path, defs: &Definitions) -> Result<(), MetaError> {
+/// fsynced, renamed over it, then the directory fsynced. Returns its size.
+fn write_definitions(path: &Path, defs: &Definitions) -> Result<u64, MetaError> {
     let io = |path: &Path, source| MetaError::Io {
         path: path.to_owned(),
         source,
@@ -470,34 +607,23 @@ fn write_definitions(path: &Path, defs: &Definitions) -> Result<(), MetaError> {
     f.write_all(&bytes).map_err(|e| io(&tmp, e))?;
     f.sync_all().map_err(|e| io(&tmp, e))?;
     fs::rename(&tmp, path).map_err(|e| io(path, e))?;
-    if let Some(dir) = path.parent() {
-        let d = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        fs::File::open(d)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(d, e))?;
-    }
-    Ok(())
+    sync_parent(path).map_err(|e| io(path, e))?;
+    Ok(bytes.len() as u64)
 }
 
 impl MetadataStore for FileStore {
     fn load(&self) -> Definitions {
-        self.file().defs.clone()
+        lock_file(&self.file).defs.clone()
     }
 
     fn apply(&mut self, change: Change) -> Result<(), MetaError> {
         // A change the file did not take (a full disk) is not kept either:
         // the client was told it failed, and the next write must not carry
         // it to the file after all.
-        let mut f = self.file();
-        let mut defs = f.defs.clone();
-        defs.apply(&change);
-        write_definitions(&f.path, &defs)?;
-        f.defs = defs;
-        Ok(())
+        FileCommitter {
+            file: Arc::clone(&self.file),
+        }
+        .commit(&[change])
     }
 
     fn defers(&self) -> bool {
@@ -556,23 +682,13 @@ mod tests {
         let path = dir.path().join("meta.json");
         let mut s = FileStore::open(&path).unwrap();
         s.apply(Change::PutVhost("/".into())).unwrap();
-        let queue = |name: &str| {
-            Change::PutQueue(QueueDef {
-                vhost: "/".into(),
-                name: name.into(),
-                durable: true,
-                master: None,
-                auto_delete: false,
-                arguments: FieldTable::default(),
-            })
-        };
-        // The file cannot be written: its temporary's name is a directory.
-        let tmp = path.with_extension("json.tmp");
-        fs::create_dir(&tmp).unwrap();
+        // The log cannot be written: its name is a directory.
+        let log = path.with_extension("log");
+        fs::create_dir(&log).unwrap();
         assert!(s.apply(queue("refused")).is_err());
         let before = s.load();
         assert!(!before.queues.iter().any(|q| q.name == "refused"));
-        fs::remove_dir(&tmp).unwrap();
+        fs::remove_dir(&log).unwrap();
         s.apply(queue("taken")).unwrap();
         let names: Vec<String> = FileStore::open(&path)
             .unwrap()
@@ -609,5 +725,126 @@ mod tests {
             FileStore::open(&path).unwrap().load().vhosts,
             vec!["w".to_owned()]
         );
+    }
+
+    fn queue(name: &str) -> Change {
+        Change::PutQueue(QueueDef {
+            vhost: "/".into(),
+            name: name.into(),
+            durable: true,
+            master: None,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+        })
+    }
+
+    fn names(s: &FileStore) -> Vec<String> {
+        s.load().queues.into_iter().map(|q| q.name).collect()
+    }
+
+    #[test]
+    fn changes_are_logged_and_replayed_and_a_torn_last_line_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metadata.json");
+        let log = dir.path().join("metadata.log");
+        let mut s = FileStore::open(&path).unwrap();
+        // The first change writes the snapshot; the next ones the log.
+        s.apply(Change::PutVhost("/".into())).unwrap();
+        assert!(path.exists() && !log.exists());
+        let committer = s.committer();
+        committer.commit(&[queue("a"), queue("b")]).unwrap();
+        committer
+            .commit(&[Change::DeleteQueue {
+                vhost: "/".into(),
+                name: "a".into(),
+            }])
+            .unwrap();
+        let logged = fs::read(&log).unwrap();
+        assert_eq!(logged.iter().filter(|&&b| b == b'\n').count(), 2);
+        assert_eq!(names(&FileStore::open(&path).unwrap()), ["b"]);
+        // A crash in an append: half a line. It is cut, the rest kept.
+        let mut torn = logged.clone();
+        torn.extend_from_slice(br#"[{"PutQueue":{"vhost":"/","na"#);
+        fs::write(&log, &torn).unwrap();
+        let reopened = FileStore::open(&path).unwrap();
+        assert_eq!(names(&reopened), ["b"]);
+        assert_eq!(fs::read(&log).unwrap(), logged, "the torn line is cut off");
+        // A bad line before the last is corruption, not a torn write.
+        let mut bad = b"not json\n".to_vec();
+        bad.extend_from_slice(&logged);
+        fs::write(&log, &bad).unwrap();
+        assert!(matches!(
+            FileStore::open(&path),
+            Err(MetaError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_log_larger_than_the_snapshot_is_folded_into_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metadata.json");
+        let log = dir.path().join("metadata.log");
+        let mut s = FileStore::open(&path).unwrap();
+        let committer = s.committer();
+        committer.commit(&[Change::PutVhost("/".into())]).unwrap();
+        let mut folded = false;
+        for batch in 0..120 {
+            let queues: Vec<Change> = (0..100).map(|i| queue(&format!("q{batch}.{i}"))).collect();
+            committer.commit(&queues).unwrap();
+            folded |= batch > 0 && fs::metadata(&log).map_or(0, |m| m.len()) == 0;
+        }
+        assert!(folded, "the log was never folded into the snapshot");
+        assert_eq!(FileStore::open(&path).unwrap().load(), s.load());
+        assert_eq!(s.load().queues.len(), 12_000);
+    }
+
+    #[test]
+    fn a_log_replayed_onto_the_snapshot_that_holds_it_changes_nothing() {
+        // A crash after a new snapshot, before its log was emptied.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metadata.json");
+        let mut s = FileStore::open(&path).unwrap();
+        let committer = s.committer();
+        committer.commit(&[Change::PutVhost("/".into())]).unwrap();
+        let exchange = |name: &str| {
+            Change::PutExchange(ExchangeDef {
+                vhost: "/".into(),
+                name: name.into(),
+                kind: "direct".into(),
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                arguments: FieldTable::default(),
+            })
+        };
+        let binding = BindingDef {
+            vhost: "/".into(),
+            source: "x".into(),
+            destination: "q".into(),
+            destination_is_exchange: false,
+            routing_key: "k".into(),
+            arguments: FieldTable::default(),
+        };
+        for batch in [
+            vec![
+                exchange("x"),
+                queue("q"),
+                Change::PutBinding(binding.clone()),
+            ],
+            vec![Change::DeleteQueue {
+                vhost: "/".into(),
+                name: "q".into(),
+            }],
+            vec![queue("q"), Change::PutVhost("v".into())],
+            vec![Change::DeleteVhost("v".into())],
+        ] {
+            committer.commit(&batch).unwrap();
+        }
+        let log = fs::read(dir.path().join("metadata.log")).unwrap();
+        let want = s.load();
+        write_definitions(&path, &want).unwrap();
+        let replayed = FileStore::open(&path).unwrap().load();
+        assert_eq!(replayed, want);
+        assert!(!log.is_empty());
     }
 }

@@ -329,6 +329,22 @@ async fn metrics_count_the_broker_lock_and_the_process_cpu() {
     assert!(got.is_some());
     conn.close(200, "bye".into()).await.unwrap();
 
+    // The kernel counts CPU time in ticks (10 ms): a short test may have
+    // none yet. Work until it has one, so that the figure must show it.
+    let ticks = || {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let rest = stat.rsplit_once(')').unwrap().1;
+        let mut f = rest.split_whitespace().skip(11);
+        let user: u64 = f.next().unwrap().parse().unwrap();
+        let system: u64 = f.next().unwrap().parse().unwrap();
+        user + system
+    };
+    let mut spin = 0u64;
+    while ticks() == 0 {
+        for i in 0..100_000u64 {
+            spin = std::hint::black_box(spin.wrapping_add(i));
+        }
+    }
     let text = warren_management::render_metrics(&state);
     let stats = broker.stats();
     let now_taken = series(&text, "warren_broker_lock_acquisitions_total");

@@ -1516,12 +1516,13 @@ const JOIN_MARKER: &str = "join_cluster";
 
 /// What a reset removes from the data directory: the node's cluster state,
 /// its single-node metadata and its queues' logs.
-const NODE_DATA: [&str; 5] = [
+const NODE_DATA: [&str; 6] = [
     "raft",
     "queues",
     "journal",
     "metadata.json",
     "metadata.json.tmp",
+    "metadata.log",
 ];
 
 impl Rejoin {

@@ -1,11 +1,12 @@
-//! A single node's metadata commits: the definitions file
-//! (`metadata.json`) written off the broker's lock.
+//! A single node's metadata commits: the definitions files
+//! (`metadata.json` and its change log `metadata.log`) written off the
+//! broker's lock.
 //!
 //! The broker keeps every change to durable entities for
-//! [`Broker::take_commits`], in the order it made them (a client's declare
+//! [`Broker::take_commits`](warren_broker::Broker::take_commits), in the order it made them (a client's declare
 //! waits for its own; `FileStore::committer`). This task takes what is
-//! pending, writes the file once for all of it (two fsyncs however many
-//! clients declared meanwhile), then reports each commit done, so that its
+//! pending, appends all of it to the log in one write and one fdatasync
+//! however many clients declared meanwhile, then reports each commit done, so that its
 //! client gets its reply. A write that fails (a full disk) is tried again
 //! every second, in order, with the waiting clients still waiting: a change
 //! is answered only once the file holds it, and no later change reaches the

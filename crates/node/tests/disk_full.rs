@@ -27,7 +27,7 @@ use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use peers::{declare_durable, eventually, set_ha_all, three_with};
 
@@ -198,8 +198,14 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
     assert_eq!(q["state"], "stopped", "{q}");
     assert!(q.get("messages").is_none(), "{q}");
     // A binding of the durable queue cannot be written to the definitions
-    // file: it is answered once it can, never refused for a full disk.
+    // file (16 KiB of arguments: more than the slack of the file's last
+    // page): it is answered once it can, never refused for a full disk.
     let (binder, bind_ch) = channel(&node.url()).await;
+    let mut args = FieldTable::default();
+    args.insert(
+        "padding".into(),
+        AMQPValue::LongString("p".repeat(16 << 10).into()),
+    );
     let bound = tokio::spawn(async move {
         bind_ch
             .queue_bind(
@@ -207,7 +213,7 @@ async fn a_full_disk_nacks_what_it_cannot_store_and_the_queue_confirms_again_onc
                 "amq.direct".into(),
                 "bound-on-a-full-disk".into(),
                 QueueBindOptions::default(),
-                FieldTable::default(),
+                args,
             )
             .await
     });
