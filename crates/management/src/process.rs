@@ -1,7 +1,8 @@
 //! What the node's process uses, as `/api/nodes` and `/metrics` show it:
-//! file descriptors (Linux's `/proc/self`), the open-files
-//! limit, and the tokio tasks alive. Each is `None` where it cannot be read:
-//! the API then leaves the field out rather than show a made-up number.
+//! file descriptors (Linux's `/proc/self`), the open-files limit, and the
+//! tokio tasks alive. Each is `None` where it cannot be read: the API then
+//! leaves the field out rather than show a made-up number. Client sockets
+//! are the node's own count (`NodeControl::client_sockets`).
 
 /// Open file descriptors (`/proc/self/fd`): RabbitMQ's `fd_used`. Every
 /// descriptor counts: files, client and peer sockets, listeners.

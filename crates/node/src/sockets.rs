@@ -65,11 +65,12 @@ impl ClientSockets {
     /// The budget of an open-files limit (`None`: unlimited).
     pub(crate) fn for_fd_limit(limit: Option<u64>) -> Self {
         let total = limit.map(budget);
-        let permits = total.map_or(Semaphore::MAX_PERMITS, |t| {
-            usize::try_from(t).unwrap_or(Semaphore::MAX_PERMITS)
-        });
+        let permits = total
+            .and_then(|t| usize::try_from(t).ok())
+            .unwrap_or(usize::MAX)
+            .min(Semaphore::MAX_PERMITS);
         Self {
-            permits: Arc::new(Semaphore::new(permits.min(Semaphore::MAX_PERMITS))),
+            permits: Arc::new(Semaphore::new(permits)),
             total,
             held: Arc::default(),
         }
