@@ -1020,9 +1020,11 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
 
     let load = Load {
         urls: c.specs.iter().map(Spec::amqp_url).collect(),
+        names: c.specs.iter().map(|s| s.name.clone()).collect(),
         up: c.up.clone(),
         stop: Arc::new(AtomicBool::new(false)),
         history: Arc::new(Mutex::new(History::default())),
+        start: c.start,
     };
     let order = |first: usize| (0..opts.nodes).map(move |k| (first + k) % opts.nodes);
     // For every node and queue a publisher and a consumer, each preferring
@@ -1159,13 +1161,14 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     Ok(report)
 }
 
-/// Connects to the first node of `order` that is up (waiting while none is).
+/// Connects to the first node of `order` that is up (waiting while none
+/// is); returns the connection and the node's index.
 async fn connect_live(
     urls: &[String],
     order: &[usize],
     up: &[AtomicBool],
     stop: &AtomicBool,
-) -> Option<Connection> {
+) -> Option<(Connection, usize)> {
     while !stop.load(Ordering::SeqCst) {
         for &i in order {
             if !up[i].load(Ordering::SeqCst) {
@@ -1173,7 +1176,7 @@ async fn connect_live(
             }
             let connect = Connection::connect(&urls[i], ConnectionProperties::default());
             if let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
-                return Some(conn);
+                return Some((conn, i));
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1198,12 +1201,41 @@ where
 struct Load {
     /// Each node's AMQP URL.
     urls: Vec<String>,
+    /// Each node's name.
+    names: Vec<String>,
     /// Which nodes are up.
     up: Arc<Vec<AtomicBool>>,
     /// Set when the load is to stop.
     stop: Arc<AtomicBool>,
     /// What the clients saw.
     history: Arc<Mutex<History>>,
+    /// When the run started (the clients' log lines count from it).
+    start: Instant,
+}
+
+impl Load {
+    /// Prints a client's session event (connected, session ended) with
+    /// the run's clock, so that a failed run says where each client was.
+    fn say(&self, what: &str) {
+        println!(
+            "[chaos {:>7.3}s] {what}",
+            self.start.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Connects `me` to the first live node of its order, saying which.
+    async fn connect(&self, me: &Client) -> Option<Connection> {
+        let (conn, i) = connect_live(&self.urls, &me.order, &self.up, &self.stop).await?;
+        self.say(&format!("{}: connected to {}", me.name, self.names[i]));
+        Some(conn)
+    }
+
+    /// Says why a session of `client` ended, if it failed.
+    fn ended(&self, client: &str, result: &anyhow::Result<()>) {
+        if let Err(e) = result {
+            self.say(&format!("{client}: session ended: {e:#}"));
+        }
+    }
 }
 
 /// One client of the load.
@@ -1222,10 +1254,10 @@ struct Client {
 /// each batch's confirms awaited (20 s at most); on a failure it connects
 /// to the next live node of its order and goes on with new bodies.
 async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
-    let client = me.name;
+    let client = me.name.clone();
     let mut n = 0u64;
     let mut sessions = 0u64;
-    while let Some(conn) = connect_live(&load.urls, &me.order, &load.up, &load.stop).await {
+    while let Some(conn) = load.connect(&me).await {
         sessions += 1;
         let prefix = format!("{prefix}-s{sessions}");
         let session = async {
@@ -1271,6 +1303,7 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
             anyhow::Ok(())
         };
         let result = session.await;
+        load.ended(&client, &result);
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
         if result.is_ok() {
             break;
@@ -1283,8 +1316,8 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
 /// recorded before its ack; on a failure it connects to the next live node
 /// of its order.
 async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
-    let client = me.name;
-    while let Some(conn) = connect_live(&load.urls, &me.order, &load.up, &load.stop).await {
+    let client = me.name.clone();
+    while let Some(conn) = load.connect(&me).await {
         let session = async {
             let ch = bounded(conn.create_channel()).await?;
             bounded(ch.basic_qos(100, BasicQosOptions::default())).await?;
@@ -1318,6 +1351,7 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
             anyhow::Ok(())
         };
         let result = session.await;
+        load.ended(&client, &result);
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
         if result.is_ok() {
             break;
