@@ -499,9 +499,17 @@ fn check(
         let moved = |t: &Instant| *t >= healed && *t <= by;
         for (client, times) in &h.moved {
             if !times.iter().any(moved) {
+                // When it last moved before and first moved after: where
+                // the stall began and whether it ended.
+                let before = times.iter().filter(|t| **t < healed).max().copied();
+                let after = times.iter().filter(|t| **t > by).min().copied();
+                let when =
+                    |t: Option<Instant>| t.map_or("never".to_owned(), |t| format!("{:.3}s", at(t)));
                 stalls.push(format!(
-                    "{client}: nothing in the {LIVENESS:?} after the heal at {:.3}s",
-                    at(healed)
+                    "{client}: nothing in the {LIVENESS:?} after the heal at {:.3}s (last moved at {}, next at {})",
+                    at(healed),
+                    when(before),
+                    when(after)
                 ));
             }
         }
@@ -1486,9 +1494,9 @@ mod tests {
         assert_eq!(
             r.stalls,
             [
-                "publisher A: nothing in the 5s after the heal at 0.500s",
-                "consumer B: nothing in the 5s after the heal at 10.000s",
-                "publisher A: nothing in the 5s after the heal at 10.000s",
+                "publisher A: nothing in the 5s after the heal at 0.500s (last moved at 0.000s, next at never)",
+                "consumer B: nothing in the 5s after the heal at 10.000s (last moved at 2.000s, next at never)",
+                "publisher A: nothing in the 5s after the heal at 10.000s (last moved at 0.000s, next at never)",
             ]
         );
         assert_eq!(r.rates, (0.25, 0.1));
