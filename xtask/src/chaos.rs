@@ -1192,6 +1192,40 @@ async fn connect_live(
     None
 }
 
+/// A call on `conn` that ends with an error once the connection is lost
+/// (looked at every 100 ms) or after 20 s: lapin leaves some calls (an
+/// ack, a confirm) pending for ever on a connection whose node was
+/// killed under them, and a client stuck there would read as a broker
+/// that stopped delivering.
+async fn live<T, E>(
+    conn: &Connection,
+    call: impl Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let call = bounded(call);
+    tokio::pin!(call);
+    loop {
+        tokio::select! {
+            r = &mut call => return r,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {
+                if !conn.status().connected() {
+                    bail!("the connection was lost");
+                }
+            }
+        }
+    }
+}
+
+/// Closes `conn` unless it is already lost (closing a lost connection
+/// waits for a close-ok that never comes).
+async fn close(conn: &Connection) {
+    if conn.status().connected() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+    }
+}
+
 /// A client call that gives up after 20 s: a connection to a node that
 /// died under it must not hold the load (and the run) for ever.
 async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> anyhow::Result<T>
@@ -1269,8 +1303,8 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
         sessions += 1;
         let prefix = format!("{prefix}-s{sessions}");
         let session = async {
-            let ch = bounded(conn.create_channel()).await?;
-            bounded(ch.confirm_select(ConfirmSelectOptions::default())).await?;
+            let ch = live(&conn, conn.create_channel()).await?;
+            live(&conn, ch.confirm_select(ConfirmSelectOptions::default())).await?;
             while !load.stop.load(Ordering::SeqCst) {
                 let mut batch = Vec::new();
                 for _ in 0..20 {
@@ -1281,20 +1315,23 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
                         .expect("the history")
                         .published
                         .insert(body.clone());
-                    let confirm = bounded(ch.basic_publish(
-                        "".into(),
-                        me.queue.into(),
-                        BasicPublishOptions::default(),
-                        body.as_bytes(),
-                        BasicProperties::default().with_delivery_mode(2),
-                    ))
+                    let confirm = live(
+                        &conn,
+                        ch.basic_publish(
+                            "".into(),
+                            me.queue.into(),
+                            BasicPublishOptions::default(),
+                            body.as_bytes(),
+                            BasicProperties::default().with_delivery_mode(2),
+                        ),
+                    )
                     .await?;
                     batch.push((body, confirm));
                 }
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
                 let mut failed = false;
                 for (body, confirm) in batch {
-                    match tokio::time::timeout_at(deadline, confirm).await {
+                    match tokio::time::timeout_at(deadline, live(&conn, confirm)).await {
                         Ok(Ok(c)) if c.is_ack() => {
                             let now = Instant::now();
                             let mut h = load.history.lock().expect("the history");
@@ -1312,7 +1349,7 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
         };
         let result = session.await;
         load.ended(&client, &result);
-        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+        close(&conn).await;
         if result.is_ok() {
             break;
         }
@@ -1327,14 +1364,17 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
     let client = me.name.clone();
     while let Some(conn) = load.connect(&me).await {
         let session = async {
-            let ch = bounded(conn.create_channel()).await?;
-            bounded(ch.basic_qos(100, BasicQosOptions::default())).await?;
-            let mut consumer = bounded(ch.basic_consume(
-                me.queue.into(),
-                "chaos".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            ))
+            let ch = live(&conn, conn.create_channel()).await?;
+            live(&conn, ch.basic_qos(100, BasicQosOptions::default())).await?;
+            let mut consumer = live(
+                &conn,
+                ch.basic_consume(
+                    me.queue.into(),
+                    "chaos".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                ),
+            )
             .await?;
             while !load.stop.load(Ordering::SeqCst) {
                 match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
@@ -1350,7 +1390,7 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
                                 .or_default()
                                 .push(Instant::now());
                         }
-                        bounded(d.ack(BasicAckOptions::default())).await?;
+                        live(&conn, d.ack(BasicAckOptions::default())).await?;
                     }
                     Ok(Some(Err(e))) => bail!("{client}: {e}"),
                     Ok(None) => bail!("{client}: cancelled"),
@@ -1360,7 +1400,7 @@ async fn consume(me: Client, load: Load) -> anyhow::Result<()> {
         };
         let result = session.await;
         load.ended(&client, &result);
-        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+        close(&conn).await;
         if result.is_ok() {
             break;
         }
