@@ -420,13 +420,14 @@ impl NodeLink {
         // Whether the last attempt failed: an outage is logged once, at
         // its start and at its end, not once per batch.
         let mut failing = false;
-        // Whether a connection was made before: after losing it, the link
-        // is dialed again without waiting for work (the other node dropped
-        // this node's consumers with it and learns to expect them again
-        // from the new connection's hello).
-        let mut had_conn = false;
+        // Whether a connection was made or failed before: after losing it
+        // (or failing to make it), the link is dialed again without waiting
+        // for work, and this node's consumers of the node's queues are
+        // asked for again on the new connection (the other node dropped
+        // them with the old one, or never got them).
+        let mut dialed = false;
         loop {
-            let redial = conn.is_none() && had_conn;
+            let redial = conn.is_none() && dialed;
             let batch = tokio::select! {
                 b = rx.recv() => match b {
                     Some(b) => b,
@@ -531,7 +532,7 @@ impl NodeLink {
                         }
                         // The node drops this node's link state on the new
                         // session: ask again for this node's consumers.
-                        if std::mem::replace(&mut had_conn, true) {
+                        if std::mem::replace(&mut dialed, true) {
                             lock(&self.broker).resubscribe(node);
                         }
                     }
@@ -542,6 +543,11 @@ impl NodeLink {
                             tracing::warn!(%node, "cannot reach node for forwarded queue work; failing it until the link is back");
                             failing = true;
                         }
+                        // This node's consumers of the node's queues were
+                        // asked for in what is lost: once the link is back
+                        // (dialed again without waiting for work), they are
+                        // asked for again, as after a lost connection.
+                        dialed = true;
                         // What queued meanwhile is lost with this attempt.
                         let mut lost = msgs.len();
                         while let Ok(b) = rx.try_recv() {
