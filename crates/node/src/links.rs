@@ -47,7 +47,7 @@ pub(crate) async fn start(
         heard: Arc::new(Mutex::new(HashMap::new())),
         sent: Arc::new(Mutex::new(HashMap::new())),
         reached: Arc::new(Mutex::new(HashMap::new())),
-        downs: Arc::new(Mutex::new(HashMap::new())),
+        given_up: Arc::new(Mutex::new(HashMap::new())),
         accepted: Arc::new(Mutex::new(HashMap::new())),
     };
     {
@@ -143,11 +143,14 @@ struct Me {
     /// The incarnation of each node that this node's current session to it
     /// reaches (its `Welcome`), if it answered.
     reached: Arc<Mutex<HashMap<String, u64>>>,
-    /// How often the cluster reported each node down: a link connection
-    /// from a node reported down since it was accepted carries what that
-    /// node's side has already given up (deliveries it requeued, once a
-    /// partition heals and TCP retransmits them), and is closed unread.
-    downs: Arc<Mutex<HashMap<String, u64>>>,
+    /// How often this node gave up its link state with each node (the
+    /// cluster reported the node down, or what this node sent it was lost:
+    /// see [`Me::give_up`]). A link connection from a node accepted before
+    /// carries what one side has given up (deliveries the node requeued,
+    /// once a partition heals and TCP retransmits them; publishes whose
+    /// confirms this node dropped), and is closed unread: its end tells
+    /// the node to give up its side too.
+    given_up: Arc<Mutex<HashMap<String, u64>>>,
     /// How many link connections from each node were accepted: a node
     /// dials a new one only after giving up the old (its forwarded work
     /// failed, its consumers asked for again), so what an older one still
@@ -171,8 +174,23 @@ impl Me {
         Self::count(&self.accepted, node)
     }
 
-    fn downs(&self, node: &str) -> u64 {
-        Self::count(&self.downs, node)
+    fn given_up(&self, node: &str) -> u64 {
+        Self::count(&self.given_up, node)
+    }
+
+    /// Gives up this node's link state with `node` (its work here and
+    /// this node's work there: [`Broker::link_down`](warren_broker::Broker::link_down)),
+    /// and closes the link connections from `node` accepted so far, so
+    /// that `node` gives up its side as well: otherwise it would wait for
+    /// ever for confirms and deliveries that this node dropped.
+    fn give_up(&self, b: &mut warren_broker::Broker, node: &str) {
+        *self
+            .given_up
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(node.to_owned())
+            .or_default() += 1;
+        b.link_down(node, now_ms());
     }
 
     fn count(map: &Mutex<HashMap<String, u64>>, node: &str) -> u64 {
@@ -190,6 +208,11 @@ impl Me {
             .copied()
     }
 }
+
+/// How often a quiet link connection looks whether this node gave up its
+/// state with the node since it was accepted (then it ends: see
+/// `Me::given_up`).
+const STALE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Forwarded publishes (and gets) held back at most, per link, while this
 /// node's mirrored queues catch up; beyond it the link is not read.
@@ -220,11 +243,12 @@ async fn receive(
 ) {
     let mut frames = Vec::new();
     let mut greeted = false;
-    let downs = me.downs(&peer);
-    // Asked with the broker's lock held, as a down report is counted.
+    let given_up = me.given_up(&peer);
+    // Asked with the broker's lock held before link input, as a give-up
+    // is counted; and every `STALE_CHECK` while nothing comes.
     let stale = || {
-        if me.downs(&peer) != downs {
-            tracing::warn!(%peer, "closing a link connection from before the node was last reported down (what it still carries, the node has given up)");
+        if me.given_up(&peer) != given_up {
+            tracing::warn!(%peer, "closing a link connection from before this node last gave up its link state with the node (the node gives up its side when it ends)");
             return true;
         }
         if me.accepted(&peer) != generation {
@@ -262,6 +286,12 @@ async fn receive(
         let got = tokio::select! {
             r = rx.recv_batch(&mut frames, 1024), if held.len() < HELD_MAX => r,
             () = tokio::time::sleep(std::time::Duration::from_millis(2)), if !held.is_empty() => {
+                continue;
+            }
+            () = tokio::time::sleep(STALE_CHECK) => {
+                if stale() {
+                    return;
+                }
                 continue;
             }
         };
@@ -441,7 +471,7 @@ impl NodeLink {
                     // is reported down meanwhile.
                     tracing::info!(%node, "forwarding link ended");
                     conn = None;
-                    lock(&self.broker).link_down(node, now_ms());
+                    self.me.give_up(&mut lock(&self.broker), node);
                     continue;
                 }
                 () = tokio::time::sleep(REDIAL), if redial && !down => Some(Vec::new()),
@@ -555,7 +585,7 @@ impl NodeLink {
                         }
                         let mut b = lock(&self.broker);
                         b.link_sent(node, lost);
-                        b.link_down(node, now_ms());
+                        self.me.give_up(&mut b, node);
                         continue;
                     }
                 }
@@ -589,7 +619,7 @@ impl NodeLink {
             if !flushed {
                 tracing::warn!(%node, "forwarding link broke");
                 conn = None;
-                b.link_down(node, now_ms());
+                self.me.give_up(&mut b, node);
             }
         }
     }
@@ -673,14 +703,7 @@ async fn watch_down(
         match events.recv().await {
             Ok(NodeEvent::Down(n)) => {
                 tracing::info!(node = %n, "node down: failing its forwarded work");
-                let mut b = lock(&broker);
-                *me.downs
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .entry(n.to_string())
-                    .or_default() += 1;
-                b.link_down(n.as_str(), now_ms());
-                drop(b);
+                me.give_up(&mut lock(&broker), n.as_str());
                 let _ = resets.send(n.to_string());
                 notify.notify_one();
             }
