@@ -504,6 +504,62 @@ fn consumers_that_ask_are_cancelled_on_failover() {
     });
 }
 
+/// A publisher on a mirror's node that was SIGKILLed and restarted is
+/// answered at once, each of several times: its master can fail its first
+/// send back to the restarted node (still reported down there), dropping
+/// the node's forwarded publishes with it, and must then make the node
+/// give them up too (nacked) rather than leave it waiting for confirms
+/// that never come (the publisher hung, 3–28 s in a chaos kill schedule).
+#[test]
+fn a_publisher_on_a_restarted_mirror_node_is_answered() {
+    let root = peers::test_root();
+    let (secret, mut nodes, rt) = mirrored_three(root.path());
+    for round in 0..8 {
+        nodes[2].kill();
+        eventually("the master sees the node down", || {
+            !names(&queue(&nodes[0]), "slave_nodes").contains(&"warren@c".to_owned())
+        });
+        nodes[2] = nodes[2].restart(&secret, &[]);
+        rt.block_on(async {
+            let (conn, ch) = confirming(&nodes[2]).await;
+            // Batches of 20 until one is acked whole, every confirm (ack
+            // or nack) within 10 s.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let mut batch = 0;
+            loop {
+                let mut pending = Vec::new();
+                for i in 0..20 {
+                    let body = format!("r{round}-b{batch}-m{i}");
+                    let confirm = ch
+                        .basic_publish(
+                            "".into(),
+                            QUEUE.into(),
+                            BasicPublishOptions::default(),
+                            body.as_bytes(),
+                            BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await
+                        .unwrap();
+                    pending.push(confirm);
+                }
+                let mut acked = 0;
+                for confirm in pending {
+                    let answer = tokio::time::timeout_at(deadline, confirm).await;
+                    let answer = answer.unwrap_or_else(|_| {
+                        panic!("round {round}: a publish on the restarted node was not answered in 10 s")
+                    });
+                    acked += usize::from(answer.unwrap().is_ack());
+                }
+                if acked == 20 {
+                    break;
+                }
+                batch += 1;
+            }
+            let _ = conn.close(200, "bye".into()).await;
+        });
+    }
+}
+
 fn set_policy(p: &Peer, definition: Value) {
     set_named_policy(p, "ha", definition);
 }
