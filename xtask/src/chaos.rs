@@ -1204,12 +1204,16 @@ async fn live<T, E>(
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    let call = bounded(call);
+    let call = tokio::time::timeout(Duration::from_secs(20), call);
     tokio::pin!(call);
+    let mut check = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
-            r = &mut call => return r,
-            () = tokio::time::sleep(Duration::from_millis(100)) => {
+            r = &mut call => match r {
+                Ok(r) => return Ok(r?),
+                Err(_) => bail!("the broker did not answer within 20 s"),
+            },
+            _ = check.tick() => {
                 if !conn.status().connected() {
                     bail!("the connection was lost");
                 }
@@ -1223,18 +1227,6 @@ where
 async fn close(conn: &Connection) {
     if conn.status().connected() {
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
-    }
-}
-
-/// A client call that gives up after 20 s: a connection to a node that
-/// died under it must not hold the load (and the run) for ever.
-async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> anyhow::Result<T>
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    match tokio::time::timeout(Duration::from_secs(20), call).await {
-        Ok(r) => Ok(r?),
-        Err(_) => bail!("the broker did not answer within 20 s"),
     }
 }
 

@@ -263,6 +263,9 @@ async fn receive(
     // this link stops being read). Acks, consumes and cancels are not held back:
     // consumers on the other node keep moving while publishers wait.
     let mut held: std::collections::VecDeque<LinkMsg> = std::collections::VecDeque::new();
+    // One timer for the connection's life, not one per batch read.
+    let mut stale_check = tokio::time::interval(STALE_CHECK);
+    stale_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if !held.is_empty() {
             let mut b = lock(&broker);
@@ -288,7 +291,7 @@ async fn receive(
             () = tokio::time::sleep(std::time::Duration::from_millis(2)), if !held.is_empty() => {
                 continue;
             }
-            () = tokio::time::sleep(STALE_CHECK) => {
+            _ = stale_check.tick() => {
                 if stale() {
                     return;
                 }

@@ -525,35 +525,16 @@ fn a_publisher_on_a_restarted_mirror_node_is_answered() {
             // Batches of 20 until one is acked whole, every confirm (ack
             // or nack) within 10 s.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            let mut batch = 0;
-            loop {
-                let mut pending = Vec::new();
-                for i in 0..20 {
-                    let body = format!("r{round}-b{batch}-m{i}");
-                    let confirm = ch
-                        .basic_publish(
-                            "".into(),
-                            QUEUE.into(),
-                            BasicPublishOptions::default(),
-                            body.as_bytes(),
-                            BasicProperties::default().with_delivery_mode(2),
-                        )
-                        .await
-                        .unwrap();
-                    pending.push(confirm);
-                }
-                let mut acked = 0;
-                for confirm in pending {
-                    let answer = tokio::time::timeout_at(deadline, confirm).await;
-                    let answer = answer.unwrap_or_else(|_| {
+            for batch in 0.. {
+                let bodies = (0..20).map(|i| (QUEUE.to_owned(), format!("r{round}-b{batch}-m{i}")));
+                let acked = tokio::time::timeout_at(deadline, publish_each(&ch, bodies))
+                    .await
+                    .unwrap_or_else(|_| {
                         panic!("round {round}: a publish on the restarted node was not answered in 10 s")
                     });
-                    acked += usize::from(answer.unwrap().is_ack());
-                }
-                if acked == 20 {
+                if acked.len() == 20 {
                     break;
                 }
-                batch += 1;
             }
             let _ = conn.close(200, "bye".into()).await;
         });
