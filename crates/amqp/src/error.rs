@@ -190,16 +190,24 @@ impl AmqpError {
         self
     }
 
-    /// The reply text as RabbitMQ sends it: `NOT_FOUND - no queue 'q' in vhost '/'`,
-    /// cut to the 255 bytes a short string holds; the code's name alone for
-    /// an empty text (as RabbitMQ's `INTERNAL_ERROR` when a channel crashes).
+    /// The reply text as RabbitMQ sends it: `NOT_FOUND - no queue 'q' in vhost '/'`;
+    /// one longer than the 255 bytes a short string holds is cut to 252
+    /// and ends in `...`, as RabbitMQ cuts it; the code's name alone for an
+    /// empty text (as RabbitMQ's `INTERNAL_ERROR` when a channel crashes).
     #[must_use]
     pub fn reply_text(&self) -> String {
         if self.text.is_empty() {
             return self.code.name().to_owned();
         }
         let mut s = format!("{} - {}", self.code.name(), self.text);
-        truncate_short(&mut s);
+        if s.len() > 255 {
+            let mut end = 252;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+            s.push_str("...");
+        }
         s
     }
 

@@ -448,6 +448,7 @@ fn reply_codes_round_trip_and_know_their_kind() {
     assert_eq!(e.to_string(), "NOT_FOUND - no exchange 'x' in vhost '/'");
     let long = AmqpError::new(ReplyCode::NotFound, "é".repeat(300));
     assert!(long.reply_text().len() <= 255);
+    assert!(long.reply_text().ends_with("é..."));
 }
 
 /// Methods pipelined in one read, the second refused while reading: the
