@@ -246,6 +246,7 @@ impl Broker {
                     chan.prefetch = q.prefetch_count;
                 }
                 c.amqp.reply(ch, Reply::BasicQosOk);
+                self.release_held(id, ch);
                 self.redrive_channel(id, ch);
                 Ok(())
             }

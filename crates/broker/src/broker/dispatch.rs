@@ -160,10 +160,16 @@ pub(super) fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now:
             let Some(conn) = conns.get_mut(&c.conn) else {
                 return false;
             };
-            if !conn.channels.contains_key(&c.channel) {
+            let Some(ch) = conn.channels.get(&c.channel) else {
+                return false;
+            };
+            if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
                 return false;
             }
-            if c.prefetch != 0 && c.unacked >= u32::from(c.prefetch) && !c.no_ack {
+            if ch.global_prefetch != 0
+                && ch.unacked.len() + ch.fetching as usize >= usize::from(ch.global_prefetch)
+                && !c.no_ack
+            {
                 return false;
             }
             // Fetches in flight come back through `mirror_turn`, which
@@ -193,6 +199,12 @@ pub(super) fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now:
         c.reserved += 1;
         if !c.no_ack {
             c.unacked += 1;
+            if let Some(ch) = conns
+                .get_mut(&c.conn)
+                .and_then(|x| x.channels.get_mut(&c.channel))
+            {
+                ch.fetching += 1;
+            }
         }
     }
 }
@@ -260,7 +272,14 @@ impl Broker {
         };
         let taken: Vec<(u64, Unacked)> = if multiple {
             if tag == 0 {
-                std::mem::take(&mut chan.unacked).into_iter().collect()
+                // Everything delivered: not what its global prefetch holds.
+                let rest = match chan.held.front() {
+                    Some(h) => chan.unacked.split_off(&h.tag),
+                    None => std::collections::BTreeMap::new(),
+                };
+                std::mem::replace(&mut chan.unacked, rest)
+                    .into_iter()
+                    .collect()
             } else {
                 // As RabbitMQ's channel: the tag itself must be unsettled
                 // (one past the last delivery settles nothing).
@@ -352,7 +371,52 @@ impl Broker {
             .get(&ch)
             .is_some_and(|c| c.global_prefetch != 0)
         {
+            self.release_held(id, ch);
             self.redrive_channel(id, ch);
+        }
+    }
+
+    /// Sends the deliveries of forwarded queues that channel `ch`'s global
+    /// prefetch held back, as far as it has room now (all of them once it
+    /// has no global prefetch); those settled meanwhile (recovered, the
+    /// consumer cancelled) are dropped.
+    pub(super) fn release_held(&mut self, id: ConnId, ch: ChannelId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        loop {
+            let Some(chan) = c.channels.get_mut(&ch) else {
+                return;
+            };
+            let Some(front) = chan.held.front() else {
+                return;
+            };
+            if !chan.unacked.contains_key(&front.tag) {
+                chan.held.pop_front();
+                continue;
+            }
+            let sent = chan.unacked.range(..front.tag).count();
+            if chan.global_prefetch != 0 && sent >= usize::from(chan.global_prefetch) {
+                return;
+            }
+            let Some(h) = chan.held.pop_front() else {
+                return;
+            };
+            let m = decode_meta(&h.meta);
+            c.count_delivery(ch, h.redelivered);
+            c.amqp.send_content(
+                ch,
+                &ContentMethod::Deliver {
+                    consumer_tag: &h.consumer,
+                    delivery_tag: h.tag,
+                    redelivered: h.redelivered,
+                    exchange: m.exchange,
+                    routing_key: m.routing_key,
+                },
+                &m.properties,
+                &h.body,
+            );
+            c.wake(self.current, id);
         }
     }
 
@@ -574,10 +638,19 @@ impl Broker {
     ) -> Option<(String, Arc<str>)> {
         let c = self.conn(id);
         let vhost = c.vhost.clone();
-        let qname = c
-            .channels
-            .get_mut(&ch)
-            .and_then(|chan| chan.consumers.remove(tag))?;
+        let chan = c.channels.get_mut(&ch)?;
+        let qname = chan.consumers.remove(tag)?;
+        // What its channel's global prefetch held back for it goes back.
+        let held: Vec<u64> = chan
+            .held
+            .iter()
+            .filter(|h| &*h.consumer == tag)
+            .map(|h| h.tag)
+            .collect();
+        if !held.is_empty() {
+            chan.held.retain(|h| &*h.consumer != tag);
+            self.settle_many(id, ch, &held, Settle::Requeue);
+        }
         let mut forwarded = None;
         if let Some(q) = self
             .vhosts

@@ -22,12 +22,27 @@ use serde::{Deserialize, Serialize};
 use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply, ReplyCode};
 
+use super::state::Held;
 use super::{
     Broker, Channel, Conn, ConnId, Consumer, IdMap, Msg, Settle, Unacked, Waker, confirm_one, err,
     nack_one,
 };
 use crate::auth::{Permission, PermissionDef};
 use crate::routing::decode_meta;
+
+/// The prefetch a forwarded consumer asks its queue's master for: its own,
+/// bounded by its channel's global prefetch too (what the master sends past
+/// that waits at the origin, `Channel::held`, so no more than that).
+fn forward_prefetch(conns: &IdMap<ConnId, Conn>, c: &Consumer) -> u16 {
+    let global = conns
+        .get(&c.conn)
+        .and_then(|x| x.channels.get(&c.channel))
+        .map_or(0, |ch| ch.global_prefetch);
+    match (c.prefetch, global) {
+        (0, g) | (g, 0) => g,
+        (p, g) => p.min(g),
+    }
+}
 
 /// The channel of a link's internal connection on the master.
 const LINK_CHANNEL: ChannelId = 1;
@@ -707,7 +722,7 @@ impl Broker {
                     vhost: vhost.to_owned(),
                     queue: qname.to_string(),
                     cid: c.remote_cid,
-                    prefetch: c.prefetch,
+                    prefetch: forward_prefetch(&self.conns, c),
                     no_ack: c.no_ack,
                     priority: c.priority,
                     exclusive: c.exclusive,
@@ -802,7 +817,7 @@ impl Broker {
             vhost: vhost.to_owned(),
             queue: queue.to_string(),
             cid: c.remote_cid,
-            prefetch: c.prefetch,
+            prefetch: forward_prefetch(&self.conns, c),
             no_ack: c.no_ack,
             priority: c.priority,
             exclusive: c.exclusive,
@@ -1298,7 +1313,7 @@ impl Broker {
                 vhost: rc.vhost.clone(),
                 queue: rc.queue.to_string(),
                 cid: *cid,
-                prefetch: c.prefetch,
+                prefetch: forward_prefetch(&self.conns, c),
                 no_ack: c.no_ack,
                 priority: c.priority,
                 exclusive: c.exclusive,
@@ -1787,6 +1802,12 @@ impl Broker {
             chan.next_tag += 1;
             let dtag = chan.next_tag;
             let node: Arc<str> = Arc::from(from);
+            // Past the channel's global prefetch (or behind what it holds
+            // already): kept here until acks make room.
+            let hold = !rc.no_ack
+                && chan.global_prefetch != 0
+                && (!chan.held.is_empty()
+                    || chan.unacked.len() >= usize::from(chan.global_prefetch));
             if !rc.no_ack {
                 chan.unacked.insert(
                     dtag,
@@ -1798,6 +1819,16 @@ impl Broker {
                         delivered_at_ms: self.now,
                     },
                 );
+            }
+            if hold {
+                chan.held.push_back(Held {
+                    tag: dtag,
+                    consumer: rc.tag.clone(),
+                    redelivered,
+                    meta: meta.clone(),
+                    body: body.clone(),
+                });
+                return true;
             }
             let m = decode_meta(meta);
             c.count_delivery(rc.channel, redelivered);

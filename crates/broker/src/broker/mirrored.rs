@@ -1161,24 +1161,41 @@ impl Mirrored {
         (self.waker)();
     }
 
-    /// The `basic.get`s still waiting for their fetch, which never comes
-    /// (the queue is deleted): each answered empty, their connections are
-    /// returned.
+    /// The fetches still in flight, which never finish (the queue is
+    /// deleted): each `basic.get` answered empty (their connections are
+    /// returned), each consumer's given back to its channel's global
+    /// prefetch.
     pub(super) fn answer_gets_empty(
         &mut self,
         conns: &mut IdMap<ConnId, super::Conn>,
     ) -> Vec<ConnId> {
         let mut answered = Vec::new();
         for (_, f) in self.fetches.drain() {
-            if let FetchFor::Get {
-                conn, channel, req, ..
-            } = f
-            {
-                if let Some(c) = conns.get_mut(&conn) {
-                    c.answering_get(req);
-                    c.send_get_empty(channel);
+            match f {
+                FetchFor::Get {
+                    conn, channel, req, ..
+                } => {
+                    if let Some(c) = conns.get_mut(&conn) {
+                        c.answering_get(req);
+                        c.send_get_empty(channel);
+                    }
+                    answered.push(conn);
                 }
-                answered.push(conn);
+                // Its channel's global prefetch no longer counts it.
+                FetchFor::Consumer {
+                    conn,
+                    channel,
+                    no_ack: false,
+                    ..
+                } => {
+                    if let Some(ch) = conns
+                        .get_mut(&conn)
+                        .and_then(|c| c.channels.get_mut(&channel))
+                    {
+                        ch.fetching = ch.fetching.saturating_sub(1);
+                    }
+                }
+                FetchFor::Consumer { .. } => {}
             }
         }
         answered
@@ -1248,6 +1265,13 @@ fn hand_out(
             tag,
             no_ack,
         } => {
+            if !no_ack
+                && let Some(ch) = conns
+                    .get_mut(&conn)
+                    .and_then(|c| c.channels.get_mut(&channel))
+            {
+                ch.fetching = ch.fetching.saturating_sub(1);
+            }
             let cons = consumers
                 .iter_mut()
                 .find(|c| c.conn == conn && c.channel == channel && c.tag == tag);

@@ -290,6 +290,17 @@ pub(super) struct Unacked {
     pub(super) delivered_at_ms: u64,
 }
 
+/// A delivery of a forwarded queue that a channel's global prefetch holds
+/// back (see `Channel::held`).
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) tag: u64,
+    pub(super) consumer: Arc<str>,
+    pub(super) redelivered: bool,
+    pub(super) meta: Bytes,
+    pub(super) body: Bytes,
+}
+
 #[derive(Debug)]
 pub(super) enum TxOp {
     Publish(Box<Publish>),
@@ -305,6 +316,13 @@ pub(super) struct Channel {
     pub(super) consumers: HashMap<Arc<str>, Arc<str>>,
     pub(super) prefetch: u16,
     pub(super) global_prefetch: u16,
+    /// Fetches from mirrored queues for its manual-ack consumers, not yet
+    /// handed out: they count against its global prefetch with `unacked`.
+    pub(super) fetching: u32,
+    /// Deliveries of forwarded queues past its global prefetch, in `unacked`
+    /// but not yet sent: each queue's master limits only its own
+    /// consumers, so the one limit over all of them is kept here.
+    pub(super) held: VecDeque<Held>,
     pub(super) confirm: bool,
     pub(super) confirm_pending: BTreeMap<u64, u32>,
     /// Publishes refused (`basic.nack`) not yet sent.
