@@ -76,6 +76,10 @@ use topology::{Scope, new_vhost};
 /// Identifies one client connection.
 pub type ConnId = u64;
 
+/// The owner of an exclusive queue that a connection of another node
+/// declared: no connection of this node is it.
+const OWNER_ELSEWHERE: ConnId = ConnId::MAX;
+
 /// Called (under the broker's lock) to wake a task: the connection's task
 /// when it has output to write, the sync task when a group commit is due.
 pub type Waker = Arc<dyn Fn() + Send + Sync>;

@@ -114,6 +114,7 @@ fn change(rng: &mut StdRng, model: &Definitions) -> Change {
             durable: true,
             master: None,
             auto_delete: false,
+            exclusive: false,
             arguments: FieldTable::default(),
         }),
         10 => Change::DeleteQueue {

@@ -36,7 +36,7 @@ pub struct ExchangeDef {
 }
 
 /// A queue that every node knows: durable, or (in a cluster) non-durable
-/// and not exclusive.
+/// or exclusive.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueDef {
     /// Its vhost.
@@ -52,12 +52,21 @@ pub struct QueueDef {
     pub master: Option<String>,
     /// Deleted when its last consumer goes.
     pub auto_delete: bool,
+    /// Exclusive to the connection that declared it (in a cluster: the
+    /// other nodes refuse it to their clients and route to it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub exclusive: bool,
     /// Declare arguments (`x-message-ttl`, …).
     pub arguments: FieldTable,
 }
 
 fn yes() -> bool {
     true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A binding between two shared entities (durable when both ends are).
@@ -651,6 +660,7 @@ mod tests {
             durable: true,
             master: None,
             auto_delete: false,
+            exclusive: false,
             arguments: FieldTable::default(),
         }))
         .unwrap();
@@ -734,6 +744,7 @@ mod tests {
             durable: true,
             master: None,
             auto_delete: false,
+            exclusive: false,
             arguments: FieldTable::default(),
         })
     }

@@ -776,7 +776,8 @@ fn to_command(change: Change, node: &str) -> Command {
             vhost: q.vhost,
             name: q.name,
             durable: q.durable,
-            exclusive_owner: None,
+            // The node of the connection it is exclusive to.
+            exclusive_owner: q.exclusive.then(|| node.to_owned()),
             auto_delete: q.auto_delete,
             master: q.master.unwrap_or_else(|| node.to_owned()),
             mirrors: Vec::new(),
@@ -875,6 +876,7 @@ fn queue_def(q: &QueueRecord) -> QueueDef {
         durable: q.durable,
         master: None,
         auto_delete: q.auto_delete,
+        exclusive: q.exclusive_owner.is_some(),
         arguments: from_args(&q.arguments),
     }
 }
@@ -978,7 +980,7 @@ pub(crate) fn replay(b: &mut Broker, prev: Option<Replayed>, m: &Metadata, me: &
         r.queues = m
             .queues
             .iter()
-            .map(|(k, q)| (k.clone(), (q.exclusive_owner.is_some(), q.serial)))
+            .map(|(k, q)| (k.clone(), (own_exclusive(q, me), q.serial)))
             .collect();
     }
     if exchanges_changed || r.bindings != m.bindings {
@@ -1081,8 +1083,23 @@ fn replay_exchanges(b: &mut Broker, m: &Metadata) {
 /// start: a queue declared on another node must not take publishes here,
 /// even before the mirroring reconciler's next pass (they would be
 /// confirmed into a local store that the queue's replica then replaces).
+/// Whether `q` is exclusive to a connection of this node (`me`): the
+/// broker has it from that connection (or, after a restart, never will;
+/// `forget_transient_queues` deletes it).
+fn own_exclusive(q: &QueueRecord, me: &str) -> bool {
+    q.exclusive_owner.as_deref() == Some(me)
+}
+
 fn replay_declare(b: &mut Broker, q: &QueueRecord, me: &str) {
     let d = queue_def(q);
+    if let Some(owner) = &q.exclusive_owner {
+        if owner != me
+            && let Err(e) = b.admin_know_exclusive_queue(d, owner)
+        {
+            warn_replay("exclusive queue", &e);
+        }
+        return;
+    }
     if let Err(e) = b.admin_declare_queue(&d.vhost, &d.name, d.durable, d.auto_delete, d.arguments)
     {
         warn_replay("queue", &e);
@@ -1093,8 +1110,8 @@ fn replay_declare(b: &mut Broker, q: &QueueRecord, me: &str) {
     }
 }
 
-/// Queues (but exclusive ones, which stay on their connection's node),
-/// compared with the broker's.
+/// Queues (but those exclusive to this node's connections, which are
+/// theirs), compared with the broker's.
 fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
     let local = b.queue_names();
     let have: BTreeSet<(&str, &str)> = local
@@ -1102,7 +1119,7 @@ fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
         .map(|(v, q, _)| (v.as_str(), q.as_str()))
         .collect();
     for q in m.queues.values() {
-        if q.exclusive_owner.is_none() && !have.contains(&(q.vhost.as_str(), q.name.as_str())) {
+        if !have.contains(&(q.vhost.as_str(), q.name.as_str())) {
             replay_declare(b, q, me);
         }
     }
@@ -1114,7 +1131,8 @@ fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
 }
 
 /// Queues added to or removed from the cluster since the last replay
-/// (`prev`: each queue then, whether it was exclusive and its serial). A
+/// (`prev`: each queue then, whether it was exclusive to a connection of
+/// this node and its serial). A
 /// queue deleted and declared again elsewhere between two replays, with
 /// other settings, replaces the predecessor the broker still holds (the
 /// settings are what tells them apart: this node's own declare, whose
@@ -1126,7 +1144,7 @@ fn replay_queues_since(
     me: &str,
 ) {
     for (key, q) in &m.queues {
-        if q.exclusive_owner.is_some() {
+        if own_exclusive(q, me) {
             continue;
         }
         match prev.get(key) {
@@ -1223,8 +1241,9 @@ fn replay_bindings(b: &mut Broker, m: &Metadata) {
 }
 
 /// Deletes the non-durable queues this node served alone before it
-/// (re)started: their messages lived in its memory only, and RabbitMQ drops
-/// such a queue with its node. A mirrored one whose mirrors remain is theirs
+/// (re)started, and those exclusive to its connections then: their
+/// messages lived in its memory only, and RabbitMQ drops such a queue with
+/// its node. A mirrored one whose mirrors remain is theirs
 /// (a mirror is promoted). Compare-and-set on the queue's view, so a queue
 /// that changed meanwhile is left alone.
 async fn forget_transient_queues(cluster: Cluster) {
@@ -1233,7 +1252,8 @@ async fn forget_transient_queues(cluster: Cluster) {
         .local()
         .queues
         .values()
-        .filter(|q| !q.durable && q.exclusive_owner.is_none())
+        // An exclusive queue of this node's went with its connection.
+        .filter(|q| (!q.durable && q.exclusive_owner.is_none()) || own_exclusive(q, &me))
         .filter(|q| q.master == me && q.mirrors.is_empty())
         .map(|q| (q.vhost.clone(), q.name.clone(), q.view_version))
         .collect();

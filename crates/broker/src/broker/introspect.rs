@@ -15,7 +15,8 @@ use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortS
 use super::link::QueueFigures;
 use super::stats::{MessageCounters, Octets, QueueCounters};
 use super::{
-    Binding, Broker, Dest, Exchange, QueueOpts, ReplyCode, Scope, err, new_vhost, valid_name,
+    Binding, Broker, Dest, Elsewhere, Exchange, OWNER_ELSEWHERE, QueueOpts, ReplyCode, Scope, err,
+    new_vhost, valid_name,
 };
 use crate::BrokerError;
 use crate::auth::{PermissionDef, UserDef};
@@ -49,7 +50,7 @@ pub struct QueueInfo {
     pub consumers: u64,
     /// A stable id (`<node.uid>`), standing in for RabbitMQ's pid.
     pub uid: u64,
-    /// The owning connection of an exclusive queue.
+    /// The owning connection of an exclusive queue, if of this node.
     pub owner: Option<u64>,
     /// Its traffic, counted where it is served.
     pub counters: QueueCounters,
@@ -327,16 +328,18 @@ impl Broker {
         v
     }
 
-    /// Every queue's vhost, name and whether it is exclusive, cheaply (no
-    /// figures, arguments or policies): for comparing with the cluster's.
+    /// Every queue's vhost, name and whether it is exclusive to a
+    /// connection of this node, cheaply (no figures, arguments or
+    /// policies): for comparing with the cluster's.
     #[must_use]
     pub fn queue_names(&self) -> Vec<(String, String, bool)> {
         self.vhosts
             .iter()
             .flat_map(|(vn, v)| {
-                v.queues
-                    .values()
-                    .map(move |q| (vn.clone(), q.name.to_string(), q.opts.exclusive))
+                v.queues.values().map(move |q| {
+                    let own = q.owner.is_some_and(|o| o != OWNER_ELSEWHERE);
+                    (vn.clone(), q.name.to_string(), own)
+                })
             })
             .collect()
     }
@@ -377,7 +380,8 @@ impl Broker {
                     message_bytes_unacknowledged: f.unacked_bytes,
                     consumers: f.consumers,
                     uid: q.uid,
-                    owner: q.owner,
+                    // Another node's connection: its id is that node's.
+                    owner: q.owner.filter(|&o| o != OWNER_ELSEWHERE),
                     counters: q.counters,
                     served_here: q.remote.is_none(),
                     ring: q.store.ring(),
@@ -691,10 +695,42 @@ impl Broker {
                 durable,
                 master: None,
                 auto_delete,
+                exclusive: false,
                 arguments,
             }),
         )?;
         if let Some(v) = self.vhosts.get_mut(vhost) {
+            v.queues.insert(qname, queue);
+        }
+        Ok(())
+    }
+
+    /// Knows an exclusive queue that a connection of another node declared
+    /// (the cluster's record of it): every client here is refused it with
+    /// 405, as RabbitMQ refuses any connection but the owner, and publishes
+    /// routed to it go to that node, as the owner's RPC replies do. Nothing
+    /// is recorded; an existing queue is left as it is.
+    pub fn admin_know_exclusive_queue(
+        &mut self,
+        def: QueueDef,
+        node: &str,
+    ) -> Result<(), BrokerError> {
+        let Some(v) = self.vhosts.get(&def.vhost) else {
+            return Err(BrokerError::Invalid(format!("no vhost '{}'", def.vhost)));
+        };
+        if v.queues.contains_key(def.name.as_str()) {
+            return Ok(());
+        }
+        let opts = QueueOpts {
+            durable: def.durable,
+            exclusive: true,
+            auto_delete: def.auto_delete,
+            arguments: def.arguments,
+        };
+        let qname: Arc<str> = Arc::from(def.name.as_str());
+        let mut queue = self.make_queue(&def.vhost, qname.clone(), opts, Some(OWNER_ELSEWHERE))?;
+        queue.remote = Some(Elsewhere::Node(Arc::from(node)));
+        if let Some(v) = self.vhosts.get_mut(&def.vhost) {
             v.queues.insert(qname, queue);
         }
         Ok(())

@@ -572,6 +572,7 @@ impl Broker {
                     durable: d.durable,
                     master: master.clone(),
                     auto_delete: d.auto_delete,
+                    exclusive: d.exclusive,
                     arguments: d.arguments.clone(),
                 }),
             );
@@ -873,10 +874,12 @@ pub(super) enum Scope {
 }
 
 impl Scope {
+    /// An exclusive queue is shared in a cluster, durable or not: every
+    /// node routes to it and refuses it to its own clients, and it goes
+    /// with its connection.
     pub(super) fn of_queue(opts: &QueueOpts) -> Self {
         match (opts.exclusive, opts.durable) {
-            (true, _) => Self::Local,
-            (false, false) => Self::Shared,
+            (true, _) | (false, false) => Self::Shared,
             (false, true) => Self::Durable,
         }
     }

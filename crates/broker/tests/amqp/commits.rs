@@ -125,24 +125,42 @@ fn a_refused_commit_closes_its_connection_with_541() {
 }
 
 #[test]
-fn exclusive_queues_and_other_methods_never_wait() {
+fn an_exclusive_queue_is_committed_for_the_other_nodes_and_goes_with_its_connection() {
     let node = Node::with_store(Box::new(Deferring::default()));
     let mut a = node.connect();
     a.open_channel(1);
-    // An exclusive queue is this node's alone: nothing to commit.
-    let (name, _, _) = a
-        .declare_queue(
-            1,
-            "",
-            QueueOpts {
-                exclusive: true,
-                ..QueueOpts::default()
-            },
-        )
-        .expect("exclusive declare");
-    a.publish(1, "", &name, Message::new("m"));
-    assert_eq!(a.get_body(1, &name).as_deref(), Some(&b"m"[..]));
-    assert!(node.with_broker(|br| br.take_commits()).is_empty());
+    // Shared in a cluster, as RabbitMQ's: the other nodes route to it
+    // and refuse it to their clients, so its declare waits for the commit.
+    a.send(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+            queue: "mine".into(),
+            passive: false,
+            durable: false,
+            exclusive: true,
+            auto_delete: false,
+            nowait: false,
+            arguments: Default::default(),
+        })),
+    );
+    let commits = node.with_broker(|br| br.take_commits());
+    assert!(
+        matches!(&commits[..], [c] if matches!(&c.changes[..], [Change::PutQueue(q)] if q.name == "mine" && q.exclusive)),
+        "{commits:?}"
+    );
+    assert!(a.drain().is_empty());
+    node.with_broker(|br| br.commit_done(commits[0].ticket, Ok(())));
+    assert_eq!(a.recv_on(1).ids(), (50, 11));
+    a.publish(1, "", "mine", Message::new("m"));
+    assert_eq!(a.get_body(1, "mine").as_deref(), Some(&b"m"[..]));
+    // Its connection goes: so does the queue, and nobody waits for that.
+    node.disconnect(&a);
+    assert!(node.queue_names().is_empty());
+    let commits = node.with_broker(|br| br.take_commits());
+    assert!(
+        matches!(&commits[..], [c] if matches!(&c.changes[..], [Change::DeleteQueue { name, .. }] if name == "mine")),
+        "{commits:?}"
+    );
 }
 
 #[test]
