@@ -308,9 +308,10 @@ pub trait MetadataStore: Send + std::fmt::Debug {
     fn load(&self) -> Definitions;
     /// Applies and persists one change.
     fn apply(&mut self, change: Change) -> Result<(), MetaError>;
-    /// Tells every node of a change to a transient entity (a non-durable,
-    /// non-exclusive queue or exchange, or a binding with such an end),
-    /// which RabbitMQ shares across its cluster but forgets on restart.
+    /// Tells every node of a change to a transient entity (a non-durable
+    /// or exclusive queue, a non-durable exchange, or a binding with such
+    /// an end), which RabbitMQ shares across its cluster but forgets on
+    /// restart.
     /// Stores that keep durable entities only (a single node's) ignore it.
     fn share(&mut self, change: Change) -> Result<(), MetaError> {
         let _ = change;

@@ -1395,6 +1395,153 @@ def tx_ack(ctx):
     return out
 
 
+
+def global_prefetch(ctx):
+    """basic.qos with global: one limit for all the channel's consumers
+    (RabbitMQ 3.10's meaning): two queues consumed on one channel with a
+    global prefetch of 3; the first queue's messages fill it, the second's
+    wait until acks make room."""
+    qa, qb = ctx.queue("feat.a."), ctx.queue("feat.b.")
+    ctx.declare(qa)
+    ctx.declare(qb)
+    ch = ctx.channel(ctx.use)
+    ch.basic_qos(prefetch_count=3, global_qos=True)
+    got = {"a": [], "b": []}
+    tags = []
+    for name, q in (("a", qa), ("b", qb)):
+        ch.basic_consume(
+            q,
+            lambda _c, m, _p, body, n=name: (got[n].append(body.decode()),
+                                             tags.append(m.delivery_tag)),
+            consumer_tag=name)
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, qa, ["a0", "a1", "a2", "a3"])
+    publish_each(pub, qb, ["b0", "b1"])
+    out = {"first": received(ctx, got)}
+    acked = []
+    for step in ("after_ack", "after_second_ack"):
+        # Everything delivered so far, if anything came since the last ack.
+        if tags and tags[-1] not in acked:
+            ch.basic_ack(tags[-1], multiple=True)
+            acked.append(tags[-1])
+        out[step] = received(ctx, got)
+    ch.close()
+    return out
+
+
+def exclusive_queue_other_connection(ctx):
+    """An exclusive queue is its connection's: another connection (on
+    node 1) may publish to it but not declare, consume, get, bind, purge
+    or delete it (405); the queue goes with its connection."""
+    q = ctx.queue("feat.")
+    owner = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    own = owner.channel()
+    own.queue_declare(q, exclusive=True)
+    other = ctx.connect(0)
+    out = {}
+    acts = {
+        "passive": lambda ch: ch.queue_declare(q, passive=True),
+        "declare": lambda ch: ch.queue_declare(q),
+        "declare_exclusive": lambda ch: ch.queue_declare(q, exclusive=True),
+        "consume": lambda ch: ch.basic_consume(q, lambda *a: None),
+        "get": lambda ch: ch.basic_get(q),
+        "bind": lambda ch: ch.queue_bind(q, "amq.fanout"),
+        "purge": lambda ch: ch.queue_purge(q),
+        "delete": lambda ch: ch.queue_delete(q),
+    }
+    for name, act in acts.items():
+        out[name] = refused(other.channel(), act)
+    pub = ctx.channel(other, confirm=True)
+    out["publish"] = publish_each(pub, q, ["x0"])
+    out["owner_get"] = get_all(own, q)
+    # An RPC reply: to a server-named exclusive queue, from another node.
+    reply_to = own.queue_declare("", exclusive=True).method.queue
+    replies = []
+    own.basic_consume(reply_to, lambda _c, _m, _p, b: replies.append(b.decode()),
+                      auto_ack=True, consumer_tag="rpc")
+    out["reply_publish"] = publish_each(pub, reply_to, ["pong"])
+    deadline = time.time() + 3
+    while not replies and time.time() < deadline:
+        owner.process_data_events(time_limit=0.1)
+    out["reply"] = replies
+    owner.close()
+    # Gone with its connection: at once on RabbitMQ; Warren's other nodes
+    # learn it from the replicated metadata a moment later.
+    for _ in range(50):
+        out["after_owner_closed"] = passive_count(other, q)
+        if not isinstance(out["after_owner_closed"], list) or out["after_owner_closed"][0] != 405:
+            break
+        time.sleep(0.1)
+    return out
+
+
+def empty_queue_name(ctx):
+    """An empty queue name means the channel's last declared queue (AMQP
+    0-9-1): get, bind, purge, consume and delete with "" act on it; a
+    channel that declared none is refused. A server-named queue's name."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"no_declare_get": refused(ctx.use.channel(), lambda c: c.basic_get(""))}
+    out["no_declare_purge"] = refused(ctx.use.channel(), lambda c: c.queue_purge(""))
+    ch.queue_declare(q, passive=True)
+    publish_each(ch, q, ["e0", "e1", "e2"])
+    m, _, body = ch.basic_get("", auto_ack=True)
+    out["get"] = body.decode() if m else None
+    out["purged"] = ch.queue_purge("").method.message_count
+    x = f"x.{ctx.name}"
+    ch.exchange_declare(x, "fanout", auto_delete=True)
+    ch.queue_bind("", x)
+    ch.basic_publish(x, "any", "via-bind", persistent())
+    wait_for_count(ctx.use, q, 1)
+    got = []
+    ch.basic_consume("", lambda _c, _m, _p, b: got.append(b.decode()), auto_ack=True,
+                     consumer_tag="c")
+    out["consumed"] = list(received(ctx, {"c": got})["c"])
+    ch.basic_cancel("c")
+    ch.exchange_delete(x)
+    publish_each(ch, q, ["e3"])
+    out["deleted"] = ch.queue_delete("").method.message_count
+    out["after"] = passive_count(ctx.use, q)
+    named = ctx.channel(ctx.use).queue_declare("", exclusive=True).method.queue
+    out["server_named"] = [named[:8], len(named)]
+    return out
+
+
+def topic_and_headers_routing(ctx):
+    """Topic patterns (* one word, # any number, empty words) and headers
+    matching (x-match all and any, values of another type) into the queue."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    t, h = f"t.{ctx.name}", f"h.{ctx.name}"
+    admin = ctx.channel(ctx.admin)
+    admin.exchange_declare(t, "topic", auto_delete=True)
+    admin.exchange_declare(h, "headers", auto_delete=True)
+    for key in ["a.*.c", "#.z", "x.#.y", "..e"]:
+        admin.queue_bind(q, t, routing_key=key)
+    admin.queue_bind(q, h, arguments={"x-match": "all", "k": "v", "n": 1})
+    admin.queue_bind(q, h, arguments={"x-match": "any", "p": "q", "r": "s"})
+    pub = ctx.channel(ctx.use, confirm=True)
+    out = {"topic": {}, "headers": {}}
+    for key in ["a.b.c", "a.c", "a.b.b.c", "z", "m.z", "x.y", "x.m.n.y", "", ".", "..e",
+                "a..c"]:
+        before = passive_count(ctx.use, q)
+        pub.basic_publish(t, key, key, persistent())
+        wait_for_count(ctx.use, q, before + 1, seconds=0.5)
+        out["topic"][key] = passive_count(ctx.use, q) - before
+    for name, headers in [("all", {"k": "v", "n": 1}), ("all_partial", {"k": "v"}),
+                          ("any_one", {"r": "s"}), ("none", {"z": "z"}),
+                          ("wrong_type", {"k": "v", "n": "1"}), ("x_only", {"x-other": "1"}),
+                          ("empty", None)]:
+        before = passive_count(ctx.use, q)
+        pub.basic_publish(h, "", name, persistent(headers=headers))
+        wait_for_count(ctx.use, q, before + 1, seconds=0.5)
+        out["headers"][name] = passive_count(ctx.use, q) - before
+    out["got"] = [b for b, _r, _p in get_all(pub, q)]
+    admin.exchange_delete(t)
+    admin.exchange_delete(h)
+    return out
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1447,6 +1594,10 @@ SCENARIOS = [
     each_node_limits,
     exchanges_across_nodes,
     tx_ack,
+    global_prefetch,
+    exclusive_queue_other_connection,
+    empty_queue_name,
+    topic_and_headers_routing,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
