@@ -5,7 +5,7 @@
 use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, queue};
 use warren_broker::meta::{Change, Definitions, MetaError, MetadataStore};
 
-use crate::support::{Message, Node, QueueOpts};
+use crate::support::{Message, Node};
 
 /// A store whose client changes are committed by the test, as the cluster's
 /// are by the node's commit task.
