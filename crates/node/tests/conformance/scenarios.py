@@ -1542,6 +1542,104 @@ def topic_and_headers_routing(ctx):
     admin.exchange_delete(h)
     return out
 
+
+def shown(props, body, method=None):
+    """A message as a client sees it: body, every property (header values
+    with their Python types), and the method's redelivered flag."""
+    def value(v):
+        if isinstance(v, dict):
+            return {k: value(x) for k, x in sorted(v.items())}
+        if isinstance(v, list):
+            return [value(x) for x in v]
+        if isinstance(v, bytes):
+            return ["bytes", v.decode(errors="replace")]
+        return [type(v).__name__, str(v)]
+    fields = ["content_type", "content_encoding", "delivery_mode", "priority",
+              "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+              "type", "user_id", "app_id", "cluster_id"]
+    out = {f: getattr(props, f) for f in fields}
+    out["headers"] = value(props.headers) if props.headers is not None else None
+    out["body"] = body.decode(errors="replace")
+    if method is not None:
+        out["redelivered"] = method.redelivered
+    return out
+
+
+def properties_round_trip(ctx):
+    """Every basic property, and header values of every type a client
+    sends, come back as they went in: through get and through a consumer,
+    on whichever node."""
+    import datetime
+    import decimal
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    headers = {
+        "str": "text é", "int": 7, "negative": -70000, "big": 2**40,
+        "bool": True, "none": None, "bytes": b"raw", "list": [1, "two", [3], {"k": "v"}],
+        "table": {"nested": {"deeper": ["x", 1]}},
+        "time": datetime.datetime(2024, 1, 2, 3, 4, 5),
+        "decimal": decimal.Decimal("12.345"),
+    }
+    props = pika.BasicProperties(
+        content_type="application/json", content_encoding="gzip", headers=headers,
+        delivery_mode=2, priority=3, correlation_id="corr-1", reply_to="reply.q",
+        expiration="600000", message_id="id-1", timestamp=1700000000, type="kind",
+        user_id="guest", app_id="app", cluster_id="cid")
+    pub = ctx.channel(ctx.use, confirm=True)
+    out = {"publish": publish_each(pub, q, ["first", "second"], props=props)}
+    wait_for_count(ctx.use, q, 2)
+    ch = ctx.channel(ctx.use)
+    m, p, body = ch.basic_get(q, auto_ack=True)
+    out["get"] = shown(p, body, m)
+    got = []
+    ch.basic_consume(q, lambda _c, m, p, b: got.append(shown(p, b, m)), auto_ack=True,
+                     consumer_tag="c")
+    received(ctx, {"c": got})
+    out["consumed"] = got
+    return out
+
+
+def tx_publish(ctx):
+    """Publishes in a transaction: none is routed before tx.commit, a
+    rolled back one never is, committed ones are in order."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use)
+    ch.tx_select()
+    ch.basic_publish("", q, "t0", persistent())
+    ch.basic_publish("", q, "t1", persistent())
+    out = {"before_commit": passive_count(ctx.use, q)}
+    ch.tx_commit()
+    ch.basic_publish("", q, "rolled-back", persistent())
+    ch.tx_rollback()
+    ch.basic_publish("", q, "t2", persistent())
+    ch.tx_commit()
+    wait_for_count(ctx.use, q, 3)
+    out["after"] = get_all(ctx.channel(ctx.use), q)
+    return out
+
+
+def prefetch_changed_after_consume(ctx):
+    """basic.qos (not global) after a consumer started: the consumer keeps
+    the limit it started with; a consumer started after gets the new one."""
+    q1, q2 = ctx.queue("feat.a."), ctx.queue("feat.b.")
+    ctx.declare(q1)
+    ctx.declare(q2)
+    ch = ctx.channel(ctx.use)
+    ch.basic_qos(prefetch_count=2)
+    got = {"first": [], "second": []}
+    ch.basic_consume(q1, lambda _c, _m, _p, b: got["first"].append(b.decode()),
+                     consumer_tag="first")
+    ch.basic_qos(prefetch_count=4)
+    ch.basic_consume(q2, lambda _c, _m, _p, b: got["second"].append(b.decode()),
+                     consumer_tag="second")
+    pub = ctx.channel(ctx.use, confirm=True)
+    publish_each(pub, q1, [f"a{i}" for i in range(6)])
+    publish_each(pub, q2, [f"b{i}" for i in range(6)])
+    out = received(ctx, got)
+    ch.close()
+    return out
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1598,6 +1696,9 @@ SCENARIOS = [
     exclusive_queue_other_connection,
     empty_queue_name,
     topic_and_headers_routing,
+    properties_round_trip,
+    tx_publish,
+    prefetch_changed_after_consume,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
