@@ -38,8 +38,8 @@ use warren_broker::{Broker, MetaCommit};
 use warren_broker::{json_to_table, table_to_json};
 use warren_cluster::{
     ArgValue, Arguments, BindingRecord, Cluster, ClusterConfig, ClusterError, Command,
-    DestinationKind, ExchangeRecord, Metadata, Outcome, Permissions, PolicyRecord, QueueRecord,
-    Rejection, UserRecord,
+    DestinationKind, ExchangeRecord, Metadata, NodeEvent, Outcome, Permissions, PolicyRecord,
+    QueueRecord, Rejection, UserRecord,
 };
 use warren_lock::MeasuredMutex;
 use warren_transport::mux::{Mux, Service};
@@ -1274,6 +1274,47 @@ async fn forget_transient_queues(cluster: Cluster) {
     }
 }
 
+/// Deletes the exclusive queues of each node the cluster sees go down, as
+/// RabbitMQ does: their connections went with it, and a client that
+/// reconnects elsewhere may declare the same name again. Every node tries;
+/// the first delete wins (compare-and-set on the record), the others find
+/// it gone. A node only cut off keeps its queue for its connection, known
+/// to the others no more.
+async fn forget_exclusive_queues_of_down_nodes(cluster: Cluster) {
+    let mut events = cluster.subscribe();
+    loop {
+        let down = match events.recv().await {
+            Ok(NodeEvent::Down(n)) => n.to_string(),
+            Ok(NodeEvent::Up(_)) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                continue;
+            }
+            Err(_) => return,
+        };
+        let gone: Vec<_> = cluster
+            .local()
+            .queues
+            .values()
+            .filter(|q| q.exclusive_owner.as_deref() == Some(down.as_str()))
+            .map(|q| (q.vhost.clone(), q.name.clone(), q.view_version))
+            .collect();
+        for (vhost, name, version) in gone {
+            let cmd = Command::DeleteQueue {
+                vhost: vhost.clone(),
+                name: name.clone(),
+                expected_version: Some(version),
+            };
+            match cluster.write(cmd).await {
+                Ok(_) => {
+                    tracing::info!(%vhost, queue = %name, node = %down, "deleted an exclusive queue of a node that went down")
+                }
+                Err(e) => {
+                    tracing::debug!(%vhost, queue = %name, node = %down, error = %e, "an exclusive queue of a node that went down: not deleted here")
+                }
+            }
+        }
+    }
+}
+
 /// How often the broker is compared with the whole of the cluster's
 /// metadata, rather than only with what changed since the last replay: a
 /// broker that went astray some way the replays do not know of is back in
@@ -1371,6 +1412,7 @@ impl Clustered {
             .await
             .context("the cluster start task failed")??;
         rt.spawn(forget_transient_queues(cluster.clone()));
+        rt.spawn(forget_exclusive_queues_of_down_nodes(cluster.clone()));
         Ok(Some(Self {
             cluster,
             rt: rt.handle().clone(),

@@ -861,3 +861,82 @@ fn declares_from_many_connections_at_once_are_on_every_node_when_answered() {
         }
     }
 }
+
+#[test]
+fn an_exclusive_queue_is_refused_everywhere_and_goes_with_its_node() {
+    // As RabbitMQ: another node's clients are refused an exclusive queue
+    // (405) and their publishes reach it; when its node goes down, so does
+    // the queue, and a client that reconnects elsewhere declares it again.
+    let root = tempfile::tempdir().unwrap();
+    let (_secret, mut nodes) = three(root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let (owner, owner_ch, a_conn) = rt.block_on(async {
+        let owner = Connection::connect(&nodes[1].amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let owner_ch = owner.create_channel().await.unwrap();
+        owner_ch
+            .queue_declare("reply.q".into(), exclusive, FieldTable::default())
+            .await
+            .unwrap();
+        let a_conn = Connection::connect(&nodes[0].amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        (owner, owner_ch, a_conn)
+    });
+    let declare_on_a = |opts: QueueDeclareOptions| {
+        rt.block_on(async {
+            let ch = a_conn.create_channel().await.unwrap();
+            ch.queue_declare("reply.q".into(), opts, FieldTable::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    };
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let refused = declare_on_a(passive).expect_err("locked on another node");
+    assert!(refused.contains("RESOURCE_LOCKED"), "{refused}");
+    rt.block_on(async {
+        let ch = a_conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                "reply.q".into(),
+                BasicPublishOptions::default(),
+                b"pong",
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack(), "{confirm:?}");
+    });
+    eventually("the reply from node a in the owner's queue on b", || {
+        rt.block_on(async {
+            owner_ch
+                .basic_get(
+                    "reply.q".into(),
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await
+                .unwrap()
+                .is_some_and(|m| m.delivery.data == b"pong")
+        })
+    });
+    nodes[1].kill();
+    drop((owner_ch, owner));
+    eventually("the queue gone with its node: declared again on a", || {
+        declare_on_a(exclusive).is_ok()
+    });
+}
