@@ -514,6 +514,10 @@ impl Broker {
             }
         }
         self.link_settle_all(&vhost, forwarded, Settle::Requeue);
+        // What its global prefetch held went back with the rest.
+        if let Some(chan) = self.conn(id).channels.get_mut(&ch) {
+            chan.held.clear();
+        }
         touched.sort();
         touched.dedup();
         for q in touched {

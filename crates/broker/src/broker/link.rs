@@ -1789,6 +1789,7 @@ impl Broker {
         body: &Bytes,
     ) {
         let rc = self.links.consumers.get(&cid).cloned();
+        let mut held_on = None;
         let delivered = rc.as_ref().is_some_and(|rc| {
             let Some(c) = self.conns.get_mut(&rc.conn) else {
                 return false;
@@ -1802,12 +1803,9 @@ impl Broker {
             chan.next_tag += 1;
             let dtag = chan.next_tag;
             let node: Arc<str> = Arc::from(from);
-            // Past the channel's global prefetch (or behind what it holds
-            // already): kept here until acks make room.
-            let hold = !rc.no_ack
-                && chan.global_prefetch != 0
-                && (!chan.held.is_empty()
-                    || chan.unacked.len() >= usize::from(chan.global_prefetch));
+            // Under the channel's global prefetch: sent as far as it has
+            // room, behind what it holds already (`release_held`).
+            let hold = !rc.no_ack && chan.global_prefetch != 0;
             if !rc.no_ack {
                 chan.unacked.insert(
                     dtag,
@@ -1828,6 +1826,7 @@ impl Broker {
                     meta: meta.clone(),
                     body: body.clone(),
                 });
+                held_on = Some((rc.conn, rc.channel));
                 return true;
             }
             let m = decode_meta(meta);
@@ -1846,6 +1845,9 @@ impl Broker {
             );
             true
         });
+        if let Some((id, ch)) = held_on {
+            self.release_held(id, ch);
+        }
         let retired = rc.is_none()
             && self
                 .links
@@ -1982,14 +1984,33 @@ impl Broker {
         // Its deliveries stay known to their channels (a client acking one
         // must not get "unknown delivery tag"), but settle nowhere: the
         // queue's next master delivers them again, redelivered.
-        for c in self.conns.values_mut() {
-            for chan in c.channels.values_mut() {
+        let mut release = Vec::new();
+        for (id, c) in &mut self.conns {
+            for (ch, chan) in &mut c.channels {
                 for u in chan.unacked.values_mut() {
                     if u.remote.as_ref().is_some_and(|at| at.is(node)) {
                         u.remote = Some(Elsewhere::Nowhere);
                     }
                 }
+                // Those its global prefetch held back were never sent: gone
+                // (the next master delivers them), and the rest may go now.
+                if !chan.held.is_empty() {
+                    let unacked = &mut chan.unacked;
+                    chan.held.retain(|h| {
+                        let gone = unacked
+                            .get(&h.tag)
+                            .is_some_and(|u| matches!(u.remote, Some(Elsewhere::Nowhere)));
+                        if gone {
+                            unacked.remove(&h.tag);
+                        }
+                        !gone
+                    });
+                    release.push((*id, *ch));
+                }
             }
+        }
+        for (id, ch) in release {
+            self.release_held(id, ch);
         }
     }
 
