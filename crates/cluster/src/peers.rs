@@ -563,11 +563,16 @@ impl Peers {
         {
             return Ok(l.clone());
         }
+        let heard_before = peer.and_then(|p| self.last_seen(p));
         let conn = match self.inner.transport.connect(addr).await {
             Ok(c) => c,
             Err(e) => {
+                // A refusal counts unless the peer was heard while this
+                // dial was out: a dial that began before a restarted peer
+                // listened says nothing of the process that is talking now.
                 if let Some(p) = peer
                     && e.is_refused()
+                    && self.last_seen(p) == heard_before
                     && lock(&self.inner.refused).insert(p.clone())
                 {
                     self.inner.changed.notify_one();
