@@ -1640,6 +1640,71 @@ def prefetch_changed_after_consume(ctx):
     ch.close()
     return out
 
+
+def reject_publish_dlx(ctx):
+    """x-overflow reject-publish-dlx: a publish over x-max-length is nacked
+    and dead-lettered (reason maxlen), the queue keeps the first ones;
+    drop-head with a dead-letter exchange dead-letters the oldest."""
+    q, dh = ctx.queue("rp."), ctx.queue("dh.")
+    dlq = f"dlq.{ctx.name}"
+    ctx.declare(dlq)
+    dl = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}
+    ctx.declare(q, arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx", **dl})
+    ctx.declare(dh, arguments={"x-max-length": 1, **dl})
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"publish": publish_each(ch, q, ["r0", "r1", "r2"])}
+    out["drop_head_publish"] = publish_each(ch, dh, ["h0", "h1"])
+    wait_for_count(ctx.use, dlq, 3)
+    out["kept"] = get_all(ch, q)
+    out["drop_head_kept"] = get_all(ch, dh)
+    out["dead"] = sorted(get_dead(ch, dlq), key=lambda d: d[0])
+    delete(ctx.admin, dlq)
+    return out
+
+
+def get_ok_counts(ctx):
+    """basic.get-ok's message count (what is left after it) and a
+    passive declare's counts while deliveries are unacked, through any
+    node."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, ["g0", "g1", "g2"])
+    ch = ctx.channel(ctx.use)
+    out = {"left": []}
+    for _ in range(2):
+        m, _p, _b = ch.basic_get(q, auto_ack=False)
+        out["left"].append(m.message_count)
+    out["passive_with_two_unacked"] = passive_counts(ctx.use, q)
+    ch.basic_ack(0, multiple=True)
+    out["passive_after_ack"] = passive_counts(ctx.use, q)
+    return out
+
+
+def consumers_counted_across_nodes(ctx):
+    """A queue's consumer count (declare-ok, passive) counts the
+    consumers of every node; one whose connection drops is no longer
+    counted."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    conns = [ctx.connect(i) for i in range(3)]
+    for i, c in enumerate(conns):
+        c.channel().basic_consume(q, lambda *a: None, consumer_tag=f"on{i}")
+    out = {}
+    for i, c in enumerate(conns):
+        for _ in range(50):
+            counts = passive_counts(c, q)
+            if counts[1] == 3:
+                break
+            time.sleep(0.1)
+        out[f"through_{i}"] = counts
+    drop(conns[2])
+    for _ in range(50):
+        out["after_drop"] = passive_counts(conns[0], q)
+        if out["after_drop"][1] == 2:
+            break
+        time.sleep(0.1)
+    return out
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1699,6 +1764,9 @@ SCENARIOS = [
     properties_round_trip,
     tx_publish,
     prefetch_changed_after_consume,
+    reject_publish_dlx,
+    get_ok_counts,
+    consumers_counted_across_nodes,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
