@@ -6,7 +6,7 @@ use warren_amqp::BasicProperties;
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 use warren_backing_queue::DropReason;
 
-use super::publish::route;
+use super::publish::{route, sender_keys, without_headers};
 use super::state::Msg;
 use super::{Broker, DEAD_LETTER_DEPTH};
 use crate::routing::{Meta, as_i64, as_str, decode_meta, encode_meta};
@@ -130,7 +130,10 @@ impl Broker {
                         t.insert("count".into(), AMQPValue::LongLongInt(count + 1));
                         t
                     }
-                    _ => self.new_death(reason, &d.queue, &m, props.expiration().as_ref()),
+                    _ => {
+                        let cc = sender_keys(props.headers().as_ref(), "CC");
+                        self.new_death(reason, &d.queue, &m, &cc, props.expiration().as_ref())
+                    }
                 };
                 deaths.insert(0, AMQPValue::FieldTable(death));
                 if !headers.contains_key("x-first-death-reason") {
@@ -151,7 +154,17 @@ impl Broker {
                 props = props.with_headers(headers);
                 // RabbitMQ removes the per-message TTL so that it does not expire again.
                 props = strip_expiration(props);
-                let rk = d.routing_key.unwrap_or_else(|| m.routing_key.to_owned());
+                // With the queue's own dead-letter routing key, that key
+                // alone: the CC keys go, as RabbitMQ drops them then.
+                let rk = match d.routing_key {
+                    Some(rk) => {
+                        if let Some(p) = without_headers(&props, &["CC", "BCC"]) {
+                            props = p;
+                        }
+                        rk
+                    }
+                    None => m.routing_key.to_owned(),
+                };
                 let persistent = props.delivery_mode() == &Some(2);
                 let msg = Msg {
                     meta: encode_meta(&d.exchange, &rk, &props),
@@ -180,6 +193,7 @@ impl Broker {
         reason: &str,
         queue: &str,
         m: &Meta<'_>,
+        cc: &[String],
         expiration: Option<&ShortString>,
     ) -> FieldTable {
         let mut death = FieldTable::default();
@@ -187,11 +201,14 @@ impl Broker {
         death.insert("reason".into(), AMQPValue::LongString(reason.into()));
         death.insert("queue".into(), AMQPValue::LongString(queue.into()));
         death.insert("exchange".into(), AMQPValue::LongString(m.exchange.into()));
+        // Its routing key and its CC keys (BCC is gone by now).
+        let keys = std::iter::once(m.routing_key)
+            .chain(cc.iter().map(String::as_str))
+            .map(|k| AMQPValue::LongString(k.into()))
+            .collect::<Vec<_>>();
         death.insert(
             "routing-keys".into(),
-            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
-                m.routing_key.into(),
-            )])),
+            AMQPValue::FieldArray(FieldArray::from(keys)),
         );
         death.insert("time".into(), AMQPValue::Timestamp(self.now / 1000));
         if let Some(exp) = expiration {

@@ -17,7 +17,9 @@ use super::{Broker, ConnId, FLOW_TARGETS, Store, TX_COMMIT, err, nack_one, reply
 use crate::auth::Access;
 use crate::routing::{self, Kind, as_str, encode_meta};
 
-/// Routes a message from exchange `ex` into `out` (queue names).
+/// Routes a message from exchange `ex` into `out` (queue names): with its
+/// routing key and, as RabbitMQ's sender-selected distribution, with each
+/// key of its `CC` and `BCC` headers.
 pub(super) fn route(
     v: &Vhost,
     ex: &str,
@@ -25,18 +27,48 @@ pub(super) fn route(
     headers: Option<&FieldTable>,
     out: &mut Vec<Arc<str>>,
 ) {
-    if ex.is_empty() {
-        if let Some((k, _)) = v.queues.get_key_value(rk) {
-            out.push(k.clone());
+    let extra = sender_keys(headers, "CC")
+        .into_iter()
+        .chain(sender_keys(headers, "BCC"));
+    for key in std::iter::once(rk.to_owned()).chain(extra) {
+        if ex.is_empty() {
+            if let Some((k, _)) = v.queues.get_key_value(key.as_str()) {
+                out.push(k.clone());
+            }
+            continue;
         }
-        return;
+        let mut visited = Vec::new();
+        route_rec(v, ex, &key, headers, out, &mut visited);
     }
-    let mut visited = Vec::new();
-    route_rec(v, ex, rk, headers, out, &mut visited);
     if out.len() > 1 {
         let mut seen = HashSet::new();
         out.retain(|q| seen.insert(q.clone()));
     }
+}
+
+/// The routing keys a message's `CC` or `BCC` header names (its string
+/// elements; `check_message` refuses a header that is not an array).
+pub(super) fn sender_keys(headers: Option<&FieldTable>, name: &str) -> Vec<String> {
+    match headers.and_then(|h| h.inner().get(name)) {
+        Some(AMQPValue::FieldArray(a)) => a.as_slice().iter().filter_map(as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `props` without the headers `names` (RabbitMQ removes `BCC` before a
+/// message is stored, so that no consumer sees it).
+pub(super) fn without_headers(props: &BasicProperties, names: &[&str]) -> Option<BasicProperties> {
+    let headers = props.headers().as_ref()?;
+    if !names.iter().any(|n| headers.inner().contains_key(*n)) {
+        return None;
+    }
+    let mut kept = FieldTable::default();
+    for (k, v) in headers.inner() {
+        if !names.contains(&k.as_str()) {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    Some(props.clone().with_headers(kept))
 }
 
 fn route_rec<'a>(
@@ -276,6 +308,8 @@ impl Broker {
         // A direct reply-to request names its channel; a reply goes there.
         let addressed = self.address_request(id, ch, &p.properties)?;
         let props = addressed.as_ref().unwrap_or(&p.properties);
+        let unseen = without_headers(props, &["BCC"]);
+        let props = unseen.as_ref().unwrap_or(props);
         let reply = reply_to::is_reply(ex, p.routing_key.as_str());
         let persistent = p.properties.delivery_mode() == &Some(2);
         let expiration_ms = p
