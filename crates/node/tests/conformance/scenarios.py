@@ -1705,6 +1705,77 @@ def consumers_counted_across_nodes(ctx):
         time.sleep(0.1)
     return out
 
+
+def dead_seen(ch, queue):
+    """Each dead letter in `queue`: body, routing key, x-death, and which
+    of the CC and BCC headers it still has."""
+    dead = []
+    for _ in range(10):
+        m, props, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        kept = sorted(k for k in (props.headers or {}) if k in ("CC", "BCC"))
+        dead.append([body.decode(), m.routing_key, x_death(props), kept])
+    return dead
+
+
+def dead_letter_cc(ctx):
+    """A message published with CC and BCC headers, rejected into a
+    dead-letter exchange without x-dead-letter-routing-key: it is
+    dead-lettered with its routing keys (CC included, BCC never shown), and
+    x-death names them."""
+    q = ctx.queue("rej.")
+    x = f"dlx.{ctx.name}"
+    dlq_a, dlq_b = f"dlqa.{ctx.name}", f"dlqb.{ctx.name}"
+    for d in (dlq_a, dlq_b):
+        ctx.declare(d)
+    ctx.declare(q, arguments={"x-dead-letter-exchange": x})
+    # After the failover placement's restart: node 3 stands in for node 1.
+    admin = ctx.channel(ctx.admin)
+    admin.exchange_declare(x, "direct", auto_delete=True)
+    for d, key in ((dlq_a, q), (dlq_b, "cc-key")):
+        admin.queue_bind(d, x, routing_key=key)
+    admin.exchange_declare(f"cc.{ctx.name}", "direct", auto_delete=True)
+    admin.queue_bind(q, f"cc.{ctx.name}", routing_key="cc-key")
+    ch = ctx.channel(ctx.use, confirm=True)
+    props = persistent(headers={"CC": ["cc-key"], "BCC": ["bcc-key"]})
+    out = {"publish": publish_each(ch, q, ["c0"], props=props)}
+    got = ctx.channel(ctx.use)
+    got.basic_reject(get_polled(got, q).delivery_tag, requeue=False)
+    for d in (dlq_a, dlq_b):
+        wait_for_count(ctx.use, d, 1, seconds=2)
+    out["dead"] = {"by_queue_name": dead_seen(ch, dlq_a), "by_cc": dead_seen(ch, dlq_b)}
+    # With x-dead-letter-routing-key: that key, and what of CC then.
+    q2 = ctx.queue("dh.")
+    ctx.declare(q2, fail_over=False,
+                arguments={"x-dead-letter-exchange": x, "x-dead-letter-routing-key": q})
+    out["dlrk_publish"] = publish_each(ch, q2, ["c1"], props=props)
+    got.basic_reject(get_polled(got, q2).delivery_tag, requeue=False)
+    wait_for_count(ctx.use, dlq_a, 1, seconds=2)
+    settle(0.3)
+    out["dlrk_dead"] = {"by_dlrk": dead_seen(ch, dlq_a), "by_cc": dead_seen(ch, dlq_b)}
+    for d in (dlq_a, dlq_b):
+        delete(ctx.admin, d)
+    admin.exchange_delete(x)
+    admin.exchange_delete(f"cc.{ctx.name}")
+    return out
+
+
+def per_message_ttl_at_head(ctx):
+    """Per-message TTLs (expiration): a message expires at the head of its
+    queue; one with a short TTL behind a long-lived one waits for it, as
+    RabbitMQ's classic queues do."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    ch = ctx.channel(ctx.use, confirm=True)
+    publish_each(ch, q, ["short-first"], props=persistent(expiration="200"))
+    publish_each(ch, q, ["long"], props=persistent(expiration="60000"))
+    publish_each(ch, q, ["short-behind"], props=persistent(expiration="200"))
+    settle(1.0)
+    out = {"count_after_ttl": passive_count(ctx.use, q)}
+    out["got"] = get_all(ch, q)
+    return out
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1767,6 +1838,8 @@ SCENARIOS = [
     reject_publish_dlx,
     get_ok_counts,
     consumers_counted_across_nodes,
+    dead_letter_cc,
+    per_message_ttl_at_head,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
