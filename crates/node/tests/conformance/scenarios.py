@@ -1776,6 +1776,61 @@ def per_message_ttl_at_head(ctx):
     out["got"] = get_all(ch, q)
     return out
 
+
+def ttl_zero(ctx):
+    """x-message-ttl 0 and an expiration of 0: a message no consumer can
+    take at once expires (dead-lettered, reason expired); with a consumer
+    ready, on whichever node, it is delivered."""
+    q = ctx.queue("ttl.")
+    dlq = f"dlq.{ctx.name}"
+    ctx.declare(dlq)
+    ctx.declare(q, arguments={"x-message-ttl": 0, "x-dead-letter-exchange": "",
+                              "x-dead-letter-routing-key": dlq})
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"no_consumer": publish_each(ch, q, ["z0"])}
+    wait_for_count(ctx.use, dlq, 1, seconds=2)
+    got = []
+    consumer = ctx.channel(ctx.use)
+    consumer.basic_qos(prefetch_count=10)
+    consumer.basic_consume(q, lambda _c, _m, _p, b: got.append(b.decode()), auto_ack=True,
+                           consumer_tag="ready")
+    settle(0.3)
+    publish_each(ch, q, ["z1", "z2"])
+    publish_each(ch, q, ["z3"], props=persistent(expiration="0"))
+    out["consumed"] = received(ctx, {"ready": got})["ready"]
+    out["dead"] = [[b, [d["reason"] for d in deaths]] for b, deaths in get_dead(ch, dlq)]
+    consumer.close()
+    delete(ctx.admin, dlq)
+    return out
+
+
+def exchange_checks(ctx):
+    """What exchange methods refuse, through whichever node: a redeclare
+    of another type, a passive declare of none, a reserved name, a delete
+    with if-unused of one that has bindings; an unbind of a binding that is
+    not there passes."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    x = f"x.{ctx.name}"
+    setup = ctx.channel(ctx.admin)
+    setup.exchange_declare(x, "direct", auto_delete=False)
+    setup.queue_bind(q, x, routing_key="k")
+    conn = ctx.use
+    out = {
+        "other_type": refused(conn.channel(), lambda c: c.exchange_declare(x, "fanout")),
+        "passive_missing": refused(
+            conn.channel(), lambda c: c.exchange_declare(f"none.{ctx.name}", passive=True)),
+        "reserved": refused(conn.channel(), lambda c: c.exchange_declare(f"amq.{ctx.name}")),
+        "delete_if_unused": refused(conn.channel(),
+                                    lambda c: c.exchange_delete(x, if_unused=True)),
+        "unbind_missing": refused(conn.channel(),
+                                  lambda c: c.queue_unbind(q, x, routing_key="absent")),
+        "bind_missing_exchange": refused(
+            conn.channel(), lambda c: c.queue_bind(q, f"none.{ctx.name}", routing_key="k")),
+    }
+    setup.exchange_delete(x)
+    return out
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1840,6 +1895,8 @@ SCENARIOS = [
     consumers_counted_across_nodes,
     dead_letter_cc,
     per_message_ttl_at_head,
+    ttl_zero,
+    exchange_checks,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
