@@ -1248,28 +1248,49 @@ fn replay_bindings(b: &mut Broker, m: &Metadata) {
 /// that changed meanwhile is left alone.
 async fn forget_transient_queues(cluster: Cluster) {
     let me = cluster.node().to_string();
-    let gone: Vec<_> = cluster
+    let gone = |q: &QueueRecord| {
+        // An exclusive queue of this node's went with its connection.
+        ((!q.durable && q.exclusive_owner.is_none()) || own_exclusive(q, &me))
+            && q.master == me
+            && q.mirrors.is_empty()
+    };
+    delete_records(
+        &cluster,
+        gone,
+        "a non-durable queue of this node's previous run",
+        true,
+    )
+    .await;
+}
+
+/// Deletes the queue records `gone` picks, each only if its view is still
+/// the one read (compare-and-set), logging each as `what`; a failed delete
+/// is a warning if `warn`, else for debugging.
+async fn delete_records(
+    cluster: &Cluster,
+    gone: impl Fn(&QueueRecord) -> bool,
+    what: &str,
+    warn: bool,
+) {
+    let picked: Vec<_> = cluster
         .local()
         .queues
         .values()
-        // An exclusive queue of this node's went with its connection.
-        .filter(|q| (!q.durable && q.exclusive_owner.is_none()) || own_exclusive(q, &me))
-        .filter(|q| q.master == me && q.mirrors.is_empty())
+        .filter(|q| gone(q))
         .map(|q| (q.vhost.clone(), q.name.clone(), q.view_version))
         .collect();
-    for (vhost, name, version) in gone {
+    for (vhost, name, version) in picked {
         let cmd = Command::DeleteQueue {
             vhost: vhost.clone(),
             name: name.clone(),
             expected_version: Some(version),
         };
         match cluster.write(cmd).await {
-            Ok(_) => {
-                tracing::info!(%vhost, queue = %name, "deleted a non-durable queue of this node's previous run")
+            Ok(_) => tracing::info!(%vhost, queue = %name, "deleted {what}"),
+            Err(e) if warn => {
+                tracing::warn!(%vhost, queue = %name, error = %e, "could not delete {what}");
             }
-            Err(e) => {
-                tracing::warn!(%vhost, queue = %name, error = %e, "could not delete a non-durable queue of this node's previous run")
-            }
+            Err(e) => tracing::debug!(%vhost, queue = %name, error = %e, "did not delete {what}"),
         }
     }
 }
@@ -1290,28 +1311,9 @@ async fn forget_exclusive_queues_of_down_nodes(cluster: Cluster) {
             }
             Err(_) => return,
         };
-        let gone: Vec<_> = cluster
-            .local()
-            .queues
-            .values()
-            .filter(|q| q.exclusive_owner.as_deref() == Some(down.as_str()))
-            .map(|q| (q.vhost.clone(), q.name.clone(), q.view_version))
-            .collect();
-        for (vhost, name, version) in gone {
-            let cmd = Command::DeleteQueue {
-                vhost: vhost.clone(),
-                name: name.clone(),
-                expected_version: Some(version),
-            };
-            match cluster.write(cmd).await {
-                Ok(_) => {
-                    tracing::info!(%vhost, queue = %name, node = %down, "deleted an exclusive queue of a node that went down")
-                }
-                Err(e) => {
-                    tracing::debug!(%vhost, queue = %name, node = %down, error = %e, "an exclusive queue of a node that went down: not deleted here")
-                }
-            }
-        }
+        let what = format!("an exclusive queue of {down}, which went down");
+        let gone = |q: &QueueRecord| q.exclusive_owner.as_deref() == Some(down.as_str());
+        delete_records(&cluster, gone, &what, false).await;
     }
 }
 

@@ -27,18 +27,20 @@ pub(super) fn route(
     headers: Option<&FieldTable>,
     out: &mut Vec<Arc<str>>,
 ) {
-    let extra = sender_keys(headers, "CC")
-        .into_iter()
-        .chain(sender_keys(headers, "BCC"));
-    for key in std::iter::once(rk.to_owned()).chain(extra) {
+    let route_key = |key: &str, out: &mut Vec<Arc<str>>| {
         if ex.is_empty() {
-            if let Some((k, _)) = v.queues.get_key_value(key.as_str()) {
+            if let Some((k, _)) = v.queues.get_key_value(key) {
                 out.push(k.clone());
             }
-            continue;
+        } else {
+            route_rec(v, ex, key, headers, out, &mut Vec::new());
         }
-        let mut visited = Vec::new();
-        route_rec(v, ex, &key, headers, out, &mut visited);
+    };
+    route_key(rk, out);
+    for name in ["CC", "BCC"] {
+        for key in sender_keys(headers, name) {
+            route_key(&key, out);
+        }
     }
     if out.len() > 1 {
         let mut seen = HashSet::new();
