@@ -112,6 +112,11 @@ struct Inner {
     /// Peers that said they are stopping cleanly ([`PeerFrame::Leaving`]),
     /// until a new connection with them opens.
     leaving: Mutex<BTreeSet<NodeName>>,
+    /// This node said it is stopping cleanly ([`Peers::say_leaving`]): a
+    /// link opened after that says it first, so a peer that takes the new
+    /// link (and forgets the old link's `Leaving`) still reads the stop as
+    /// clean.
+    stopping: AtomicBool,
     /// Peers whose link ended from their side (end of stream or an error)
     /// since the failure detector last asked: it probes them at once.
     lost: Mutex<BTreeSet<NodeName>>,
@@ -160,6 +165,7 @@ impl Peers {
                 asks: AtomicU64::new(0),
                 refused: Mutex::new(BTreeSet::new()),
                 leaving: Mutex::new(BTreeSet::new()),
+                stopping: AtomicBool::new(false),
                 lost: Mutex::new(BTreeSet::new()),
                 changed: Arc::new(tokio::sync::Notify::new()),
                 handler: Mutex::new(None),
@@ -307,7 +313,13 @@ impl Peers {
             return;
         };
         let bytes = Bytes::from(bytes);
-        let links: Vec<Arc<Link>> = lock(&self.inner.links).values().cloned().collect();
+        // Set under the links' lock: a link `adopt` registers from now on
+        // says `Leaving` itself.
+        let links: Vec<Arc<Link>> = {
+            let links = lock(&self.inner.links);
+            self.inner.stopping.store(true, Ordering::SeqCst);
+            links.values().cloned().collect()
+        };
         let _ = tokio::time::timeout(timeout, async {
             for link in links {
                 let _ = link.tx.send(bytes.clone()).await;
@@ -388,6 +400,12 @@ impl Peers {
             };
             if keep_new {
                 lock(&self.inner.leaving).remove(&peer);
+                if self.inner.stopping.load(Ordering::SeqCst)
+                    && let Ok(bytes) = encode_message(&PeerFrame::Leaving)
+                {
+                    // The link's queue is new and empty: this frame goes first.
+                    let _ = link.tx.try_send(Bytes::from(bytes));
+                }
                 if let Some(old) = links.insert(peer.clone(), link.clone())
                     && !old.is_closed()
                 {
