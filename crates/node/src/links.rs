@@ -48,6 +48,7 @@ pub(crate) async fn start(
         sent: Arc::new(Mutex::new(HashMap::new())),
         reached: Arc::new(Mutex::new(HashMap::new())),
         given_up: Arc::new(Mutex::new(HashMap::new())),
+        gave_up_heard: Arc::new(Mutex::new(HashMap::new())),
         accepted: Arc::new(Mutex::new(HashMap::new())),
     };
     {
@@ -151,6 +152,11 @@ struct Me {
     /// confirms this node dropped), and is closed unread: its end tells
     /// the node to give up its side too.
     given_up: Arc<Mutex<HashMap<String, u64>>>,
+    /// The session heard from each node when this node last gave up its
+    /// link state with it (`(0, 0)`: none yet), said in each `Hello`: the
+    /// node's work sent on a later session of its own came after the give-up
+    /// and stands.
+    gave_up_heard: Sessions,
     /// How many link connections from each node were accepted: a node
     /// dials a new one only after giving up the old (its forwarded work
     /// failed, its consumers asked for again), so what an older one still
@@ -190,6 +196,13 @@ impl Me {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(node.to_owned())
             .or_default() += 1;
+        // Under the broker's lock, as link input is fed: whatever came on a
+        // session heard after this was fed after this give-up.
+        let heard = Self::get(&self.heard, node).unwrap_or((0, 0));
+        self.gave_up_heard
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(node.to_owned(), heard);
         b.link_down(node, now_ms());
     }
 
@@ -309,6 +322,7 @@ async fn receive(
                     incarnation,
                     session,
                     seen,
+                    gave_up,
                 }) if !greeted => {
                     greeted = true;
                     let before = me
@@ -331,10 +345,18 @@ async fn receive(
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .get(&peer)
                             == Some(&incarnation);
+                        // Or it gave up before it heard this node's current
+                        // session: what went on that session reached it after.
+                        let gave_up_before_ours = gave_up
+                            .zip(ours)
+                            .is_some_and(|(g, (inc, s))| g.0 != inc || g.1 < s);
                         let mut b = lock(&broker);
                         if restarted && ((seen.is_some() && seen == ours) || reaches_new_run) {
                             tracing::info!(%peer, "node restarted: dropping its previous run's link state");
                             b.link_peer_restarted(&peer);
+                        } else if !restarted && gave_up_before_ours {
+                            tracing::info!(%peer, "node reconnected: dropping its link state from before this node's current session");
+                            b.link_peer_gave_up(&peer);
                         } else {
                             tracing::info!(%peer, "node reconnected: dropping the old link's state");
                             b.link_replaced(&peer, now_ms());
@@ -551,6 +573,7 @@ impl NodeLink {
                             incarnation: self.me.incarnation,
                             session,
                             seen: Me::get(&self.me.heard, node),
+                            gave_up: Me::get(&self.me.gave_up_heard, node),
                         };
                         if let Ok(v) = postcard::to_allocvec(&hello) {
                             let _ = tx.feed(Bytes::from(v));

@@ -69,6 +69,13 @@ pub enum LinkMsg {
         /// the receiver's current session got everything sent on it, so the
         /// receiver's forwarded work stands (`Broker::link_peer_restarted`).
         seen: Option<(u64, u64)>,
+        /// The receiver's link into the sender as the sender had heard it
+        /// when it last gave up its link state with the receiver:
+        /// (incarnation, session), `(0, 0)` if it had heard none; `None`
+        /// if it never gave up. Work the receiver sent on a later session
+        /// of its own reached the sender after that, so it stands
+        /// (`Broker::link_peer_gave_up`).
+        gave_up: Option<(u64, u64)>,
     },
     /// The answer on every link connection (handled by the shell), sent
     /// back by the accepting node at once: its process incarnation. The
@@ -1903,6 +1910,20 @@ impl Broker {
         });
     }
 
+    /// Node `node` started a new link session to this node after giving up
+    /// its link state with this node at a time it had not yet heard this
+    /// node's current session (`LinkMsg::Hello`'s `gave_up`): its work here
+    /// goes, with what it had delivered to this node's clients, but this
+    /// node's work forwarded on the current session reached `node` after
+    /// its give-up and stands (no publish of it is nacked).
+    pub fn link_peer_gave_up(&mut self, node: &str) {
+        self.detached(|b| {
+            b.current = 0;
+            b.deliveries_settle_nowhere(node);
+            b.forget_peer_run(node);
+        });
+    }
+
     /// Node `node` restarted and has received everything this node sent it
     /// since (see `LinkMsg::Hello`): only what its previous run had here
     /// goes (its consumers of this node's queues, its forwarded work,
@@ -1981,9 +2002,15 @@ impl Broker {
         // next link session (`resubscribe`), of the next master if the queue
         // fails over (`set_queue_master`), or answered by this node after
         // COUNT_WAIT_MS (`expire_counts`).
-        // Its deliveries stay known to their channels (a client acking one
-        // must not get "unknown delivery tag"), but settle nowhere: the
-        // queue's next master delivers them again, redelivered.
+        self.deliveries_settle_nowhere(node);
+    }
+
+    /// `node`'s deliveries to this node's clients stay known to their
+    /// channels (a client acking one must not get "unknown delivery tag"),
+    /// but settle nowhere: `node` requeued them when it dropped this
+    /// node's link state, and the queue's master delivers them again,
+    /// redelivered.
+    fn deliveries_settle_nowhere(&mut self, node: &str) {
         let mut release = Vec::new();
         for (id, c) in &mut self.conns {
             for (ch, chan) in &mut c.channels {

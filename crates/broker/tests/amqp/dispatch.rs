@@ -896,6 +896,62 @@ fn deliveries_from_before_a_link_reset_are_dropped_and_the_consumer_asked_for_ag
     assert_eq!(got, [(60, 60)], "a delivery of the new session");
 }
 
+/// A master that gave up its link state with this node before it heard
+/// this node's current link session (a restarted node's first session was
+/// closed under it, and it dialed again) drops what it had of this node's
+/// from before, not what this node sent since: a publish forwarded on the
+/// current session is confirmed, not nacked (it was, for about a second
+/// after a node's restart). What the master delivered before its give-up it
+/// requeued itself, so a client's ack of it settles nowhere.
+#[test]
+fn a_master_that_gave_up_before_this_nodes_session_keeps_what_came_since() {
+    let (node, mut c, cid) = consuming_far();
+    let got = answer_from_n2(&node, &mut c, deliver_from_n2(cid, 1));
+    assert_eq!(got, [(60, 60)], "a delivery from before the give-up");
+    c.open_channel(2);
+    c.confirm_select(2);
+    c.publish(2, "", "far", Message::new("since"));
+    let id = forwarded(&node, |m| match m {
+        LinkMsg::Publish { id, .. } => Some(*id),
+        _ => None,
+    });
+    node.with_broker(|b| b.link_peer_gave_up("n2"));
+    c.pump();
+    assert_eq!(crate::confirms::confirms(&mut c), [], "nothing nacked");
+    c.ack(1, 1, false);
+    let out = sent_to(&node, "n2");
+    assert!(
+        !out.iter().any(|m| matches!(m, LinkMsg::Settle { .. })),
+        "n2 requeued its delivery itself: {out:?}"
+    );
+    node.with_broker(|b| b.link_input("n2", vec![LinkMsg::Confirmed { ids: vec![id] }], START_MS));
+    c.pump();
+    let got: Vec<(&str, u64)> = crate::confirms::confirms(&mut c)
+        .iter()
+        .map(|x| (x.0, x.1))
+        .collect();
+    assert_eq!(got, [("ack", 1)]);
+}
+
+/// What the same gives after a plain link reset (`link_replaced`: the
+/// master gave up after it heard this node's session): the publish is
+/// nacked.
+#[test]
+fn a_master_that_gave_up_after_this_nodes_session_nacks_what_it_carried() {
+    let (node, mut c, _cid) = consuming_far();
+    c.open_channel(2);
+    c.confirm_select(2);
+    c.publish(2, "", "far", Message::new("lost"));
+    let _ = sent_to(&node, "n2");
+    node.with_broker(|b| b.link_replaced("n2", START_MS));
+    c.pump();
+    let got: Vec<(&str, u64)> = crate::confirms::confirms(&mut c)
+        .iter()
+        .map(|x| (x.0, x.1))
+        .collect();
+    assert_eq!(got, [("nack", 1)]);
+}
+
 /// A consumer whose queue moves to a master this node's link with has been
 /// reset since the consumer's id was given follows it under a new id: under
 /// the old one, a delivery crossing the consumer's cancel would be taken for
