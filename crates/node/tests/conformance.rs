@@ -197,11 +197,10 @@ fn fail_over(nodes: &mut [Peer], secret: &std::path::Path, queue: &str, extra: &
 }
 
 /// Waits until a publish through each other node to a queue node 1 serves
-/// is confirmed, not returned: their forwarding links to its new run are up.
-/// For about a second after a restart, the links of both sides replace
-/// each other's sessions, and a publish forwarded then is nacked
-/// (docs/faults.md); a scenario run then would record that, not the feature
-/// it is about. RabbitMQ's node serves once `await_startup` returns.
+/// is confirmed, not returned: their forwarding links to its new run are up
+/// (a publish forwarded while a node's dial of the new run fails is nacked),
+/// so a scenario records the feature it is about. RabbitMQ's node serves
+/// once `await_startup` returns.
 fn forwarding_to_node_1_works(nodes: &[Peer]) {
     use lapin::options::{
         BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
