@@ -1379,6 +1379,13 @@ async fn queue_put(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let args = json_to_table(v.get("arguments").unwrap_or(&Value::Null));
+    // As a client's declare: `amq.` names are the server's.
+    if name.is_empty() || name.starts_with("amq.") {
+        return Err(warren_broker::BrokerError::Invalid(format!(
+            "queue name '{name}' is reserved or empty"
+        ))
+        .into());
+    }
     s.changing(|b| {
         if !b.has_vhost(&vhost) {
             return Err(ApiError::not_found());

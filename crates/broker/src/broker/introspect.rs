@@ -656,8 +656,11 @@ impl Broker {
         Ok(n)
     }
 
-    /// Declares a queue as a definitions file or the management API does
-    /// (no owner). An existing queue is left as it is.
+    /// Declares a queue as a definitions file, the management API or the
+    /// cluster's replay does (no owner). An existing queue is left as it
+    /// is. Any valid name is taken, `amq.` ones too: a server-named queue
+    /// (`amq.gen-…`) that a client of another node declared is replayed
+    /// here (the management API refuses those names itself).
     pub fn admin_declare_queue(
         &mut self,
         vhost: &str,
@@ -672,10 +675,8 @@ impl Broker {
         if v.queues.contains_key(name) {
             return Ok(());
         }
-        if name.is_empty() || name.starts_with("amq.") {
-            return Err(BrokerError::Invalid(format!(
-                "queue name '{name}' is reserved or empty"
-            )));
+        if name.is_empty() {
+            return Err(BrokerError::Invalid("queue name is empty".into()));
         }
         valid_name("queue", name)?;
         valid_name("vhost", vhost)?;

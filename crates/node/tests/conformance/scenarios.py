@@ -1508,6 +1508,34 @@ def empty_queue_name(ctx):
     return out
 
 
+def server_named_queue(ctx):
+    """A server-named queue that is not exclusive (queue.declare with an
+    empty name: amq.gen-...) is a queue like any other, declared through
+    the placement's node: published to and counted through every node,
+    consumed through another, deleted through a third."""
+    name = ctx.channel(ctx.use).queue_declare("").method.queue
+    out = {"name": [name[:8], len(name)]}
+    conns = [ctx.connect(i) for i in range(3)]
+    for i, conn in enumerate(conns):
+        ch = ctx.channel(conn, confirm=True)
+        out[f"node{i + 1}"] = {
+            "publish": publish_each(ch, name, [f"s{i}"], mandatory=True),
+            "count": passive_count(conn, name),
+        }
+    got = []
+    consumer = ctx.channel(conns[1])
+    consumer.basic_consume(name, lambda _c, _m, _p, b: got.append(b.decode()),
+                           auto_ack=True, consumer_tag="c")
+    out["consumed"] = sorted(received(ctx, {"c": got}, others=[conns[1]])["c"])
+    consumer.basic_cancel("c")
+    publish_each(ctx.channel(conns[0], confirm=True), name, ["left"])
+    wait_for_count(conns[2], name, 1)
+    out["deleted"] = ctx.channel(conns[2]).queue_delete(name).method.message_count
+    after = passive_count(ctx.use, name)
+    out["after"] = after[0] if isinstance(after, list) else after
+    return out
+
+
 def topic_and_headers_routing(ctx):
     """Topic patterns (* one word, # any number, empty words) and headers
     matching (x-match all and any, values of another type) into the queue."""
@@ -1886,6 +1914,7 @@ SCENARIOS = [
     global_prefetch,
     exclusive_queue_other_connection,
     empty_queue_name,
+    server_named_queue,
     topic_and_headers_routing,
     properties_round_trip,
     tx_publish,
