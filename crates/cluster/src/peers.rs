@@ -774,8 +774,12 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Bytes>,
     mut close_rx: watch::Receiver<bool>,
 ) {
+    // Frames queued before a close still go out first (`biased`): a
+    // stopping node's `Leaving` is queued just before its links close. A
+    // closed link takes no new frames, so the queue soon runs dry.
     loop {
         let first = tokio::select! {
+            biased;
             f = rx.recv() => f,
             _ = close_rx.wait_for(|c| *c) => None,
         };
@@ -791,6 +795,7 @@ async fn write_loop(
             break;
         }
         let flushed = tokio::select! {
+            biased;
             r = sender.flush() => r.is_ok(),
             _ = close_rx.wait_for(|c| *c) => false,
         };
