@@ -1111,7 +1111,8 @@ fn replay_declare(b: &mut Broker, q: &QueueRecord, me: &str) {
 }
 
 /// Queues (but those exclusive to this node's connections, which are
-/// theirs), compared with the broker's.
+/// theirs: shared again if the cluster lost them), compared with the
+/// broker's.
 fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
     let local = b.queue_names();
     let have: BTreeSet<(&str, &str)> = local
@@ -1124,8 +1125,12 @@ fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
         }
     }
     for (vhost, name, exclusive) in &local {
-        if !exclusive && !m.queues.contains_key(&(vhost.clone(), name.clone())) {
-            b.admin_delete_queue(vhost, name);
+        if !m.queues.contains_key(&(vhost.clone(), name.clone())) {
+            if *exclusive {
+                b.share_again(vhost, name);
+            } else {
+                b.admin_delete_queue(vhost, name);
+            }
         }
     }
 }
@@ -1161,8 +1166,14 @@ fn replay_queues_since(
         }
     }
     for (key, (exclusive, _)) in prev {
-        if !exclusive && !m.queues.contains_key(key) {
-            b.admin_delete_queue(&key.0, &key.1);
+        if !m.queues.contains_key(key) {
+            if *exclusive {
+                // Unless its connection went: deleted by the other nodes,
+                // which took this node for down.
+                b.share_again(&key.0, &key.1);
+            } else {
+                b.admin_delete_queue(&key.0, &key.1);
+            }
         }
     }
 }
@@ -1299,8 +1310,8 @@ async fn delete_records(
 /// RabbitMQ does: their connections went with it, and a client that
 /// reconnects elsewhere may declare the same name again. Every node tries;
 /// the first delete wins (compare-and-set on the record), the others find
-/// it gone. A node only cut off keeps its queue for its connection, known
-/// to the others no more.
+/// it gone. A node only cut off keeps its queue for its connection, and
+/// shares it again once its replay sees the record gone (`share_again`).
 async fn forget_exclusive_queues_of_down_nodes(cluster: Cluster) {
     let mut events = cluster.subscribe();
     loop {

@@ -376,6 +376,9 @@ fn isolating_the_master_loses_no_confirmed_message() {
     let pub_b = rt.spawn(publish(b.amqp_url(), "b-", stop.clone(), h.clone()));
     let pub_a = rt.spawn(publish(a.amqp_url(), "a-", stop.clone(), h.clone()));
     let consumer = rt.spawn(consume(c.amqp_url(), stop.clone(), h.clone()));
+    // A subscriber on the node to be cut off: its exclusive queue, bound
+    // to amq.direct, outlives the cut with its connection.
+    let (_sub_conn, mut sub) = rt.block_on(exclusive_subscriber(&a.amqp_url(), SUB_KEY));
     std::thread::sleep(Duration::from_secs(2));
 
     let cut_at = Instant::now();
@@ -443,6 +446,14 @@ fn isolating_the_master_loses_no_confirmed_message() {
             let q = queue(&b);
             q["node"].is_string() && names(&q, "synchronised_slave_nodes").len() == 2
         },
+    );
+    // The other nodes deleted the subscriber's queue when they took its
+    // node for down; once the cut heals, a publish through another node
+    // reaches it again.
+    let reached = rt.block_on(published_until_received(&b.amqp_url(), SUB_KEY, &mut sub));
+    assert!(
+        reached,
+        "a publish through b never reached the exclusive queue of a's subscriber after the heal"
     );
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::SeqCst);
@@ -542,6 +553,77 @@ fn isolating_the_master_loses_no_confirmed_message() {
         "b's publisher waited {answer_b:?} for an answer, went {gap_b:?} without a confirm"
     );
     h.assert_kept_pace(stopped, load);
+}
+
+/// The binding key of [`exclusive_subscriber`]'s queue.
+const SUB_KEY: &str = "partition.subscriber";
+
+/// A connection to `url` with an exclusive, server-named queue bound to
+/// `amq.direct` with `key`, and its consumer.
+async fn exclusive_subscriber(url: &str, key: &str) -> (Connection, lapin::Consumer) {
+    let conn = connect(url).await.expect("the subscriber's connection");
+    let ch = conn.create_channel().await.unwrap();
+    let q = ch
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    ch.queue_bind(
+        q.name().clone(),
+        "amq.direct".into(),
+        key.into(),
+        lapin::options::QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let consumer = ch
+        .basic_consume(
+            q.name().clone(),
+            "subscriber".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (conn, consumer)
+}
+
+/// Publishes to `amq.direct` with `key` through `url` every half second
+/// until `sub` receives one (true), for at most 30 s.
+async fn published_until_received(url: &str, key: &str, sub: &mut lapin::Consumer) -> bool {
+    let Some(conn) = connect(url).await else {
+        return false;
+    };
+    let Ok(ch) = conn.create_channel().await else {
+        return false;
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let _ = ch
+            .basic_publish(
+                "amq.direct".into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                b"after the heal",
+                BasicProperties::default(),
+            )
+            .await;
+        if let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// How long after `from` publisher `tag` got its first confirm.

@@ -227,6 +227,11 @@ impl Broker {
         r
     }
 
+    /// Commits `changes` off the lock, nobody waiting for them.
+    pub(super) fn commit_nobody_waits(&mut self, changes: Vec<Change>) {
+        self.queue_commit(Waiter::Nobody, changes);
+    }
+
     /// Records `change` to a vhost, user, permission or policy: kept for
     /// the commit while recording, else applied to the store now.
     pub(super) fn store_change(&mut self, change: Change) -> Result<(), MetaError> {

@@ -18,7 +18,7 @@ use super::link::{Asked, LinkMsg};
 use super::persistence::{queue_dir, transient_dir};
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
-use super::{Broker, ConnId, Elsewhere, Store, err, policies, random_name, stats};
+use super::{Broker, ConnId, Elsewhere, OWNER_ELSEWHERE, Store, err, policies, random_name, stats};
 use crate::BrokerError;
 use crate::auth::Access;
 use crate::meta::{BindingDef, Change, ExchangeDef, QueueDef};
@@ -915,6 +915,54 @@ impl Broker {
             },
         );
         (chosen != self.cfg.node_name).then_some(chosen)
+    }
+
+    /// Shares again queue `name` of `vhost` if it is exclusive to one of
+    /// this node's connections: its record and its bindings, committed as
+    /// changes nobody waits for (a queue record is taken only if the
+    /// cluster has no queue of that name). For a queue whose record the
+    /// cluster deleted while its connection stayed: the other nodes took
+    /// this node for down while it was only cut off, and without it their
+    /// clients' publishes (an RPC reply, a fanout) would no longer reach
+    /// the queue once the cut heals.
+    pub fn share_again(&mut self, vhost: &str, name: &str) {
+        if !self.meta.shares() {
+            return;
+        }
+        let Some(v) = self.vhosts.get(vhost) else {
+            return;
+        };
+        let Some(q) = v
+            .queues
+            .get(name)
+            .filter(|q| q.opts.exclusive && q.owner.is_some_and(|o| o != OWNER_ELSEWHERE))
+        else {
+            return;
+        };
+        let mut changes = vec![Change::PutQueue(QueueDef {
+            vhost: vhost.to_owned(),
+            name: name.to_owned(),
+            durable: q.opts.durable,
+            master: None,
+            auto_delete: q.opts.auto_delete,
+            exclusive: true,
+            arguments: q.opts.arguments.clone(),
+        })];
+        let dest = Dest::Queue(q.name.clone());
+        for (source, x) in &v.exchanges {
+            for b in x.bindings.iter().filter(|b| b.dest == dest) {
+                changes.push(Change::PutBinding(BindingDef {
+                    vhost: vhost.to_owned(),
+                    source: source.clone(),
+                    destination: name.to_owned(),
+                    destination_is_exchange: false,
+                    routing_key: b.key.clone(),
+                    arguments: b.args.clone(),
+                }));
+            }
+        }
+        tracing::info!(node = %self.cfg.node_name, %vhost, queue = %name, "sharing again an exclusive queue the cluster forgot");
+        self.commit_nobody_waits(changes);
     }
 
     /// Records `change` where `scope` says.

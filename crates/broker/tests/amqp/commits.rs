@@ -51,6 +51,19 @@ fn declare_with(name: &str, durable: bool, auto_delete: bool) -> AMQPClass {
     }))
 }
 
+/// A non-durable exclusive queue's declare.
+fn exclusive_declare(name: &str) -> AMQPClass {
+    AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+        queue: name.into(),
+        passive: false,
+        durable: false,
+        exclusive: true,
+        auto_delete: false,
+        nowait: false,
+        arguments: Default::default(),
+    }))
+}
+
 fn qos() -> AMQPClass {
     AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
         prefetch_count: 10,
@@ -131,18 +144,7 @@ fn an_exclusive_queue_is_committed_for_the_other_nodes_and_goes_with_its_connect
     a.open_channel(1);
     // Shared in a cluster, as RabbitMQ's: the other nodes route to it
     // and refuse it to their clients, so its declare waits for the commit.
-    a.send(
-        1,
-        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
-            queue: "mine".into(),
-            passive: false,
-            durable: false,
-            exclusive: true,
-            auto_delete: false,
-            nowait: false,
-            arguments: Default::default(),
-        })),
-    );
+    a.send(1, exclusive_declare("mine"));
     let commits = node.with_broker(|br| br.take_commits());
     assert!(
         matches!(&commits[..], [c] if matches!(&c.changes[..], [Change::PutQueue(q)] if q.name == "mine" && q.exclusive)),
@@ -161,6 +163,60 @@ fn an_exclusive_queue_is_committed_for_the_other_nodes_and_goes_with_its_connect
         matches!(&commits[..], [c] if matches!(&c.changes[..], [Change::DeleteQueue { name, .. }] if name == "mine")),
         "{commits:?}"
     );
+}
+
+/// An exclusive queue whose record the cluster deleted while its
+/// connection stayed (the other nodes took this node for down while it was
+/// only cut off) is shared again with its bindings, nobody waiting; a
+/// queue of no connection of this node's, or one gone with its
+/// connection, is not.
+#[test]
+fn an_exclusive_queue_the_cluster_forgot_is_shared_again_with_its_bindings() {
+    let node = Node::with_store(Box::new(Deferring::default()));
+    let mut a = node.connect();
+    a.open_channel(1);
+    let commit_all = |node: &Node| {
+        for c in node.with_broker(|br| br.take_commits()) {
+            node.with_broker(|br| br.commit_done(c.ticket, Ok(())));
+        }
+    };
+    a.send(1, exclusive_declare("mine"));
+    commit_all(&node);
+    a.send(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Bind(queue::Bind {
+            queue: "mine".into(),
+            exchange: "amq.direct".into(),
+            routing_key: "k".into(),
+            nowait: false,
+            arguments: Default::default(),
+        })),
+    );
+    commit_all(&node);
+    a.send(1, declare("shared", false));
+    commit_all(&node);
+    let answers: Vec<_> = a.drain().iter().map(|i| i.ids()).collect();
+    assert_eq!(answers, [(50, 11), (50, 21), (50, 11)]);
+
+    node.with_broker(|br| {
+        br.share_again("/", "mine");
+        br.share_again("/", "shared");
+    });
+    let commits = node.with_broker(|br| br.take_commits());
+    assert!(
+        matches!(&commits[..], [c] if matches!(&c.changes[..],
+            [Change::PutQueue(q), Change::PutBinding(b)]
+                if q.name == "mine" && q.exclusive && !q.durable
+                    && b.source == "amq.direct" && b.destination == "mine" && b.routing_key == "k")),
+        "{commits:?}"
+    );
+    commit_all(&node);
+    assert!(a.drain().is_empty(), "nothing for the client to see");
+
+    node.disconnect(&a);
+    commit_all(&node);
+    node.with_broker(|br| br.share_again("/", "mine"));
+    assert!(node.with_broker(|br| br.take_commits()).is_empty());
 }
 
 #[test]
