@@ -7,6 +7,10 @@
 #   docs/client-suites/run.sh warren     # start target/debug/warren, run every suite, stop it
 #   docs/client-suites/run.sh rabbitmq   # the same with Debian's rabbitmq-server
 #   docs/client-suites/run.sh suites     # run every suite against whatever listens
+#   docs/client-suites/run.sh warren-cluster all|others
+#                                        # three nodes (127.0.0.1-3), every queue mirrored:
+#                                        # to all of them (its master where declared), or to
+#                                        # nodes 2 and 3 only (the client's node 1 forwards)
 #
 # The broker listens on 127.0.0.1:5672 (AMQPS on 5671, with aiormq's test
 # certificates): nothing else may use those ports. Results go to
@@ -58,7 +62,7 @@ fetch() {
 
 wait_port() {
     i=0
-    until "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null; do
+    until "$PY" -c "import socket; socket.create_connection(('${2:-127.0.0.1}', $1), 1)" 2>/dev/null; do
         i=$((i + 1)); [ $i -lt 120 ] || { echo "nothing on port $1" >&2; exit 1; }
         sleep 1
     done
@@ -79,6 +83,65 @@ start_warren() {
         --prometheus-addr 127.0.0.1:15702 > "$d/log" 2>&1 &
     echo $! > "$d/pid"
     wait_port 5672
+}
+
+# Three Warren nodes on 127.0.0.1, .2 and .3 (node 1 with the listeners of
+# `start_warren`) and a policy mirroring every queue: `all` (to every node,
+# the master on the declaring node 1) or `others` (to nodes 2 and 3 alone,
+# so that node 1, where the suites connect, forwards every queue).
+start_warren_cluster() {
+    bin=${WARREN_BIN:-$ROOT/target/debug/warren}
+    d=$SUITES/warren-cluster && rm -rf "$d" && mkdir -p "$d"
+    printf 'warren-suites-%s\n' "$$" > "$d/secret"
+    for i in 1 2 3; do
+        if [ $i = 1 ]; then listeners; else echo "listeners.tcp.default = 127.0.0.$i:5672"; fi \
+            > "$d/node$i.conf"
+        join= && [ $i = 1 ] || join="--join 127.0.0.1:25672"
+        http=127.0.0.$i:15672 && [ $i = 1 ] && http=127.0.0.1:15682
+        # shellcheck disable=SC2086
+        "$bin" --config "$d/node$i.conf" --data-dir "$d/node$i" --node-name "warren@127.0.0.$i" \
+            --http-addr "$http" --prometheus-addr "127.0.0.$i:15702" \
+            --peer-addr "127.0.0.$i:25672" --cluster-secret-file "$d/secret" $join \
+            > "$d/node$i.log" 2>&1 &
+        echo $! > "$d/pid$i"
+        wait_port 5672 "127.0.0.$i"
+        # The next node joins once this one is a running member.
+        "$PY" - "$i" <<'PYEOF'
+import base64, json, sys, time, urllib.request
+req = urllib.request.Request("http://127.0.0.1:15682/api/nodes")
+req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+for _ in range(120):
+    try:
+        nodes = json.load(urllib.request.urlopen(req, timeout=5))
+        if sum(1 for n in nodes if n.get("running")) >= int(sys.argv[1]):
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(1)
+sys.exit("the cluster did not form")
+PYEOF
+    done
+    case $1 in
+        all) def='{"ha-mode":"all"}' ;;
+        others) def='{"ha-mode":"nodes","ha-params":["warren@127.0.0.2","warren@127.0.0.3"]}' ;;
+        *) echo "warren-cluster all|others" >&2; exit 2 ;;
+    esac
+    "$PY" - "$def" <<'PYEOF'
+import base64, json, sys, urllib.request
+body = json.dumps({"pattern": ".*", "apply-to": "queues", "definition": json.loads(sys.argv[1])})
+req = urllib.request.Request("http://127.0.0.1:15682/api/policies/%2F/suites", body.encode(), method="PUT")
+req.add_header("Content-Type", "application/json")
+req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+urllib.request.urlopen(req, timeout=30).read()
+PYEOF
+}
+
+stop_warren_cluster() {
+    d=$SUITES/warren-cluster
+    for i in 3 2 1; do
+        [ -f "$d/pid$i" ] && kill "$(cat "$d/pid$i")" && rm -f "$d/pid$i"
+        sleep 1
+    done
 }
 
 start_rabbitmq() {
@@ -137,7 +200,7 @@ suites() {
         cargo test -q --tests > "$r/lapin-$b.txt" 2>&1 || true
     # AMQPStorm's functional tests (its management ones on the broker's
     # HTTP API: Warren's on 15682, RabbitMQ's on 15672), without the TLS ones.
-    http=15672 && [ "$b" = warren ] && http=15682
+    http=15672 && case $b in warren*) http=15682 ;; esac
     cd "$SUITES/pypi/amqpstorm-3.1.4"
     AMQP_HOST=127.0.0.1 AMQP_USERNAME=guest AMQP_PASSWORD=guest \
         AMQP_URI='amqp://guest:guest@127.0.0.1:5672/%2F' AMQP_HTTP_URL=http://127.0.0.1:$http \
@@ -166,5 +229,7 @@ case ${1:-} in
     warren) start_warren; trap 'stop warren' EXIT; suites warren ;;
     rabbitmq) start_rabbitmq; trap 'stop rabbitmq' EXIT; suites rabbitmq ;;
     suites) suites "${2:-broker}" ;;
+    warren-cluster)
+        start_warren_cluster "${2:-}"; trap stop_warren_cluster EXIT; suites "warren-cluster-$2" ;;
     *) sed -n 2,15p "$0"; exit 2 ;;
 esac
