@@ -335,7 +335,7 @@ impl Broker {
                 // commit-ok: the group commit sends it (see `confirm_one`).
                 let c = self.conn(id);
                 if c.channels.get(&ch).is_none_or(|chan| chan.tx_wait == 0) {
-                    c.amqp.reply(ch, Reply::TxCommitOk);
+                    super::publish::finish_commit(c, ch);
                 }
                 Ok(())
             }

@@ -1381,7 +1381,8 @@ fn hand_out(
 }
 
 /// Sends `basic.nack` for publish `cseq` of channel `ch` (a transaction's
-/// publish cannot be refused: its commit goes on, and the loss is logged).
+/// publish fails its commit: 406 once the others are settled, as
+/// RabbitMQ's "partial tx completion").
 pub(super) fn nack_one(
     conns: &mut IdMap<ConnId, super::Conn>,
     conn: ConnId,
@@ -1391,8 +1392,11 @@ pub(super) fn nack_one(
     if cseq == super::TX_COMMIT {
         tracing::warn!(
             channel = ch,
-            "a transactional publish to a mirrored queue was lost with its master"
+            "a transactional publish was refused (its mirrored queue's master went): the commit fails"
         );
+        if let Some(chan) = conns.get_mut(&conn).and_then(|c| c.channels.get_mut(&ch)) {
+            chan.tx_failed = true;
+        }
         confirm_one(conns, conn, ch, cseq);
         return;
     }

@@ -469,6 +469,25 @@ impl Conn {
     }
 }
 
+/// Answers channel `ch`'s tx.commit, all of whose publishes are settled:
+/// commit-ok, or, as RabbitMQ's channel, 406 if one was refused.
+pub(super) fn finish_commit(c: &mut Conn, ch: ChannelId) {
+    let failed = c
+        .channels
+        .get_mut(&ch)
+        .is_some_and(|chan| std::mem::take(&mut chan.tx_failed));
+    if failed {
+        c.amqp.channel_error(
+            ch,
+            err(ReplyCode::PreconditionFailed, "partial tx completion").with_method(90, 20),
+        );
+        c.woken = true;
+        (c.waker)();
+    } else {
+        c.amqp.reply(ch, Reply::TxCommitOk);
+    }
+}
+
 pub(super) fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: ChannelId, cseq: u64) {
     let Some(c) = conns.get_mut(&conn) else {
         return;
@@ -479,7 +498,7 @@ pub(super) fn confirm_one(conns: &mut IdMap<ConnId, Conn>, conn: ConnId, ch: Cha
     if cseq == TX_COMMIT {
         chan.tx_wait = chan.tx_wait.saturating_sub(1);
         if chan.tx_wait == 0 {
-            c.amqp.reply(ch, Reply::TxCommitOk);
+            finish_commit(c, ch);
         }
     } else if let Some(n) = chan.confirm_pending.get_mut(&cseq) {
         *n -= 1;

@@ -338,6 +338,9 @@ pub(super) struct Channel {
     pub(super) tx: Option<Vec<TxOp>>,
     /// Group commits a tx.commit-ok waits for.
     pub(super) tx_wait: u32,
+    /// A publish of the committing transaction was refused (its mirrored
+    /// master went): the commit fails once the others are settled.
+    pub(super) tx_failed: bool,
     pub(super) last_queue: Option<String>,
     /// Its direct reply-to consumer (`amq.rabbitmq.reply-to`).
     pub(super) reply_consumer: Option<super::reply_to::ReplyConsumer>,

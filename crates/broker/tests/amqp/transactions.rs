@@ -1,7 +1,9 @@
 //! Transactions: tx.select, tx.commit, tx.rollback (`broker/command.rs`,
 //! `broker/publish.rs`).
 
-use crate::support::{Client, Message, Node, QueueOpts};
+use warren_broker::LinkMsg;
+
+use crate::support::{Client, Message, Node, QueueOpts, START_MS};
 
 /// The `(class, method)` ids of everything received so far.
 fn ids(c: &mut Client) -> Vec<(u16, u16)> {
@@ -85,4 +87,65 @@ fn commit_on_a_channel_that_is_not_transactional_is_406() {
     let e = c.expect_close(1);
     assert_eq!(e.code, 406);
     assert_eq!(e.text, "PRECONDITION_FAILED - channel is not transactional");
+}
+
+/// The ids of the publishes the node forwarded to `n2`.
+fn forwarded_publishes(node: &Node) -> Vec<u64> {
+    node.with_broker(warren_broker::Broker::take_link_out)
+        .into_iter()
+        .flat_map(|(_, msgs)| msgs)
+        .filter_map(|m| match m {
+            LinkMsg::Publish { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A transaction's publishes to a queue served by another node: commit-ok
+/// once that node confirms them all; if it refuses one (the queue's
+/// mirrored master went), the commit fails with 406 as RabbitMQ's channel
+/// does ("partial tx completion"), instead of a commit-ok for a message
+/// that is gone.
+#[test]
+fn a_commit_whose_forwarded_publish_is_refused_fails_with_406() {
+    for refused in [false, true] {
+        let (node, mut c) = Node::session();
+        c.queue(1, "far");
+        node.with_broker(|b| b.set_queue_master("/", "far", Some("n2")));
+        c.tx(1, 10);
+        c.publish(1, "", "far", Message::new("a"));
+        c.publish(1, "", "far", Message::new("b"));
+        c.tx(1, 20);
+        let sent = forwarded_publishes(&node);
+        assert_eq!(sent.len(), 2, "both forwarded at commit");
+        assert_eq!(ids(&mut c), [(90, 11)], "no commit-ok yet");
+        let answer = if refused {
+            LinkMsg::Nacked { ids: vec![sent[0]] }
+        } else {
+            LinkMsg::Confirmed { ids: vec![sent[0]] }
+        };
+        node.with_broker(|b| {
+            b.link_input(
+                "n2",
+                vec![answer, LinkMsg::Confirmed { ids: vec![sent[1]] }],
+                START_MS,
+            );
+        });
+        c.pump();
+        if refused {
+            let closed = c.expect_close(1);
+            assert_eq!(
+                (
+                    closed.connection,
+                    closed.code,
+                    closed.class_id,
+                    closed.method_id
+                ),
+                (false, 406, 90, 20)
+            );
+            assert_eq!(closed.text, "PRECONDITION_FAILED - partial tx completion");
+        } else {
+            assert_eq!(ids(&mut c), [(90, 21)], "tx.commit-ok");
+        }
+    }
 }
