@@ -337,7 +337,7 @@ impl Broker {
             .iter()
             .flat_map(|(vn, v)| {
                 v.queues.values().map(move |q| {
-                    let own = q.owner.is_some_and(|o| o != OWNER_ELSEWHERE);
+                    let own = q.owned_here();
                     (vn.clone(), q.name.to_string(), own)
                 })
             })

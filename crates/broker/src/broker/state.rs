@@ -154,6 +154,12 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// Whether it is exclusive to a connection of this node (not to one of
+    /// another node's, `OWNER_ELSEWHERE`).
+    pub(super) fn owned_here(&self) -> bool {
+        self.owner.is_some_and(|o| o != super::OWNER_ELSEWHERE)
+    }
+
     /// Registers consumer `c`. On a single-active-consumer queue the first
     /// consumer becomes the active one, as in RabbitMQ (whatever its
     /// priority).

@@ -18,7 +18,7 @@ use super::link::{Asked, LinkMsg};
 use super::persistence::{queue_dir, transient_dir};
 use super::publish::confirm_one;
 use super::state::{Binding, Dest, Exchange, Queue, QueueOpts, Vhost};
-use super::{Broker, ConnId, Elsewhere, OWNER_ELSEWHERE, Store, err, policies, random_name, stats};
+use super::{Broker, ConnId, Elsewhere, Store, err, policies, random_name, stats};
 use crate::BrokerError;
 use crate::auth::Access;
 use crate::meta::{BindingDef, Change, ExchangeDef, QueueDef};
@@ -932,11 +932,7 @@ impl Broker {
         let Some(v) = self.vhosts.get(vhost) else {
             return;
         };
-        let Some(q) = v
-            .queues
-            .get(name)
-            .filter(|q| q.opts.exclusive && q.owner.is_some_and(|o| o != OWNER_ELSEWHERE))
-        else {
+        let Some(q) = v.queues.get(name).filter(|q| q.owned_here()) else {
             return;
         };
         let mut changes = vec![Change::PutQueue(QueueDef {

@@ -896,6 +896,14 @@ fn deliveries_from_before_a_link_reset_are_dropped_and_the_consumer_asked_for_ag
     assert_eq!(got, [(60, 60)], "a delivery of the new session");
 }
 
+/// The confirms received so far, as `(kind, delivery tag)`.
+fn confirm_kinds(c: &mut Client) -> Vec<(&'static str, u64)> {
+    crate::confirms::confirms(c)
+        .iter()
+        .map(|x| (x.0, x.1))
+        .collect()
+}
+
 /// A master that gave up its link state with this node before it heard
 /// this node's current link session (a restarted node's first session was
 /// closed under it, and it dialed again) drops what it had of this node's
@@ -926,11 +934,7 @@ fn a_master_that_gave_up_before_this_nodes_session_keeps_what_came_since() {
     );
     node.with_broker(|b| b.link_input("n2", vec![LinkMsg::Confirmed { ids: vec![id] }], START_MS));
     c.pump();
-    let got: Vec<(&str, u64)> = crate::confirms::confirms(&mut c)
-        .iter()
-        .map(|x| (x.0, x.1))
-        .collect();
-    assert_eq!(got, [("ack", 1)]);
+    assert_eq!(confirm_kinds(&mut c), [("ack", 1)]);
 }
 
 /// What the same gives after a plain link reset (`link_replaced`: the
@@ -945,11 +949,7 @@ fn a_master_that_gave_up_after_this_nodes_session_nacks_what_it_carried() {
     let _ = sent_to(&node, "n2");
     node.with_broker(|b| b.link_replaced("n2", START_MS));
     c.pump();
-    let got: Vec<(&str, u64)> = crate::confirms::confirms(&mut c)
-        .iter()
-        .map(|x| (x.0, x.1))
-        .collect();
-    assert_eq!(got, [("nack", 1)]);
+    assert_eq!(confirm_kinds(&mut c), [("nack", 1)]);
 }
 
 /// A consumer whose queue moves to a master this node's link with has been
