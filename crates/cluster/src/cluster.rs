@@ -158,6 +158,9 @@ struct Inner {
     peers: Peers,
     events: broadcast::Sender<NodeEvent>,
     up: watch::Sender<BTreeSet<NodeName>>,
+    /// How many times the failure detector has seen each node go down
+    /// ([`Cluster::downs`]).
+    downs: watch::Sender<BTreeMap<NodeName, u64>>,
     /// Whether this node sees a majority of the voters up (itself included).
     majority: watch::Sender<bool>,
     /// When this process started the cluster side (see the majority check).
@@ -226,6 +229,7 @@ impl Cluster {
             .map_err(stopped)?;
         let (events, _) = broadcast::channel(256);
         let (up, _) = watch::channel(BTreeSet::new());
+        let (downs, _) = watch::channel(BTreeMap::new());
         let (majority, _) = watch::channel(true);
         let (replayed, _) = watch::channel(None);
         let (stop, _) = watch::channel(false);
@@ -239,6 +243,7 @@ impl Cluster {
                 peers: peers.clone(),
                 events,
                 up,
+                downs,
                 majority,
                 started: Instant::now(),
                 replayed,
@@ -494,6 +499,13 @@ impl Cluster {
     /// The set of other members the failure detector sees as up.
     pub fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
         self.inner.up.subscribe()
+    }
+
+    /// How many times the failure detector has seen each other member go
+    /// down: a node that came up and went down again between two looks
+    /// at [`up_nodes`](Self::up_nodes) has a higher count.
+    pub fn downs(&self) -> watch::Receiver<BTreeMap<NodeName, u64>> {
+        self.inner.downs.subscribe()
     }
 
     /// Whether this node sees a majority of the voters up, itself included
@@ -1534,6 +1546,13 @@ async fn detector(weak: Weak<Inner>) {
                 }
                 let _ = inner.events.send(NodeEvent::Down(n.clone()));
             }
+            // The count first: whoever reads both sees the node down
+            // again at the latest once its up set says so.
+            inner.downs.send_modify(|downs| {
+                for n in before.difference(&up) {
+                    *downs.entry(n.clone()).or_default() += 1;
+                }
+            });
             inner.up.send_replace(up);
         }
     }

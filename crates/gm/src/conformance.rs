@@ -228,7 +228,8 @@ pub trait DetectorHarness {
 ///   heartbeat interval has passed since it was last true, else false;
 /// - over a seeded random schedule of peers dying and coming back, a peer is
 ///   suspected only while dead, at most once per death, and surely once it
-///   has been dead for [`DetectorHarness::suspicion_after`];
+///   has been dead for [`DetectorHarness::suspicion_after`], a death right
+///   after a return that no poll saw included (a restart that died at once);
 /// - a peer never watched is never suspected.
 pub fn failure_detector<H: DetectorHarness>(harness: &mut H, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -278,6 +279,13 @@ pub fn failure_detector<H: DetectorHarness>(harness: &mut H, seed: u64) {
                 }
                 (Some(_), 0) => {
                     dead_since[i] = None;
+                    reported[i] = false;
+                }
+                // Back and dead again before the next poll.
+                (Some(_), 1) => {
+                    harness.alive(&mut d, p, now);
+                    harness.dead(p);
+                    dead_since[i] = Some(now);
                     reported[i] = false;
                 }
                 _ => {}

@@ -18,12 +18,15 @@ use warren_transport::NodeName;
 pub struct ClusterDetector {
     /// The nodes the cluster sees up.
     up: watch::Receiver<BTreeSet<NodeName>>,
+    /// How many times the cluster saw each node go down.
+    downs: watch::Receiver<BTreeMap<NodeName, u64>>,
     /// The peers the rings talk to, since when.
     watched: BTreeMap<NodeName, Instant>,
     /// Peers the cluster has reported up at least once.
     seen_up: BTreeSet<NodeName>,
-    /// Peers reported to the rings as suspects (until the cluster sees them up).
-    suspected: BTreeSet<NodeName>,
+    /// Peers reported to the rings as suspects (until the cluster sees them
+    /// up), with their count in `downs` then.
+    suspected: BTreeMap<NodeName, u64>,
     /// When this node last sent GM heartbeats.
     last_heartbeat: Option<Instant>,
 }
@@ -35,13 +38,18 @@ impl ClusterDetector {
     /// How often GM heartbeats go to each peer node.
     pub const HEARTBEAT: Duration = Duration::from_millis(500);
 
-    /// A detector following `up`, the nodes the cluster sees up.
-    pub fn new(up: watch::Receiver<BTreeSet<NodeName>>) -> Self {
+    /// A detector following `up`, the nodes the cluster sees up, and
+    /// `downs`, how many times it saw each go down.
+    pub fn new(
+        up: watch::Receiver<BTreeSet<NodeName>>,
+        downs: watch::Receiver<BTreeMap<NodeName, u64>>,
+    ) -> Self {
         Self {
             up,
+            downs,
             watched: BTreeMap::new(),
             seen_up: BTreeSet::new(),
-            suspected: BTreeSet::new(),
+            suspected: BTreeMap::new(),
             last_heartbeat: None,
         }
     }
@@ -66,6 +74,7 @@ impl FailureDetector for ClusterDetector {
 
     fn poll_suspects(&mut self, now: Instant) -> Vec<NodeName> {
         let up = self.up.borrow();
+        let downs = self.downs.borrow();
         let mut out = Vec::new();
         for (peer, since) in &self.watched {
             if up.contains(peer) {
@@ -75,7 +84,13 @@ impl FailureDetector for ClusterDetector {
             }
             let known =
                 self.seen_up.contains(peer) || now.saturating_duration_since(*since) > Self::GRACE;
-            if known && self.suspected.insert(peer.clone()) {
+            // A suspect that came up and went down again between two polls
+            // (a restart that died at once) is a new death: its new ring
+            // members would otherwise stall their rings for good.
+            let count = downs.get(peer).copied().unwrap_or(0);
+            let new_death = self.suspected.get(peer).is_none_or(|&then| count > then);
+            if known && new_death {
+                self.suspected.insert(peer.clone(), count);
                 out.push(peer.clone());
             }
         }
@@ -94,7 +109,8 @@ mod tests {
     #[test]
     fn the_cluster_detector_follows_the_clusters_up_set() {
         let (tx, rx) = watch::channel(BTreeSet::new());
-        let mut d = ClusterDetector::new(rx);
+        let (downs_tx, downs) = watch::channel(BTreeMap::new());
+        let mut d = ClusterDetector::new(rx, downs);
         let t0 = Instant::now();
         let b = name("warren@b");
         d.watch(&b, t0);
@@ -118,7 +134,7 @@ mod tests {
         tx.send_replace(BTreeSet::new());
         assert_eq!(
             d.poll_suspects(t0 + Duration::from_secs(6)),
-            [b],
+            std::slice::from_ref(&b),
             "suspected again after it came back"
         );
         let c = name("warren@c");
@@ -128,6 +144,16 @@ mod tests {
             [c],
             "never seen up: suspected after the grace"
         );
+        // Up and down again between two polls: the cluster counted a
+        // second death of b, so b is suspected again.
+        assert!(d.poll_suspects(t0 + Duration::from_secs(18)).is_empty());
+        downs_tx.send_replace([(b.clone(), 2)].into());
+        assert_eq!(
+            d.poll_suspects(t0 + Duration::from_secs(19)),
+            std::slice::from_ref(&b),
+            "suspected again after a flap no poll saw"
+        );
+        assert!(d.poll_suspects(t0 + Duration::from_secs(20)).is_empty());
         assert!(d.heartbeat_due(t0));
         assert!(!d.heartbeat_due(t0 + Duration::from_millis(100)));
         assert!(d.heartbeat_due(t0 + Duration::from_millis(600)));

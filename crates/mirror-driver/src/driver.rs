@@ -207,7 +207,7 @@ impl<S: MetadataSource> MirrorDriver<S> {
             config.gm,
             transport,
             authority.clone(),
-            Box::new(ClusterDetector::new(source.up_nodes())),
+            Box::new(ClusterDetector::new(source.up_nodes(), source.downs())),
         )
         .await?;
         let addr = gm.local_addr().to_string();

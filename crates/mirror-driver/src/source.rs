@@ -3,7 +3,7 @@
 //! [`Cluster`], and [`MemMetadata`], one in-memory store applying the same
 //! commands for in-process tests.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,9 @@ pub trait MetadataSource: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn changes(&self) -> watch::Receiver<u64>;
     /// The nodes seen up, this one included once it is.
     fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>>;
+    /// How many times each other node was seen going down (a node that
+    /// flapped between two looks at `up_nodes` has a higher count).
+    fn downs(&self) -> watch::Receiver<BTreeMap<NodeName, u64>>;
     /// Whether this node sees a majority of the cluster (false: it is cut
     /// off in a minority, and its masters fail their publishes fast).
     fn majority(&self) -> watch::Receiver<bool>;
@@ -63,6 +66,10 @@ impl MetadataSource for Cluster {
         Cluster::up_nodes(self)
     }
 
+    fn downs(&self) -> watch::Receiver<BTreeMap<NodeName, u64>> {
+        Cluster::downs(self)
+    }
+
     fn majority(&self) -> watch::Receiver<bool> {
         Cluster::majority(self)
     }
@@ -74,6 +81,8 @@ struct Shared {
     metadata: Mutex<Arc<Metadata>>,
     changes: watch::Sender<u64>,
     up: watch::Sender<BTreeSet<NodeName>>,
+    /// How many times each node left `up`.
+    downs: watch::Sender<BTreeMap<NodeName, u64>>,
     /// How long a write or a linearizable read takes
     /// ([`MemMetadata::set_latency`]).
     latency: Mutex<Duration>,
@@ -108,6 +117,7 @@ impl MemMetadata {
                 metadata: Mutex::new(Arc::new(Metadata::default())),
                 changes: watch::Sender::new(0),
                 up: watch::Sender::new(BTreeSet::new()),
+                downs: watch::Sender::new(BTreeMap::new()),
                 latency: Mutex::new(Duration::ZERO),
             }),
             majority: Arc::new(watch::Sender::new(true)),
@@ -184,6 +194,12 @@ impl MemMetadata {
 
     /// Sets the nodes seen up.
     pub fn set_up(&self, up: BTreeSet<NodeName>) {
+        let before = self.shared.up.borrow().clone();
+        self.shared.downs.send_modify(|downs| {
+            for n in before.difference(&up) {
+                *downs.entry(n.clone()).or_default() += 1;
+            }
+        });
         self.shared.up.send_replace(up);
     }
 
@@ -288,6 +304,10 @@ impl MetadataSource for MemMetadata {
 
     fn up_nodes(&self) -> watch::Receiver<BTreeSet<NodeName>> {
         self.shared.up.subscribe()
+    }
+
+    fn downs(&self) -> watch::Receiver<BTreeMap<NodeName, u64>> {
+        self.shared.downs.subscribe()
     }
 
     fn majority(&self) -> watch::Receiver<bool> {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,9 +80,11 @@ async fn cluster_view_authority_and_records_over_raft() {
     cluster.shutdown().await;
 }
 
-/// A [`ClusterDetector`] learns a peer is alive from the cluster's up set.
+/// A [`ClusterDetector`] learns a peer is alive from the cluster's up set
+/// (and a death from its count of downs).
 struct UpSet {
     up: watch::Sender<BTreeSet<NodeName>>,
+    downs: watch::Sender<BTreeMap<NodeName, u64>>,
 }
 
 impl DetectorHarness for UpSet {
@@ -90,7 +92,8 @@ impl DetectorHarness for UpSet {
 
     fn detector(&mut self) -> ClusterDetector {
         self.up.send_replace(BTreeSet::new());
-        ClusterDetector::new(self.up.subscribe())
+        self.downs.send_replace(BTreeMap::new());
+        ClusterDetector::new(self.up.subscribe(), self.downs.subscribe())
     }
 
     fn alive(&mut self, _detector: &mut ClusterDetector, peer: &NodeName, _now: Instant) {
@@ -100,6 +103,10 @@ impl DetectorHarness for UpSet {
     }
 
     fn dead(&mut self, peer: &NodeName) {
+        if self.up.borrow().contains(peer) {
+            self.downs
+                .send_modify(|downs| *downs.entry(peer.clone()).or_default() += 1);
+        }
         self.up.send_modify(|up| {
             up.remove(peer);
         });
@@ -119,6 +126,7 @@ impl DetectorHarness for UpSet {
 fn cluster_detector_keeps_the_failure_detector_contract() {
     let mut harness = UpSet {
         up: watch::Sender::new(BTreeSet::new()),
+        downs: watch::Sender::new(BTreeMap::new()),
     };
     for seed in 0..32 {
         failure_detector(&mut harness, seed);
