@@ -48,6 +48,7 @@ mod dispatch;
 pub(crate) mod introspect;
 pub(crate) mod link;
 pub(crate) mod mirrored;
+mod parked;
 mod persistence;
 pub(crate) mod policies;
 mod publish;
@@ -219,6 +220,9 @@ pub struct Broker {
     next_publish: u64,
     /// Publishes a replica refused during `enqueue`, nacked after it.
     deferred_nacks: Vec<(ConnId, ChannelId, u64)>,
+    /// Queues holding publishes until they have a master again
+    /// ([`parked`]).
+    parked_queues: HashSet<(String, Arc<str>)>,
     /// Forwarding to and from other nodes.
     links: link::Links,
     /// Mirrored queues whose ring backlog is over the high-water mark:
@@ -315,6 +319,7 @@ impl Broker {
             publisher_id: rand::rng().next_u64(),
             next_publish: 1,
             deferred_nacks: Vec::new(),
+            parked_queues: HashSet::new(),
             links: link::Links::default(),
             backlogged: HashSet::new(),
             failed_logs: HashMap::new(),

@@ -107,6 +107,10 @@ pub enum MirrorError {
     /// The replica has stopped (deposed, removed from the ring, or shut down).
     #[error("the replica has stopped")]
     Stopped,
+    /// The master is stopping (handing over or shutting down): it takes
+    /// no new work; the next master will.
+    #[error("the queue's master is stopping")]
+    Stopping,
     /// The queue has no mirror to synchronise.
     #[error("the queue is not mirrored")]
     NotMirrored,
@@ -323,6 +327,11 @@ struct SyncSent {
 /// `Replica::waiting`).
 const WAITING_WARN_MS: u64 = 5_000;
 
+/// How long a stopping master waits for the ring and its mirrors' disks
+/// to confirm what it took before it gives up and nacks the rest
+/// ([`Replica::stop`]).
+const DRAIN_LIMIT_MS: u64 = 5_000;
+
 /// A mirror's wait for a master.
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
@@ -415,6 +424,10 @@ pub struct Replica {
     isolated: bool,
     /// This master's disk failed: it stopped (see `lost_storage`).
     storage_failed: bool,
+    /// Since when this master has been stopping ([`Replica::stop`]): it
+    /// takes no new publish or fetch and stops once what it took is
+    /// confirmed.
+    draining_since: Option<u64>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -533,6 +546,7 @@ impl Replica {
             reported_stored: 0,
             refused: 0,
             isolated: false,
+            draining_since: None,
             storage_failed: false,
         }
     }
@@ -547,6 +561,13 @@ impl Replica {
     /// The replica's role.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Whether a publish may be given to it now: it is a master that is
+    /// not stopping, or it is cut off from the majority (and refuses the
+    /// publish at once, [`MirrorError::Isolated`]).
+    pub fn takes_publishes(&self) -> bool {
+        (self.role == Role::Master && self.draining_since.is_none()) || self.isolated
     }
 
     /// Whether this replica was a master that stopped because its disk
@@ -722,6 +743,9 @@ impl Replica {
         if self.isolated && self.role == Role::Master {
             return Err(MirrorError::Isolated);
         }
+        if self.draining_since.is_some() {
+            return Err(MirrorError::Stopping);
+        }
         if self.out_bytes >= RING_MSG_BYTES {
             self.flush_ops();
         }
@@ -777,6 +801,9 @@ impl Replica {
     /// fetch, so that a new master never hands out a delivered message again
     /// without the redelivered flag.
     pub fn fetch(&mut self, now_ms: u64) -> Result<u64, MirrorError> {
+        if self.draining_since.is_some() {
+            return Err(MirrorError::Stopping);
+        }
         let delivery = self.master_bq()?.fetch(now_ms)?;
         self.collect_ops();
         let token = self.next_token;
@@ -889,6 +916,14 @@ impl Replica {
         if self.role != Role::Master {
             return;
         }
+        if self
+            .draining_since
+            .is_some_and(|t| now_ms.saturating_sub(t) >= DRAIN_LIMIT_MS)
+        {
+            tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, pending = self.confirms.len(), "stopping master: the ring did not confirm in time; nacking the rest");
+            self.end_stop();
+            return;
+        }
         let due = self
             .bq
             .as_ref()
@@ -968,7 +1003,7 @@ impl Replica {
                 let successor = self.synced_members.iter().any(|m| view.is_alive(*m));
                 tracing::error!(node = %self.node, queue = %self.queue, view = self.epoch, successor, "master's disk failed: stopping (unconfirmed publishes nacked; a synchronised mirror takes over, or this node opens the queue's log again once its disk works)");
                 self.storage_failed = true;
-                self.stop();
+                self.end_stop();
             }
             Role::Mirror | Role::Stopped => {}
         }
@@ -1056,10 +1091,29 @@ impl Replica {
         Ok(true)
     }
 
-    /// Clean stop of this replica. A master tells the mirrors (promotion then
-    /// follows `ha-promote-on-shutdown`) and nacks what it has not confirmed.
-    /// Flush and send the outputs before leaving the ring.
-    pub fn stop(&mut self) {
+    /// Clean stop of this replica. A master first drains: it takes no new
+    /// publish or fetch ([`MirrorError::Stopping`]: the caller holds the
+    /// publish for the next master) and waits until the ring and its
+    /// synchronised mirrors' disks hold what it took, confirming it, for
+    /// at most [`DRAIN_LIMIT_MS`]; a master cut off from the majority does
+    /// not wait. Then it tells the mirrors (promotion follows
+    /// `ha-promote-on-shutdown`), nacks what is still unconfirmed and
+    /// stops. Flush and send the outputs before leaving the ring.
+    pub fn stop(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+        if self.role == Role::Master && !self.isolated && self.draining_since.is_none() {
+            self.draining_since = Some(self.now_ms);
+            tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, pending = self.confirms.len(), "master stopping: draining");
+            self.flush_ops();
+            self.release();
+            return;
+        }
+        self.end_stop();
+    }
+
+    /// Stops at once: a master tells its mirrors and nacks what it has not
+    /// confirmed.
+    fn end_stop(&mut self) {
         if self.role == Role::Master {
             self.push_msg(Body::Stopping);
             self.fail_pending();
@@ -1378,6 +1432,9 @@ impl Replica {
                     delivery: f.delivery,
                 });
             }
+        }
+        if self.draining_since.is_some() && self.confirms.is_empty() && self.fetches.is_empty() {
+            self.end_stop();
         }
     }
 

@@ -1391,7 +1391,10 @@ fn graceful_stop_promotes_per_promote_on_shutdown() {
         sim.publish();
     }
     sim.quiesce();
-    sim.nodes[0].replica.stop();
+    {
+        let now = sim.now_ms;
+        sim.nodes[0].replica.stop(now);
+    }
     sim.drive(0);
     sim.flush_all();
     sim.quiesce();
@@ -1401,6 +1404,75 @@ fn graceful_stop_promotes_per_promote_on_shutdown() {
     assert_eq!(sim.nodes[m].name, "n1");
     assert_eq!(sim.nodes[m].replica.stats().unwrap().ready, 4);
     sim.check_end();
+}
+
+/// A stopping master (a policy moved it, or its node stops) first
+/// confirms what it took, as RabbitMQ's promoted mirror does for the
+/// publishes its channels also sent it; it takes nothing new meanwhile.
+#[test]
+fn a_stopping_master_confirms_what_it_took_before_it_hands_over() {
+    let mut sim = Sim::with_disk(31, settings(SyncMode::Automatic, 4), true);
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..5 {
+        sim.publish();
+    }
+    assert_eq!(sim.check.pending.len(), 5);
+    {
+        let now = sim.now_ms;
+        sim.nodes[0].replica.stop(now);
+    }
+    sim.drive(0);
+    assert_eq!(sim.nodes[0].replica.role(), Role::Master, "draining");
+    let id = PublishId {
+        publisher: 1,
+        seq: 1_000,
+    };
+    let msg = NewMessage::new(1_000, b"later".to_vec(), true);
+    assert!(matches!(
+        sim.nodes[0].replica.publish(0, id, msg),
+        Err(MirrorError::Stopping)
+    ));
+    assert!(matches!(
+        sim.nodes[0].replica.fetch(0),
+        Err(MirrorError::Stopping)
+    ));
+    sim.quiesce();
+    assert_eq!(sim.check.confirmed.len(), 5, "confirmed, not nacked");
+    assert!(sim.check.nacked.is_empty());
+    assert_eq!(sim.nodes[0].replica.role(), Role::Stopped);
+    sim.crash(0);
+    sim.quiesce();
+    let m = sim.master().expect("promoted on shutdown");
+    assert_eq!(sim.nodes[m].name, "n1");
+    assert_eq!(sim.nodes[m].replica.stats().unwrap().ready, 5);
+    sim.check_end();
+}
+
+/// A stopping master whose ring does not confirm in time nacks the rest
+/// and stops.
+#[test]
+fn a_stopping_master_that_cannot_drain_nacks_after_the_limit() {
+    let mut sim = Sim::new(32, settings(SyncMode::Automatic, 4));
+    sim.add_node(false);
+    sim.quiesce();
+    for _ in 0..3 {
+        sim.publish();
+    }
+    {
+        let now = sim.now_ms;
+        sim.nodes[0].replica.stop(now);
+    }
+    sim.drive(0);
+    assert_eq!(sim.nodes[0].replica.role(), Role::Master, "draining");
+    // Nothing reaches the ring; the drain runs out.
+    let now = sim.now_ms;
+    sim.nodes[0].replica.tick(now + 4_999);
+    assert_eq!(sim.nodes[0].replica.role(), Role::Master);
+    sim.nodes[0].replica.tick(now + 5_000);
+    sim.drive(0);
+    assert_eq!(sim.nodes[0].replica.role(), Role::Stopped);
+    assert_eq!(sim.check.nacked.len(), 3);
 }
 
 #[test]

@@ -38,6 +38,7 @@ impl Broker {
         self.expire_consume_oks(now_ms);
         self.time_out_deliveries(now_ms);
         self.peek_masters(now_ms);
+        self.unpark_all();
         let mut expire = Vec::new();
         let mut delete = Vec::new();
         for (vname, v) in &self.vhosts {

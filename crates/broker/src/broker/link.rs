@@ -438,8 +438,8 @@ pub(crate) enum Elsewhere {
     /// The node of the queue's master: work is forwarded there.
     Node(Arc<str>),
     /// No node, right now: the master handed the queue over or its node went
-    /// down, and no new master is known yet. Publishes are nacked (the
-    /// publisher resends), gets come back empty, consumers wait for a master,
+    /// down, and no new master is known yet. Publishes are held for the next
+    /// master (`parked`), gets come back empty, consumers wait for a master,
     /// and settlements are dropped (the next master delivers again).
     Nowhere,
 }
@@ -639,6 +639,7 @@ impl Broker {
             q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
         }
         self.redirect_counts(vhost, name, master);
+        self.unpark(vhost, name);
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
         };

@@ -584,6 +584,7 @@ impl Broker {
             nack_one(&mut self.conns, conn, ch, cseq);
         }
         self.after_queue_op(vhost, name);
+        self.unpark(vhost, name);
         self.wake_clients();
         for conn in answered {
             self.reply_answered(conn);
@@ -625,8 +626,8 @@ impl Broker {
     /// ([`Self::start_replica`]): served from the local store meanwhile,
     /// its deliveries, acks and publishes would bypass the ring, unseen by
     /// the mirrors its record counts synchronised, one of which may yet be
-    /// promoted. Meanwhile publishes are nacked, gets come back empty and
-    /// consumers wait, as while a queue has no master.
+    /// promoted. Meanwhile publishes are held (`parked`), gets come back
+    /// empty and consumers wait, as while a queue has no master.
     pub fn hold_for_replica(&mut self, vhost: &str, name: &str) {
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
@@ -655,6 +656,7 @@ impl Broker {
         q.held_for_replica = false;
         q.remote = None;
         self.after_queue_op(vhost, name);
+        self.unpark(vhost, name);
         self.wake_clients();
     }
 
@@ -760,7 +762,7 @@ impl Broker {
             MirrorInput::Record(rec) => r.handle_record(rec),
             MirrorInput::RecordSettled(rec) => r.record_settled(rec),
             MirrorInput::Tick => r.tick(now_ms),
-            MirrorInput::Stop => r.stop(),
+            MirrorInput::Stop => r.stop(now_ms),
             MirrorInput::Majority(m) => r.set_isolated(!m),
         }
         self.mirror_turn(vhost, name);

@@ -175,6 +175,22 @@ impl Broker {
                 expiration_ms: msg.expiration_ms,
                 priority: msg.priority,
             };
+            // Without a master (or behind publishes held for one): held,
+            // in order, for the next master. A queue held because its own
+            // log failed refuses them instead.
+            if (!q.takes_publishes() || !q.parked.is_empty())
+                && !self
+                    .failed_logs
+                    .contains_key(&(vhost.to_owned(), qname.clone()))
+            {
+                if self.park(vhost, qname, msg, confirm) {
+                    pending += u32::from(confirm.is_some());
+                } else if let Some(c) = confirm {
+                    pending += 1;
+                    nacks.push(c);
+                }
+                continue;
+            }
             if let Some(node) = q.remote.clone() {
                 pending += u32::from(self.link_publish(&node, vhost, qname, msg, confirm));
                 continue;
@@ -204,6 +220,11 @@ impl Broker {
                     // unsynced: a transient publish wakes no group commit.
                     match self.replica_publish(vhost, qname, nm, confirm) {
                         Ok(owed) => pending += u32::from(owed),
+                        Err(warren_mirror::MirrorError::Stopping)
+                            if self.park(vhost, qname, msg, confirm) =>
+                        {
+                            pending += u32::from(confirm.is_some());
+                        }
                         Err(e) => {
                             // Cut off from the majority: the replica said so once.
                             if !matches!(e, warren_mirror::MirrorError::Isolated) {

@@ -151,6 +151,8 @@ pub(super) struct Queue {
     /// Its master's figures, when it is served on another node (asked for
     /// every second: `peek_masters`).
     pub(super) remote_figures: Option<link::QueueFigures>,
+    /// Publishes held while it has no master ([`super::parked`]).
+    pub(super) parked: super::parked::Parked,
 }
 
 impl Queue {

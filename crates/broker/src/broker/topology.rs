@@ -119,6 +119,7 @@ impl Broker {
             delivered_at_ms: 0,
             last_used_ms: self.now,
             remote_figures: None,
+            parked: Default::default(),
             confirms: VecDeque::new(),
             dir,
             spill_dir,
@@ -791,10 +792,12 @@ impl Broker {
                 conn.wake(cur, c.conn);
             }
         }
+        // Held publishes are confirmed as the messages of a deleted queue.
         let mut owed: Vec<(ConnId, ChannelId, u64)> = q
             .confirms
             .iter()
             .map(|&(_, conn, ch, cseq)| (conn, ch, cseq))
+            .chain(q.parked.confirms())
             .collect();
         let mut answered = Vec::new();
         if let Store::Replica(m) = &mut q.store {

@@ -2,10 +2,11 @@
 //! only once a group commit has made it durable; others at once; refused
 //! ones nacked (`broker/publish.rs`, `broker/persistence.rs`).
 
-use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
+use warren_amqp::amq_protocol::protocol::{AMQPClass, basic, queue};
 use warren_amqp::amq_protocol::types::AMQPValue;
+use warren_broker::LinkMsg;
 
-use crate::support::{Client, Incoming, Message, Node, QueueOpts};
+use crate::support::{Client, Incoming, Message, Node, QueueOpts, START_MS};
 
 /// A confirm's `(kind, delivery tag, multiple)`: kind "ack" or "nack".
 fn confirm(i: &Incoming) -> Option<(&'static str, u64, bool)> {
@@ -110,4 +111,96 @@ fn a_full_reject_publish_queue_nacks() {
     let got: Vec<(&str, u64)> = confirms(&mut c).iter().map(|x| (x.0, x.1)).collect();
     assert_eq!(got, [("ack", 1), ("nack", 2)]);
     assert_eq!(c.get_all(1, "q"), [b"kept".to_vec()]);
+}
+
+/// The bodies of the publishes the node forwarded, with their link ids.
+fn forwarded(node: &Node) -> Vec<(u64, Vec<u8>)> {
+    node.with_broker(warren_broker::Broker::take_link_out)
+        .into_iter()
+        .flat_map(|(_, msgs)| msgs)
+        .filter_map(|m| match m {
+            LinkMsg::Publish { id, body, .. } => Some((id, body.to_vec())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Publishes to a queue that has no master right now (its master is
+/// handing it over, or its node went and no successor is named yet) wait
+/// for the next master, in order, and are confirmed by it: RabbitMQ's
+/// channels send each publish to the mirrors too, so a master's move nacks
+/// none of them.
+#[test]
+fn publishes_to_a_queue_without_a_master_wait_for_the_next_one() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    c.queue(1, "q");
+    node.with_broker(|b| b.hold_for_replica("/", "q"));
+    for body in ["a", "b", "c"] {
+        c.publish(1, "", "q", Message::new(body));
+    }
+    assert_eq!(confirms(&mut c), [], "neither confirmed nor nacked");
+    assert!(forwarded(&node).is_empty());
+    node.tick(START_MS + 50);
+    assert_eq!(confirms(&mut c), []);
+
+    node.with_broker(|b| b.set_queue_master("/", "q", Some("n2")));
+    let sent = forwarded(&node);
+    let bodies: Vec<&[u8]> = sent.iter().map(|(_, b)| b.as_slice()).collect();
+    assert_eq!(bodies, [b"a", b"b", b"c"], "sent on in order");
+    // A later publish follows them.
+    c.publish(1, "", "q", Message::new("d"));
+    let later = forwarded(&node);
+    assert_eq!(later.len(), 1);
+    let ids = sent.iter().chain(&later).map(|(id, _)| *id).collect();
+    node.with_broker(|b| b.link_input("n2", vec![LinkMsg::Confirmed { ids }], START_MS));
+    c.pump();
+    let got: Vec<(&str, u64)> = confirms(&mut c).iter().map(|x| (x.0, x.1)).collect();
+    let acked: Vec<u64> = got.iter().filter(|x| x.0 == "ack").map(|x| x.1).collect();
+    assert!(got.iter().all(|x| x.0 == "ack"), "{got:?}");
+    assert_eq!(acked.iter().max(), Some(&4), "{got:?}");
+}
+
+/// Held publishes are nacked if no master takes the queue within ten
+/// seconds (the publisher resends), and confirmed if the queue is deleted
+/// meanwhile (as the messages of a deleted queue).
+#[test]
+fn held_publishes_are_nacked_after_ten_seconds_and_confirmed_if_the_queue_goes() {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    c.queue(1, "q");
+    c.queue(1, "gone");
+    node.with_broker(|b| {
+        b.hold_for_replica("/", "q");
+        b.hold_for_replica("/", "gone");
+    });
+    c.publish(1, "", "q", Message::new("waits"));
+    c.publish(1, "", "gone", Message::new("deleted"));
+    assert_eq!(confirms(&mut c), []);
+    let delete = AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+        queue: "gone".into(),
+        if_unused: false,
+        if_empty: false,
+        nowait: false,
+    }));
+    c.send(1, delete);
+    c.pump();
+    let answers = c.drain();
+    assert!(
+        answers.iter().any(|i| i.ids() == (50, 41)),
+        "queue.delete-ok: {answers:?}"
+    );
+    let got: Vec<(&str, u64)> = answers
+        .iter()
+        .filter_map(confirm)
+        .map(|x| (x.0, x.1))
+        .collect();
+    assert_eq!(got, [("ack", 2)], "the deleted queue's publish");
+    node.tick(START_MS + 9_999);
+    assert_eq!(confirms(&mut c), []);
+    node.tick(START_MS + 10_000);
+    // (A `multiple` ack may cover the deleted queue's publish again.)
+    let got: Vec<(&str, u64, bool)> = confirms(&mut c);
+    assert_eq!(got[0], ("nack", 1, false), "{got:?}");
+    assert!(got[1..].iter().all(|x| x.0 == "ack" && x.1 == 2), "{got:?}");
 }

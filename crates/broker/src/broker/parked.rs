@@ -1,0 +1,190 @@
+//! Publishes held for a mirrored queue while it has no master: its master
+//! is handing it over (draining, or gone and no successor named yet).
+//!
+//! RabbitMQ's channels send every publish to each mirror as well, so a
+//! master's move loses no publish in flight and nacks none. Warren's
+//! mirrors learn a publish from the master's ring instead, so a node holds
+//! the publishes for such a queue here, in order, and sends them on to the
+//! next master once the queue is served again (`set_queue_master`,
+//! `end_replica`, or the tick). A queue deleted meanwhile confirms them (as
+//! the messages of a deleted queue); a queue that stays without a master
+//! for [`PARK_LIMIT_MS`], or more than [`PARK_MAX_BYTES`] held, nacks them
+//! (the publisher resends).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use warren_amqp::ChannelId;
+
+use super::state::{Msg, Queue};
+use super::{Broker, ConnId, Elsewhere, Store, confirm_one, nack_one};
+
+/// How long a publish waits for its queue's next master before it is nacked.
+pub(super) const PARK_LIMIT_MS: u64 = 10_000;
+
+/// The most message bytes one queue holds while it has no master; a
+/// publish past it is nacked at once.
+pub(super) const PARK_MAX_BYTES: usize = 64 << 20;
+
+/// One held publish.
+#[derive(Debug)]
+struct Held {
+    msg: Msg,
+    confirm: Option<(ConnId, ChannelId, u64)>,
+    at_ms: u64,
+}
+
+/// A queue's held publishes, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct Parked {
+    held: VecDeque<Held>,
+    bytes: usize,
+}
+
+impl Parked {
+    /// Whether nothing is held.
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Holds `msg`; `false` (nothing held) if the queue holds too much.
+    pub(super) fn hold(
+        &mut self,
+        msg: &Msg,
+        confirm: Option<(ConnId, ChannelId, u64)>,
+        now_ms: u64,
+    ) -> bool {
+        let len = msg.meta.len() + msg.body.len();
+        if self.bytes + len > PARK_MAX_BYTES {
+            return false;
+        }
+        self.bytes += len;
+        self.held.push_back(Held {
+            msg: msg.clone(),
+            confirm,
+            at_ms: now_ms,
+        });
+        true
+    }
+
+    /// The confirms the held publishes owe.
+    pub(super) fn confirms(&self) -> impl Iterator<Item = (ConnId, ChannelId, u64)> + '_ {
+        self.held.iter().filter_map(|h| h.confirm)
+    }
+}
+
+impl Queue {
+    /// Whether a publish to it can go on now: to its master's node, or into
+    /// this node's store (a master replica that is not draining).
+    pub(super) fn takes_publishes(&self) -> bool {
+        match &self.remote {
+            Some(Elsewhere::Nowhere) => false,
+            Some(Elsewhere::Node(_)) => true,
+            None => match &self.store {
+                Store::Replica(m) => m.replica.takes_publishes(),
+                Store::Local(_) => true,
+            },
+        }
+    }
+}
+
+impl Broker {
+    /// Holds a publish to queue `name` (see the module doc); `false` if it
+    /// holds too much already (the caller nacks).
+    pub(super) fn park(
+        &mut self,
+        vhost: &str,
+        name: &Arc<str>,
+        msg: &Msg,
+        confirm: Option<(ConnId, ChannelId, u64)>,
+    ) -> bool {
+        let now = self.now;
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return false;
+        };
+        if !q.parked.hold(msg, confirm, now) {
+            tracing::warn!(%vhost, queue = %name, "too many publishes held for a queue without a master: nacked");
+            return false;
+        }
+        self.parked_queues.insert((vhost.to_owned(), name.clone()));
+        true
+    }
+
+    /// Sends queue `name`'s held publishes on if it is served again;
+    /// otherwise nacks those held for longer than [`PARK_LIMIT_MS`].
+    pub(super) fn unpark(&mut self, vhost: &str, name: &str) {
+        let now = self.now;
+        let Some(q) = self.queue_mut(vhost, name) else {
+            self.parked_queues
+                .retain(|(v, n)| !(v == vhost && &**n == name));
+            return;
+        };
+        let qname = q.name.clone();
+        let mut settled = false;
+        if q.takes_publishes() {
+            let held = std::mem::take(&mut q.parked);
+            self.parked_queues
+                .remove(&(vhost.to_owned(), qname.clone()));
+            tracing::debug!(%vhost, queue = %qname, held = held.held.len(), "queue served again: sending on the publishes held for it");
+            // Nacks of the caller's own enqueue, if any, stay its own.
+            let outer = std::mem::take(&mut self.deferred_nacks);
+            let target = [qname.clone()];
+            for h in held.held {
+                match self.enqueue(vhost, &target, &h.msg, h.confirm) {
+                    Ok(0) => {
+                        if let Some((conn, ch, cseq)) = h.confirm {
+                            confirm_one(&mut self.conns, conn, ch, cseq);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        if let Some((conn, ch, cseq)) = h.confirm {
+                            nack_one(&mut self.conns, conn, ch, cseq);
+                        }
+                    }
+                }
+                settled |= h.confirm.is_some();
+            }
+            for (conn, ch, cseq) in std::mem::replace(&mut self.deferred_nacks, outer) {
+                nack_one(&mut self.conns, conn, ch, cseq);
+            }
+        } else {
+            let mut late = Vec::new();
+            while let Some(h) = q.parked.held.front()
+                && now.saturating_sub(h.at_ms) >= PARK_LIMIT_MS
+            {
+                let Some(h) = q.parked.held.pop_front() else {
+                    break;
+                };
+                q.parked.bytes -= h.msg.meta.len() + h.msg.body.len();
+                late.extend(h.confirm);
+            }
+            if q.parked.is_empty() {
+                self.parked_queues
+                    .remove(&(vhost.to_owned(), qname.clone()));
+            }
+            if !late.is_empty() {
+                tracing::warn!(%vhost, queue = %qname, nacked = late.len(), "no master took the queue in time: held publishes nacked");
+            }
+            for (conn, ch, cseq) in late {
+                nack_one(&mut self.conns, conn, ch, cseq);
+                settled = true;
+            }
+        }
+        if settled {
+            self.wake_clients();
+        }
+    }
+
+    /// Sends on (or times out) the publishes held for every queue that
+    /// holds some; the broker's tick.
+    pub(super) fn unpark_all(&mut self) {
+        if self.parked_queues.is_empty() {
+            return;
+        }
+        let queues: Vec<(String, Arc<str>)> = self.parked_queues.iter().cloned().collect();
+        for (vhost, name) in queues {
+            self.unpark(&vhost, &name);
+        }
+    }
+}
