@@ -563,6 +563,11 @@ impl Replica {
         self.role
     }
 
+    /// Whether it is a master that is stopping ([`Replica::stop`]).
+    pub fn draining(&self) -> bool {
+        self.role == Role::Master && self.draining_since.is_some()
+    }
+
     /// Whether a publish may be given to it now: it is a master that is
     /// not stopping, or it is cut off from the majority (and refuses the
     /// publish at once, [`MirrorError::Isolated`]).

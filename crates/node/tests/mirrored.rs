@@ -724,6 +724,19 @@ fn a_master_moved_by_its_policy_nacks_no_publish_in_flight() {
                 }
             }
             assert_eq!(after, 2, "round {round}: the master never moved");
+            // A declare right after counts every confirmed publish (the
+            // new master's count, as a passive declare on RabbitMQ).
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let ok = ch
+                .queue_declare(name.as_str().into(), passive, FieldTable::default())
+                .await
+                .unwrap();
+            let prefix = format!("{name}-");
+            let confirmed = want.iter().filter(|b| b.starts_with(&prefix)).count();
+            assert_eq!(ok.message_count() as usize, confirmed, "round {round}");
             let _ = conn.close(200, "bye".into()).await;
             nacked
         });

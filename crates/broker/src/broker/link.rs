@@ -382,6 +382,10 @@ impl PendingCount {
 /// [`LinkMsg::ConsumeOk`] before its consume-ok goes anyway.
 const COUNT_WAIT_MS: u64 = 5_000;
 
+/// The node a declare held for a queue's next master waits on
+/// ([`Broker::hold_count`]): none yet.
+const NO_MASTER: &str = "";
+
 /// A client's `basic.consume` of a forwarded queue whose `consume-ok`
 /// waits for the master's [`LinkMsg::ConsumeOk`].
 #[derive(Debug)]
@@ -638,8 +642,10 @@ impl Broker {
             // time to find it.
             q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
         }
-        self.redirect_counts(vhost, name, master);
+        // Publishes held for the next master go first: declares waiting
+        // for its counts then count them.
         self.unpark(vhost, name);
+        self.redirect_counts(vhost, name, master);
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
         };
@@ -998,6 +1004,48 @@ impl Broker {
         let msg = p.ask(req);
         self.links.counts.insert(req, p);
         self.links.send(node, msg);
+    }
+
+    /// Holds a client's `queue.declare` of a queue with no master right now
+    /// (or with publishes held for the next one, `parked`) until the next
+    /// master is named (`redirect_counts` asks it, after the held
+    /// publishes) or this node serves it (`answer_held_counts`); after
+    /// [`COUNT_WAIT_MS`] this node's counts answer it.
+    pub(super) fn hold_count(
+        &mut self,
+        (conn, channel): (ConnId, ChannelId),
+        vhost: &str,
+        queue: &str,
+    ) {
+        let req = self.links.next();
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.reply_waits();
+        }
+        let p = PendingCount {
+            what: Asked::Declare,
+            node: Arc::from(NO_MASTER),
+            conn,
+            channel,
+            vhost: vhost.to_owned(),
+            queue: queue.to_owned(),
+            since_ms: self.now,
+        };
+        self.links.counts.insert(req, p);
+    }
+
+    /// Answers with this node's counts the declares of queue `name` that
+    /// [`Self::hold_count`] held, now that this node serves it.
+    pub(super) fn answer_held_counts(&mut self, vhost: &str, name: &str) {
+        let held: Vec<PendingCount> = self
+            .links
+            .counts
+            .extract_if(|_, p| &*p.node == NO_MASTER && p.vhost == vhost && p.queue == name)
+            .map(|(_, p)| p)
+            .collect();
+        for p in held {
+            let (ready, consumers) = self.queue_counts(vhost, name);
+            self.answer_count(p, ready, consumers);
+        }
     }
 
     /// Answers request `req` of node `to` with queue `queue`'s counts (the

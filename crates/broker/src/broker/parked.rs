@@ -86,6 +86,16 @@ impl Queue {
             },
         }
     }
+
+    /// Whether it has no master right now: handed over with no successor
+    /// named yet, or its master here is draining.
+    pub(super) fn between_masters(&self) -> bool {
+        match &self.remote {
+            Some(Elsewhere::Nowhere) => true,
+            Some(Elsewhere::Node(_)) => false,
+            None => matches!(&self.store, Store::Replica(m) if m.replica.draining()),
+        }
+    }
 }
 
 impl Broker {
@@ -122,6 +132,7 @@ impl Broker {
         let qname = q.name.clone();
         let mut settled = false;
         if q.takes_publishes() {
+            let here = q.remote.is_none();
             let held = std::mem::take(&mut q.parked);
             self.parked_queues
                 .remove(&(vhost.to_owned(), qname.clone()));
@@ -147,6 +158,11 @@ impl Broker {
             }
             for (conn, ch, cseq) in std::mem::replace(&mut self.deferred_nacks, outer) {
                 nack_one(&mut self.conns, conn, ch, cseq);
+            }
+            // Declares held meanwhile: served here now, they count what
+            // just went in (the next master's node answers its own).
+            if here {
+                self.answer_held_counts(vhost, name);
             }
         } else {
             let mut late = Vec::new();

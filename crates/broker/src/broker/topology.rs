@@ -610,12 +610,19 @@ impl Broker {
             consumer_count: q.consumers.len() as u32,
         };
         let remote = q.remote.as_ref().and_then(Elsewhere::node).cloned();
+        // No master right now, or publishes held for the next one: the
+        // counts are the next master's, after those publishes.
+        let held = (q.between_masters() || !q.parked.is_empty())
+            && !self
+                .failed_logs
+                .contains_key(&(vhost.clone(), q.name.clone()));
         let c = self.conn(id);
         if let Some(chan) = c.channels.get_mut(&ch) {
             chan.last_queue = Some(name.clone());
         }
         match remote {
             _ if d.nowait => {}
+            _ if held => self.hold_count((id, ch), &vhost, &name),
             // Served elsewhere: the counts are the master's.
             Some(node) => self.link_count(&node, (id, ch), &vhost, &name, Asked::Declare),
             None => {

@@ -143,11 +143,53 @@ fn publishes_to_a_queue_without_a_master_wait_for_the_next_one() {
     assert!(forwarded(&node).is_empty());
     node.tick(START_MS + 50);
     assert_eq!(confirms(&mut c), []);
+    // A declare meanwhile waits for the next master's counts.
+    let passive = AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+        queue: "q".into(),
+        passive: true,
+        ..Default::default()
+    }));
+    c.send(1, passive);
+    c.pump();
+    assert!(
+        c.drain().is_empty(),
+        "declare-ok before the queue has a master"
+    );
 
     node.with_broker(|b| b.set_queue_master("/", "q", Some("n2")));
-    let sent = forwarded(&node);
+    let out: Vec<LinkMsg> = node
+        .with_broker(warren_broker::Broker::take_link_out)
+        .into_iter()
+        .flat_map(|(_, msgs)| msgs)
+        .collect();
+    let sent: Vec<(u64, Vec<u8>)> = out
+        .iter()
+        .filter_map(|m| match m {
+            LinkMsg::Publish { id, body, .. } => Some((*id, body.to_vec())),
+            _ => None,
+        })
+        .collect();
     let bodies: Vec<&[u8]> = sent.iter().map(|(_, b)| b.as_slice()).collect();
     assert_eq!(bodies, [b"a", b"b", b"c"], "sent on in order");
+    // The count is asked after them, so it counts them.
+    let Some(LinkMsg::Count { req, .. }) = out.last() else {
+        panic!("no count asked after the publishes: {out:?}");
+    };
+    let counted = LinkMsg::Counted {
+        req: *req,
+        messages: 3,
+        consumers: 0,
+    };
+    node.with_broker(|b| b.link_input("n2", vec![counted], START_MS));
+    c.pump();
+    let answers = c.drain();
+    assert!(
+        matches!(
+            &answers[..],
+            [i] if matches!(&i.method, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)) if ok.message_count == 3)
+        ),
+        "{answers:?}"
+    );
     // A later publish follows them.
     c.publish(1, "", "q", Message::new("d"));
     let later = forwarded(&node);
