@@ -220,11 +220,6 @@ impl Broker {
                     // unsynced: a transient publish wakes no group commit.
                     match self.replica_publish(vhost, qname, nm, confirm) {
                         Ok(owed) => pending += u32::from(owed),
-                        Err(warren_mirror::MirrorError::Stopping)
-                            if self.park(vhost, qname, msg, confirm) =>
-                        {
-                            pending += u32::from(confirm.is_some());
-                        }
                         Err(e) => {
                             // Cut off from the majority: the replica said so once.
                             if !matches!(e, warren_mirror::MirrorError::Isolated) {
