@@ -389,6 +389,7 @@ impl Broker {
                 }
                 q.consumers
                     .retain(|x| !(x.conn == id && x.channel == ch_id && &x.tag == tag));
+                q.consumer_left();
                 touched.push(qname.clone());
             }
         }

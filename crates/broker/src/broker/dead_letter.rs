@@ -41,8 +41,12 @@ impl Broker {
         self.unpark_all();
         let mut expire = Vec::new();
         let mut delete = Vec::new();
+        let mut left = Vec::new();
         for (vname, v) in &self.vhosts {
             for q in v.queues.values() {
+                if q.consumer_left_unseen && q.remote.is_none() {
+                    left.push((vname.clone(), q.name.clone()));
+                }
                 if q.store.next_expiry_ms().is_some_and(|t| t < now_ms) {
                     expire.push((vname.clone(), q.name.clone()));
                 }
@@ -73,6 +77,9 @@ impl Broker {
         }
         for (vname, qname) in delete {
             self.delete_queue(&vname, &qname);
+        }
+        for (vname, qname) in left {
+            self.count_consumer_left(&vname, &qname);
         }
         for (id, c) in &mut self.conns {
             if c.amqp.has_output() {

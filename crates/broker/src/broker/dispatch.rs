@@ -671,6 +671,7 @@ impl Broker {
             }
             q.consumers
                 .retain(|x| !(x.conn == id && x.channel == ch && &*x.tag == tag));
+            q.consumer_left();
             q.last_used_ms = q.last_used_ms.max(self.now);
         }
         if let Some((node, cid)) = forwarded {

@@ -151,6 +151,15 @@ pub enum LinkMsg {
         /// The origin's consumer id.
         cid: u64,
     },
+    /// Origin → master: a consumer of `queue` at the origin left while the
+    /// queue had no master, so no master heard of it: the master counts it
+    /// (an `auto-delete` queue with no consumer left goes).
+    ConsumerLeft {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+    },
     /// Master → origin: a delivery to consumer `cid`.
     Deliver {
         /// The origin's consumer id.
@@ -743,6 +752,15 @@ impl Broker {
                 };
                 self.links.send(m, msg);
             }
+            // After the consumers still here: the master counts the one that
+            // left only if none is left.
+            if std::mem::take(&mut q.consumer_left_unseen) && q.opts.auto_delete {
+                let msg = LinkMsg::ConsumerLeft {
+                    vhost: vhost.to_owned(),
+                    queue: qname.to_string(),
+                };
+                self.links.send(m, msg);
+            }
         } else {
             for (cid, _) in &consumers {
                 self.links.consumers.remove(cid);
@@ -755,8 +773,30 @@ impl Broker {
             for (cid, _) in consumers {
                 self.answer_consume_ok(cid);
             }
-            self.after_queue_op(vhost, name);
+            if !self.count_consumer_left(vhost, name) {
+                self.after_queue_op(vhost, name);
+            }
         }
+    }
+
+    /// Counts, on the node that serves queue `name`, a consumer that left
+    /// while the queue had no master ([`Queue::consumer_left_unseen`]): an
+    /// `auto-delete` queue with no consumer left goes, as if the consumer
+    /// had left here. Returns whether the queue was deleted.
+    pub(super) fn count_consumer_left(&mut self, vhost: &str, name: &str) -> bool {
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return false;
+        };
+        if q.remote.is_some() || !q.consumer_left_unseen {
+            return false;
+        }
+        q.consumer_left_unseen = false;
+        q.had_consumers = true;
+        let deleted = self.auto_delete_if_unused(vhost, name);
+        if deleted {
+            tracing::info!(%vhost, queue = %name, "auto-delete queue deleted: its last consumer left while it had no master");
+        }
+        deleted
     }
 
     /// Forwards a publish to `node`; returns whether a confirm is owed.
@@ -1622,6 +1662,15 @@ impl Broker {
             LinkMsg::Cancel { vhost, cid } => {
                 if let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() {
                     cancelled.extend(self.remove_consumer(pc, LINK_CHANNEL, &cid.to_string()));
+                }
+            }
+            LinkMsg::ConsumerLeft { vhost, queue } => {
+                // Counted now if this node serves the queue; else passed to
+                // the master this node knows next (it may not yet know it
+                // is the master itself).
+                if let Some(q) = self.queue_mut(&vhost, &queue) {
+                    q.consumer_left_unseen = true;
+                    self.count_consumer_left(&vhost, &queue);
                 }
             }
             LinkMsg::Alarms { memory, disk } => {

@@ -121,6 +121,11 @@ pub(super) struct Queue {
     /// connection and tag); see [`Queue::active_consumer`].
     pub(super) active: Option<(ConnId, ChannelId, Arc<str>)>,
     pub(super) had_consumers: bool,
+    /// A consumer of this node's left while the queue had no master
+    /// (`Elsewhere::Nowhere`): its cancel reached no master, so the next
+    /// one is told ([`LinkMsg::ConsumerLeft`](super::LinkMsg::ConsumerLeft)), or this
+    /// node counts it once it serves the queue, for `auto-delete`.
+    pub(super) consumer_left_unseen: bool,
     pub(super) dlx: Option<String>,
     pub(super) dlrk: Option<String>,
     pub(super) expires_ms: Option<u64>,
@@ -156,6 +161,15 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// Notes that one of this node's consumers left it: while the queue has
+    /// no master, no master hears of the cancel, so the next one is told
+    /// ([`Queue::consumer_left_unseen`]).
+    pub(super) fn consumer_left(&mut self) {
+        if matches!(self.remote, Some(Elsewhere::Nowhere)) {
+            self.consumer_left_unseen = true;
+        }
+    }
+
     /// Whether it is exclusive to a connection of this node (not to one of
     /// another node's, `OWNER_ELSEWHERE`).
     pub(super) fn owned_here(&self) -> bool {

@@ -109,6 +109,7 @@ impl Broker {
             single_active,
             active: None,
             had_consumers: false,
+            consumer_left_unseen: false,
             dlx: args.dlx,
             dlrk: args.dlrk,
             expires_ms: args.expires_ms,

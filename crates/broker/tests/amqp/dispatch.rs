@@ -1015,3 +1015,86 @@ fn a_queue_held_for_its_replica_serves_nothing_until_released() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].body, b"kept");
 }
+
+/// An `auto-delete` queue whose last consumer leaves while the queue has
+/// no master (its master is handing it over) goes with the next master:
+/// the origin tells it, after the consumers it still has, as RabbitMQ's
+/// master sees every cancel. Before, the queue stayed, bound, and a
+/// mandatory publish meant for "no queue" was routed to it (aio-pika's
+/// RPC tests against a cluster hung).
+#[test]
+fn a_consumer_that_leaves_between_masters_is_counted_by_the_next_one() {
+    let (node, mut c) = Node::session();
+    c.declare_queue(1, "q", QueueOpts::auto_delete()).unwrap();
+    c.declare_queue(1, "busy", QueueOpts::auto_delete())
+        .unwrap();
+    c.queue(1, "plain");
+    for (q, tag) in [("q", "t"), ("busy", "b1"), ("busy", "b2"), ("plain", "p")] {
+        c.consume(1, q, tag, false);
+    }
+    node.with_broker(|b| {
+        for q in ["q", "busy", "plain"] {
+            b.hold_for_replica("/", q);
+        }
+    });
+    for tag in ["t", "b1", "p"] {
+        let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+            consumer_tag: tag.into(),
+            nowait: false,
+        }));
+        c.call_ok(1, cancel, (60, 31), "basic.cancel-ok");
+    }
+    let out = node.with_broker(|b| {
+        for q in ["q", "busy", "plain"] {
+            b.set_queue_master("/", q, Some("n2"));
+        }
+        b.take_link_out()
+    });
+    let sent: Vec<(&str, &str)> = out
+        .iter()
+        .flat_map(|(_, m)| m)
+        .filter_map(|m| match m {
+            LinkMsg::Consume { queue, .. } => Some(("consume", queue.as_str())),
+            LinkMsg::ConsumerLeft { queue, .. } => Some(("left", queue.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [("left", "q"), ("consume", "busy"), ("left", "busy")],
+        "{out:?}"
+    );
+}
+
+/// The master told of a consumer that left between masters deletes an
+/// `auto-delete` queue with no consumer left; a node told before it knows
+/// itself the master counts it once it serves the queue.
+#[test]
+fn a_master_told_of_a_consumer_that_left_deletes_an_unused_auto_delete_queue() {
+    let (node, mut c) = Node::session();
+    for q in ["q", "busy", "later"] {
+        c.declare_queue(1, q, QueueOpts::auto_delete()).unwrap();
+    }
+    c.consume(1, "busy", "b", false);
+    node.with_broker(|b| b.set_queue_master("/", "later", Some("n3")));
+    let left = |q: &str| LinkMsg::ConsumerLeft {
+        vhost: "/".into(),
+        queue: q.into(),
+    };
+    node.with_broker(|b| {
+        b.link_input("n2", vec![left("q"), left("busy"), left("later")], START_MS);
+    });
+    let exists = |c: &mut Client, q: &str| match c.declare_queue(2, q, QueueOpts::passive()) {
+        Ok(_) => true,
+        Err(e) => {
+            assert_eq!(e.code, 404, "{e:?}");
+            c.open_channel(2);
+            false
+        }
+    };
+    c.open_channel(2);
+    assert!(!exists(&mut c, "q"), "unused: deleted");
+    assert!(exists(&mut c, "busy"), "a consumer is left");
+    node.with_broker(|b| b.set_queue_master("/", "later", None));
+    assert!(!exists(&mut c, "later"), "counted once served here");
+}

@@ -720,6 +720,14 @@ impl QueueOpts {
         }
     }
 
+    /// Deleted when its last consumer goes.
+    pub fn auto_delete() -> Self {
+        Self {
+            auto_delete: true,
+            ..Self::default()
+        }
+    }
+
     /// A passive declare.
     pub fn passive() -> Self {
         Self {
