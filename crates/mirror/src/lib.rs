@@ -54,13 +54,16 @@
 //!   adds it to its synchronised members and commits that to the record.
 //!   `automatic` syncs new mirrors at once; `manual` waits for
 //!   [`Replica::sync`] (and [`Replica::cancel_sync`]), except that a mirror
-//!   of an empty queue is synchronised at once.
+//!   of an empty queue is synchronised at once, and the others once the
+//!   queue is drained (on the master's next tick).
 //!
 //! # Where Warren differs from RabbitMQ
 //!
 //! - An unsynchronised mirror holds nothing (RabbitMQ's hold the tail of the
-//!   queue and can become synchronised "naturally" as old messages are
-//!   consumed); only a sync, or an empty queue, makes it synchronised.
+//!   queue and become synchronised "naturally" once the messages older than
+//!   them are consumed); only a sync, or an empty queue, makes it
+//!   synchronised: in manual mode the master syncs its unsynchronised
+//!   mirrors on the tick that finds the queue drained.
 //! - Only messages a consumer may have seen come back `redelivered` after a
 //!   failover, not every message.
 //! - Sync does not block the queue.

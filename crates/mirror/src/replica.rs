@@ -940,6 +940,16 @@ impl Replica {
             }
             self.collect_ops();
         }
+        // RabbitMQ's natural synchronisation, as far as Warren has it: in
+        // manual mode a mirror that joined while the queue held messages
+        // is synchronised once its consumers have drained it.
+        let drained = self.bq.as_ref().is_some_and(|bq| {
+            let s = bq.stats();
+            s.ready + s.unacked == 0
+        });
+        if drained && self.settings.sync_mode == SyncMode::Manual {
+            self.maybe_auto_sync();
+        }
     }
 
     /// Runs the local group commit (fsync) if there is anything to sync, then

@@ -642,20 +642,37 @@ impl Sim {
                 let i = self.rng.random_range(0..self.nodes.len());
                 self.sync_disk(i);
             }
-            94..=95 => {
-                self.now_ms += 7;
-                let now = self.now_ms;
-                for i in 0..self.nodes.len() {
-                    if self.nodes[i].alive {
-                        self.nodes[i].replica.tick(now);
-                        self.drive(i);
-                    }
-                }
-            }
+            94..=95 => self.tick_all(7),
             _ => {
                 self.deliver_frame();
             }
         }
+    }
+
+    /// Moves the clock on by `ms` and ticks every live replica.
+    fn tick_all(&mut self, ms: u64) {
+        self.now_ms += ms;
+        let now = self.now_ms;
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].alive {
+                self.nodes[i].replica.tick(now);
+                self.drive(i);
+            }
+        }
+    }
+
+    /// A queue of `messages` messages with one unsynchronised mirror (n1),
+    /// in manual mode.
+    fn unsynchronised_mirror(seed: u64, messages: usize) -> Self {
+        let mut sim = Sim::new(seed, settings(SyncMode::Manual, 2));
+        for _ in 0..messages {
+            sim.publish();
+        }
+        sim.quiesce();
+        sim.add_node(false);
+        sim.quiesce();
+        assert!(!sim.nodes[1].replica.status().synchronised);
+        sim
     }
 
     /// Runs until no frame, proposal or output is left (faults and traffic over).
@@ -1335,12 +1352,7 @@ fn a_new_mirror_gets_the_queue_copied_once() {
     let n = sim.add_node(false);
     // Time passes while the ring carries the sync: the mirror asks again.
     for _ in 0..3 {
-        sim.now_ms += 2_100;
-        let now = sim.now_ms;
-        for i in 0..sim.nodes.len() {
-            sim.nodes[i].replica.tick(now);
-            sim.drive(i);
-        }
+        sim.tick_all(2_100);
         sim.flush_all();
         sim.deliver_frame();
     }
@@ -1477,14 +1489,7 @@ fn a_stopping_master_that_cannot_drain_nacks_after_the_limit() {
 
 #[test]
 fn switching_to_automatic_syncs_an_unsynchronised_mirror() {
-    let mut sim = Sim::new(8, settings(SyncMode::Manual, 2));
-    for _ in 0..7 {
-        sim.publish();
-    }
-    sim.quiesce();
-    sim.add_node(false);
-    sim.quiesce();
-    assert!(!sim.nodes[1].replica.status().synchronised);
+    let mut sim = Sim::unsynchronised_mirror(8, 7);
     assert!(sim.record.synchronised.is_empty());
     let m = sim.master().unwrap();
     sim.nodes[m]
@@ -1504,6 +1509,35 @@ fn a_mirror_of_an_empty_queue_is_synchronised_at_once_even_in_manual_mode() {
     sim.quiesce();
     assert!(sim.nodes[1].replica.status().synchronised);
     assert_eq!(sim.record.mirrors, vec!["n1".to_owned()]);
+    assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
+    sim.check_end();
+}
+
+/// RabbitMQ's "natural" synchronisation, as far as Warren has it: in
+/// manual mode, a mirror that joined a queue holding messages is
+/// synchronised once its consumers have drained the queue (delivered
+/// messages acked), on the master's next tick.
+#[test]
+fn a_manual_mode_mirror_is_synchronised_once_the_queue_is_drained() {
+    let mut sim = Sim::unsynchronised_mirror(11, 3);
+    for _ in 0..3 {
+        sim.fetch();
+    }
+    sim.quiesce();
+    assert_eq!(sim.check.unacked.len(), 3);
+    sim.tick_all(100);
+    sim.quiesce();
+    assert!(
+        !sim.nodes[1].replica.status().synchronised,
+        "delivered, not yet acked: the mirror lacks them"
+    );
+    while !sim.check.unacked.is_empty() {
+        sim.settle_delivery(false);
+    }
+    sim.quiesce();
+    sim.tick_all(100);
+    sim.quiesce();
+    assert!(sim.nodes[1].replica.status().synchronised);
     assert_eq!(sim.record.synchronised, vec!["n1".to_owned()]);
     sim.check_end();
 }
