@@ -11,6 +11,8 @@
 #                                        # three nodes (127.0.0.1-3), every queue mirrored:
 #                                        # to all of them (its master where declared), or to
 #                                        # nodes 2 and 3 only (the client's node 1 forwards)
+#   docs/client-suites/run.sh rabbitmq-cluster all|others
+#                                        # the same with three RabbitMQ nodes
 #
 # The broker listens on 127.0.0.1:5672 (AMQPS on 5671, with aiormq's test
 # certificates): nothing else may use those ports. Results go to
@@ -161,6 +163,59 @@ start_rabbitmq() {
     sleep 3
 }
 
+# Three RabbitMQ nodes (suites1..3@localhost; node 1 with the listeners of
+# `start_rabbitmq`, nodes 2 and 3 on 5673 and 5674) joined in one cluster,
+# with the same policy as `start_warren_cluster`: the comparison for its runs.
+start_rabbitmq_cluster() {
+    d=$SUITES/rabbitmq-cluster && rm -rf "$d" && mkdir -p "$d"
+    printf 'WARRENSUITES%s' "$$" > "$d/.erlang.cookie" && chmod 400 "$d/.erlang.cookie"
+    for i in 1 2 3; do
+        mkdir -p "$d/node$i/log"
+        if [ $i = 1 ]; then
+            listeners > "$d/node$i/rabbitmq.conf"
+            printf 'ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = false\n' \
+                >> "$d/node$i/rabbitmq.conf"
+            printf 'management.tcp.port = 15672\nmanagement.tcp.ip = 127.0.0.1\n' >> "$d/node$i/rabbitmq.conf"
+            echo '[rabbitmq_management].' > "$d/node$i/enabled_plugins"
+        else
+            echo "listeners.tcp.default = 127.0.0.1:$((5671 + i))" > "$d/node$i/rabbitmq.conf"
+            echo '[rabbitmq_management_agent].' > "$d/node$i/enabled_plugins"
+        fi
+        env RABBITMQ_NODENAME=suites$i@localhost RABBITMQ_NODE_PORT=$((5671 + i)) \
+            RABBITMQ_DIST_PORT=$((25811 + i)) RABBITMQ_MNESIA_BASE="$d/node$i/mnesia" \
+            RABBITMQ_LOG_BASE="$d/node$i/log" RABBITMQ_CONFIG_FILE="$d/node$i/rabbitmq" \
+            RABBITMQ_ENABLED_PLUGINS_FILE="$d/node$i/enabled_plugins" \
+            HOME="$d" /usr/lib/rabbitmq/bin/rabbitmq-server > "$d/node$i/stdout" 2>&1 &
+        echo $! > "$d/pid$i"
+        wait_port $((5671 + i))
+        if [ $i != 1 ]; then
+            for a in stop_app "join_cluster suites1@localhost" start_app; do
+                # shellcheck disable=SC2086
+                HOME="$d" /usr/lib/rabbitmq/bin/rabbitmqctl -n suites$i@localhost $a >/dev/null
+            done
+        fi
+    done
+    case $1 in
+        all) def='{"ha-mode":"all"}' ;;
+        others) def='{"ha-mode":"nodes","ha-params":["suites2@localhost","suites3@localhost"]}' ;;
+        *) echo "rabbitmq-cluster all|others" >&2; exit 2 ;;
+    esac
+    HOME="$d" /usr/lib/rabbitmq/bin/rabbitmqctl -n suites1@localhost set_policy \
+        --apply-to queues suites '.*' "$def" >/dev/null
+    sleep 3
+}
+
+stop_rabbitmq_cluster() {
+    d=$SUITES/rabbitmq-cluster
+    for i in 3 2 1; do
+        [ -f "$d/pid$i" ] || continue
+        pid=$(cat "$d/pid$i")
+        HOME="$d" /usr/lib/rabbitmq/bin/rabbitmqctl -n suites$i@localhost stop >/dev/null 2>&1 ||
+            kill $(pgrep -P "$pid") "$pid"
+        rm -f "$d/pid$i"
+    done
+}
+
 # Stops the broker this script started, by its PID (RabbitMQ's is the shell
 # script's: its process group holds the Erlang VM).
 stop() {
@@ -231,5 +286,7 @@ case ${1:-} in
     suites) suites "${2:-broker}" ;;
     warren-cluster)
         start_warren_cluster "${2:-}"; trap stop_warren_cluster EXIT; suites "warren-cluster-$2" ;;
+    rabbitmq-cluster)
+        start_rabbitmq_cluster "${2:-}"; trap stop_rabbitmq_cluster EXIT; suites "rabbitmq-cluster-$2" ;;
     *) sed -n 2,15p "$0"; exit 2 ;;
 esac

@@ -35,6 +35,7 @@ impl Broker {
         self.lazy_sync_due(now_ms);
         self.expire_remote_alarms(now_ms);
         self.expire_counts(now_ms);
+        self.expire_held_gets(now_ms);
         self.expire_consume_oks(now_ms);
         self.time_out_deliveries(now_ms);
         self.peek_masters(now_ms);

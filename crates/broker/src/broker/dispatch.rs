@@ -11,7 +11,8 @@ use warren_backing_queue::Dropped;
 
 use super::state::{Channel, Conn, Consumer, IdMap, Queue, Unacked};
 use super::{
-    Broker, ConnId, FetchForArgs, MAX_FETCHES_IN_FLIGHT, OUTPUT_HIGH_WATER, Store, err, random_name,
+    Broker, ConnId, Elsewhere, FetchForArgs, MAX_FETCHES_IN_FLIGHT, OUTPUT_HIGH_WATER, Store, err,
+    random_name,
 };
 use crate::auth::Access;
 use crate::routing::decode_meta;
@@ -697,7 +698,22 @@ impl Broker {
             .and_then(|v| v.queues.get_mut(&qarc))
             .expect("queue present");
         q.last_used_ms = q.last_used_ms.max(now);
-        if let Some(node) = q.remote.clone() {
+        // Between masters, or behind publishes held for the next one: the
+        // get waits for that master, after them (a queue held because its
+        // own log failed answers at once).
+        let held = (q.between_masters() || !q.parked.is_empty())
+            && !self
+                .failed_logs
+                .contains_key(&(vhost.clone(), qarc.clone()));
+        let at = match q.remote.clone() {
+            _ if held => Some(Elsewhere::Nowhere),
+            Some(Elsewhere::Nowhere) => {
+                self.conn(id).send_get_empty(ch);
+                return Ok(());
+            }
+            at => at,
+        };
+        if let Some(node) = at {
             self.link_get(&node, (id, ch), &vhost, &qarc, g.no_ack);
             return Ok(());
         }

@@ -338,6 +338,8 @@ struct RemoteGet {
     /// When `conn` is another node's link: the request of that node's get,
     /// which this one forwards on (the master moved on from here).
     req: Option<u64>,
+    /// When it was asked.
+    since_ms: u64,
 }
 
 /// A client's `queue.declare` waiting for the master's counts.
@@ -655,6 +657,7 @@ impl Broker {
         // for its counts then count them.
         self.unpark(vhost, name);
         self.redirect_counts(vhost, name, master);
+        self.redirect_gets(vhost, name, master);
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
         };
@@ -1285,12 +1288,8 @@ impl Broker {
         queue: &Arc<str>,
         no_ack: bool,
     ) {
-        let Elsewhere::Node(node) = to else {
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.send_get_empty(ch);
-            }
-            return;
-        };
+        // No master right now: held for the next one (`redirect_gets`).
+        let node = to.node().cloned().unwrap_or_else(|| Arc::from(NO_MASTER));
         let req = self.links.next();
         // A link's get waits out of line (its request is answered when the
         // master's answer comes).
@@ -1308,15 +1307,87 @@ impl Broker {
                 vhost: vhost.to_owned(),
                 queue: queue.clone(),
                 req: asked,
+                since_ms: self.now,
             },
         );
+        if &*node == NO_MASTER {
+            return;
+        }
         let msg = LinkMsg::Get {
             vhost: vhost.to_owned(),
             queue: queue.to_string(),
             req,
             no_ack,
         };
-        self.links.send(node, msg);
+        self.links.send(&node, msg);
+    }
+
+    /// Sends the gets of queue `name` held while it had no master
+    /// ([`Self::link_get`]) to its next master `master`, in order, or
+    /// makes them here if this node serves it now (`None`).
+    pub(super) fn redirect_gets(&mut self, vhost: &str, name: &str, master: Option<&str>) {
+        let mut held: Vec<(u64, RemoteGet)> = self
+            .links
+            .gets
+            .extract_if(|_, g| &*g.node == NO_MASTER && g.vhost == vhost && &*g.queue == name)
+            .collect();
+        held.sort_by_key(|(req, _)| *req);
+        for (req, mut g) in held {
+            match master {
+                Some(m) => {
+                    g.node = Arc::from(m);
+                    let msg = LinkMsg::Get {
+                        vhost: vhost.to_owned(),
+                        queue: name.to_owned(),
+                        req,
+                        no_ack: g.no_ack,
+                    };
+                    self.links.gets.insert(req, g);
+                    self.links.send(m, msg);
+                }
+                None => self.get_held_here(g),
+            }
+        }
+    }
+
+    /// Makes here a get held while its queue had no master.
+    fn get_held_here(&mut self, g: RemoteGet) {
+        let waiter = g.conn;
+        if let Some(c) = self.conns.get_mut(&g.conn) {
+            // A link's request goes back in line, where `get` takes it.
+            if let (Some(r), Some(l)) = (g.req, c.link.as_mut()) {
+                l.gets.push_back(r);
+            }
+            let get = basic::Get {
+                queue: g.queue.as_ref().into(),
+                no_ack: g.no_ack,
+            };
+            if c.channels.contains_key(&g.channel)
+                && self.get(g.conn, g.channel, &get).is_err()
+                && let Some(c) = self.conns.get_mut(&g.conn)
+            {
+                c.send_get_empty(g.channel);
+            }
+        }
+        self.reply_answered(waiter);
+    }
+
+    /// Answers empty the gets held for a queue's next master longer than
+    /// [`COUNT_WAIT_MS`].
+    pub(crate) fn expire_held_gets(&mut self, now_ms: u64) {
+        let late: Vec<RemoteGet> = self
+            .links
+            .gets
+            .extract_if(|_, g| {
+                &*g.node == NO_MASTER && now_ms.saturating_sub(g.since_ms) >= COUNT_WAIT_MS
+            })
+            .map(|(_, g)| g)
+            .collect();
+        for g in late {
+            let waiter = g.conn;
+            self.get_reply(g, None);
+            self.reply_answered(waiter);
+        }
     }
 
     /// Whether more messages for `node` wait to be sent than flow control
@@ -1827,6 +1898,7 @@ impl Broker {
             vhost,
             queue,
             req,
+            since_ms: _,
         } = get;
         let open = self
             .conns

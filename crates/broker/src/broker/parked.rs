@@ -163,6 +163,7 @@ impl Broker {
             // just went in (the next master's node answers its own).
             if here {
                 self.answer_held_counts(vhost, name);
+                self.redirect_gets(vhost, name, None);
             }
         } else {
             let mut late = Vec::new();
