@@ -252,8 +252,8 @@ impl Broker {
             }
             Command::BasicConsume(c) => self.consume(id, ch, &c),
             Command::BasicCancel(c) => {
-                self.cancel(id, ch, c.consumer_tag.as_str());
-                if !c.nowait {
+                let waits = self.cancel(id, ch, c.consumer_tag.as_str(), c.nowait);
+                if !c.nowait && !waits {
                     self.conn(id).amqp.reply(
                         ch,
                         Reply::BasicCancelOk {

@@ -37,6 +37,7 @@ impl Broker {
         self.expire_counts(now_ms);
         self.expire_held_gets(now_ms);
         self.expire_consume_oks(now_ms);
+        self.expire_cancel_oks(now_ms, None);
         self.time_out_deliveries(now_ms);
         self.peek_masters(now_ms);
         self.unpark_all();

@@ -622,14 +622,26 @@ impl Broker {
 
     /// Cancels consumer `tag` of channel `ch`; its queue is driven at
     /// once, so that a single-active-consumer queue's next consumer takes
-    /// over.
-    pub(super) fn cancel(&mut self, id: ConnId, ch: ChannelId, tag: &str) {
+    /// over. Returns whether its `cancel-ok` waits for the queue's master on
+    /// another node (unless `nowait`): what the master delivered before the
+    /// cancel reaches the client first.
+    pub(super) fn cancel(&mut self, id: ConnId, ch: ChannelId, tag: &str, nowait: bool) -> bool {
         if self.cancel_reply_to(id, ch, tag) {
-            return;
+            return false;
         }
+        let forwarded = if nowait {
+            None
+        } else {
+            self.forwarded_consumer(id, ch, tag)
+        };
         if let Some((vhost, qname)) = self.remove_consumer(id, ch, tag) {
             self.after_queue_op(&vhost, &qname);
         }
+        let Some((node, cid, rc)) = forwarded else {
+            return false;
+        };
+        self.hold_cancel_ok((id, ch), tag, (node, cid), rc);
+        true
     }
 
     /// Removes consumer `tag` of channel `ch` from its queue (and from the

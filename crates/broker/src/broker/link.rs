@@ -151,6 +151,12 @@ pub enum LinkMsg {
         /// The origin's consumer id.
         cid: u64,
     },
+    /// Master → origin: consumer `cid` is cancelled; every delivery to it
+    /// came before this.
+    CancelOk {
+        /// The origin's consumer id.
+        cid: u64,
+    },
     /// Origin → master: a consumer of `queue` at the origin left while the
     /// queue had no master, so no master heard of it: the master counts it
     /// (an `auto-delete` queue with no consumer left goes).
@@ -410,6 +416,21 @@ struct PendingConsumeOk {
     since_ms: u64,
 }
 
+/// A client's `basic.cancel` of a forwarded consumer whose `cancel-ok`
+/// waits for the master's [`LinkMsg::CancelOk`]: deliveries the master
+/// sent before it still reach the client, as RabbitMQ's channel delivers
+/// what its queue sent before the cancel.
+#[derive(Debug)]
+struct PendingCancelOk {
+    /// The master's node.
+    node: Arc<str>,
+    conn: ConnId,
+    channel: ChannelId,
+    tag: Arc<str>,
+    /// When it was asked: answered anyway after [`COUNT_WAIT_MS`].
+    since_ms: u64,
+}
+
 /// Messages for one node, waiting to be written to its link, past which
 /// the publishers that send through that link wait (flow control): the
 /// node stops reading a link while its queues hold 4,096 forwarded
@@ -439,6 +460,8 @@ pub(crate) struct Links {
     /// Consumes waiting for their master's [`LinkMsg::ConsumeOk`], by
     /// consumer id.
     consume_oks: IdMap<u64, PendingConsumeOk>,
+    /// Cancels waiting for the master's [`LinkMsg::CancelOk`], by consumer id.
+    cancel_oks: IdMap<u64, PendingCancelOk>,
     /// When the masters were last asked for their queues' figures.
     peeked_at_ms: u64,
     /// Master-side internal connections by (origin node, vhost).
@@ -903,17 +926,21 @@ impl Broker {
         let Some(p) = self.links.consume_oks.remove(&cid) else {
             return;
         };
-        if let Some(c) = self.conns.get_mut(&p.conn)
-            && c.channels.contains_key(&p.channel)
+        let reply = Reply::BasicConsumeOk {
+            consumer_tag: p.tag.to_string(),
+        };
+        self.answer_waiting(p.conn, p.channel, reply);
+    }
+
+    /// Sends `reply`, which client `conn` waits for, on channel `ch` if it
+    /// is still open; the client's next commands go on.
+    fn answer_waiting(&mut self, conn: ConnId, ch: ChannelId, reply: Reply) {
+        if let Some(c) = self.conns.get_mut(&conn)
+            && c.channels.contains_key(&ch)
         {
-            c.amqp.reply(
-                p.channel,
-                Reply::BasicConsumeOk {
-                    consumer_tag: p.tag.to_string(),
-                },
-            );
+            c.amqp.reply(ch, reply);
         }
-        self.reply_answered(p.conn);
+        self.reply_answered(conn);
     }
 
     /// The master refused consumer `cid`: it goes, and its client's channel
@@ -965,6 +992,80 @@ impl Broker {
         for cid in late {
             self.answer_consume_ok(cid);
         }
+    }
+
+    /// Holds the `cancel-ok` of consumer `tag` of channel `ch`, whose
+    /// cancel went to the master on `node` as consumer `cid`, until the
+    /// master's [`LinkMsg::CancelOk`]; the deliveries it sent before still
+    /// reach the client.
+    pub(super) fn hold_cancel_ok(
+        &mut self,
+        (conn, channel): (ConnId, ChannelId),
+        tag: &str,
+        (node, cid): (Arc<str>, u64),
+        rc: RemoteConsumer,
+    ) {
+        self.links.consumers.insert(cid, rc);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.reply_waits();
+        }
+        let p = PendingCancelOk {
+            node,
+            conn,
+            channel,
+            tag: Arc::from(tag),
+            since_ms: self.now,
+        };
+        self.links.cancel_oks.insert(cid, p);
+    }
+
+    /// Sends the `cancel-ok` of consumer `cid` if it still waits.
+    fn answer_cancel_ok(&mut self, cid: u64) {
+        let Some(p) = self.links.cancel_oks.remove(&cid) else {
+            return;
+        };
+        self.links.consumers.remove(&cid);
+        let reply = Reply::BasicCancelOk {
+            consumer_tag: p.tag.to_string(),
+        };
+        self.answer_waiting(p.conn, p.channel, reply);
+    }
+
+    /// Answers the cancels that waited [`COUNT_WAIT_MS`] for their master,
+    /// or (`node`) whose master's link is down.
+    pub(crate) fn expire_cancel_oks(&mut self, now_ms: u64, node: Option<&str>) {
+        let late: Vec<u64> = self
+            .links
+            .cancel_oks
+            .iter()
+            .filter(|(_, p)| {
+                now_ms.saturating_sub(p.since_ms) >= COUNT_WAIT_MS || node == Some(&*p.node)
+            })
+            .map(|(cid, _)| *cid)
+            .collect();
+        for cid in late {
+            self.answer_cancel_ok(cid);
+        }
+    }
+
+    /// The master's node, the id and the origin's record of consumer `tag`
+    /// of channel `ch`, if it is forwarded to a master on another node.
+    pub(super) fn forwarded_consumer(
+        &self,
+        id: ConnId,
+        ch: ChannelId,
+        tag: &str,
+    ) -> Option<(Arc<str>, u64, RemoteConsumer)> {
+        let c = self.conns.get(&id)?;
+        let qname = c.channels.get(&ch)?.consumers.get(tag)?;
+        let q = self.vhosts.get(&c.vhost)?.queues.get(qname)?;
+        let node = q.remote.as_ref()?.node()?.clone();
+        let x = q
+            .consumers
+            .iter()
+            .find(|x| x.conn == id && x.channel == ch && &*x.tag == tag)?;
+        let rc = self.links.consumers.get(&x.remote_cid)?.clone();
+        Some((node, x.remote_cid, rc))
     }
 
     /// A consumer of a forwarded queue is gone.
@@ -1734,7 +1835,10 @@ impl Broker {
                 if let Some(pc) = self.links.conns.get(&(from.to_owned(), vhost)).copied() {
                     cancelled.extend(self.remove_consumer(pc, LINK_CHANNEL, &cid.to_string()));
                 }
+                // After every delivery to it, on the same link.
+                self.links.send(from, LinkMsg::CancelOk { cid });
             }
+            LinkMsg::CancelOk { cid } => self.answer_cancel_ok(cid),
             LinkMsg::ConsumerLeft { vhost, queue } => {
                 // Counted now if this node serves the queue; else passed to
                 // the master this node knows next (it may not yet know it
@@ -1854,6 +1958,10 @@ impl Broker {
             } => self.link_deliver(from, cid, tag, redelivered, &vhost, &meta, &body),
             LinkMsg::ConsumeOk { cid } => self.answer_consume_ok(cid),
             LinkMsg::Cancelled { cid } => {
+                // Its client cancelled it already: its cancel-ok follows.
+                if self.links.cancel_oks.contains_key(&cid) {
+                    return;
+                }
                 // Told it exists before it is told it is gone.
                 self.answer_consume_ok(cid);
                 if let Some(rc) = self.links.consumers.remove(&cid)
@@ -1974,15 +2082,17 @@ impl Broker {
             let Some(chan) = c.channels.get_mut(&rc.channel) else {
                 return false;
             };
-            if !chan.consumers.contains_key(&rc.tag) {
+            let cancelling = self.links.cancel_oks.contains_key(&cid);
+            if !chan.consumers.contains_key(&rc.tag) && !cancelling {
                 return false;
             }
             chan.next_tag += 1;
             let dtag = chan.next_tag;
             let node: Arc<str> = Arc::from(from);
             // Under the channel's global prefetch: sent as far as it has
-            // room, behind what it holds already (`release_held`).
-            let hold = !rc.no_ack && chan.global_prefetch != 0;
+            // room, behind what it holds already (`release_held`); a
+            // cancelled consumer's last deliveries go at once.
+            let hold = !rc.no_ack && chan.global_prefetch != 0 && !cancelling;
             if !rc.no_ack {
                 chan.unacked.insert(
                     dtag,
@@ -2072,6 +2182,7 @@ impl Broker {
             b.now = now_ms;
             b.current = 0;
             b.drop_origin_state(node);
+            b.expire_cancel_oks(now_ms, Some(node));
             if renumber {
                 b.renumber_consumers(node);
             }
