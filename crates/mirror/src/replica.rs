@@ -372,6 +372,13 @@ pub struct Replica {
     outputs: VecDeque<Output>,
     held: HeldPublishes,
     synced_members: BTreeSet<MemberId>,
+    /// The synchronised members the ring confirmed carrying the master's
+    /// announcement of (`Body::SyncedSet`) to every member: only those go
+    /// into the queue record, so a mirror the record names synchronised
+    /// knows it, and can take over from a master that hands over on it.
+    announced: BTreeSet<MemberId>,
+    /// Announcements on their way round: (broadcast seq, members).
+    announcing: VecDeque<(Seq, BTreeSet<MemberId>)>,
     // Master.
     out_ops: Vec<Op>,
     out_pubs: Vec<PublishId>,
@@ -519,6 +526,8 @@ impl Replica {
             outputs: VecDeque::new(),
             held: HeldPublishes::new(),
             synced_members: BTreeSet::new(),
+            announced: BTreeSet::new(),
+            announcing: VecDeque::new(),
             out_ops: Vec::new(),
             out_pubs: Vec::new(),
             out_bytes: 0,
@@ -1202,7 +1211,17 @@ impl Replica {
     /// The ring confirmed this replica's broadcasts up to `up_to`.
     pub fn handle_confirm(&mut self, up_to: Seq) {
         self.gm_confirmed = self.gm_confirmed.max(up_to);
+        let mut announced = None;
+        while let Some((seq, _)) = self.announcing.front()
+            && *seq <= self.gm_confirmed
+        {
+            announced = self.announcing.pop_front().map(|(_, set)| set);
+        }
         if self.role == Role::Master {
+            if let Some(set) = announced {
+                self.announced = set;
+                self.reconcile_record();
+            }
             // Room for the next sync batch.
             self.send_sync_batch();
         }
@@ -1538,6 +1557,8 @@ impl Replica {
     fn announce_synced(&mut self) {
         let members = self.synced_members.iter().copied().collect();
         self.push_msg(Body::SyncedSet(members));
+        self.announcing
+            .push_back((self.broadcasts, self.synced_members.clone()));
     }
 
     fn unsynced_mirrors(&self) -> BTreeSet<MemberId> {
@@ -1576,7 +1597,7 @@ impl Replica {
         let synced_nodes: BTreeSet<String> = self
             .synced_members
             .iter()
-            .filter(|m| self.view.is_alive(**m))
+            .filter(|m| self.view.is_alive(**m) && self.announced.contains(*m))
             .filter_map(|m| self.node_of(*m))
             .collect();
         let synchronised = mirrors
@@ -2097,6 +2118,8 @@ impl Replica {
         let view = &self.view;
         self.synced_members
             .retain(|m| *m != me && view.is_alive(*m));
+        // Every mirror knew these synchronised under the old master.
+        self.announced = self.synced_members.clone();
         self.push_msg(Body::Master);
         self.announce_synced();
         // Every delivered but unacked message goes back, redelivered.

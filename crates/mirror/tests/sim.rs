@@ -429,7 +429,34 @@ impl Sim {
             Output::ProposeRecord {
                 expected_version,
                 view,
-            } => self.proposals.push_back((i, expected_version, view)),
+            } => {
+                // A mirror the master newly counts synchronised knows it
+                // already (the ring carried the master's announcement): a
+                // master that hands over on this record leaves a mirror
+                // that can take over.
+                // (Its members that the master counts: a node restarted
+                // since runs a new member, which the master does not.)
+                let counted = self.nodes[i].replica.status().synced_members;
+                for n in view
+                    .synchronised
+                    .iter()
+                    .filter(|n| !self.record.synchronised.contains(*n))
+                {
+                    let knows = self
+                        .nodes
+                        .iter()
+                        .filter(|x| x.alive && x.name == *n)
+                        .filter(|x| counted.contains(&x.member.id()))
+                        .all(|x| x.replica.status().synchronised);
+                    if self.nodes[i].replica.role() == Role::Master && !knows {
+                        self.check.violations.push(format!(
+                            "{} proposed {n} synchronised before {n} knew it",
+                            self.nodes[i].name
+                        ));
+                    }
+                }
+                self.proposals.push_back((i, expected_version, view));
+            }
             Output::Confirmed(ids) => {
                 for id in ids {
                     self.check.pending.remove(&id.seq);
