@@ -63,9 +63,9 @@ fetch() {
 }
 
 wait_port() {
-    i=0
+    w=0
     until "$PY" -c "import socket; socket.create_connection(('${2:-127.0.0.1}', $1), 1)" 2>/dev/null; do
-        i=$((i + 1)); [ $i -lt 120 ] || { echo "nothing on port $1" >&2; exit 1; }
+        w=$((w + 1)); [ $w -lt 120 ] || { echo "nothing on port $1" >&2; exit 1; }
         sleep 1
     done
 }

@@ -435,6 +435,8 @@ pub struct Replica {
     /// takes no new publish or fetch and stops once what it took is
     /// confirmed.
     draining_since: Option<u64>,
+    /// A draining master told its mirrors it stops (`Body::Stopping`).
+    stopping_sent: bool,
 }
 
 impl std::fmt::Debug for Replica {
@@ -556,6 +558,7 @@ impl Replica {
             refused: 0,
             isolated: false,
             draining_since: None,
+            stopping_sent: false,
             storage_failed: false,
         }
     }
@@ -1139,7 +1142,9 @@ impl Replica {
     /// confirmed.
     fn end_stop(&mut self) {
         if self.role == Role::Master {
-            self.push_msg(Body::Stopping);
+            if !self.stopping_sent {
+                self.push_msg(Body::Stopping);
+            }
             self.fail_pending();
         }
         self.role = Role::Stopped;
@@ -1468,7 +1473,22 @@ impl Replica {
             }
         }
         if self.draining_since.is_some() && self.confirms.is_empty() && self.fetches.is_empty() {
-            self.end_stop();
+            self.finish_drain();
+        }
+    }
+
+    /// A draining master with nothing left to confirm or hand out tells its
+    /// mirrors it stops, and stops once the ring has confirmed everything it
+    /// broadcast: the settlements of its last deliveries too (a no-ack
+    /// delivery's ack, made as the broker hands the message out, after
+    /// this), which a promoted mirror would otherwise deliver again.
+    fn finish_drain(&mut self) {
+        if !self.stopping_sent {
+            self.stopping_sent = true;
+            self.push_msg(Body::Stopping);
+        }
+        if self.out_ops.is_empty() && self.gm_confirmed >= self.broadcasts {
+            self.role = Role::Stopped;
         }
     }
 

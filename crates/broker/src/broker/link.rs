@@ -399,6 +399,12 @@ impl PendingCount {
 /// [`LinkMsg::ConsumeOk`] before its consume-ok goes anyway.
 const COUNT_WAIT_MS: u64 = 5_000;
 
+/// How long work from the node this node takes for a queue's master waits
+/// for this node to hear of the move (`Broker::note_stale_master`): the
+/// metadata reaches every node within milliseconds, and if this node was
+/// right after all, the work goes to that node then.
+const STALE_MASTER_MS: u64 = 250;
+
 /// The node a declare held for a queue's next master waits on
 /// ([`Broker::hold_count`]): none yet.
 const NO_MASTER: &str = "";
@@ -498,6 +504,17 @@ impl Elsewhere {
 }
 
 impl Links {
+    /// Whether a declare or a get of queue `name` waits for its next master
+    /// (`hold_count`, `link_get`).
+    pub(super) fn wait_for_master(&self, vhost: &str, name: &str) -> bool {
+        self.gets
+            .values()
+            .any(|g| &*g.node == NO_MASTER && g.vhost == vhost && &*g.queue == name)
+            || self
+                .counts
+                .values()
+                .any(|p| &*p.node == NO_MASTER && p.vhost == vhost && p.queue == name)
+    }
     pub(super) fn send(&mut self, node: &str, msg: LinkMsg) {
         self.out.entry(node.to_owned()).or_default().push(msg);
         if let Some(w) = &self.waker {
@@ -667,6 +684,7 @@ impl Broker {
         }
         q.handed_over = false;
         q.held_for_replica = false;
+        q.stale_master = None;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
         q.remote_figures = None;
@@ -679,7 +697,7 @@ impl Broker {
         // Publishes held for the next master go first: declares waiting
         // for its counts then count them.
         self.unpark(vhost, name);
-        self.redirect_counts(vhost, name, master);
+        self.redirect_counts(vhost, name, master, false);
         self.redirect_gets(vhost, name, master);
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
@@ -1165,6 +1183,9 @@ impl Broker {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.reply_waits();
         }
+        // The tick looks at it until a master takes it (`unpark_all`).
+        self.parked_queues
+            .insert((vhost.to_owned(), Arc::from(queue)));
         let p = PendingCount {
             what: Asked::Declare,
             node: Arc::from(NO_MASTER),
@@ -1229,12 +1250,19 @@ impl Broker {
 
     /// Declares of queue `name` waiting for counts follow its master to
     /// `master` (asked there again), or are answered here if it is this node.
-    fn redirect_counts(&mut self, vhost: &str, name: &str, master: Option<&str>) {
+    pub(super) fn redirect_counts(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        master: Option<&str>,
+        only_held: bool,
+    ) {
         let waiting: Vec<u64> = self
             .links
             .counts
             .iter()
             .filter(|(_, p)| p.vhost == vhost && p.queue == name)
+            .filter(|(_, p)| !only_held || &*p.node == NO_MASTER)
             .map(|(req, _)| *req)
             .collect();
         for req in waiting {
@@ -1412,6 +1440,8 @@ impl Broker {
             },
         );
         if &*node == NO_MASTER {
+            // The tick looks at it until a master takes it (`unpark_all`).
+            self.parked_queues.insert((vhost.to_owned(), queue.clone()));
             return;
         }
         let msg = LinkMsg::Get {
@@ -1421,6 +1451,21 @@ impl Broker {
             no_ack,
         };
         self.links.send(&node, msg);
+    }
+
+    /// Work for queue `queue` came from node `from`: if this node takes
+    /// `from` for the master, `from` has seen the master move and this node
+    /// not yet, so the work waits here for the move instead of going back
+    /// ([`Queue::stale_master`](super::state::Queue)).
+    fn note_stale_master(&mut self, from: &str, vhost: &str, queue: &str) {
+        let until = self.now + STALE_MASTER_MS;
+        if let Some(q) = self.queue_mut(vhost, queue)
+            && q.remote.as_ref().is_some_and(|at| at.is(from))
+            && q.stale_master.is_none()
+        {
+            tracing::debug!(%vhost, %queue, node = %from, "work from the node taken for the master: held until the move is known");
+            q.stale_master = Some((Arc::from(from), until));
+        }
     }
 
     /// Sends the gets of queue `name` held while it had no master
@@ -1743,6 +1788,7 @@ impl Broker {
                     expiration_ms,
                     priority,
                 };
+                self.note_stale_master(from, &vhost, &queue);
                 let owed = confirm.then_some((pc, LINK_CHANNEL, id));
                 let Ok(pending) = self.enqueue(&vhost, &target, &msg, owed) else {
                     if confirm {
@@ -1869,20 +1915,11 @@ impl Broker {
                 req,
                 no_ack,
             } => {
-                // The asking node is the master as this node knows it (one
-                // of them has not seen a move yet): passed back, the get
-                // would go round between them.
-                let back = self
-                    .vhosts
-                    .get(&vhost)
-                    .and_then(|v| v.queues.get(queue.as_str()))
-                    .and_then(|q| q.remote.as_ref())
-                    .is_some_and(|at| at.is(from));
-                let pc = self.link_conn(from, &vhost).filter(|_| !back);
-                let Some(pc) = pc else {
+                let Some(pc) = self.link_conn(from, &vhost) else {
                     self.links.send(from, LinkMsg::GetReply { req, msg: None });
                     return;
                 };
+                self.note_stale_master(from, &vhost, &queue);
                 if let Some(l) = self.conns.get_mut(&pc).and_then(|c| c.link.as_mut()) {
                     l.gets.push_back(req);
                 }

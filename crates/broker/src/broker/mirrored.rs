@@ -966,6 +966,7 @@ impl Broker {
         // The connections whose gets were answered (they go on reading).
         let mut answered = Vec::new();
         let mut want_sync = m.replica.awaits_storage_sync();
+        let mut promoted = false;
         // Outputs until there are none: handing out fetches makes room in
         // consumers' windows, the new fetches make broadcasts.
         loop {
@@ -1059,6 +1060,7 @@ impl Broker {
                     Output::Promoted { epoch, held } => {
                         tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
                         want_sync = true;
+                        promoted = true;
                         // x-expires counts from the takeover, once other
                         // nodes' consumers had time to find it.
                         q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
@@ -1111,6 +1113,10 @@ impl Broker {
         }
         for conn in answered {
             self.reply_answered(conn);
+        }
+        // What waited for a master meanwhile (publishes, declares, gets).
+        if promoted {
+            self.unpark(vhost, &qname);
         }
     }
 

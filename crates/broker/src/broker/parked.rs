@@ -10,6 +10,12 @@
 //! the messages of a deleted queue); a queue that stays without a master
 //! for [`PARK_LIMIT_MS`], or more than [`PARK_MAX_BYTES`] held, nacks them
 //! (the publisher resends).
+//!
+//! Other work on such a queue waits likewise, in `link.rs`: a declare for
+//! the next master's counts (`hold_count`), a get for the next master
+//! (`link_get` with no node, sent on by `redirect_gets`), both after the
+//! held publishes; a consumer that leaves meanwhile is told to the next
+//! master (`consumer_left_unseen`, for auto-delete).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -79,7 +85,7 @@ impl Queue {
     pub(super) fn takes_publishes(&self) -> bool {
         match &self.remote {
             Some(Elsewhere::Nowhere) => false,
-            Some(Elsewhere::Node(_)) => true,
+            Some(Elsewhere::Node(n)) => !self.master_is_stale(n),
             None => match &self.store {
                 Store::Replica(m) => m.replica.takes_publishes(),
                 Store::Local(_) => true,
@@ -87,13 +93,22 @@ impl Queue {
         }
     }
 
+    /// Whether master `node`, as this node knows it, has sent work for the
+    /// queue here ([`Queue::stale_master`]).
+    fn master_is_stale(&self, node: &str) -> bool {
+        self.stale_master
+            .as_ref()
+            .is_some_and(|(n, _)| &**n == node)
+    }
+
     /// Whether it has no master right now: handed over with no successor
-    /// named yet, or its master here is draining.
+    /// named yet, or its replica here is not a working master.
     pub(super) fn between_masters(&self) -> bool {
         match &self.remote {
             Some(Elsewhere::Nowhere) => true,
-            Some(Elsewhere::Node(_)) => false,
-            None => matches!(&self.store, Store::Replica(m) if m.replica.draining()),
+            Some(Elsewhere::Node(n)) => self.master_is_stale(n),
+            // Draining, just stopped, or a mirror not yet promoted.
+            None => matches!(&self.store, Store::Replica(m) if !m.replica.takes_publishes()),
         }
     }
 }
@@ -129,10 +144,23 @@ impl Broker {
                 .retain(|(v, n)| !(v == vhost && &**n == name));
             return;
         };
+        // Heard of no move in time: the master this node knows is taken
+        // at its word again.
+        if q.stale_master
+            .as_ref()
+            .is_some_and(|(_, until)| now >= *until)
+        {
+            q.stale_master = None;
+        }
         let qname = q.name.clone();
+        let waiting = self.links.wait_for_master(vhost, name);
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
         let mut settled = false;
         if q.takes_publishes() {
             let here = q.remote.is_none();
+            let master = q.remote.as_ref().and_then(Elsewhere::node).cloned();
             let held = std::mem::take(&mut q.parked);
             self.parked_queues
                 .remove(&(vhost.to_owned(), qname.clone()));
@@ -164,6 +192,9 @@ impl Broker {
             if here {
                 self.answer_held_counts(vhost, name);
                 self.redirect_gets(vhost, name, None);
+            } else if let Some(m) = master {
+                self.redirect_counts(vhost, name, Some(&m), true);
+                self.redirect_gets(vhost, name, Some(&m));
             }
         } else {
             let mut late = Vec::new();
@@ -176,7 +207,7 @@ impl Broker {
                 q.parked.bytes -= h.msg.meta.len() + h.msg.body.len();
                 late.extend(h.confirm);
             }
-            if q.parked.is_empty() {
+            if q.parked.is_empty() && !waiting {
                 self.parked_queues
                     .remove(&(vhost.to_owned(), qname.clone()));
             }

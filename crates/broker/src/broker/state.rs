@@ -126,6 +126,12 @@ pub(super) struct Queue {
     /// one is told ([`LinkMsg::ConsumerLeft`](super::LinkMsg::ConsumerLeft)), or this
     /// node counts it once it serves the queue, for `auto-delete`.
     pub(super) consumer_left_unseen: bool,
+    /// The node this node takes for the queue's master sent it work for the
+    /// queue (a publish or a get), so that node has seen the master move and
+    /// this one has not yet: until this node hears of the move, or the
+    /// deadline (ms) passes, such work waits here as between masters instead
+    /// of going back and forth between the two.
+    pub(super) stale_master: Option<(Arc<str>, u64)>,
     pub(super) dlx: Option<String>,
     pub(super) dlrk: Option<String>,
     pub(super) expires_ms: Option<u64>,

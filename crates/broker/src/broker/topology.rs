@@ -110,6 +110,7 @@ impl Broker {
             active: None,
             had_consumers: false,
             consumer_left_unseen: false,
+            stale_master: None,
             dlx: args.dlx,
             dlrk: args.dlrk,
             expires_ms: args.expires_ms,

@@ -812,31 +812,57 @@ fn a_get_forwarded_on_to_a_new_master_is_answered_to_the_node_that_asked() {
 }
 
 /// Two nodes that each take the other for a queue's master (one has not
-/// seen a move yet) do not pass a `basic.get` back and forth: the node asked
-/// by the one it would forward to answers it empty.
+/// seen a move yet) do not pass work back and forth: a publish and a get
+/// from the node this one takes for the master wait here, in order, until
+/// this node hears of the move, and are made here if this node is the
+/// master now. Before, the publish went back and the get was made first
+/// (found nothing) or answered empty. If no move comes in 250 ms, this
+/// node was right: the work goes to that node.
 #[test]
-fn a_get_from_the_node_taken_for_the_master_is_answered_empty() {
+fn work_from_the_node_taken_for_the_master_waits_for_the_move() {
     let (node, mut c) = Node::session();
     c.queue(1, "q");
     node.with_broker(|b| b.set_queue_master("/", "q", Some("n2")));
     let _ = node.with_broker(warren_broker::Broker::take_link_out);
-    let get = LinkMsg::Get {
+    let get = |req| LinkMsg::Get {
         vhost: "/".into(),
         queue: "q".into(),
-        req: 3,
+        req,
         no_ack: true,
     };
-    node.with_broker(|b| b.link_input("n2", vec![get], START_MS));
+    let publish = |id| LinkMsg::Publish {
+        vhost: "/".into(),
+        queue: "q".into(),
+        id,
+        confirm: true,
+        meta: bytes::Bytes::new(),
+        body: bytes::Bytes::from("m"),
+        persistent: false,
+        expiration_ms: None,
+        priority: 0,
+    };
+    node.with_broker(|b| b.link_input("n2", vec![publish(1), get(3)], START_MS));
+    assert_eq!(sent_to(&node, "n2"), [], "neither made nor passed back");
+    // This node serves the queue after all: the publish, then the get.
+    node.with_broker(|b| b.set_queue_master("/", "q", None));
     let replies = sent_to(&node, "n2");
     assert!(
-        replies
-            .iter()
-            .any(|m| matches!(m, LinkMsg::GetReply { req: 3, msg: None })),
+        matches!(
+            &replies[..],
+            [LinkMsg::Confirmed { .. }, LinkMsg::GetReply { req: 3, msg: Some(m) }] if m.3 == "m"
+        ),
         "{replies:?}"
     );
+    // No move heard in 250 ms: the work goes to the node after all.
+    node.with_broker(|b| b.set_queue_master("/", "q", Some("n2")));
+    node.with_broker(|b| b.link_input("n2", vec![publish(2), get(4)], START_MS));
+    node.tick(START_MS + 200);
+    assert_eq!(sent_to(&node, "n2"), []);
+    node.tick(START_MS + 250);
+    let sent = sent_to(&node, "n2");
     assert!(
-        !replies.iter().any(|m| matches!(m, LinkMsg::Get { .. })),
-        "{replies:?}"
+        matches!(&sent[..], [LinkMsg::Publish { .. }, LinkMsg::Get { .. }]),
+        "{sent:?}"
     );
 }
 
