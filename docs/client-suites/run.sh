@@ -164,9 +164,11 @@ start_rabbitmq() {
 }
 
 # Three RabbitMQ nodes (suites1..3@localhost; node 1 with the listeners of
-# `start_rabbitmq`, nodes 2 and 3 on 5673 and 5674) joined in one cluster,
+# `start_rabbitmq`, nodes 2 and 3 on 5692 and 5693: lapin's tests expect
+# 5673 closed) joined in one cluster,
 # with the same policy as `start_warren_cluster`: the comparison for its runs.
 start_rabbitmq_cluster() {
+    port() { if [ "$1" = 1 ]; then echo 5672; else echo $((5690 + $1)); fi; }
     d=$SUITES/rabbitmq-cluster && rm -rf "$d" && mkdir -p "$d"
     printf 'WARRENSUITES%s' "$$" > "$d/.erlang.cookie" && chmod 400 "$d/.erlang.cookie"
     for i in 1 2 3; do
@@ -178,16 +180,16 @@ start_rabbitmq_cluster() {
             printf 'management.tcp.port = 15672\nmanagement.tcp.ip = 127.0.0.1\n' >> "$d/node$i/rabbitmq.conf"
             echo '[rabbitmq_management].' > "$d/node$i/enabled_plugins"
         else
-            echo "listeners.tcp.default = 127.0.0.1:$((5671 + i))" > "$d/node$i/rabbitmq.conf"
+            echo "listeners.tcp.default = 127.0.0.1:$(port $i)" > "$d/node$i/rabbitmq.conf"
             echo '[rabbitmq_management_agent].' > "$d/node$i/enabled_plugins"
         fi
-        env RABBITMQ_NODENAME=suites$i@localhost RABBITMQ_NODE_PORT=$((5671 + i)) \
+        env RABBITMQ_NODENAME=suites$i@localhost RABBITMQ_NODE_PORT="$(port $i)" \
             RABBITMQ_DIST_PORT=$((25811 + i)) RABBITMQ_MNESIA_BASE="$d/node$i/mnesia" \
             RABBITMQ_LOG_BASE="$d/node$i/log" RABBITMQ_CONFIG_FILE="$d/node$i/rabbitmq" \
             RABBITMQ_ENABLED_PLUGINS_FILE="$d/node$i/enabled_plugins" \
             HOME="$d" /usr/lib/rabbitmq/bin/rabbitmq-server > "$d/node$i/stdout" 2>&1 &
         echo $! > "$d/pid$i"
-        wait_port $((5671 + i))
+        wait_port "$(port $i)"
         if [ $i != 1 ]; then
             for a in stop_app "join_cluster suites1@localhost" start_app; do
                 # shellcheck disable=SC2086
