@@ -634,14 +634,16 @@ impl Broker {
         } else {
             self.forwarded_consumer(id, ch, tag)
         };
+        // Held first: the cancel sent to the master keeps the origin's
+        // record of the consumer until the master's answer.
+        let waits = forwarded.is_some();
+        if let Some(f) = forwarded {
+            self.hold_cancel_ok((id, ch), tag, f);
+        }
         if let Some((vhost, qname)) = self.remove_consumer(id, ch, tag) {
             self.after_queue_op(&vhost, &qname);
         }
-        let Some((node, cid, rc)) = forwarded else {
-            return false;
-        };
-        self.hold_cancel_ok((id, ch), tag, (node, cid), rc);
-        true
+        waits
     }
 
     /// Removes consumer `tag` of channel `ch` from its queue (and from the

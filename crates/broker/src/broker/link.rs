@@ -1021,9 +1021,7 @@ impl Broker {
         (conn, channel): (ConnId, ChannelId),
         tag: &str,
         (node, cid): (Arc<str>, u64),
-        rc: RemoteConsumer,
     ) {
-        self.links.consumers.insert(cid, rc);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.reply_waits();
         }
@@ -1066,14 +1064,14 @@ impl Broker {
         }
     }
 
-    /// The master's node, the id and the origin's record of consumer `tag`
-    /// of channel `ch`, if it is forwarded to a master on another node.
+    /// The master's node and the id of consumer `tag` of channel `ch`, if
+    /// it is forwarded to a master on another node.
     pub(super) fn forwarded_consumer(
         &self,
         id: ConnId,
         ch: ChannelId,
         tag: &str,
-    ) -> Option<(Arc<str>, u64, RemoteConsumer)> {
+    ) -> Option<(Arc<str>, u64)> {
         let c = self.conns.get(&id)?;
         let qname = c.channels.get(&ch)?.consumers.get(tag)?;
         let q = self.vhosts.get(&c.vhost)?.queues.get(qname)?;
@@ -1082,13 +1080,23 @@ impl Broker {
             .consumers
             .iter()
             .find(|x| x.conn == id && x.channel == ch && &*x.tag == tag)?;
-        let rc = self.links.consumers.get(&x.remote_cid)?.clone();
-        Some((node, x.remote_cid, rc))
+        self.links
+            .consumers
+            .contains_key(&x.remote_cid)
+            .then_some((node, x.remote_cid))
     }
 
     /// A consumer of a forwarded queue is gone.
+    /// While its cancel-ok waits for the master ([`Self::hold_cancel_ok`])
+    /// the origin keeps its record: the master's last deliveries to it
+    /// still reach the client.
     pub(super) fn link_cancel(&mut self, to: &Elsewhere, vhost: &str, cid: u64) {
-        if self.links.consumers.remove(&cid).is_some() {
+        let known = if self.links.cancel_oks.contains_key(&cid) {
+            self.links.consumers.contains_key(&cid)
+        } else {
+            self.links.consumers.remove(&cid).is_some()
+        };
+        if known {
             let msg = LinkMsg::Cancel {
                 vhost: vhost.to_owned(),
                 cid,
@@ -1171,7 +1179,7 @@ impl Broker {
     /// Holds a client's `queue.declare` of a queue with no master right now
     /// (or with publishes held for the next one, `parked`) until the next
     /// master is named (`redirect_counts` asks it, after the held
-    /// publishes) or this node serves it (`answer_held_counts`); after
+    /// publishes) or this node serves it (`redirect_counts`); after
     /// [`COUNT_WAIT_MS`] this node's counts answer it.
     pub(super) fn hold_count(
         &mut self,
@@ -1196,21 +1204,6 @@ impl Broker {
             since_ms: self.now,
         };
         self.links.counts.insert(req, p);
-    }
-
-    /// Answers with this node's counts the declares of queue `name` that
-    /// [`Self::hold_count`] held, now that this node serves it.
-    pub(super) fn answer_held_counts(&mut self, vhost: &str, name: &str) {
-        let held: Vec<PendingCount> = self
-            .links
-            .counts
-            .extract_if(|_, p| &*p.node == NO_MASTER && p.vhost == vhost && p.queue == name)
-            .map(|(_, p)| p)
-            .collect();
-        for p in held {
-            let (ready, consumers) = self.queue_counts(vhost, name);
-            self.answer_count(p, ready, consumers);
-        }
     }
 
     /// Answers request `req` of node `to` with queue `queue`'s counts (the
@@ -1249,7 +1242,8 @@ impl Broker {
     }
 
     /// Declares of queue `name` waiting for counts follow its master to
-    /// `master` (asked there again), or are answered here if it is this node.
+    /// `master` (asked there again), or are answered here if it is this node;
+    /// with `only_held`, only those held while it had no master.
     pub(super) fn redirect_counts(
         &mut self,
         vhost: &str,

@@ -159,7 +159,6 @@ impl Broker {
         };
         let mut settled = false;
         if q.takes_publishes() {
-            let here = q.remote.is_none();
             let master = q.remote.as_ref().and_then(Elsewhere::node).cloned();
             let held = std::mem::take(&mut q.parked);
             self.parked_queues
@@ -187,15 +186,10 @@ impl Broker {
             for (conn, ch, cseq) in std::mem::replace(&mut self.deferred_nacks, outer) {
                 nack_one(&mut self.conns, conn, ch, cseq);
             }
-            // Declares held meanwhile: served here now, they count what
-            // just went in (the next master's node answers its own).
-            if here {
-                self.answer_held_counts(vhost, name);
-                self.redirect_gets(vhost, name, None);
-            } else if let Some(m) = master {
-                self.redirect_counts(vhost, name, Some(&m), true);
-                self.redirect_gets(vhost, name, Some(&m));
-            }
+            // Declares and gets held meanwhile, after what just went in: to
+            // the master, or (`None`) answered here.
+            self.redirect_counts(vhost, name, master.as_deref(), true);
+            self.redirect_gets(vhost, name, master.as_deref());
         } else {
             let mut late = Vec::new();
             while let Some(h) = q.parked.held.front()
