@@ -38,6 +38,21 @@ pub trait MetadataSource: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// Whether this node sees a majority of the cluster (false: it is cut
     /// off in a minority, and its masters fail their publishes fast).
     fn majority(&self) -> watch::Receiver<bool>;
+    /// [`local`](Self::local) with a number that grows with every change
+    /// it reflects (the Raft log index), for [`replayed`](Self::replayed).
+    fn local_at(&self) -> (Arc<Metadata>, u64) {
+        let version = *self.changes().borrow();
+        (self.local(), version)
+    }
+    /// Tells the metadata that this node's broker has taken in everything
+    /// up to `index` (from [`local_at`](Self::local_at)), which
+    /// [`write_everywhere`](Self::write_everywhere) waits for.
+    fn replayed(&self, _index: u64) {}
+    /// [`write`](Self::write), answered once every member up has taken
+    /// the change in (or a bounded wait for one has passed).
+    async fn write_everywhere(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        self.write(cmd).await
+    }
 }
 
 #[async_trait]
@@ -72,6 +87,18 @@ impl MetadataSource for Cluster {
 
     fn majority(&self) -> watch::Receiver<bool> {
         Cluster::majority(self)
+    }
+
+    fn local_at(&self) -> (Arc<Metadata>, u64) {
+        Cluster::local_at(self)
+    }
+
+    fn replayed(&self, index: u64) {
+        Cluster::replayed(self, index);
+    }
+
+    async fn write_everywhere(&self, cmd: Command) -> Result<Outcome, ClusterError> {
+        Cluster::write_everywhere(self, cmd).await
     }
 }
 

@@ -12,7 +12,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::Shared;
+use crate::shards::Shards;
+
 use crate::client::serve;
 use crate::config::Tls;
 use crate::sockets::ClientSockets;
@@ -25,7 +26,7 @@ const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 pub(crate) async fn start(
     addr: SocketAddr,
     tls: &Tls,
-    broker: Shared,
+    shards: Shards,
     running: Arc<AtomicBool>,
     sockets: ClientSockets,
 ) -> anyhow::Result<SocketAddr> {
@@ -66,7 +67,7 @@ pub(crate) async fn start(
             };
             let socket = socket.hold();
             let _ = stream.set_nodelay(true);
-            let (acceptor, broker, running) = (acceptor.clone(), broker.clone(), running.clone());
+            let (acceptor, broker, running) = (acceptor.clone(), shards.pick(), running.clone());
             tokio::spawn(async move {
                 // As long as an AMQP handshake may take: a silent or slow
                 // client does not hold a task and a socket for ever.

@@ -11,8 +11,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use warren_management::{ClusterFuture, NodeControl};
 
+use crate::lock;
+use crate::shards::Shards;
 use crate::sockets::{ClientSockets, HeldSocket};
-use crate::{Shared, lock};
 
 /// What the API asks of the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +178,7 @@ impl App {
     /// the caller to carry out.
     pub(crate) async fn handle(
         &mut self,
-        broker: &Shared,
+        shards: &Shards,
         r: Request,
         reply: Reply,
     ) -> Option<Exit> {
@@ -197,7 +198,9 @@ impl App {
             Request::StopApp => {
                 self.listener = None;
                 self.running.store(false, Ordering::SeqCst);
-                lock(broker).close_all("broker shutdown");
+                for broker in shards.all() {
+                    lock(broker).close_all("broker shutdown");
+                }
                 tracing::info!("application stopped: AMQP listener closed");
                 Ok(())
             }

@@ -47,6 +47,7 @@ use warren_transport::{ClusterSecret, NodeName, PeerAddr, Transport, TransportCo
 
 use crate::app::AppControl;
 use crate::mirroring::Mirroring;
+use warren_mirror_driver::MetadataSource;
 
 /// The clustering part of the command line.
 #[derive(Debug, Clone, Args)]
@@ -342,7 +343,10 @@ fn peer_transports(
 
 /// A node that ran alone and now starts a new cluster brings its durable
 /// entities along: `metadata.json` is committed to the cluster once.
-async fn import_file_store(cluster: &Cluster, file: &Path) -> anyhow::Result<()> {
+pub(crate) async fn import_file_store<S: MetadataSource>(
+    cluster: &S,
+    file: &Path,
+) -> anyhow::Result<()> {
     let defs = warren_broker::meta::FileStore::open(file)?.load();
     let node = cluster.node().to_string();
     let mut changes: Vec<Change> = Vec::new();
@@ -375,14 +379,14 @@ const NO_MAJORITY_WAIT: Duration = Duration::from_secs(2);
 /// change is committed by a majority (and applied on this node, so a replay
 /// never sees older metadata than the broker already has) before
 /// [`MetadataStore::apply`] returns.
-pub(crate) struct ClusterStore {
-    cluster: Cluster,
+pub(crate) struct ClusterStore<S: MetadataSource = Cluster> {
+    cluster: S,
     rt: tokio::runtime::Handle,
     replaying: Arc<AtomicBool>,
     node: String,
 }
 
-impl std::fmt::Debug for ClusterStore {
+impl<S: MetadataSource> std::fmt::Debug for ClusterStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterStore")
             .field("node", &self.node)
@@ -390,14 +394,10 @@ impl std::fmt::Debug for ClusterStore {
     }
 }
 
-impl ClusterStore {
+impl<S: MetadataSource> ClusterStore<S> {
     /// A store over `cluster`, whose tasks run on `rt`. While `replaying` is
     /// set, changes are not written (they come from the cluster).
-    pub(crate) fn new(
-        cluster: Cluster,
-        rt: tokio::runtime::Handle,
-        replaying: Arc<AtomicBool>,
-    ) -> Self {
+    pub(crate) fn new(cluster: S, rt: tokio::runtime::Handle, replaying: Arc<AtomicBool>) -> Self {
         let node = cluster.node().to_string();
         Self {
             cluster,
@@ -432,7 +432,7 @@ const TIMED_OUT: &str = "the cluster did not answer in time (no majority?)";
 /// within seconds. (Only shortened, not refused at once: under load the
 /// detector can miss a majority that Raft still has, and the change then
 /// goes through in milliseconds.)
-async fn commit(cluster: &Cluster, cmds: Vec<Command>) -> Result<(), String> {
+async fn commit<S: MetadataSource>(cluster: &S, cmds: Vec<Command>) -> Result<(), String> {
     bounded(cluster, async {
         for cmd in cmds {
             let deleting = is_delete(&cmd);
@@ -462,7 +462,10 @@ fn settled(deleting: bool, e: ClusterError) -> Result<(), String> {
 /// Commits the commands of several client commands as one log entry
 /// ([`Command::Batch`]: each applied as if on its own, in order), bounded as
 /// [`commit`] is; the result of each.
-async fn commit_together(cluster: &Cluster, cmds: Vec<Command>) -> Vec<Result<(), String>> {
+async fn commit_together<S: MetadataSource>(
+    cluster: &S,
+    cmds: Vec<Command>,
+) -> Vec<Result<(), String>> {
     let n = cmds.len();
     let deleting: Vec<bool> = cmds.iter().map(is_delete).collect();
     let mut each = Vec::with_capacity(n);
@@ -490,8 +493,8 @@ async fn commit_together(cluster: &Cluster, cmds: Vec<Command>) -> Vec<Result<()
 
 /// Runs `write` in at most [`WRITE_TIMEOUT`], or [`NO_MAJORITY_WAIT`] once
 /// this node's failure detector sees no majority.
-async fn bounded(
-    cluster: &Cluster,
+async fn bounded<S: MetadataSource>(
+    cluster: &S,
     write: impl Future<Output = Result<(), String>>,
 ) -> Result<(), String> {
     const NO_MAJORITY: &str = "no majority of the cluster's nodes is reachable from this node";
@@ -513,8 +516,8 @@ async fn bounded(
 /// ([`Broker::take_commits`]), off the broker's lock, one at a time in the
 /// order they were asked (a bind may need the declare before it); a
 /// refused one wakes the replay loop, which undoes it here.
-async fn commit_loop(
-    cluster: Cluster,
+async fn commit_loop<S: MetadataSource>(
+    cluster: S,
     rt: tokio::runtime::Handle,
     broker: Arc<MeasuredMutex<Broker>>,
     wake: Arc<Notify>,
@@ -612,7 +615,7 @@ fn is_delete(cmd: &Command) -> bool {
     )
 }
 
-impl MetadataStore for ClusterStore {
+impl<S: MetadataSource> MetadataStore for ClusterStore<S> {
     fn load(&self) -> Definitions {
         to_definitions(&self.cluster.local())
     }
@@ -1338,13 +1341,13 @@ const FULL_REPLAY_EVERY: Duration = Duration::from_secs(10);
 /// in full at first, when asked (`again`: a commit was refused, the broker
 /// holds a change the cluster does not) and every [`FULL_REPLAY_EVERY`];
 /// otherwise only what changed since the last replay.
-pub(crate) async fn replay_loop(
-    cluster: Cluster,
+pub(crate) async fn replay_loop<S: MetadataSource>(
+    cluster: S,
     broker: Arc<MeasuredMutex<Broker>>,
     replaying: Arc<AtomicBool>,
     again: Arc<Notify>,
 ) {
-    let mut changes = cluster.metadata_changes();
+    let mut changes = cluster.changes();
     let me = cluster.node().to_string();
     // What the broker was last brought in line with (the cluster's
     // metadata and this node's changes in flight).
@@ -1387,6 +1390,30 @@ pub(crate) async fn replay_loop(
             () = again.notified() => last = None,
         }
     }
+}
+
+/// Replays the metadata of `source` on `broker`, now and on every change,
+/// and makes the metadata commits its clients wait for (on `rt`; the
+/// broker's store, a [`ClusterStore`] over `source`, skips its writes while
+/// `replaying` is set).
+pub(crate) fn attach<S: MetadataSource>(
+    source: S,
+    rt: tokio::runtime::Handle,
+    replaying: Arc<AtomicBool>,
+    broker: Arc<MeasuredMutex<Broker>>,
+) {
+    let again = Arc::new(Notify::new());
+    let wake = Arc::new(Notify::new());
+    let w = wake.clone();
+    crate::lock(&broker).set_commit_waker(Arc::new(move || w.notify_one()));
+    tokio::spawn(commit_loop(
+        source.clone(),
+        rt,
+        broker.clone(),
+        wake,
+        again.clone(),
+    ));
+    tokio::spawn(replay_loop(source, broker, replaying, again));
 }
 
 // ------------------------------------------------------------ the node's side
@@ -1458,23 +1485,12 @@ impl Clustered {
     /// Replays the cluster's metadata on `broker`, now and on every change,
     /// and makes the metadata commits its clients wait for.
     pub(crate) fn attach(&self, broker: Arc<MeasuredMutex<Broker>>) {
-        let again = Arc::new(Notify::new());
-        let wake = Arc::new(Notify::new());
-        let w = wake.clone();
-        crate::lock(&broker).set_commit_waker(Arc::new(move || w.notify_one()));
-        tokio::spawn(commit_loop(
+        attach(
             self.cluster.clone(),
             self.rt.clone(),
-            broker.clone(),
-            wake,
-            again.clone(),
-        ));
-        tokio::spawn(replay_loop(
-            self.cluster.clone(),
-            broker,
             self.replaying.clone(),
-            again,
-        ));
+            broker,
+        );
     }
 
     /// Starts forwarding and mirrored queues: this node's GM node and the
@@ -1808,12 +1824,22 @@ impl warren_management::ClusterControl for Control {
 }
 
 #[derive(Debug)]
-struct Records {
-    cluster: Cluster,
+struct Records<S: MetadataSource = Cluster> {
+    cluster: S,
     mirroring: Arc<std::sync::OnceLock<Arc<Mirroring>>>,
 }
 
-impl Records {
+/// The management API's view of the queue records of `source` (each
+/// queue's master and mirrors), with no mirroring running: a sharded
+/// node's, where a queue's master is a shard.
+pub(crate) fn records<S: MetadataSource>(source: S) -> Arc<dyn warren_management::MirrorSource> {
+    Arc::new(Records {
+        cluster: source,
+        mirroring: Arc::new(std::sync::OnceLock::new()),
+    })
+}
+
+impl<S: MetadataSource> Records<S> {
     fn on_master<T>(
         &self,
         vhost: &str,
@@ -1839,7 +1865,7 @@ impl Records {
     }
 }
 
-impl warren_management::MirrorSource for Records {
+impl<S: MetadataSource> warren_management::MirrorSource for Records<S> {
     fn mirrors(&self, vhost: &str, queue: &str) -> Option<warren_management::QueueMirrors> {
         let m = self.cluster.local();
         let q = m.queues.get(&(vhost.to_owned(), queue.to_owned()))?;

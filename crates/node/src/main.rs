@@ -20,6 +20,7 @@ mod links;
 mod metadata;
 mod mirroring;
 mod resources;
+mod shards;
 mod sockets;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -67,6 +68,12 @@ struct Args {
     /// to import at start.
     #[arg(long)]
     definitions: Option<PathBuf>,
+    /// Broker shards: the node's queues spread over this many brokers,
+    /// each behind its own lock and data directory, so that broker work
+    /// runs on as many cores (a single node only; a data directory keeps
+    /// the count it was first run with).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// Clustering (`--peer-addr` turns it on).
     #[command(flatten)]
     cluster: cluster::ClusterArgs,
@@ -159,7 +166,7 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(broker_threads())
+        .worker_threads(broker_threads(args.shards))
         .enable_all()
         .build()
         .context("starting the runtime")?;
@@ -183,12 +190,12 @@ fn main() -> anyhow::Result<()> {
 /// ~40 % more consumed per second with one worker (medians of 5 runs;
 /// docs/benchmarks.md). Raft and the peer port keep their own runtime
 /// (`cluster.rs`).
-fn broker_threads() -> usize {
+fn broker_threads(shards: usize) -> usize {
     std::env::var("TOKIO_WORKER_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(1)
+        .unwrap_or(shards.max(1))
 }
 
 /// Wakes the group-commit thread.
@@ -333,40 +340,93 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     }
     // A single node writes its definitions file off the broker's lock
     // (`metadata.rs`); a cluster's nodes commit through Raft.
-    let (store, file_committer): (Box<dyn warren_broker::meta::MetadataStore>, _) = match &clustered
-    {
-        Some(c) => (c.store(), None),
-        None => {
-            let mut file = FileStore::open(args.data_dir.join("metadata.json"))?;
-            let committer = file.committer();
-            (Box::new(file), Some(committer))
+    shards::check(args.shards, clustered.is_some())?;
+    let sharded = args.shards > 1;
+    anyhow::ensure!(
+        sharded || clustered.is_some() || !shards::was_sharded(&args.data_dir),
+        "{} was run with --shards above 1; start it with the same --shards",
+        args.data_dir.display()
+    );
+    // A sharded node's metadata: shared by its shards, on a runtime of its
+    // own (a change an operator makes waits for it under a shard's lock).
+    let shard_meta = if sharded {
+        let imported = !shards::was_sharded(&args.data_dir);
+        let meta = shards::ShardMetadata::open(&args.data_dir, &args.node_name, args.shards)?;
+        let file = args.data_dir.join("metadata.json");
+        if imported && file.exists() {
+            cluster::import_file_store(&meta, &file).await?;
         }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("warren-shards-meta")
+            .enable_all()
+            .build()
+            .context("starting the shards' metadata runtime")?;
+        // The runtime lives as long as the process.
+        let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
+        Some((meta, rt.handle().clone()))
+    } else {
+        None
     };
-    let first_start = {
-        let d = store.load();
-        d.vhosts.is_empty() && d.users.is_empty()
-    };
-    let mut cfg = BrokerConfig::new(&args.data_dir);
-    cfg.node_name = args.node_name.clone();
-    if let Some(ms) = args.settings.consumer_timeout_ms {
-        cfg.consumer_timeout_ms = ms;
+    let mut brokers = Vec::with_capacity(args.shards);
+    let mut file_committer = None;
+    let mut replaying = Vec::new();
+    for k in 0..args.shards {
+        let store: Box<dyn warren_broker::meta::MetadataStore> = match (&clustered, &shard_meta) {
+            (Some(c), _) => c.store(),
+            (None, Some((meta, rt))) => {
+                let r = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                replaying.push(r.clone());
+                Box::new(cluster::ClusterStore::new(meta.for_shard(k), rt.clone(), r))
+            }
+            (None, None) => {
+                let mut file = FileStore::open(args.data_dir.join("metadata.json"))?;
+                file_committer = Some(file.committer());
+                Box::new(file)
+            }
+        };
+        let first_start = {
+            let d = store.load();
+            d.vhosts.is_empty() && d.users.is_empty()
+        };
+        let data_dir = shards::shard_dir(&args.data_dir, k);
+        let mut cfg = BrokerConfig::new(&data_dir);
+        cfg.node_name = shards::shard_name(&args.node_name, k);
+        if let Some(ms) = args.settings.consumer_timeout_ms {
+            cfg.consumer_timeout_ms = ms;
+        }
+        if let Some(name) = &args.settings.product_name {
+            cfg.amqp.product.clone_from(name);
+        }
+        if let Some(version) = &args.settings.product_version {
+            cfg.amqp.version.clone_from(version);
+        }
+        let mut broker = Broker::open(cfg, store)
+            .with_context(|| format!("opening the data in {}", data_dir.display()))?;
+        if k == 0 {
+            if first_start {
+                args.settings.apply_default_user(&mut broker)?;
+            }
+            if let Some(path) = &args.definitions {
+                import_definitions(&mut broker, path)?;
+            }
+        }
+        args.settings.apply_limits(&mut broker);
+        brokers.push(Arc::new(MeasuredMutex::new(broker)));
     }
-    if let Some(name) = &args.settings.product_name {
-        cfg.amqp.product.clone_from(name);
+    let shards = shards::Shards::new(brokers);
+    let broker: Shared = shards.first().clone();
+    if let Some((meta, rt)) = &shard_meta {
+        for (k, (b, r)) in shards.all().iter().zip(replaying).enumerate() {
+            let meta = meta.for_shard(k);
+            shards::point_at_masters(&meta, b);
+            cluster::attach(meta, rt.clone(), r, b.clone());
+        }
+        let names: Vec<String> = (0..args.shards)
+            .map(|k| shards::shard_name(&args.node_name, k))
+            .collect();
+        shards::start_links(&shards, &names);
     }
-    if let Some(version) = &args.settings.product_version {
-        cfg.amqp.version.clone_from(version);
-    }
-    let mut broker = Broker::open(cfg, store)
-        .with_context(|| format!("opening the data in {}", args.data_dir.display()))?;
-    if first_start {
-        args.settings.apply_default_user(&mut broker)?;
-    }
-    args.settings.apply_limits(&mut broker);
-    if let Some(path) = &args.definitions {
-        import_definitions(&mut broker, path)?;
-    }
-    let broker: Shared = Arc::new(MeasuredMutex::new(broker));
     let (stop_commits, commits_stopped) = tokio::sync::watch::channel(false);
     let file_commits = file_committer.map(|committer| {
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -379,38 +439,47 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
             commits_stopped,
         ))
     });
-    resources::start(broker.clone(), args.data_dir.clone());
+    for (k, b) in shards.all().iter().enumerate() {
+        resources::start(b.clone(), shards::shard_dir(&args.data_dir, k));
+    }
     if let Some(c) = &clustered {
         c.attach(broker.clone());
         c.start_mirroring(broker.clone()).await?;
     }
 
-    let signal = Arc::new(SyncSignal::default());
-    {
-        let sig = signal.clone();
-        lock(&broker).set_sync_waker(Arc::new(move || sig.notify()));
-    }
-    let syncer = {
-        let (b, s) = (broker.clone(), signal.clone());
-        std::thread::Builder::new()
-            .name("warren-sync".into())
-            .spawn(move || sync_loop(b, s))
-            .context("starting the sync thread")?
-    };
-
-    let ticker = {
-        let b = broker.clone();
-        tokio::spawn(async move {
+    // Each shard's group commit on a thread of its own, its tick and its
+    // reopening of failed logs.
+    let mut syncers = Vec::new();
+    let mut tasks = Vec::new();
+    for (k, b) in shards.all().iter().enumerate() {
+        let signal = Arc::new(SyncSignal::default());
+        {
+            let sig = signal.clone();
+            lock(b).set_sync_waker(Arc::new(move || sig.notify()));
+        }
+        let thread = {
+            let (b, s) = (b.clone(), signal.clone());
+            std::thread::Builder::new()
+                .name(if k == 0 {
+                    "warren-sync".into()
+                } else {
+                    format!("warren-sync-{k}")
+                })
+                .spawn(move || sync_loop(b, s))
+                .context("starting the sync thread")?
+        };
+        syncers.push((signal, thread));
+        let ticking = b.clone();
+        tasks.push(tokio::spawn(async move {
             let mut iv = tokio::time::interval(Duration::from_millis(50));
             iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 iv.tick().await;
-                lock(&b).tick(now_ms());
+                lock(&ticking).tick(now_ms());
             }
-        })
-    };
-
-    let reopener = tokio::spawn(failed_logs::reopen(broker.clone()));
+        }));
+        tasks.push(tokio::spawn(failed_logs::reopen(b.clone())));
+    }
 
     let listener = TcpListener::bind(&args.amqp_addr)
         .await
@@ -425,7 +494,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
             amqps::start(
                 *addr,
                 &args.settings.tls,
-                broker.clone(),
+                shards.clone(),
                 app.running(),
                 app.sockets(),
             )
@@ -485,6 +554,9 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
                 .cluster(c.control(app_control.clone()))
                 .mirrors(c.mirrors());
         }
+        if let Some((meta, _)) = &shard_meta {
+            api = api.mirrors(cluster::records(meta.clone()));
+        }
         tokio::spawn(warren_management::serve(l, api));
     }
     if let Some(l) = metrics_listener {
@@ -494,6 +566,9 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         if let Some(c) = &clustered {
             // The ring gauges read the queue records' mirrors.
             metrics = metrics.mirrors(c.mirrors());
+        }
+        if let Some((meta, _)) = &shard_meta {
+            metrics = metrics.mirrors(cluster::records(meta.clone()));
         }
         tokio::spawn(warren_management::serve_metrics(l, metrics));
     }
@@ -532,7 +607,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "set_nodelay failed");
                     }
-                    tokio::spawn(client::serve(broker.clone(), stream, peer, app.running(), socket));
+                    tokio::spawn(client::serve(shards.pick(), stream, peer, app.running(), socket));
                 }
                 Err(e) => {
                     if failed_accepts == 0 {
@@ -543,7 +618,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
                 }
             },
             (request, reply) = requests.next() => {
-                if let Some(exit) = app.handle(&broker, request, reply).await {
+                if let Some(exit) = app.handle(&shards, request, reply).await {
                     break exit;
                 }
             }
@@ -569,7 +644,9 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     if let Some(c) = &clustered {
         c.stop_mirroring().await;
     }
-    lock(&broker).close_all("broker shutdown");
+    for b in shards.all() {
+        lock(b).close_all("broker shutdown");
+    }
     // Give connection tasks a moment to write their connection.close.
     tokio::time::sleep(Duration::from_millis(100)).await;
     // What the clients' departures changed (auto-deletes) reaches the file.
@@ -577,11 +654,16 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     if let Some(task) = file_commits {
         let _ = task.await;
     }
-    ticker.abort();
-    reopener.abort();
-    signal.stop();
-    let _ = tokio::task::spawn_blocking(move || syncer.join()).await;
-    lock(&broker).sync_all();
+    for task in tasks {
+        task.abort();
+    }
+    for (signal, thread) in syncers {
+        signal.stop();
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    for b in shards.all() {
+        lock(b).sync_all();
+    }
     if let Some(c) = &clustered {
         match &exit {
             app::Exit::Stop => c.leave().await,

@@ -59,6 +59,14 @@ impl Node {
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
+            // `WARREN_TEST_SHARDS=N` runs a suite's nodes sharded.
+            .args(
+                std::env::var("WARREN_TEST_SHARDS")
+                    .ok()
+                    .filter(|_| !extra.contains(&"--shards"))
+                    .map(|n| vec!["--shards".to_owned(), n])
+                    .unwrap_or_default(),
+            )
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())

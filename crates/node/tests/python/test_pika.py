@@ -1,7 +1,8 @@
 """A second opinion with pika: the `warren` binary driven by RabbitMQ's Python client.
 
 Run:  python3 crates/node/tests/python/test_pika.py  (needs `pip install pika`)
-The binary is $WARREN_BIN, or target/debug/warren under the workspace.
+The binary is $WARREN_BIN, or target/debug/warren under the workspace;
+$WARREN_EXTRA_ARGS is added to its command line (e.g. `--shards 2`).
 """
 
 import os
@@ -36,7 +37,8 @@ class Node:
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
             [BIN, "--amqp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-             "--data-dir", data_dir, *extra],
+             "--data-dir", data_dir, *extra,
+             *os.environ.get("WARREN_EXTRA_ARGS", "").split()],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "RUST_LOG": "warn"},
         )
