@@ -139,6 +139,10 @@ pub struct BrokerConfig {
     /// (`<data_dir>/journal`): one append and one `fdatasync` instead of a
     /// sync of every queue's log (see `warren_backing_queue::Journal`).
     pub journal: bool,
+    /// The first connection id this broker gives out: the shards of one
+    /// node give out ids of their own (a node's management API lists them
+    /// together).
+    pub first_conn_id: ConnId,
 }
 
 /// RabbitMQ 3.10's default `consumer_timeout`: 30 minutes.
@@ -154,6 +158,7 @@ impl BrokerConfig {
             storage: FsStorage::shared(),
             consumer_timeout_ms: CONSUMER_TIMEOUT_MS,
             journal: true,
+            first_conn_id: 1,
         }
     }
 }
@@ -297,13 +302,14 @@ impl Broker {
         } else {
             None
         };
+        let next_conn = cfg.first_conn_id.max(1);
         let mut b = Self {
             cfg,
             meta,
             users: HashMap::new(),
             vhosts: HashMap::new(),
             conns: IdMap::default(),
-            next_conn: 1,
+            next_conn,
             next_msg_id: 1,
             next_uid: 1,
             now: 0,

@@ -353,6 +353,15 @@ pub trait MetadataStore: Send + std::fmt::Debug {
     fn defers_all(&self) -> bool {
         false
     }
+    /// Whether a client's connection.close-ok waits, for a store that
+    /// [defers](Self::defers), until what the connection's end deletes (its
+    /// exclusive queues) is committed, so that the client's next
+    /// connection finds them gone whichever broker serves it: for a
+    /// sharded node's store, whose commits every shard has applied once
+    /// done.
+    fn close_waits(&self) -> bool {
+        false
+    }
 }
 
 /// Keeps everything in memory (tests, transient nodes).

@@ -353,10 +353,7 @@ fn queue_totals(ready: u64, unacked: u64) -> Value {
 /// The overview's node-wide part, for monitors: this node, its listeners,
 /// and the totals of every vhost and connection, with their rates.
 fn node_totals(s: &Management, ranges: &Ranges) -> Value {
-    let (o, n) = {
-        let b = s.broker();
-        (b.overview(), b.message_stats().0)
-    };
+    let (o, n) = (s.overview(), s.message_stats().0);
     let listener = |node: &str, protocol: &str, addr: &str| {
         let (host, port) = host_and_port(addr);
         json!({"node": node, "protocol": protocol, "ip_address": host, "port": port})
@@ -410,22 +407,22 @@ fn node_totals(s: &Management, ranges: &Ranges) -> Value {
 /// queues this node serves), the user's own connections and channels, and
 /// no consumer count.
 fn user_totals(s: &Management, u: &AuthUser) -> Value {
-    let (queues, exchanges, conns) = {
+    let (vhosts, exchanges) = {
         let b = s.broker();
         let vhosts: Vec<String> = b
             .vhost_names()
             .into_iter()
             .filter(|v| u.lists_vhost(v))
             .collect();
-        let queues: Vec<QueueInfo> = vhosts.iter().flat_map(|v| b.queues(Some(v))).collect();
         let exchanges: usize = vhosts.iter().map(|v| b.exchanges(Some(v)).len()).sum();
-        let conns: Vec<ConnectionInfo> = b
-            .connections()
-            .into_iter()
-            .filter(|c| u.sees_owner(&c.user))
-            .collect();
-        (queues, exchanges, conns)
+        (vhosts, exchanges)
     };
+    let queues: Vec<QueueInfo> = vhosts.iter().flat_map(|v| s.queues(Some(v))).collect();
+    let conns: Vec<ConnectionInfo> = s
+        .connections()
+        .into_iter()
+        .filter(|c| u.sees_owner(&c.user))
+        .collect();
     let sum = |f: fn(&QueueInfo) -> u64| queues.iter().map(f).sum::<u64>();
     let served: Vec<&QueueInfo> = queues.iter().filter(|q| q.served_here).collect();
     let mut message_stats = Map::new();
@@ -463,9 +460,9 @@ async fn cluster_name(State(s): State<Management>) -> Response {
 }
 
 fn node_json(s: &Management) -> Value {
+    let io = s.io_stats();
     let b = s.broker();
     let r = b.resources();
-    let io = b.io_stats();
     let mut node = json!({
         "name": s.node,
         "type": "disc",
@@ -612,8 +609,7 @@ async fn node_one(
 // ------------------------------------------------------------------ vhosts
 
 fn vhost_json(s: &Management, name: &str) -> Value {
-    let b = s.broker();
-    let qs = b.queues(Some(name));
+    let qs = s.queues(Some(name));
     let ready: u64 = qs.iter().map(|q| q.messages_ready).sum();
     let unacked: u64 = qs.iter().map(|q| q.messages_unacknowledged).sum();
     json!({
@@ -1197,15 +1193,16 @@ pub(crate) fn queue_json(
 }
 
 fn all_queues_json(s: &Management, vhost: Option<&str>, ranges: &Ranges) -> ApiResult<Vec<Value>> {
-    let (qs, defs) = {
+    let defs = {
         let b = s.broker();
         if let Some(v) = vhost
             && !b.has_vhost(v)
         {
             return Err(ApiError::not_found());
         }
-        (b.queues(vhost), b.policies())
+        b.policies()
     };
+    let qs = s.queues(vhost);
     let set = warren_broker::policy_set(&defs);
     let r = s.rates();
     let down = down_nodes(s);
@@ -1297,22 +1294,18 @@ async fn queues_vhost(
 }
 
 fn one_queue(s: &Management, vhost: &str, name: &str, ranges: &Ranges) -> ApiResult<Value> {
-    let (q, defs) = {
-        let b = s.broker();
-        let q = b
-            .queues(Some(vhost))
-            .into_iter()
-            .find(|q| q.name == name)
-            .ok_or_else(ApiError::not_found)?;
-        (q, b.policies())
-    };
+    let q = s
+        .queues(Some(vhost))
+        .into_iter()
+        .find(|q| q.name == name)
+        .ok_or_else(ApiError::not_found)?;
+    let defs = s.broker().policies();
     let set = warren_broker::policy_set(&defs);
     let m = s.mirrors.mirrors(vhost, name);
     let mut v = queue_json(&s.node, &q, &set, (m, &down_nodes(s)), (&s.rates(), ranges));
     let consumers: Vec<Value> = {
-        let b = s.broker();
-        let conns = b.connections();
-        b.consumers(Some(vhost))
+        let (conns, consumers) = s.conns_and_consumers(Some(vhost));
+        consumers
             .iter()
             .filter(|c| c.queue == name)
             .map(|c| consumer_json(&s.node, c, &conns))

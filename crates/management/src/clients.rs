@@ -98,7 +98,7 @@ pub(crate) async fn connections(
     uri: Uri,
 ) -> Response {
     let mut list: Vec<Value> = {
-        let cs = s.broker().connections();
+        let cs = s.connections();
         let (r, ranges) = (s.rates(), Ranges::from_query(&q));
         cs.iter()
             .filter(|c| u.sees_owner(&c.user))
@@ -112,7 +112,6 @@ pub(crate) async fn connections(
 /// The connection of this node named `name`, if the user may see it.
 fn find_connection(s: &Management, u: &AuthUser, name: &str) -> ApiResult<ConnectionInfo> {
     let c = s
-        .broker()
         .connections()
         .into_iter()
         .find(|c| connection_name(c, &s.node) == name)
@@ -165,7 +164,7 @@ pub(crate) async fn connection_close(
         .get("x-reason")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("Closed via management plugin");
-    if !s.broker().close_connection(c.id, reason) {
+    if !s.close_connection(c.id, reason) {
         return Err(ApiError::not_found());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -174,10 +173,7 @@ pub(crate) async fn connection_close(
 /// The channels (of connection `only`, or of all), each with its
 /// connection.
 fn channels_with_conns(s: &Management, only: Option<u64>) -> Vec<(ChannelInfo, ConnectionInfo)> {
-    let (conns, channels) = {
-        let b = s.broker();
-        (b.connections(), b.channels())
-    };
+    let (conns, channels) = s.conns_and_channels();
     channels
         .into_iter()
         .filter(|ch| only.is_none_or(|id| ch.conn == id))
@@ -268,10 +264,7 @@ pub(crate) async fn channel_get(
             "User not authorised to access object",
         ));
     }
-    let (conns, consumers) = {
-        let b = s.broker();
-        (b.connections(), b.consumers(None))
-    };
+    let (conns, consumers) = s.conns_and_consumers(None);
     let details: Vec<Value> = consumers
         .iter()
         .filter(|c| c.conn == found.0.conn && c.channel == found.0.number)
@@ -332,20 +325,19 @@ async fn consumers_of(
 
 /// This node's consumers (of `vhost`, or of all) that `u` sees.
 fn local_consumers(s: &Management, u: &AuthUser, vhost: Option<&str>) -> ApiResult<Vec<Value>> {
-    let b = s.broker();
     if let Some(v) = vhost
-        && !b.has_vhost(v)
+        && !s.broker().has_vhost(v)
     {
         return Err(ApiError::not_found());
     }
-    let conns = b.connections();
+    let (conns, consumers) = s.conns_and_consumers(vhost);
     let owner = |c: &ConsumerInfo| {
         conns
             .iter()
             .find(|x| x.id == c.conn)
             .map_or("", |x| x.user.as_str())
     };
-    Ok(b.consumers(vhost)
+    Ok(consumers
         .iter()
         .filter(|c| u.sees_owner(owner(c)))
         .map(|c| consumer_json(&s.node, c, &conns))

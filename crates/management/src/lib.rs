@@ -43,6 +43,7 @@ mod node;
 mod openapi;
 mod process;
 mod rates;
+mod shards;
 mod web;
 
 use std::fmt;
@@ -129,6 +130,9 @@ impl MirrorSource for SingleNode {
 #[derive(Clone)]
 pub struct Management {
     broker: SharedBroker,
+    /// A sharded node's other shards (`shards.rs`): listed and counted with
+    /// `broker`, which serves the metadata.
+    shards: Vec<SharedBroker>,
     node: String,
     /// Product name and version, as the broker gives them to clients.
     product: (String, String),
@@ -166,6 +170,7 @@ impl Management {
         };
         Self {
             broker,
+            shards: Vec::new(),
             node,
             product,
             listeners: Vec::new(),

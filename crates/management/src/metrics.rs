@@ -59,10 +59,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 
 /// The metrics page as text.
 pub fn render(s: &Management) -> String {
-    let (o, queues) = {
-        let b = s.broker();
-        (b.overview(), b.queues(None))
-    };
+    let (o, queues) = (s.overview(), s.queues(None));
     let node = label(&s.node);
     let mut out = String::new();
     family(
@@ -234,7 +231,7 @@ pub fn render(s: &Management) -> String {
             }
         }
     }
-    let (n, latency) = s.broker().message_stats();
+    let (n, latency) = s.message_stats();
     for (name, help, v) in [
         (
             "rabbitmq_global_messages_received_total",
@@ -291,7 +288,7 @@ pub fn render(s: &Management) -> String {
         let _ = writeln!(out, "{name}{{protocol=\"amqp091\"}} {v}");
     }
     // rabbitmq_prometheus's I/O families: a group commit is Warren's sync.
-    let io = s.broker().io_stats();
+    let io = s.io_stats();
     family(
         &mut out,
         "rabbitmq_io_sync_ops_total",
@@ -320,7 +317,7 @@ pub fn render(s: &Management) -> String {
     // The node's one broker lock (ARCHITECTURE.md, "Invariants"): held
     // seconds per second is how busy it is, and against
     // `process_cpu_seconds_total` the share of the node's work done under it.
-    let lock = s.broker.stats();
+    let lock = s.lock_stats();
     let mut families = vec![
         (
             "warren_broker_lock_acquisitions_total",

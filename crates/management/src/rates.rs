@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
-use warren_broker::{Broker, ChannelInfo, ConnectionInfo, MessageCounters, QueueCounters};
+use warren_broker::{ChannelInfo, ConnectionInfo, MessageCounters, QueueCounters};
 
 use crate::Management;
 
@@ -199,9 +199,10 @@ struct Reading {
 }
 
 impl Reading {
-    fn take(b: &Broker) -> Self {
-        let (n, _) = b.message_stats();
-        let o = b.overview();
+    fn take(s: &Management) -> Self {
+        let (n, _) = s.message_stats();
+        let o = s.overview();
+        let (connections, channels) = s.conns_and_channels();
         let mut node = message_values(&n);
         node.extend([
             o.messages_ready + o.messages_unacknowledged,
@@ -210,22 +211,19 @@ impl Reading {
         ]);
         Self {
             node,
-            queues: b
+            queues: s
                 .queue_samples()
                 .into_iter()
-                .filter(|q| q.served_here)
                 .map(|q| {
                     let v = queue_values(&q.counters, q.ready, q.unacked);
                     ((q.vhost, q.name), v)
                 })
                 .collect(),
-            connections: b
-                .connections()
+            connections: connections
                 .iter()
                 .map(|c| (c.id, connection_values(c)))
                 .collect(),
-            channels: b
-                .channels()
+            channels: channels
                 .iter()
                 .map(|c: &ChannelInfo| ((c.conn, c.number), message_values(&c.counters)))
                 .collect(),
@@ -390,12 +388,9 @@ pub(crate) async fn sample_forever(s: Management) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        // Timed when read, under the broker's lock (which may have kept
-        // the sampler waiting).
-        let (reading, at) = {
-            let b = s.broker();
-            (Reading::take(&b), now_ms())
-        };
+        // Timed once read (the shards' locks may have kept the sampler
+        // waiting).
+        let (reading, at) = (Reading::take(&s), now_ms());
         s.rates().record(reading, at);
     }
 }

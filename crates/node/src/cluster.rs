@@ -384,6 +384,8 @@ pub(crate) struct ClusterStore<S: MetadataSource = Cluster> {
     rt: tokio::runtime::Handle,
     replaying: Arc<AtomicBool>,
     node: String,
+    /// [`MetadataStore::close_waits`].
+    close_waits: bool,
 }
 
 impl<S: MetadataSource> std::fmt::Debug for ClusterStore<S> {
@@ -404,7 +406,15 @@ impl<S: MetadataSource> ClusterStore<S> {
             rt,
             replaying,
             node,
+            close_waits: false,
         }
+    }
+
+    /// The store of a sharded node's shard: a client's close-ok waits for
+    /// its exclusive queues' deletes ([`MetadataStore::close_waits`]).
+    pub(crate) fn closing_after_commit(mut self) -> Self {
+        self.close_waits = true;
+        self
     }
 
     /// Commits `cmds` in order, waiting (the broker's lock held) for
@@ -638,6 +648,10 @@ impl<S: MetadataSource> MetadataStore for ClusterStore<S> {
 
     fn defers(&self) -> bool {
         true
+    }
+
+    fn close_waits(&self) -> bool {
+        self.close_waits
     }
 
     fn is_member(&self, node: &str) -> bool {

@@ -377,7 +377,10 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
             (None, Some((meta, rt))) => {
                 let r = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 replaying.push(r.clone());
-                Box::new(cluster::ClusterStore::new(meta.for_shard(k), rt.clone(), r))
+                Box::new(
+                    cluster::ClusterStore::new(meta.for_shard(k), rt.clone(), r)
+                        .closing_after_commit(),
+                )
             }
             (None, None) => {
                 let mut file = FileStore::open(args.data_dir.join("metadata.json"))?;
@@ -392,6 +395,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
         let data_dir = shards::shard_dir(&args.data_dir, k);
         let mut cfg = BrokerConfig::new(&data_dir);
         cfg.node_name = shards::shard_name(&args.node_name, k);
+        cfg.first_conn_id = shards::first_conn_id(k);
         if let Some(ms) = args.settings.consumer_timeout_ms {
             cfg.consumer_timeout_ms = ms;
         }
@@ -541,6 +545,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     }
     if let (Some(l), Some(addr)) = (http_listener, http) {
         let mut api = warren_management::Management::new(broker.clone())
+            .shards(shards.all()[1..].to_vec())
             .http_addr(addr)
             .node_control(app_control.clone());
         for (protocol, a) in &listeners {
@@ -561,8 +566,9 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     }
     if let Some(l) = metrics_listener {
         // The process gauges read the client sockets through the app.
-        let mut metrics =
-            warren_management::Management::new(broker.clone()).node_control(app_control);
+        let mut metrics = warren_management::Management::new(broker.clone())
+            .shards(shards.all()[1..].to_vec())
+            .node_control(app_control);
         if let Some(c) = &clustered {
             // The ring gauges read the queue records' mirrors.
             metrics = metrics.mirrors(c.mirrors());

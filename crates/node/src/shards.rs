@@ -55,6 +55,12 @@ pub(crate) fn shard_name(node: &str, k: usize) -> String {
     }
 }
 
+/// The first connection id shard `k` gives out: each shard's ids are its
+/// own, 2^40 apart.
+pub(crate) fn first_conn_id(k: usize) -> u64 {
+    1 + ((k as u64) << 40)
+}
+
 /// Shard `k`'s data directory.
 pub(crate) fn shard_dir(data_dir: &Path, k: usize) -> PathBuf {
     if k == 0 {

@@ -133,6 +133,16 @@ async fn every_connection_serves_the_queues_of_every_shard() {
                 assert_eq!(count(c, &format!("q{q}")).await, 4 * 25 + 4 * 5);
             }
         }
+        // The management API shows the node as one: the connections of
+        // both shards, each queue's figures as its own shard has them.
+        let listed = node.api("/api/connections");
+        assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
+        let overview = node.api("/api/overview");
+        assert_eq!(overview["object_totals"]["connections"], 4, "{overview}");
+        assert_eq!(overview["queue_totals"]["messages"], 4 * 120, "{overview}");
+        for q in node.api("/api/queues").as_array().expect("a list") {
+            assert_eq!(q["messages"], 120, "{q}");
+        }
         // Each queue is drained by the next connection (the other shard),
         // acking each delivery, in the order its publisher sent them.
         for (i, c) in conns.iter().enumerate() {
@@ -243,4 +253,43 @@ async fn confirmed_messages_on_both_shards_survive_a_sigkill() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--shards"), "{err}");
+}
+
+#[tokio::test]
+async fn an_exclusive_queue_is_gone_on_every_shard_once_its_client_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(dir.path(), SHARDS);
+    within(async {
+        for round in 0..20 {
+            // The owner on one shard, the next client on the other.
+            let conns = connections(&node, 2).await;
+            let [owner, next] = &conns[..] else {
+                unreachable!("two connections")
+            };
+            let ch = owner.create_channel().await.expect("channel");
+            ch.queue_declare(
+                "mine".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare");
+            owner.close(200, "bye".into()).await.expect("close");
+            let ch = next.create_channel().await.expect("channel");
+            let err = ch
+                .queue_declare(
+                    "mine".into(),
+                    QueueDeclareOptions::default().passive(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect_err("the queue went with its connection");
+            assert_eq!(common::code(&err), Some(404), "round {round}: {err}");
+            next.close(200, "bye".into()).await.expect("close");
+        }
+    })
+    .await;
 }

@@ -130,6 +130,8 @@ impl Broker {
         };
         match result {
             Ok(()) => c.amqp.push_output(&parked.held),
+            // A closing client gets its close-ok whatever the commit did.
+            Err(_) if c.closed => c.amqp.push_output(&parked.held),
             Err(e) => {
                 let (class, method) = parked.method;
                 c.amqp

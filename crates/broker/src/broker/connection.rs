@@ -14,6 +14,8 @@ use super::state::{Channel, Conn, Departed, IdMap};
 use super::{Broker, ConnId, Waker, err, stats};
 use crate::auth::{self, Permission};
 
+/// connection.close's class and method ids.
+const CONNECTION_CLOSE: (u16, u16) = (10, 50);
 impl Broker {
     /// A new client connection from `peer`; `waker` wakes its task when
     /// another connection's work left output for it.
@@ -116,7 +118,8 @@ impl Broker {
             return false;
         };
         c.octets.sent += (dst.len() - start) as u64;
-        !c.closed
+        // A closed connection whose close-ok waits for a commit stays.
+        !c.closed || c.committing.is_some()
     }
 
     /// Hands out again to connection `id`'s consumers, which deliveries
@@ -315,10 +318,24 @@ impl Broker {
                         // is only here.
                         tracing::warn!(peer = %c.peer, error = %e.reply_text(), "refused AMQP connection before it opened");
                     }
-                    self.detached(|b| b.cleanup_conn(id));
+                    let client_closed = matches!(reason, CloseReason::ClientClosed { .. });
+                    // Its close-ok (and what precedes it) may wait for the
+                    // deletes of its end to be committed (`close_waits`).
+                    let mark = if client_closed && self.meta.close_waits() {
+                        self.begin_recording(id).map(|_| 0)
+                    } else {
+                        None
+                    };
+                    match mark {
+                        Some(mark) => {
+                            self.cleanup_conn(id);
+                            self.end_recording(id, mark, CONNECTION_CLOSE);
+                        }
+                        None => self.detached(|b| b.cleanup_conn(id)),
+                    }
                     if let Some(c) = self.conns.get_mut(&id) {
                         c.closed = true;
-                        c.client_closed = matches!(reason, CloseReason::ClientClosed { .. });
+                        c.client_closed = client_closed;
                     }
                 }
                 _ => {}
