@@ -21,7 +21,7 @@ pub(crate) fn run(root: &Path, which: &str, rest: &[&str]) -> anyhow::Result<()>
         "backing-queue" => (backing_queue(root)?, "bench-backing-queue.md"),
         "all" => return crate::bench_all::run(root, rest),
         other => bail!(
-            "unknown bench `{other}` (known: transports, gm, backing-queue, amqp, mirrored, many-queues, all)"
+            "unknown bench `{other}` (known: transports, gm, backing-queue, amqp, mirrored, many-queues, shards, all)"
         ),
     };
     let out = target_dir(root).join(file);

@@ -3,6 +3,7 @@
 //! - `cargo xtask test` — what CI runs: fmt check, check-arch, clippy, cargo-deny, nextest.
 //! - `cargo xtask check-arch` — ARCHITECTURE.md's dependency rules, checked (`check_arch`).
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
+//! - `cargo xtask bench shards` — one node of 1 and 2 shards, in process (`bench_shards`).
 //! - `cargo xtask bench all [--quick]` — every bench, into `docs/bench/report.md`.
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
@@ -15,6 +16,7 @@ mod bench;
 mod bench_all;
 mod bench_mirrored;
 mod bench_report;
+mod bench_shards;
 mod chaos;
 mod check_arch;
 mod client_perf;
@@ -37,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         ["check-arch"] => check_arch::main(&workspace_root()),
         ["bench", "mirrored", rest @ ..] => bench_mirrored::mirrored(&workspace_root(), rest),
         ["bench", "many-queues", rest @ ..] => bench_mirrored::many_queues(&workspace_root(), rest),
+        ["bench", "shards", rest @ ..] => bench_shards::run(&workspace_root(), rest),
         ["bench", which, rest @ ..] => bench::run(&workspace_root(), which, rest),
         ["cluster", rest @ ..] => cluster::run(&workspace_root(), rest),
         ["scenario", rest @ ..] => scenario::main(&workspace_root(), rest),
@@ -56,6 +59,9 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  bench amqp [--duration S]  Warren vs RabbitMQ (if installed), same load");
             eprintln!(
                 "  bench mirrored | many-queues  3-node mirrored queues (vs RabbitMQ; --rounds N for medians); 1,000 queues"
+            );
+            eprintln!(
+                "  bench shards [--queues K] [--duration S] [--runs R]  1 and 2 shards, in process"
             );
             eprintln!("  bench all [--quick]       every bench: docs/bench/report.md and a chart");
             eprintln!(

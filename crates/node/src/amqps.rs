@@ -67,7 +67,11 @@ pub(crate) async fn start(
             };
             let socket = socket.hold();
             let _ = stream.set_nodelay(true);
-            let (acceptor, broker, running) = (acceptor.clone(), shards.pick(), running.clone());
+            let (acceptor, broker, running) = (
+                acceptor.clone(),
+                shards.all()[shards.pick()].clone(),
+                running.clone(),
+            );
             tokio::spawn(async move {
                 // As long as an AMQP handshake may take: a silent or slow
                 // client does not hold a task and a socket for ever.

@@ -33,22 +33,30 @@ const HELD_INPUT_MAX: usize = 256 * 1024;
 /// peer that has hung up.
 const GONE_PROBE_EVERY: Duration = Duration::from_millis(250);
 
-/// A client's byte stream (plain TCP, or TLS over it) and the TCP socket
-/// under it, which a paused connection probes for a peer that has hung up.
+/// A client's byte stream (plain TCP, TLS over it, or a stream inside the
+/// process), which a paused connection probes for a peer that has hung up.
 pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    /// The TCP socket the stream runs over.
-    fn tcp(&self) -> &TcpStream;
+    /// Whether the peer has hung up, even with data of its still unread.
+    fn hung_up(&self) -> bool;
 }
 
 impl ClientStream for TcpStream {
-    fn tcp(&self) -> &TcpStream {
-        self
+    fn hung_up(&self) -> bool {
+        peer_gone(self)
     }
 }
 
 impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {
-    fn tcp(&self) -> &TcpStream {
-        self.get_ref().0
+    fn hung_up(&self) -> bool {
+        peer_gone(self.get_ref().0)
+    }
+}
+
+/// A client inside the process (`shards::InProcess`): its end is seen when
+/// the stream ends.
+impl ClientStream for tokio::io::DuplexStream {
+    fn hung_up(&self) -> bool {
+        false
     }
 }
 
@@ -114,7 +122,7 @@ pub(crate) async fn serve(
         let full = paused && input.len() >= HELD_INPUT_MAX;
         if full && probed.elapsed() >= GONE_PROBE_EVERY {
             probed = Instant::now();
-            if peer_gone(stream.tcp()) {
+            if stream.hung_up() {
                 break;
             }
         }

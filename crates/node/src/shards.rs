@@ -18,9 +18,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
+use std::future::Future;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,11 +29,13 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
-use warren_broker::LinkMsg;
+use warren_broker::meta::MetadataStore;
+use warren_broker::{Broker, BrokerConfig, LinkMsg};
 use warren_cluster::{ClusterError, Command, Metadata, Outcome};
 use warren_mirror_driver::MetadataSource;
 use warren_transport::NodeName;
 
+use crate::cluster::ClusterStore;
 use crate::{Shared, lock, now_ms};
 
 /// Where the shards' metadata lives, under the node's data directory.
@@ -433,20 +436,100 @@ impl MetadataSource for ShardMetadata {
     }
 }
 
-/// The node's shards, and the turn in which clients are given to them.
+/// The node's shards, the threads they run on, and the turn in which
+/// clients are given to them.
 #[derive(Clone)]
 pub(crate) struct Shards {
     brokers: Arc<[Shared]>,
+    /// Each shard's own thread (a current-thread runtime) where its
+    /// clients, tick and links run, so that a shard's work is never spread
+    /// over threads that would wait for each other on its lock. None for a
+    /// node of one shard: its work runs on the node's runtime.
+    threads: Arc<[tokio::runtime::Handle]>,
     next: Arc<AtomicUsize>,
 }
 
 impl Shards {
-    /// The shards, in order (one: an unsharded node).
-    pub(crate) fn new(brokers: Vec<Shared>) -> Self {
-        Self {
-            brokers: brokers.into(),
-            next: Arc::new(AtomicUsize::new(0)),
+    /// The shards, in order (one: an unsharded node), each of several
+    /// started on a thread of its own.
+    pub(crate) fn new(brokers: Vec<Shared>) -> anyhow::Result<Self> {
+        let mut threads = Vec::new();
+        if brokers.len() > 1 {
+            for k in 0..brokers.len() {
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name(format!("warren-shard-{k}"))
+                    .spawn(move || {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build();
+                        match rt {
+                            Ok(rt) => {
+                                let _ = tx.send(Ok(rt.handle().clone()));
+                                // The shard runs as long as the process.
+                                rt.block_on(std::future::pending::<()>());
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Err(e));
+                            }
+                        }
+                    })
+                    .context("starting a shard's thread")?;
+                threads.push(
+                    rx.recv()
+                        .context("a shard's thread ended")?
+                        .context("starting a shard's runtime")?,
+                );
+            }
         }
+        Ok(Self {
+            brokers: brokers.into(),
+            threads: threads.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Runs `task` on shard `k`'s thread (the caller's runtime for a node
+    /// of one shard).
+    pub(crate) fn spawn<F>(&self, k: usize, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self.threads.get(k) {
+            Some(rt) => rt.spawn(task),
+            None => tokio::spawn(task),
+        }
+    }
+
+    /// Serves a client accepted on the node's listener on shard `k`'s
+    /// thread (its socket moved to that thread's runtime).
+    pub(crate) fn serve_tcp(
+        &self,
+        k: usize,
+        stream: tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        running: Arc<AtomicBool>,
+        socket: crate::sockets::HeldSocket,
+    ) {
+        let broker = self.brokers[k].clone();
+        if self.threads.is_empty() {
+            tokio::spawn(crate::client::serve(broker, stream, peer, running, socket));
+            return;
+        }
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "could not hand a client to its shard");
+                return;
+            }
+        };
+        self.spawn(k, async move {
+            match tokio::net::TcpStream::from_std(stream) {
+                Ok(s) => crate::client::serve(broker, s, peer, running, socket).await,
+                Err(e) => tracing::warn!(%peer, error = %e, "could not hand a client to its shard"),
+            }
+        });
     }
 
     /// Every shard's broker, shard 0 first.
@@ -460,10 +543,9 @@ impl Shards {
         &self.brokers[0]
     }
 
-    /// The broker a new client connection goes to (each in turn).
-    pub(crate) fn pick(&self) -> Shared {
-        let k = self.next.fetch_add(1, Ordering::Relaxed) % self.brokers.len();
-        self.brokers[k].clone()
+    /// The shard a new client connection goes to (each in turn).
+    pub(crate) fn pick(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.brokers.len()
     }
 }
 
@@ -484,7 +566,7 @@ struct Pipe {
 ///
 /// [`Broker::take_link_out`]: warren_broker::Broker::take_link_out
 /// [`Broker::link_input`]: warren_broker::Broker::link_input
-pub(crate) fn start_links(shards: &Shards, names: &[String]) {
+fn start_links(shards: &Shards, names: &[String]) {
     let n = shards.all().len();
     let mut pipes: BTreeMap<(usize, usize), Arc<Pipe>> = BTreeMap::new();
     for from in 0..n {
@@ -493,7 +575,7 @@ pub(crate) fn start_links(shards: &Shards, names: &[String]) {
             pipes.insert((from, to), pipe.clone());
             let (src, dst) = (shards.all()[from].clone(), shards.all()[to].clone());
             let (src_name, dst_name) = (names[from].clone(), names[to].clone());
-            tokio::spawn(receive(pipe, src, src_name, dst, dst_name));
+            shards.spawn(to, receive(pipe, src, src_name, dst, dst_name));
         }
     }
     for from in 0..n {
@@ -505,7 +587,7 @@ pub(crate) fn start_links(shards: &Shards, names: &[String]) {
             .filter(|&to| to != from)
             .filter_map(|to| Some((names[to].clone(), pipes.get(&(from, to))?.clone())))
             .collect();
-        tokio::spawn(async move {
+        shards.spawn(from, async move {
             loop {
                 wake.notified().await;
                 let out = lock(&src).take_link_out();
@@ -568,9 +650,78 @@ async fn receive(pipe: Arc<Pipe>, src: Shared, src_name: String, dst: Shared, ds
     }
 }
 
+/// Shard `k`'s broker configuration, before the node's settings.
+pub(crate) fn config(data_dir: &Path, node: &str, k: usize) -> BrokerConfig {
+    let mut cfg = BrokerConfig::new(shard_dir(data_dir, k));
+    cfg.node_name = shard_name(node, k);
+    cfg.first_conn_id = first_conn_id(k);
+    cfg
+}
+
+/// A sharded node's metadata, open, while its shards' brokers open on it.
+pub(crate) struct Opening {
+    meta: ShardMetadata,
+    /// Where the metadata's commits run: a runtime of its own, as an
+    /// operator's change waits for its commit under a shard's lock.
+    rt: tokio::runtime::Handle,
+    /// Each shard's store's flag, set while its replay runs.
+    replaying: Vec<Arc<AtomicBool>>,
+}
+
+impl Opening {
+    /// Opens the metadata of node `node`'s `n` shards in `data_dir`; the
+    /// first sharded start of a node that ran unsharded imports its
+    /// `metadata.json` (its queues are then shard 0's, in their place).
+    pub(crate) async fn open(data_dir: &Path, node: &str, n: usize) -> anyhow::Result<Self> {
+        let imported = !was_sharded(data_dir);
+        let meta = ShardMetadata::open(data_dir, node, n)?;
+        let file = data_dir.join("metadata.json");
+        if imported && file.exists() {
+            crate::cluster::import_file_store(&meta, &file).await?;
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("warren-shards-meta")
+            .enable_all()
+            .build()
+            .context("starting the shards' metadata runtime")?;
+        // The runtime lives as long as the process.
+        let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
+        Ok(Self {
+            meta,
+            rt: rt.handle().clone(),
+            replaying: Vec::new(),
+        })
+    }
+
+    /// Shard `k`'s metadata store (call for each shard in order).
+    pub(crate) fn store(&mut self, k: usize) -> Box<dyn MetadataStore> {
+        let r = Arc::new(AtomicBool::new(false));
+        self.replaying.push(r.clone());
+        Box::new(
+            ClusterStore::new(self.meta.for_shard(k), self.rt.clone(), r).closing_after_commit(),
+        )
+    }
+
+    /// Starts the shards' brokers on the metadata: each pointed at the
+    /// other shards' queues, replaying every change and making its clients'
+    /// commits, and the links between them.
+    pub(crate) fn start(self, shards: &Shards) -> ShardMetadata {
+        let mut names = Vec::new();
+        for (k, (b, r)) in shards.all().iter().zip(self.replaying).enumerate() {
+            let meta = self.meta.for_shard(k);
+            names.push(meta.node().to_string());
+            point_at_masters(&meta, b);
+            crate::cluster::attach(meta, self.rt.clone(), r, b.clone());
+        }
+        start_links(shards, &names);
+        self.meta
+    }
+}
+
 /// Makes each shard's broker serve its queues and forward the others: the
 /// queues of the metadata mastered on another shard are pointed there.
-pub(crate) fn point_at_masters(meta: &ShardMetadata, broker: &Shared) {
+fn point_at_masters(meta: &ShardMetadata, broker: &Shared) {
     let m = meta.local();
     let me = meta.node().as_str();
     let mut b = lock(broker);
@@ -589,4 +740,79 @@ pub(crate) fn check(n: usize, clustered: bool) -> anyhow::Result<()> {
         "--shards above 1 is not yet supported on a cluster member (--peer-addr)"
     );
     Ok(())
+}
+
+/// A node of `n` shards inside the process, without listeners: the brokers,
+/// their metadata, links and services as `warren --shards N` runs them, and
+/// clients served by the node's own connection shell over in-process
+/// streams instead of sockets (`benches/shards.rs`). With one shard, its
+/// metadata is kept as a sharded node's (an unsharded node keeps
+/// `metadata.json`; the data path is the same).
+pub struct InProcess {
+    shards: Shards,
+    services: Option<crate::services::Services>,
+    running: Arc<AtomicBool>,
+    sockets: crate::sockets::ClientSockets,
+}
+
+impl std::fmt::Debug for InProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcess")
+            .field("shards", &self.shards.all().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl InProcess {
+    /// Starts `n` shards on the data in `data_dir` (the default user
+    /// `guest` on a new one).
+    pub async fn start(data_dir: &Path, n: usize) -> anyhow::Result<Self> {
+        let node = "warren@localhost";
+        let mut opening = Opening::open(data_dir, node, n).await?;
+        let mut brokers = Vec::with_capacity(n);
+        for k in 0..n {
+            let broker = Broker::open(config(data_dir, node, k), opening.store(k))?;
+            brokers.push(Arc::new(warren_lock::MeasuredMutex::new(broker)));
+        }
+        let shards = Shards::new(brokers)?;
+        opening.start(&shards);
+        let services = crate::services::Services::start(&shards)?;
+        Ok(Self {
+            shards,
+            services: Some(services),
+            running: Arc::new(AtomicBool::new(true)),
+            sockets: crate::sockets::ClientSockets::for_fd_limit(None),
+        })
+    }
+
+    /// A new client connection to shard `k` (modulo the shards): the
+    /// client's end of a stream the node's connection shell serves.
+    pub async fn connect(&self, k: usize) -> tokio::io::DuplexStream {
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let k = k % self.shards.all().len();
+        let broker = self.shards.all()[k].clone();
+        let socket = self.sockets.reserve().await.hold();
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        self.shards.spawn(
+            k,
+            crate::client::serve(broker, server, peer, self.running.clone(), socket),
+        );
+        client
+    }
+
+    /// How long each shard's broker lock has been held so far.
+    pub fn lock_held(&self) -> Vec<Duration> {
+        self.shards.all().iter().map(|b| b.stats().held).collect()
+    }
+
+    /// Closes every client and stops, everything on disk.
+    pub async fn stop(mut self) {
+        self.running.store(false, Ordering::SeqCst);
+        for b in self.shards.all() {
+            lock(b).close_all("broker shutdown");
+        }
+        if let Some(s) = self.services.take() {
+            s.stop(&self.shards).await;
+        }
+    }
 }

@@ -1,0 +1,160 @@
+//! `cargo xtask bench shards [--queues K] [--duration S] [--runs R]`: the
+//! shard model's bench (`crates/node/benches/shards.rs`): one node inside
+//! the bench's process, driven by K independent loads of the lean generator
+//! over in-process streams, with `--shards 1` and `--shards 2`, on 1 KiB
+//! persistent messages with confirms and on 16 B transient ones. Prints
+//! consumed/s side by side (the median of the runs), and the share of the
+//! broker's CPU spent holding a lock shared by all queues: with one shard
+//! its broker lock; with two there is none (each shard's lock is its
+//! queues' alone), and each shard lock's share is shown beside it.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::bench::result_field;
+
+/// One run's figures.
+struct Run {
+    consumed: f64,
+    broker_cpu: f64,
+    lock_held: Vec<f64>,
+}
+
+fn flag(rest: &[&str], name: &str, default: u64) -> anyhow::Result<u64> {
+    match rest.iter().position(|a| *a == name) {
+        Some(i) => rest
+            .get(i + 1)
+            .with_context(|| format!("{name} needs a value"))?
+            .parse()
+            .with_context(|| format!("{name} takes a number")),
+        None => Ok(default),
+    }
+}
+
+/// Runs the bench once.
+fn run_once(
+    exe: &Path,
+    shards: u64,
+    queues: u64,
+    secs: u64,
+    persistent: bool,
+) -> anyhow::Result<Run> {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "--shards",
+        &shards.to_string(),
+        "--queues",
+        &queues.to_string(),
+        "--duration",
+        &secs.to_string(),
+    ]);
+    if persistent {
+        cmd.arg("--persistent");
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "the shards bench failed: {}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("result "))
+        .context("no result line from the shards bench")?;
+    println!("    {line}");
+    let held = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("lock_held_s="))
+        .context("no lock_held_s")?
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<f64>, _>>()?;
+    Ok(Run {
+        consumed: result_field(line, "consumed/s")?,
+        broker_cpu: result_field(line, "broker_cpu_s")?,
+        lock_held: held,
+    })
+}
+
+/// Builds the bench (release) once and returns its executable.
+fn build(root: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let out = crate::cargo()
+        .current_dir(root)
+        .args([
+            "bench",
+            "-p",
+            "warren-node",
+            "--bench",
+            "shards",
+            "--no-run",
+            "--message-format",
+            "json",
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("building the shards bench")?;
+    anyhow::ensure!(out.status.success(), "building the shards bench failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"]["name"] == "shards")
+        .find_map(|v| v["executable"].as_str().map(std::path::PathBuf::from))
+        .context("cargo named no shards bench executable")
+}
+
+/// `bench shards`.
+pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
+    let queues = flag(rest, "--queues", 4)?;
+    let secs = flag(rest, "--duration", 5)?;
+    let runs = flag(rest, "--runs", 3)?.max(1);
+    let exe = build(root)?;
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| workload ({queues} queues) | 1 shard consumed/s | 2 shards consumed/s | ratio | lock shared by all queues, held / broker CPU: 1 shard | 2 shards | each shard lock, held / broker CPU (2 shards) |"
+    )?;
+    writeln!(table, "|---|---:|---:|---:|---:|---:|---|")?;
+    for (name, persistent) in [
+        ("1 KiB persistent, 100 confirms, manual acks", true),
+        ("16 B transient, auto-ack", false),
+    ] {
+        let mut by_shards = Vec::new();
+        for shards in [1, 2] {
+            let mut all = Vec::new();
+            for r in 0..runs {
+                println!("==> {name}, {shards} shard(s), run {} of {runs}", r + 1);
+                all.push(run_once(&exe, shards, queues, secs, persistent)?);
+            }
+            all.sort_by(|a, b| a.consumed.total_cmp(&b.consumed));
+            by_shards.push(all.swap_remove(all.len() / 2));
+        }
+        let (one, two) = (&by_shards[0], &by_shards[1]);
+        let share = |r: &Run, h: f64| {
+            if r.broker_cpu > 0.0 {
+                format!("{:.0} %", 100.0 * h / r.broker_cpu)
+            } else {
+                "–".to_owned()
+            }
+        };
+        let each: Vec<String> = two.lock_held.iter().map(|h| share(two, *h)).collect();
+        writeln!(
+            table,
+            "| {name} | {} | {} | {:.2}× | {} | 0 % (none) | {} |",
+            crate::bench::human(one.consumed),
+            crate::bench::human(two.consumed),
+            two.consumed / one.consumed.max(1.0),
+            share(one, one.lock_held.iter().sum()),
+            each.join(", ")
+        )?;
+    }
+    let out = crate::bench::target_dir(root).join("bench-shards.md");
+    std::fs::write(&out, &table)?;
+    println!("\n{table}\n(written to {})", out.display());
+    Ok(())
+}
