@@ -48,6 +48,7 @@ mod dispatch;
 pub(crate) mod introspect;
 pub(crate) mod link;
 pub(crate) mod mirrored;
+mod moving;
 mod parked;
 mod persistence;
 pub(crate) mod policies;
@@ -59,6 +60,7 @@ mod topology;
 
 pub use args::QUEUE_RESIDENT_MAX;
 pub use commits::{CommitDone, MetaCommit};
+pub use moving::Moving;
 pub use persistence::{Reopen, SyncBatch};
 pub use state::Departed;
 
@@ -143,6 +145,10 @@ pub struct BrokerConfig {
     /// node give out ids of their own (a node's management API lists them
     /// together).
     pub first_conn_id: ConnId,
+    /// The other shards of this node, by node name: a client connection
+    /// whose first queue is mastered on one of them moves there
+    /// (`moving.rs`). Empty on an unsharded node.
+    pub siblings: Vec<Arc<str>>,
 }
 
 /// RabbitMQ 3.10's default `consumer_timeout`: 30 minutes.
@@ -159,6 +165,7 @@ impl BrokerConfig {
             consumer_timeout_ms: CONSUMER_TIMEOUT_MS,
             journal: true,
             first_conn_id: 1,
+            siblings: Vec::new(),
         }
     }
 }

@@ -67,18 +67,17 @@ pub(crate) async fn start(
             };
             let socket = socket.hold();
             let _ = stream.set_nodelay(true);
-            let (acceptor, broker, running) = (
-                acceptor.clone(),
-                shards.all()[shards.pick()].clone(),
-                running.clone(),
-            );
+            let (acceptor, shards, running) = (acceptor.clone(), shards.clone(), running.clone());
             tokio::spawn(async move {
                 // As long as an AMQP handshake may take: a silent or slow
                 // client does not hold a task and a socket for ever.
                 let handshake =
                     tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
                 match handshake.await {
-                    Ok(Ok(tls)) => serve(broker, tls, peer, running, socket).await,
+                    Ok(Ok(tls)) => {
+                        let k = shards.pick();
+                        serve(shards, k, tls, peer, running, socket).await;
+                    }
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "AMQPS handshake failed"),
                     Err(_) => tracing::info!(%peer, "AMQPS handshake timed out"),
                 }

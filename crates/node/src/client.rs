@@ -8,8 +8,10 @@
 //! (a FIN behind unread data). A blocked client that goes away is gone at
 //! once, with everything it held.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -21,8 +23,9 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use warren_broker::{Broker, ConnId, Departed};
 
+use crate::shards::Shards;
 use crate::sockets::HeldSocket;
-use crate::{Shared, lock, now_ms};
+use crate::{lock, now_ms};
 
 /// Bytes a paused connection may read ahead without feeding them: room for
 /// its heartbeats and its EOF, little enough that a held publisher cannot
@@ -34,29 +37,78 @@ const HELD_INPUT_MAX: usize = 256 * 1024;
 const GONE_PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// A client's byte stream (plain TCP, TLS over it, or a stream inside the
-/// process), which a paused connection probes for a peer that has hung up.
-pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+/// process), which a paused connection probes for a peer that has hung up,
+/// and which follows its connection to another shard's thread.
+pub(crate) trait ClientStream:
+    AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static
+{
+    /// The stream between two threads' runtimes.
+    type Away: Send + 'static;
     /// Whether the peer has hung up, even with data of its still unread.
     fn hung_up(&self) -> bool;
+    /// Takes the stream off this thread's runtime, to go to another's.
+    fn unhome(self) -> Unhomed<Self>;
+    /// The stream registered with the calling thread's runtime.
+    fn rehome(away: Self::Away) -> std::io::Result<Self>;
+}
+
+/// What [`ClientStream::unhome`] gives.
+pub(crate) enum Unhomed<S: ClientStream> {
+    /// Free to go to another runtime.
+    Away(S::Away),
+    /// It cannot leave this runtime: it stays, served from here.
+    Stays(S),
+    /// Its socket failed.
+    Lost,
 }
 
 impl ClientStream for TcpStream {
+    type Away = std::net::TcpStream;
+
     fn hung_up(&self) -> bool {
         peer_gone(self)
+    }
+
+    fn unhome(self) -> Unhomed<Self> {
+        self.into_std().map_or(Unhomed::Lost, Unhomed::Away)
+    }
+
+    fn rehome(away: Self::Away) -> std::io::Result<Self> {
+        Self::from_std(away)
     }
 }
 
 impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {
+    type Away = Self;
+
     fn hung_up(&self) -> bool {
         peer_gone(self.get_ref().0)
+    }
+
+    fn unhome(self) -> Unhomed<Self> {
+        Unhomed::Stays(self)
+    }
+
+    fn rehome(away: Self::Away) -> std::io::Result<Self> {
+        Ok(away)
     }
 }
 
 /// A client inside the process (`shards::InProcess`): its end is seen when
-/// the stream ends.
+/// the stream ends; it belongs to no runtime.
 impl ClientStream for tokio::io::DuplexStream {
+    type Away = Self;
+
     fn hung_up(&self) -> bool {
         false
+    }
+
+    fn unhome(self) -> Unhomed<Self> {
+        Unhomed::Away(self)
+    }
+
+    fn rehome(away: Self::Away) -> std::io::Result<Self> {
+        Ok(away)
     }
 }
 
@@ -83,17 +135,17 @@ fn turn_state(b: &Broker, id: ConnId) -> (Option<u64>, bool) {
 /// Runs one client connection over TCP, or TLS for AMQPS. `socket`, its
 /// share of the node's client sockets, is given back when it ends.
 pub(crate) async fn serve(
-    broker: Shared,
-    mut stream: impl ClientStream,
+    shards: Shards,
+    k: usize,
+    stream: impl ClientStream,
     peer: SocketAddr,
     running: Arc<AtomicBool>,
     socket: HeldSocket,
 ) {
-    let _socket = socket;
     let notify = Arc::new(Notify::new());
     let id = {
         let n = notify.clone();
-        let mut b = lock(&broker);
+        let mut b = lock(&shards.all()[k]);
         // Checked under the broker lock: `stop_app` clears it before its
         // `close_all`, so a client accepted just before is closed either way.
         if !running.load(Ordering::SeqCst) {
@@ -101,114 +153,202 @@ pub(crate) async fn serve(
         }
         b.connect(peer, Arc::new(move || n.notify_one()))
     };
-    let mut input = BytesMut::with_capacity(64 * 1024);
-    let mut output = BytesMut::with_capacity(64 * 1024);
-    // Bytes wait in `input`, unfed because the connection was paused.
-    let mut held = false;
-    let mut probed = Instant::now();
-    // The connection's timer deadline and whether its input is paused, as
-    // the last turn under the lock left them (read in that same turn: one
-    // lock per turn, not two).
-    let (mut deadline, mut paused) = turn_state(&lock(&broker), id);
-    loop {
-        if held && !paused {
-            let mut b = lock(&broker);
-            if !b.input_paused(id) {
-                b.handle_input(id, &mut input, now_ms());
-                held = !input.is_empty() && b.input_paused(id);
-            }
-            (deadline, paused) = turn_state(&b, id);
-        }
-        let full = paused && input.len() >= HELD_INPUT_MAX;
-        if full && probed.elapsed() >= GONE_PROBE_EVERY {
-            probed = Instant::now();
-            if stream.hung_up() {
-                break;
-            }
-        }
-        let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
-        if input.capacity() - input.len() < 16 * 1024 {
-            input.reserve(64 * 1024);
-        }
-        let open = {
-            let mut b = tokio::select! {
-                // Flow control: a publisher waits while mirrored queues catch up.
-                () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
-                    let mut b = lock(&broker);
-                    if full {
-                        // We are the ones not reading: its silence is ours.
-                        b.hold_input(id);
-                    }
-                    b
+    let session = Session {
+        k,
+        id,
+        input: BytesMut::with_capacity(64 * 1024),
+        notify,
+        _socket: socket,
+    };
+    run(shards, stream, session).await;
+}
+
+/// A client connection's state between two turns, which goes with it to
+/// another shard's thread.
+struct Session {
+    /// Its shard.
+    k: usize,
+    id: ConnId,
+    /// Bytes read and not yet fed to the broker.
+    input: BytesMut,
+    /// Woken when another connection's work left output for it.
+    notify: Arc<Notify>,
+    _socket: HeldSocket,
+}
+
+/// Serves `session` over `stream` until it ends; a connection that moves
+/// to another shard (`Broker::moving`) goes on on that shard's thread.
+fn run<S: ClientStream>(
+    shards: Shards,
+    mut stream: S,
+    session: Session,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let Session {
+            k: first,
+            mut id,
+            mut input,
+            notify,
+            _socket,
+        } = session;
+        let mut broker = shards.all()[first].clone();
+        let mut output = BytesMut::with_capacity(64 * 1024);
+        // Bytes wait in `input`, unfed because the connection was paused (or
+        // was moving).
+        let mut held = !input.is_empty();
+        let mut probed = Instant::now();
+        // The connection's timer deadline and whether its input is paused, as
+        // the last turn under the lock left them (read in that same turn: one
+        // lock per turn, not two).
+        let (mut deadline, mut paused) = turn_state(&lock(&broker), id);
+        loop {
+            if held && !paused {
+                let mut b = lock(&broker);
+                if !b.input_paused(id) {
+                    b.handle_input(id, &mut input, now_ms());
+                    held = !input.is_empty() && b.input_paused(id);
                 }
-                r = stream.read_buf(&mut input), if !full => match r {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
+                (deadline, paused) = turn_state(&b, id);
+            }
+            let full = paused && input.len() >= HELD_INPUT_MAX;
+            if full && probed.elapsed() >= GONE_PROBE_EVERY {
+                probed = Instant::now();
+                if stream.hung_up() {
+                    break;
+                }
+            }
+            let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
+            if input.capacity() - input.len() < 16 * 1024 {
+                input.reserve(64 * 1024);
+            }
+            // Whether it stays open, and the shard it asks to move to.
+            let (open, moving) = {
+                let mut b = tokio::select! {
+                    // Flow control: a publisher waits while mirrored queues catch up.
+                    () = tokio::time::sleep(Duration::from_millis(2)), if paused => {
                         let mut b = lock(&broker);
-                        if b.input_paused(id) {
+                        if full {
+                            // We are the ones not reading: its silence is ours.
                             b.hold_input(id);
-                        } else {
-                            b.handle_input(id, &mut input, now_ms());
                         }
-                        // What a paused connection left unread (a resource alarm
-                        // stops input after a content frame) is fed once it
-                        // resumes, even if nothing more arrives.
-                        held = !input.is_empty() && b.input_paused(id);
                         b
                     }
-                },
-                () = notify.notified() => lock(&broker),
-                () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
-                    let mut b = lock(&broker);
-                    b.handle_conn_tick(id, now_ms());
-                    b
-                }
+                    r = stream.read_buf(&mut input), if !full => match r {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            let mut b = lock(&broker);
+                            if b.input_paused(id) {
+                                b.hold_input(id);
+                            } else {
+                                b.handle_input(id, &mut input, now_ms());
+                            }
+                            // What a paused connection left unread (a resource alarm
+                            // stops input after a content frame) is fed once it
+                            // resumes, even if nothing more arrives.
+                            held = !input.is_empty() && b.input_paused(id);
+                            b
+                        }
+                    },
+                    () = notify.notified() => lock(&broker),
+                    () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
+                        let mut b = lock(&broker);
+                        b.handle_conn_tick(id, now_ms());
+                        b
+                    }
+                };
+                let open = b.take_output(id, &mut output);
+                (deadline, paused) = turn_state(&b, id);
+                (open, b.moving(id))
             };
-            let open = b.take_output(id, &mut output);
-            (deadline, paused) = turn_state(&b, id);
-            open
-        };
-        if !output.is_empty() {
-            if stream.write_all(&output).await.is_err() {
+            if !output.is_empty() {
+                if stream.write_all(&output).await.is_err() {
+                    break;
+                }
+                // Drop our handle so that the encoder can reuse the allocation.
+                output = BytesMut::new();
+            }
+            if !open {
                 break;
             }
-            // Drop our handle so that the encoder can reuse the allocation.
-            output = BytesMut::new();
-        }
-        if !open {
-            break;
-        }
-    }
-    let departed = lock(&broker).disconnect(id, now_ms());
-    // Unfinished messages can be large: freed here, off the broker's lock.
-    let closed = departed
-        .filter(Departed::client_closed)
-        .map(Departed::into_amqp);
-    if let Some(mut amqp) = closed {
-        // After close-ok the socket is the client's to close, as with
-        // RabbitMQ: a client may still be writing what it queued behind its
-        // connection.close (amqplib's publishes; amqp091-go's concurrent
-        // closes, each waiting for its close-ok), and one that reads
-        // end-of-file before it has seen its own close through takes it for
-        // a lost connection. So it is read to its end (or for a bounded
-        // time) before this side is shut.
-        let _ = tokio::time::timeout(CLOSED_READ_LIMIT, async {
-            loop {
-                amqp.handle_bytes(&mut input);
-                output.clear();
-                amqp.take_output(&mut output);
-                if !output.is_empty() && stream.write_all(&output).await.is_err() {
-                    return;
+            // Its first queue is another shard's: it goes there, and its
+            // task to that shard's thread.
+            if let Some(to) = moving {
+                let Some(k) = shards.by_name(&to) else {
+                    lock(&broker).stay(id);
+                    continue;
+                };
+                let detached = lock(&broker).detach(id);
+                let Some(m) = detached else { continue };
+                let target = shards.all()[k].clone();
+                {
+                    let n = notify.clone();
+                    let mut t = lock(&target);
+                    id = t.attach(m, Arc::new(move || n.notify_one()), now_ms());
+                    (deadline, paused) = turn_state(&t, id);
                 }
-                input.reserve(16 * 1024);
-                if !matches!(stream.read_buf(&mut input).await, Ok(n) if n > 0) {
-                    return;
+                broker = target;
+                // What it did there is taken on its next turn.
+                notify.notify_one();
+                match stream.unhome() {
+                    Unhomed::Away(away) => {
+                        let session = Session {
+                            k,
+                            id,
+                            input,
+                            notify,
+                            _socket,
+                        };
+                        let to = shards.clone();
+                        shards.spawn(k, async move {
+                        match S::rehome(away) {
+                            Ok(stream) => run(to, stream, session).await,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "a client's socket could not follow it to its shard");
+                                drop(lock(&to.all()[k]).disconnect(session.id, now_ms()));
+                            }
+                        }
+                    });
+                        return;
+                    }
+                    Unhomed::Stays(s) => stream = s,
+                    Unhomed::Lost => {
+                        drop(lock(&broker).disconnect(id, now_ms()));
+                        return;
+                    }
                 }
             }
-        })
-        .await;
-    }
-    let _ = stream.shutdown().await;
+        }
+        let departed = lock(&broker).disconnect(id, now_ms());
+        // Unfinished messages can be large: freed here, off the broker's lock.
+        let closed = departed
+            .filter(Departed::client_closed)
+            .map(Departed::into_amqp);
+        if let Some(mut amqp) = closed {
+            // After close-ok the socket is the client's to close, as with
+            // RabbitMQ: a client may still be writing what it queued behind its
+            // connection.close (amqplib's publishes; amqp091-go's concurrent
+            // closes, each waiting for its close-ok), and one that reads
+            // end-of-file before it has seen its own close through takes it for
+            // a lost connection. So it is read to its end (or for a bounded
+            // time) before this side is shut.
+            let _ = tokio::time::timeout(CLOSED_READ_LIMIT, async {
+                loop {
+                    amqp.handle_bytes(&mut input);
+                    output.clear();
+                    amqp.take_output(&mut output);
+                    if !output.is_empty() && stream.write_all(&output).await.is_err() {
+                        return;
+                    }
+                    input.reserve(16 * 1024);
+                    if !matches!(stream.read_buf(&mut input).await, Ok(n) if n > 0) {
+                        return;
+                    }
+                }
+            })
+            .await;
+        }
+        let _ = stream.shutdown().await;
+    })
 }
 
 /// How long a connection the client closed is read to its end, at most,

@@ -312,7 +312,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
             d.vhosts.is_empty() && d.users.is_empty()
         };
         let data_dir = shards::shard_dir(&args.data_dir, k);
-        let mut cfg = shards::config(&args.data_dir, &args.node_name, k);
+        let mut cfg = shards::config(&args.data_dir, &args.node_name, k, args.shards);
         if let Some(ms) = args.settings.consumer_timeout_ms {
             cfg.consumer_timeout_ms = ms;
         }

@@ -446,6 +446,8 @@ pub(crate) struct Shards {
     /// over threads that would wait for each other on its lock. None for a
     /// node of one shard: its work runs on the node's runtime.
     threads: Arc<[tokio::runtime::Handle]>,
+    /// Each shard's node name.
+    names: Arc<[Arc<str>]>,
     next: Arc<AtomicUsize>,
 }
 
@@ -482,9 +484,14 @@ impl Shards {
                 );
             }
         }
+        let names: Vec<Arc<str>> = brokers
+            .iter()
+            .map(|b| Arc::from(lock(b).node_name()))
+            .collect();
         Ok(Self {
             brokers: brokers.into(),
             threads: threads.into(),
+            names: names.into(),
             next: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -512,9 +519,15 @@ impl Shards {
         running: Arc<AtomicBool>,
         socket: crate::sockets::HeldSocket,
     ) {
-        let broker = self.brokers[k].clone();
         if self.threads.is_empty() {
-            tokio::spawn(crate::client::serve(broker, stream, peer, running, socket));
+            tokio::spawn(crate::client::serve(
+                self.clone(),
+                k,
+                stream,
+                peer,
+                running,
+                socket,
+            ));
             return;
         }
         let stream = match stream.into_std() {
@@ -524,9 +537,10 @@ impl Shards {
                 return;
             }
         };
+        let shards = self.clone();
         self.spawn(k, async move {
             match tokio::net::TcpStream::from_std(stream) {
-                Ok(s) => crate::client::serve(broker, s, peer, running, socket).await,
+                Ok(s) => crate::client::serve(shards, k, s, peer, running, socket).await,
                 Err(e) => tracing::warn!(%peer, error = %e, "could not hand a client to its shard"),
             }
         });
@@ -541,6 +555,11 @@ impl Shards {
     /// control act through.
     pub(crate) fn first(&self) -> &Shared {
         &self.brokers[0]
+    }
+
+    /// The shard named `name`.
+    pub(crate) fn by_name(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| **n == *name)
     }
 
     /// The shard a new client connection goes to (each in turn).
@@ -650,11 +669,17 @@ async fn receive(pipe: Arc<Pipe>, src: Shared, src_name: String, dst: Shared, ds
     }
 }
 
-/// Shard `k`'s broker configuration, before the node's settings.
-pub(crate) fn config(data_dir: &Path, node: &str, k: usize) -> BrokerConfig {
+/// Shard `k`'s broker configuration, of `n`, before the node's settings.
+pub(crate) fn config(data_dir: &Path, node: &str, k: usize, n: usize) -> BrokerConfig {
     let mut cfg = BrokerConfig::new(shard_dir(data_dir, k));
     cfg.node_name = shard_name(node, k);
     cfg.first_conn_id = first_conn_id(k);
+    cfg.siblings = (0..n)
+        .filter(|&s| s != k)
+        .map(|s| Arc::from(shard_name(node, s)))
+        .collect();
+    // Clients see the node's name, whichever shard serves them.
+    cfg.amqp.cluster_name = Some(node.to_owned());
     cfg
 }
 
@@ -771,7 +796,7 @@ impl InProcess {
         let mut opening = Opening::open(data_dir, node, n).await?;
         let mut brokers = Vec::with_capacity(n);
         for k in 0..n {
-            let broker = Broker::open(config(data_dir, node, k), opening.store(k))?;
+            let broker = Broker::open(config(data_dir, node, k, n), opening.store(k))?;
             brokers.push(Arc::new(warren_lock::MeasuredMutex::new(broker)));
         }
         let shards = Shards::new(brokers)?;
@@ -790,12 +815,12 @@ impl InProcess {
     pub async fn connect(&self, k: usize) -> tokio::io::DuplexStream {
         let (client, server) = tokio::io::duplex(256 * 1024);
         let k = k % self.shards.all().len();
-        let broker = self.shards.all()[k].clone();
         let socket = self.sockets.reserve().await.hold();
         let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let shards = self.shards.clone();
         self.shards.spawn(
             k,
-            crate::client::serve(broker, server, peer, self.running.clone(), socket),
+            crate::client::serve(shards, k, server, peer, self.running.clone(), socket),
         );
         client
     }

@@ -293,3 +293,40 @@ async fn an_exclusive_queue_is_gone_on_every_shard_once_its_client_closed() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn clients_of_another_shards_queue_move_there_and_keep_the_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(dir.path(), SHARDS);
+    within(async {
+        // The queue on shard 0; a publisher and a consumer given to shard 1,
+        // each moving to shard 0 at its first command naming the queue.
+        let conns = connections(&node, 4).await;
+        declare_durable(&conns[0].create_channel().await.expect("channel"), "mq").await;
+        let consumer_ch = conns[3].create_channel().await.expect("channel");
+        let mut consumer = consumer_ch
+            .basic_consume(
+                "mq".into(),
+                "moved".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let publisher = confirmed_channel(&conns[1]).await;
+        publish(&publisher, "", "mq", 300).await;
+        for i in 0..300 {
+            let d = consumer
+                .next()
+                .await
+                .expect("a delivery")
+                .expect("delivery");
+            assert_eq!(d.data, format!("mq-{i}").as_bytes(), "delivery {i}");
+            d.ack(BasicAckOptions::default()).await.expect("ack");
+        }
+        assert_eq!(count(&conns[2], "mq").await, 0);
+        let consumers = node.api("/api/consumers");
+        assert_eq!(consumers.as_array().map(Vec::len), Some(1), "{consumers}");
+    })
+    .await;
+}

@@ -23,7 +23,8 @@ impl Broker {
         let id = self.next_conn;
         self.next_conn += 1;
         let mut cfg = self.cfg.amqp.clone();
-        cfg.cluster_name = Some(self.cfg.node_name.clone());
+        cfg.cluster_name
+            .get_or_insert_with(|| self.cfg.node_name.clone());
         let mut amqp = Connection::new(cfg);
         amqp.hold_publishes(self.alarmed());
         self.conns.insert(
@@ -44,6 +45,9 @@ impl Broker {
                 client_closed: false,
                 link: None,
                 publisher: false,
+                placed: false,
+                moving: None,
+                resume: None,
                 targets: Vec::new(),
                 committing: None,
                 replies_waiting: 0,
@@ -233,12 +237,12 @@ impl Broker {
             let Some(c) = self.conns.get_mut(&id) else {
                 return;
             };
-            if c.committing.is_some() || c.replies_waiting > 0 {
-                // Its input waits until the commit is reported, or its
-                // waiting replies have gone out.
+            if c.committing.is_some() || c.replies_waiting > 0 || c.moving.is_some() {
+                // Its input waits until the commit is reported, its
+                // waiting replies have gone out, or it has moved.
                 return;
             }
-            let Some(ev) = c.amqp.poll_event() else {
+            let Some(ev) = c.resume.take().or_else(|| c.amqp.poll_event()) else {
                 break;
             };
             match ev {
@@ -283,6 +287,11 @@ impl Broker {
                     self.detached(|b| b.close_channel(id, channel));
                 }
                 Event::Command { channel, command } => {
+                    // Its first command naming a queue may move it to
+                    // the queue's shard first (`moving.rs`).
+                    let Some(command) = self.place(id, channel, command) else {
+                        return;
+                    };
                     let ids = method_ids(&command);
                     // Exchange and queue methods may change metadata.
                     let mark = if matches!(ids.0, 40 | 50) {

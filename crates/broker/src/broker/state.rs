@@ -396,6 +396,13 @@ pub(super) struct Conn {
     /// It has begun to publish (a basic.publish method arrived): flow
     /// control and resource alarms may hold its input back.
     pub(super) publisher: bool,
+    /// Its first command naming a queue has been seen: it stays on this
+    /// shard (or has moved here) for good (`moving.rs`).
+    pub(super) placed: bool,
+    /// The sibling shard it waits to be moved to.
+    pub(super) moving: Option<Arc<str>>,
+    /// The command set aside for after the move, handled first.
+    pub(super) resume: Option<warren_amqp::Event>,
     /// Its client traffic so far.
     pub(super) counters: stats::MessageCounters,
     /// Its confirm latencies so far.

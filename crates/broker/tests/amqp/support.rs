@@ -61,6 +61,15 @@ impl Node {
         Self::open_with(dir, store, cfg)
     }
 
+    /// A fresh broker at [`START_MS`] whose configuration `configure`
+    /// changes (its node name, its sibling shards).
+    pub fn with_config(configure: impl FnOnce(&mut BrokerConfig)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = BrokerConfig::new(dir.path());
+        configure(&mut cfg);
+        Self::open_with(dir, Box::new(MemoryStore::default()), cfg)
+    }
+
     fn open_in(dir: tempfile::TempDir, store: Box<dyn MetadataStore>) -> Self {
         let cfg = BrokerConfig::new(dir.path());
         Self::open_with(dir, store, cfg)
@@ -250,6 +259,37 @@ fn closed(inc: &Incoming) -> Option<Closed> {
 }
 
 impl Client {
+    /// The sibling shard this connection asks to move to, if it does
+    /// ([`Broker::moving`]).
+    pub fn moving(&self) -> Option<String> {
+        self.node
+            .0
+            .borrow()
+            .broker
+            .moving(self.id)
+            .map(|s| s.to_string())
+    }
+
+    /// Moves this connection to `to`, as the shell does when it asks to:
+    /// out of its broker ([`Broker::detach`]) and into `to`'s
+    /// ([`Broker::attach`]), then reads what it has there.
+    pub fn move_to(&mut self, to: &Node) {
+        let m = self
+            .node
+            .0
+            .borrow_mut()
+            .broker
+            .detach(self.id)
+            .expect("the connection asked to move");
+        {
+            let mut n = to.0.borrow_mut();
+            let now = n.now;
+            self.id = n.broker.attach(m, Arc::new(|| {}), now);
+        }
+        self.node = to.clone();
+        self.pump();
+    }
+
     /// Feeds raw bytes to the broker as if read from the socket, then
     /// reads whatever the broker has for this connection.
     pub fn send_bytes(&mut self, bytes: &[u8]) {
