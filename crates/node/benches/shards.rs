@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use warren_node::shards::InProcess;
+use warren::shards::InProcess;
 
 // Shared with `examples/amqp_bench.rs`; each uses part of it.
 #[allow(dead_code)]

@@ -1,5 +1,5 @@
-//! The `warren` binary: one Warren node (`warren_node::main`).
+//! The `warren` binary: one Warren node (`warren::main`).
 
 fn main() -> anyhow::Result<()> {
-    warren_node::main()
+    warren::main()
 }
