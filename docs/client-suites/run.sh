@@ -5,6 +5,7 @@
 #
 #   docs/client-suites/run.sh fetch      # suites, a venv and node modules into $SUITES
 #   docs/client-suites/run.sh warren     # start target/debug/warren, run every suite, stop it
+#   docs/client-suites/run.sh warren-shards N  # the same with `warren --shards N`
 #   docs/client-suites/run.sh rabbitmq   # the same with Debian's rabbitmq-server
 #   docs/client-suites/run.sh suites     # run every suite against whatever listens
 #   docs/client-suites/run.sh warren-cluster all|others
@@ -77,12 +78,13 @@ listeners() {
         "ssl_options.keyfile = $CERTS/server.key"
 }
 
+# One Warren node; its arguments follow (`--shards N`).
 start_warren() {
     bin=${WARREN_BIN:-$ROOT/target/debug/warren}
     d=$SUITES/warren && rm -rf "$d" && mkdir -p "$d"
     listeners > "$d/warren.conf"
     "$bin" --config "$d/warren.conf" --data-dir "$d/data" --http-addr 127.0.0.1:15682 \
-        --prometheus-addr 127.0.0.1:15702 > "$d/log" 2>&1 &
+        --prometheus-addr 127.0.0.1:15702 "$@" > "$d/log" 2>&1 &
     echo $! > "$d/pid"
     wait_port 5672
 }
@@ -284,6 +286,8 @@ suites() {
 case ${1:-} in
     fetch) fetch ;;
     warren) start_warren; trap 'stop warren' EXIT; suites warren ;;
+    warren-shards)
+        start_warren --shards "${2:-2}"; trap 'stop warren' EXIT; suites "warren-shards${2:-2}" ;;
     rabbitmq) start_rabbitmq; trap 'stop rabbitmq' EXIT; suites rabbitmq ;;
     suites) suites "${2:-broker}" ;;
     warren-cluster)

@@ -151,7 +151,10 @@ pub(crate) async fn serve(
         if !running.load(Ordering::SeqCst) {
             return;
         }
-        b.connect(peer, Arc::new(move || n.notify_one()))
+        let id = b.connect(peer, Arc::new(move || n.notify_one()));
+        // Its first queue may be another shard's: this shell moves it.
+        b.may_move(id);
+        id
     };
     let session = Session {
         k,

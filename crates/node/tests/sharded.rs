@@ -194,6 +194,20 @@ async fn every_connection_serves_the_queues_of_every_shard() {
             .await
             .expect("ack");
         assert_eq!(count(&conns[2], "q0").await, 0);
+        // The management API's own client (on shard 0) publishes to and
+        // gets from shard 1's queue.
+        let routed = node.api_post(
+            "/api/exchanges/%2F/amq.default/publish",
+            &serde_json::json!({"routing_key": "q1", "payload": "web",
+                "payload_encoding": "string", "properties": {}}),
+        );
+        assert_eq!(routed["routed"], true, "{routed}");
+        let got = node.api_post(
+            "/api/queues/%2F/q1/get",
+            &serde_json::json!({"count": 1, "ackmode": "ack_requeue_false",
+                "encoding": "auto"}),
+        );
+        assert_eq!(got[0]["payload"], "web", "{got}");
         // The management API names each queue's shard.
         let queues = node.api("/api/queues");
         let nodes: Vec<&str> = queues

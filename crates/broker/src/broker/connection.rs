@@ -45,7 +45,8 @@ impl Broker {
                 client_closed: false,
                 link: None,
                 publisher: false,
-                placed: false,
+                // Only a shell that can move it says so (`may_move`).
+                placed: true,
                 moving: None,
                 resume: None,
                 targets: Vec::new(),

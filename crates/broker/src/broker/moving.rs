@@ -2,7 +2,8 @@
 //! so that its work is served where its queue lives instead of forwarded
 //! there over a link.
 //!
-//! A connection is given to a shard before it names any queue. Its first
+//! A connection is given to a shard before it names any queue. If its shell
+//! can move it ([`Broker::may_move`]), its first
 //! command that names an existing queue mastered on a sibling shard
 //! ([`BrokerConfig::siblings`](crate::BrokerConfig)) (a publish to the
 //! default exchange, a consume, a get, a declare) is set aside, and the
@@ -101,6 +102,15 @@ impl Broker {
                 None
             }
             _ => Some(cmd),
+        }
+    }
+
+    /// Says that connection `id`'s shell can move it to a sibling shard
+    /// ([`moving`](Self::moving)); connections are not moved otherwise (the
+    /// management API's own, the tests').
+    pub fn may_move(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.placed = false;
         }
     }
 

@@ -34,6 +34,7 @@ fn two_shards() -> (Node, Node) {
 fn a_publisher_moves_to_the_shard_of_its_queue_and_is_confirmed_there() {
     let (zero, one) = two_shards();
     let mut c = one.connect();
+    c.allow_moving();
     c.open_channel(1);
     c.confirm_select(1);
     c.publish(1, "", "q", Message::new("first"));
@@ -61,6 +62,7 @@ fn a_consumer_moves_before_its_consume_and_gets_the_queues_messages() {
     p.open_channel(1);
     p.publish(1, "", "q", Message::new("waiting"));
     let mut c = one.connect();
+    c.allow_moving();
     c.open_channel(1);
     c.qos(1, 10, false);
     c.send(
@@ -83,9 +85,25 @@ fn a_consumer_moves_before_its_consume_and_gets_the_queues_messages() {
 }
 
 #[test]
+fn a_connection_whose_shell_cannot_move_it_is_forwarded() {
+    let (_zero, one) = two_shards();
+    let mut c = one.connect();
+    c.open_channel(1);
+    c.publish(1, "", "q", Message::new("far"));
+    assert!(c.moving().is_none());
+    let out = one.with_broker(|b| b.take_link_out());
+    assert!(
+        out.iter()
+            .any(|(node, msgs)| node == "w" && !msgs.is_empty()),
+        "the publish went over the link to shard 0: {out:?}"
+    );
+}
+
+#[test]
 fn a_connection_holding_work_on_its_shard_stays_and_is_forwarded() {
     let (_zero, one) = two_shards();
     let mut c = one.connect();
+    c.allow_moving();
     c.open_channel(1);
     // A queue of its own shard first: it is placed here.
     c.queue(1, "local");

@@ -270,6 +270,11 @@ impl Client {
             .map(|s| s.to_string())
     }
 
+    /// Lets the broker move this connection ([`Broker::may_move`]).
+    pub fn allow_moving(&mut self) {
+        self.node.0.borrow_mut().broker.may_move(self.id);
+    }
+
     /// Moves this connection to `to`, as the shell does when it asks to:
     /// out of its broker ([`Broker::detach`]) and into `to`'s
     /// ([`Broker::attach`]), then reads what it has there.

@@ -133,6 +133,22 @@ impl Node {
             .expect("a body")
     }
 
+    /// POSTs `body` to the management API as guest; the JSON answer.
+    pub fn api_post(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("guest:guest")
+        );
+        ureq::post(&format!("http://{}{path}", self.http))
+            .set("Authorization", &auth)
+            .set("Content-Type", "application/json")
+            .send_string(&body.to_string())
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+            .into_string()
+            .map(|t| serde_json::from_str(&t).expect("JSON"))
+            .expect("a body")
+    }
+
     /// The process's resident memory (`VmRSS`), in bytes.
     pub fn rss_bytes(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
