@@ -30,6 +30,16 @@ fn two_shards() -> (Node, Node) {
     (zero, one)
 }
 
+/// Shard 1 sent work over its link to shard 0.
+fn assert_forwarded_to_shard_0(one: &Node) {
+    let out = one.with_broker(|b| b.take_link_out());
+    assert!(
+        out.iter()
+            .any(|(node, msgs)| node == "w" && !msgs.is_empty()),
+        "the publish went over the link to shard 0: {out:?}"
+    );
+}
+
 #[test]
 fn a_publisher_moves_to_the_shard_of_its_queue_and_is_confirmed_there() {
     let (zero, one) = two_shards();
@@ -91,12 +101,7 @@ fn a_connection_whose_shell_cannot_move_it_is_forwarded() {
     c.open_channel(1);
     c.publish(1, "", "q", Message::new("far"));
     assert!(c.moving().is_none());
-    let out = one.with_broker(|b| b.take_link_out());
-    assert!(
-        out.iter()
-            .any(|(node, msgs)| node == "w" && !msgs.is_empty()),
-        "the publish went over the link to shard 0: {out:?}"
-    );
+    assert_forwarded_to_shard_0(&one);
 }
 
 #[test]
@@ -109,10 +114,5 @@ fn a_connection_holding_work_on_its_shard_stays_and_is_forwarded() {
     c.queue(1, "local");
     c.publish(1, "", "q", Message::new("far"));
     assert!(c.moving().is_none());
-    let out = one.with_broker(|b| b.take_link_out());
-    assert!(
-        out.iter()
-            .any(|(node, msgs)| node == "w" && !msgs.is_empty()),
-        "the publish went over the link to shard 0: {out:?}"
-    );
+    assert_forwarded_to_shard_0(&one);
 }
