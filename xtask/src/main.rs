@@ -1,6 +1,7 @@
 //! `cargo xtask`: the one entry point for Warren's developer tasks.
 //!
-//! - `cargo xtask test` — what CI runs: fmt check, check-arch, clippy, cargo-deny, nextest.
+//! - `cargo xtask test` — what CI runs: fmt check, check-arch, clippy, cargo-deny, nextest
+//!   (and the single-node suites again on nodes of two shards).
 //! - `cargo xtask check-arch` — ARCHITECTURE.md's dependency rules, checked (`check_arch`).
 //! - `cargo xtask bench transports` — the transport bench, printed as one table.
 //! - `cargo xtask bench shards` — one node of 1 and 2 shards, in process (`bench_shards`).
@@ -131,9 +132,16 @@ fn cargo() -> Command {
 /// Runs `cargo args…` as one step, printing it first, failing with its name
 /// if it fails.
 fn cargo_step(name: &str, args: &[&str]) -> anyhow::Result<()> {
-    println!("==> {name}: cargo {}", args.join(" "));
+    cargo_step_with(name, args, &[])
+}
+
+/// [`cargo_step`] with environment variables `envs` set.
+fn cargo_step_with(name: &str, args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<()> {
+    let shown: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("==> {name}: {}cargo {}", shown.concat(), args.join(" "));
     let status = cargo()
         .args(args)
+        .envs(envs.iter().copied())
         .status()
         .with_context(|| format!("could not start cargo for step `{name}`"))?;
     if !status.success() {
@@ -164,6 +172,30 @@ fn test(rest: &[&str]) -> anyhow::Result<()> {
     cargo_step(
         "tests",
         &["nextest", "run", "--workspace", "--no-fail-fast"],
+    )?;
+    // The single-node suites again against nodes of two shards.
+    cargo_step_with(
+        "tests on two shards",
+        &[
+            "nextest",
+            "run",
+            "-p",
+            "warren-node",
+            "--no-fail-fast",
+            "--test",
+            "amqp",
+            "--test",
+            "amqps",
+            "--test",
+            "http_api",
+            "--test",
+            "alarms",
+            "--test",
+            "disk_full",
+            "--test",
+            "hostile",
+        ],
+        &[("WARREN_TEST_SHARDS", "2")],
     )?;
     cargo_step("doc tests", &["test", "--workspace", "--doc"])?;
     println!("==> all checks passed");

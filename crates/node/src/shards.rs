@@ -45,6 +45,9 @@ const SHARDS_DIR: &str = "shards";
 /// snapshot if that is larger.
 const COMPACT_AT: u64 = 1024 * 1024;
 
+/// How often a metadata log that could not be written is tried again.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
 /// How long a change waits for the other shards to have replayed it.
 const REPLAY_WAIT: Duration = Duration::from_secs(2);
 
@@ -332,29 +335,43 @@ impl ShardMetadata {
     }
 
     /// Applies `cmd` once it is on disk; the index it was applied at.
+    /// Applies `cmd` once it is on disk; the index it was applied at. A
+    /// log that cannot be written (a full disk) is tried again every
+    /// [`RETRY_EVERY`] until it can, as a single node's metadata file is:
+    /// the change is answered then, never refused for the disk.
     fn write_now(&self, cmd: &Command) -> Result<(Outcome, u64), ClusterError> {
-        let mut st = self.state();
-        let mut next = Metadata::clone(&st.meta);
-        let outcome = next.apply(cmd).result?;
-        if let Err(e) = st.log.append(cmd) {
-            return Err(ClusterError::Io {
-                path: st.log.dir.join(LOG),
-                source: Arc::new(e),
-            });
-        }
-        st.index += 1;
-        let index = st.index;
-        if st.log.log_bytes > COMPACT_AT.max(st.log.snapshot_bytes) {
-            let shards = st.shards.clone();
-            if let Err(e) = st.log.snapshot(&next, index, &shards) {
-                // The log still holds every change: compacted next time.
-                tracing::warn!(error = %e, "could not write the shards' metadata snapshot");
+        let mut failed = false;
+        loop {
+            let mut st = self.state();
+            let mut next = Metadata::clone(&st.meta);
+            let outcome = next.apply(cmd).result?;
+            if let Err(e) = st.log.append(cmd) {
+                if !failed {
+                    tracing::error!(error = %e, "writing the shards' metadata log failed; retrying every second");
+                    failed = true;
+                }
+                // Not holding the metadata: its readers go on meanwhile.
+                drop(st);
+                std::thread::sleep(RETRY_EVERY);
+                continue;
             }
+            st.index += 1;
+            let index = st.index;
+            if st.log.log_bytes > COMPACT_AT.max(st.log.snapshot_bytes) {
+                let shards = st.shards.clone();
+                if let Err(e) = st.log.snapshot(&next, index, &shards) {
+                    // The log still holds every change: compacted next time.
+                    tracing::warn!(error = %e, "could not write the shards' metadata snapshot");
+                }
+            }
+            st.meta = Arc::new(next);
+            drop(st);
+            if failed {
+                tracing::info!("the shards' metadata log is written again");
+            }
+            self.shared.changes.send_replace(index);
+            return Ok((outcome, index));
         }
-        st.meta = Arc::new(next);
-        drop(st);
-        self.shared.changes.send_replace(index);
-        Ok((outcome, index))
     }
 }
 
