@@ -256,6 +256,17 @@ impl Broker {
                 self.fail_log(vhost, qname);
             }
         }
+        // What it owes the disk that nobody waits for (a no-ack delivery's
+        // removal, an ack) goes with the next group commit, or within
+        // 100 ms.
+        let owed = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(qname))
+            .is_some_and(|q| q.store.needs_sync() && !q.store.awaits_sync());
+        if owed {
+            self.want_lazy_sync();
+        }
         self.dead_letter();
     }
 

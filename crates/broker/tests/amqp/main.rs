@@ -10,6 +10,7 @@ mod dead_letter;
 mod disk;
 mod dispatch;
 mod flow;
+mod group_commit;
 mod moving;
 mod reply_to;
 mod routing;
