@@ -14,7 +14,9 @@
 //! declaring connection), and work for a queue of another shard goes there
 //! as [`LinkMsg`]s over in-process links ([`start_links`]), exactly as work
 //! for a queue of another node goes over the network. Clients are spread
-//! over the shards in turn.
+//! over the shards in turn, each served on its shard's thread
+//! ([`Shards::spawn`]), and move to the shard of the first existing queue
+//! they name (`broker/moving.rs`, `client.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
