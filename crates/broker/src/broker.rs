@@ -110,6 +110,14 @@ const MAX_FETCHES_IN_FLIGHT: u32 = 4096;
 pub const FLOW_READY_MAX: u64 = 256;
 /// See [`FLOW_READY_MAX`].
 const FLOW_ACTIVE_MS: u64 = 1_000;
+/// Deliveries a consumer that acks may trail what it was sent before it
+/// gets no more until it catches up (`state::Pace`). As small as
+/// [`FLOW_READY_MAX`] for the same reason: what it holds is latency.
+pub const CONSUMER_BEHIND_MAX: u64 = 256;
+/// A consumer counts as acking while its last settlement is this recent
+/// (`state::Pace`): one that stops, holding what it has, is sent messages
+/// again as its prefetch allows after this long.
+pub const CONSUMER_ACKING_MS: u64 = 100;
 /// Queues remembered per publishing connection for flow control.
 const FLOW_TARGETS: usize = 8;
 /// How deep dead-lettering may chain within one operation.

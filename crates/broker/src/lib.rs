@@ -40,8 +40,8 @@ pub use broker::stats::{
     QueueSample,
 };
 pub use broker::{
-    Broker, BrokerConfig, CommitDone, ConnId, Departed, FLOW_READY_MAX, MetaCommit, Moving,
-    Overview, QUEUE_RESIDENT_MAX, Reopen, SyncBatch, Waker,
+    Broker, BrokerConfig, CONSUMER_ACKING_MS, CONSUMER_BEHIND_MAX, CommitDone, ConnId, Departed,
+    FLOW_READY_MAX, MetaCommit, Moving, Overview, QUEUE_RESIDENT_MAX, Reopen, SyncBatch, Waker,
 };
 
 /// An error opening or configuring a broker.

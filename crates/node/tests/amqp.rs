@@ -1413,3 +1413,107 @@ async fn a_backlog_beyond_a_non_durable_queues_memory_budget_is_paged_out() {
     let _node = Node::start(dir.path(), &[]);
     assert!(!dir.path().join("transient").exists());
 }
+
+/// A consumer with no prefetch limit that acks each delivery as it gets to
+/// it but falls behind keeps its backlog in the queue, ready, where flow
+/// control holds its publishers back (`warren_broker::CONSUMER_BEHIND_MAX`),
+/// instead of in the client's memory: what is published while it is behind
+/// stays ready until it catches up, then comes in order.
+#[tokio::test]
+async fn an_unlimited_consumer_that_falls_behind_leaves_its_backlog_ready_in_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    within(async {
+        let publisher = node.connect().await;
+        let pch = publisher.create_channel().await.unwrap();
+        declare(
+            &pch,
+            "slow",
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        pch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let consumer = node.connect().await;
+        let cch = consumer.create_channel().await.unwrap();
+        let mut deliveries = cch
+            .basic_consume(
+                "slow".into(),
+                "slow".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let publish_confirmed = |from: u32, to: u32| {
+            let pch = pch.clone();
+            async move {
+                let mut confirms = Vec::new();
+                for i in from..to {
+                    let c = pch
+                        .basic_publish(
+                            "".into(),
+                            "slow".into(),
+                            BasicPublishOptions::default(),
+                            &i.to_be_bytes(),
+                            BasicProperties::default(),
+                        )
+                        .await
+                        .expect("basic.publish");
+                    confirms.push(c);
+                }
+                for c in confirms {
+                    assert!(c.await.expect("confirm").is_ack());
+                }
+            }
+        };
+        // 600 delivered at once (no prefetch limit), none acked yet.
+        let (first, later) = (600u32, 200u32);
+        publish_confirmed(0, first).await;
+        let mut got = Vec::new();
+        while got.len() < first as usize {
+            got.push(deliveries.next().await.unwrap().unwrap());
+        }
+        // It works through them, one ack every 5 ms, in order, and takes
+        // what comes next as it comes.
+        let acker = tokio::spawn(async move {
+            let mut order = Vec::new();
+            let mut pending: std::collections::VecDeque<_> = got.into();
+            while order.len() < (first + later) as usize {
+                while let Some(Some(Ok(d))) = futures::FutureExt::now_or_never(deliveries.next()) {
+                    pending.push_back(d);
+                }
+                let Some(d) = pending.pop_front() else {
+                    pending.push_back(deliveries.next().await.unwrap().unwrap());
+                    continue;
+                };
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                order.push(u32::from_be_bytes(d.data[..4].try_into().unwrap()));
+                d.ack(BasicAckOptions::default()).await.unwrap();
+            }
+            order
+        });
+        // Published while it is behind: held in the queue, ready.
+        publish_confirmed(first, first + later).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = count(&publisher, "slow").await;
+            if ready > 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the consumer is behind, yet nothing stayed ready: all of it went to the client"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let order = acker.await.unwrap();
+        assert_eq!(order, (0..first + later).collect::<Vec<_>>());
+        assert_eq!(count(&publisher, "slow").await, 0);
+        consumer.close(200, "bye".into()).await.unwrap();
+        publisher.close(200, "bye".into()).await.unwrap();
+    })
+    .await;
+}

@@ -44,8 +44,14 @@ impl Broker {
         let mut expire = Vec::new();
         let mut delete = Vec::new();
         let mut left = Vec::new();
-        for (vname, v) in &self.vhosts {
-            for q in v.queues.values() {
+        let mut paced = Vec::new();
+        for (vname, v) in &mut self.vhosts {
+            for q in v.queues.values_mut() {
+                // A consumer passed over for being behind may have stopped
+                // acking since (`state::Pace`).
+                if std::mem::take(&mut q.paced) {
+                    paced.push((vname.clone(), q.name.clone()));
+                }
                 if q.consumer_left_unseen && q.remote.is_none() {
                     left.push((vname.clone(), q.name.clone()));
                 }
@@ -82,6 +88,9 @@ impl Broker {
         }
         for (vname, qname) in left {
             self.count_consumer_left(&vname, &qname);
+        }
+        for (vname, qname) in paced {
+            self.after_queue_op(&vname, &qname);
         }
         for (id, c) in &mut self.conns {
             if c.amqp.has_output() {

@@ -9,7 +9,7 @@ use warren_amqp::amq_protocol::types::AMQPValue;
 use warren_amqp::{AmqpError, ChannelId, ContentMethod, Reply, ReplyCode};
 use warren_backing_queue::Dropped;
 
-use super::state::{Channel, Conn, Consumer, IdMap, Queue, Unacked};
+use super::state::{Channel, Conn, Consumer, IdMap, Pace, Queue, Unacked};
 use super::{
     Broker, ConnId, Elsewhere, FetchForArgs, MAX_FETCHES_IN_FLIGHT, OUTPUT_HIGH_WATER, Store, err,
     random_name,
@@ -60,6 +60,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
         if q.store.stats().ready == 0 {
             return true;
         }
+        let mut paced = false;
         let chosen = pick(q, |c| {
             let Some(conn) = conns.get_mut(&c.conn) else {
                 return false;
@@ -76,12 +77,17 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
             {
                 return false;
             }
+            if !c.no_ack && c.pace.behind(now) {
+                paced = true;
+                return false;
+            }
             if conn.out_pending >= OUTPUT_HIGH_WATER {
                 conn.throttled = true;
                 return false;
             }
             true
         });
+        q.paced |= paced;
         let Some(idx) = chosen else {
             return true;
         };
@@ -121,6 +127,7 @@ fn drive(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now: u64, current: Conn
                     queue: q.name.clone(),
                     bq_tag: delivery.tag,
                     consumer: Some(c.tag.clone()),
+                    seq: c.pace.sent(),
                     remote: None,
                     delivered_at_ms: now,
                 },
@@ -157,6 +164,7 @@ pub(super) fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now:
         if q.store.stats().ready == 0 {
             return;
         }
+        let mut paced = false;
         let chosen = pick(q, |c| {
             let Some(conn) = conns.get_mut(&c.conn) else {
                 return false;
@@ -179,12 +187,17 @@ pub(super) fn drive_replica(q: &mut Queue, conns: &mut IdMap<ConnId, Conn>, now:
             if c.reserved >= MAX_FETCHES_IN_FLIGHT {
                 return false;
             }
+            if !c.no_ack && c.pace.behind(now) {
+                paced = true;
+                return false;
+            }
             if conn.out_pending >= OUTPUT_HIGH_WATER {
                 conn.throttled = true;
                 return false;
             }
             true
         });
+        q.paced |= paced;
         let Some(idx) = chosen else {
             return;
         };
@@ -336,6 +349,7 @@ impl Broker {
         }
         let mut touched: Vec<Arc<str>> = Vec::new();
         let mut forwarded = Vec::new();
+        let now = self.now;
         for (_, u) in taken {
             if let Some(node) = u.remote {
                 forwarded.push((node, u.bq_tag));
@@ -366,6 +380,7 @@ impl Broker {
                     .find(|x| x.conn == id && x.channel == ch && &x.tag == t)
             {
                 cons.unacked = cons.unacked.saturating_sub(1);
+                cons.pace.settled(u.seq, now);
             }
             if touched.last() != Some(&u.queue) {
                 touched.push(u.queue);
@@ -501,6 +516,7 @@ impl Broker {
         let taken = std::mem::take(&mut chan.unacked);
         let mut touched = Vec::new();
         let mut forwarded = Vec::new();
+        let now = self.now;
         for u in taken.into_values() {
             if let Some(node) = u.remote {
                 forwarded.push((node, u.bq_tag));
@@ -521,6 +537,7 @@ impl Broker {
                         .find(|x| x.conn == id && x.channel == ch && &x.tag == t)
                 {
                     cons.unacked = cons.unacked.saturating_sub(1);
+                    cons.pace.settled(u.seq, now);
                 }
                 touched.push(u.queue);
             }
@@ -604,6 +621,7 @@ impl Broker {
                 Some(AMQPValue::Boolean(true))
             ),
             priority,
+            pace: Pace::default(),
         };
         let waits = q.remote.is_some() && self.link_consume(&vhost, &qarc, &mut consumer, c.nowait);
         let q = self
@@ -796,6 +814,7 @@ impl Broker {
                     queue: qarc.clone(),
                     bq_tag: d.tag,
                     consumer: None,
+                    seq: 0,
                     remote: None,
                     delivered_at_ms: now,
                 },

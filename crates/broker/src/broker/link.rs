@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply, ReplyCode};
 
-use super::state::Held;
+use super::state::{Held, Pace};
 use super::{
     Broker, Channel, Conn, ConnId, Consumer, IdMap, Msg, Settle, Unacked, Waker, confirm_one, err,
     nack_one,
@@ -1857,6 +1857,7 @@ impl Broker {
                     remote_cid: 0,
                     cancel_on_failover: false,
                     priority,
+                    pace: Pace::default(),
                 });
                 q.had_consumers = true;
                 if let Some(ch) = self
@@ -2074,6 +2075,7 @@ impl Broker {
                     queue: queue.clone(),
                     bq_tag: tag,
                     consumer: None,
+                    seq: 0,
                     remote: Some(Elsewhere::Node(node.clone())),
                     delivered_at_ms: self.now,
                 },
@@ -2134,6 +2136,7 @@ impl Broker {
                         queue: rc.queue.clone(),
                         bq_tag: tag,
                         consumer: Some(rc.tag.clone()),
+                        seq: 0,
                         remote: Some(Elsewhere::Node(node)),
                         delivered_at_ms: self.now,
                     },

@@ -88,6 +88,52 @@ pub(super) struct Consumer {
     /// `x-priority`: consumers of a higher priority get messages first while
     /// they have room under their prefetch (0 without the argument).
     pub(super) priority: i32,
+    /// How far behind its deliveries its acks are.
+    pub(super) pace: Pace,
+}
+
+/// How far a consumer's settlements (acks, nacks, rejects) trail what it was
+/// sent: a client that acks each delivery as it gets to it, behind by more
+/// than [`CONSUMER_BEHIND_MAX`](super::CONSUMER_BEHIND_MAX) deliveries, gets
+/// no more until it catches up, whatever its prefetch, so that what it has
+/// not reached stays ready in the queue and flow control holds its
+/// publishers back (`Broker::lags`) instead of the backlog growing in the
+/// client's memory (lapin with no prefetch limit: consumed 82 % of what was
+/// confirmed, e2e p50 0.8 s and growing, docs/benchmarks.md). Only while it
+/// settles ([`CONSUMER_ACKING_MS`](super::CONSUMER_ACKING_MS)): a client
+/// that holds messages unacked, or acks them in large batches, is sent
+/// messages as its prefetch allows.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Pace {
+    /// Deliveries sent to it that await a settlement, counted: the `seq` of
+    /// its latest [`Unacked`].
+    sent: u64,
+    /// The highest `seq` among its settled deliveries.
+    settled_upto: u64,
+    /// When its last settlement came (ms).
+    settled_at_ms: u64,
+}
+
+impl Pace {
+    /// Counts a delivery that awaits a settlement; returns its `seq`.
+    pub(super) fn sent(&mut self) -> u64 {
+        self.sent += 1;
+        self.sent
+    }
+
+    /// Counts the settlement of delivery `seq` at `now_ms`.
+    pub(super) fn settled(&mut self, seq: u64, now_ms: u64) {
+        self.settled_upto = self.settled_upto.max(seq);
+        self.settled_at_ms = now_ms;
+    }
+
+    /// Whether the consumer settles, but more than `CONSUMER_BEHIND_MAX`
+    /// deliveries behind what it was sent.
+    pub(super) fn behind(&self, now_ms: u64) -> bool {
+        self.sent.saturating_sub(self.settled_upto) > super::CONSUMER_BEHIND_MAX
+            && self.settled_at_ms != 0
+            && now_ms.saturating_sub(self.settled_at_ms) < super::CONSUMER_ACKING_MS
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +193,9 @@ pub(super) struct Queue {
     /// whose consumers are taking messages holds its publishers back while
     /// its backlog is large).
     pub(super) delivered_at_ms: u64,
+    /// A consumer was passed over for being behind ([`Pace::behind`]): the
+    /// tick drives the queue again once it may no longer be.
+    pub(super) paced: bool,
     /// When it was last used (`x-expires` counts from here); after a
     /// takeover, up to `TAKEOVER_GRACE_MS` ahead of the clock.
     pub(super) last_used_ms: u64,
@@ -311,6 +360,9 @@ pub(super) struct Unacked {
     pub(super) queue: Arc<str>,
     pub(super) bq_tag: u64,
     pub(super) consumer: Option<Arc<str>>,
+    /// Its consumer's count of deliveries at this one ([`Pace::sent`]; 0
+    /// for a `basic.get`).
+    pub(super) seq: u64,
     /// Where to settle a delivery from a forwarded queue.
     pub(super) remote: Option<Elsewhere>,
     /// When it was delivered (ms): unacked past the consumer timeout, its

@@ -3,11 +3,15 @@
 //! more than [`FLOW_READY_MAX`] messages are ready, so that consumers keep
 //! pace with what is accepted; a queue nobody consumes from, or whose
 //! consumers went idle, holds nobody back. A queue served on another node
-//! holds its publishers back while the link to that node is behind.
+//! holds its publishers back while the link to that node is behind. A
+//! consumer that acks but trails its deliveries by more than
+//! [`CONSUMER_BEHIND_MAX`] gets no more until it catches up, whatever its
+//! prefetch, so that its backlog stays in the queue, where flow control sees
+//! it.
 
-use warren_broker::{FLOW_READY_MAX, LINK_BEHIND_MAX};
+use warren_broker::{CONSUMER_ACKING_MS, CONSUMER_BEHIND_MAX, FLOW_READY_MAX, LINK_BEHIND_MAX};
 
-use crate::support::{Message, Node, START_MS};
+use crate::support::{Client, Message, Node, START_MS};
 
 #[test]
 fn a_lagging_consumer_holds_its_queues_publishers_back() {
@@ -104,4 +108,85 @@ fn a_link_that_is_behind_holds_back_the_publishers_that_send_through_it() {
     // … until the shell wrote (or gave up) what it took.
     node.with_broker(|b| b.link_sent("n2", handed - 1));
     assert!(!remote.input_paused());
+}
+
+/// A consumer with no prefetch limit that took `sent` deliveries, unacked:
+/// the node, the publisher and the consumer.
+fn unlimited_consumer(sent: u64) -> (Node, Client, Client) {
+    let node = Node::new();
+    let mut publisher = node.connect();
+    publisher.open_channel(1);
+    publisher.queue(1, "q");
+    let mut consumer = node.connect();
+    consumer.open_channel(1);
+    consumer.consume(1, "q", "ctag", false);
+    for i in 0..sent {
+        publisher.publish(1, "", "q", Message::new(&format!("m{i}")));
+    }
+    assert_eq!(consumer.drain().len() as u64, sent, "no prefetch limit");
+    (node, publisher, consumer)
+}
+
+#[test]
+fn a_consumer_that_acks_but_falls_behind_gets_no_more_until_it_catches_up() {
+    let sent = 2 * CONSUMER_BEHIND_MAX + 88;
+    let (_node, mut publisher, mut consumer) = unlimited_consumer(sent);
+    // It acks its first delivery: it trails what it was sent by more than
+    // the limit, so what comes next stays ready in the queue …
+    consumer.ack(1, 1, false);
+    let more = FLOW_READY_MAX + 1;
+    for i in 0..more {
+        publisher.publish(1, "", "q", Message::new(&format!("n{i}")));
+    }
+    assert!(consumer.drain().is_empty(), "behind: nothing more for now");
+    assert_eq!(publisher.counts(1, "q"), (u32::try_from(more).unwrap(), 1));
+    // … where flow control sees it: its publisher waits.
+    assert!(publisher.input_paused());
+    // Acking one by one, it catches up to the limit; from there each ack
+    // lets one more message go, as a prefetch window would.
+    for tag in 2..sent - CONSUMER_BEHIND_MAX {
+        consumer.ack(1, tag, false);
+        assert!(consumer.drain().is_empty(), "still behind after {tag}");
+    }
+    for tag in sent - CONSUMER_BEHIND_MAX..=sent {
+        consumer.ack(1, tag, false);
+        assert_eq!(consumer.drain().len(), 1, "one more after {tag}");
+    }
+    assert_eq!(publisher.counts(1, "q"), (0, 1), "all {more} sent");
+    assert!(!publisher.input_paused());
+}
+
+#[test]
+fn a_consumer_that_stops_acking_while_behind_is_sent_messages_again() {
+    let sent = CONSUMER_BEHIND_MAX + 2;
+    let (node, mut publisher, mut consumer) = unlimited_consumer(sent);
+    consumer.ack(1, 1, false);
+    publisher.publish(1, "", "q", Message::new("next"));
+    assert!(consumer.drain().is_empty(), "behind");
+    // It holds the rest unacked (waiting for a batch to fill, say): once
+    // it has not acked for a while it is sent messages again.
+    node.tick(START_MS + CONSUMER_ACKING_MS - 1);
+    assert!(
+        consumer.drain().is_empty(),
+        "still acking, as far as we know"
+    );
+    node.tick(START_MS + CONSUMER_ACKING_MS);
+    assert_eq!(consumer.drain().len(), 1);
+}
+
+#[test]
+fn a_consumer_that_acks_what_it_gets_and_keeps_some_unacked_is_not_behind() {
+    let sent = 2 * CONSUMER_BEHIND_MAX + 88;
+    let (_node, mut publisher, mut consumer) = unlimited_consumer(sent);
+    // It acks the even tags as it gets them and keeps the odd ones: more
+    // than the limit unacked, but nothing it has not got to.
+    for tag in (2..=sent).step_by(2) {
+        consumer.ack(1, tag, false);
+    }
+    publisher.publish(1, "", "q", Message::new("next"));
+    assert_eq!(consumer.drain().len(), 1);
+    // A batch acked at once (multiple) leaves it behind by nothing.
+    consumer.ack(1, sent + 1, true);
+    publisher.publish(1, "", "q", Message::new("after the batch"));
+    assert_eq!(consumer.drain().len(), 1);
 }
