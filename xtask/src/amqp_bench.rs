@@ -40,7 +40,7 @@ pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
 
 /// The same kinds of load from standard client libraries, PerfTest-like
 /// (`client_perf`: lapin, and Node.js's amqplib; the same flags for both).
-pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 5] = [
+pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 6] = [
     (
         "lapin: 16 B transient, auto-ack",
         &crate::client_perf::TRANSIENT,
@@ -48,6 +48,10 @@ pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 5] = [
     (
         "lapin: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
         &crate::client_perf::PERSISTENT,
+    ),
+    (
+        "lapin: 1 KiB persistent, 100 confirms, manual acks, no prefetch limit",
+        &crate::client_perf::PERSISTENT_UNLIMITED,
     ),
     (
         "lapin: 4 producers, 2 consumers, 1 KiB persistent, 1,000 confirms each, prefetch 200",

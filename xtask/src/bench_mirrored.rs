@@ -27,7 +27,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::Value;
 
-use crate::client_perf::{PERSISTENT, PerfClient, TRANSIENT};
+use crate::client_perf::{PERSISTENT, PERSISTENT_UNLIMITED, PerfClient, TRANSIENT};
 use crate::node::{NodeArgs, http, http_json, metric, wait_ready};
 
 /// Warren node *i* (1-based) listens on these ports plus *i*.
@@ -80,7 +80,7 @@ pub(crate) struct ClientWorkload {
 
 /// The standard clients' rows (lapin, then Node.js's amqplib), PerfTest-like:
 /// each publish and each ack its own frame.
-pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 9] = [
+pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 10] = [
     ClientWorkload {
         name: "lapin: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
         queue: "ha.lapin.persistent",
@@ -94,6 +94,13 @@ pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 9] = [
         producers: &[0],
         consumers: &[1],
         flags: &[&PERSISTENT],
+    },
+    ClientWorkload {
+        name: "lapin: the same with no prefetch limit, consumer on node 2",
+        queue: "ha.lapin.unlimited",
+        producers: &[0],
+        consumers: &[1],
+        flags: &[&PERSISTENT_UNLIMITED],
     },
     ClientWorkload {
         name: "lapin: 16 B transient, no confirms, auto-ack",

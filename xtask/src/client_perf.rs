@@ -26,6 +26,11 @@ pub(crate) const PERSISTENT: [&str; 7] = [
     "200",
 ];
 
+/// [`PERSISTENT`] with no prefetch limit (PerfTest's default): each
+/// delivery acked as the consumer gets to it.
+pub(crate) const PERSISTENT_UNLIMITED: [&str; 5] =
+    ["--size", "1024", "--persistent", "--confirms", "100"];
+
 /// The amqplib release the amqplib rows run on.
 const AMQPLIB: &str = "amqplib@2.3.1";
 
