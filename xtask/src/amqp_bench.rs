@@ -80,8 +80,9 @@ pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 6] = [
 ];
 
 /// A started broker process, stopped when dropped.
-struct Broker {
-    child: Child,
+pub(crate) struct Broker {
+    /// The broker's process.
+    pub(crate) child: Child,
 }
 
 impl Drop for Broker {

@@ -7,6 +7,11 @@
 //! broker's CPU spent holding a lock shared by all queues: with one shard
 //! its broker lock; with two there is none (each shard's lock is its
 //! queues' alone), and each shard lock's share is shown beside it.
+//!
+//! Then the same with a standard client: `warren --shards N` as a process,
+//! one `lapin_perf` process per queue over TCP (each publish and each ack
+//! its own frame), consumed/s summed over the queues, and the CPU the node
+//! and the clients used.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,6 +19,93 @@ use std::path::Path;
 use anyhow::Context as _;
 
 use crate::bench::result_field;
+use crate::client_perf::PerfClient;
+
+/// The standard-client rows: `lapin_perf`'s flags per queue.
+const LAPIN_ROWS: [(&str, &[&str]); 2] = [
+    (
+        "lapin: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
+        &crate::client_perf::PERSISTENT,
+    ),
+    (
+        "lapin: 16 B transient, auto-ack",
+        &crate::client_perf::TRANSIENT,
+    ),
+];
+
+/// The AMQP port of the node the lapin rows run against.
+const LAPIN_PORT: u16 = 5803;
+
+/// One lapin run's figures: consumed/s summed over the queues, and the CPU
+/// seconds of the node and of the clients per second of the run.
+struct LapinRun {
+    consumed: f64,
+    node_cpu: f64,
+    clients_cpu: f64,
+}
+
+/// Runs one `lapin_perf` per queue, together, against a fresh `warren
+/// --shards N` process.
+fn lapin_once(
+    root: &Path,
+    shards: u64,
+    queues: u64,
+    secs: u64,
+    flags: &[&str],
+) -> anyhow::Result<LapinRun> {
+    let dir = crate::bench::target_dir(root).join("bench-shards");
+    let data = dir.join(format!("data-{shards}"));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&dir)?;
+    let log = std::fs::File::create(dir.join(format!("warren-{shards}.log")))?;
+    let child = std::process::Command::new(crate::bench::target_dir(root).join("release/warren"))
+        .args(["--shards", &shards.to_string()])
+        .args(["--amqp-addr", &format!("127.0.0.1:{LAPIN_PORT}")])
+        .args(["--http-addr", "127.0.0.1:15803"])
+        .args(["--prometheus-addr", "127.0.0.1:15893"])
+        .arg("--data-dir")
+        .arg(&data)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting warren")?;
+    let node = crate::amqp_bench::Broker { child };
+    crate::bench_mirrored::wait_port(LAPIN_PORT, "warren", std::time::Duration::from_secs(30))?;
+    let url = format!("amqp://guest:guest@127.0.0.1:{LAPIN_PORT}/%2f");
+    let ticks = crate::cpu::clock_ticks();
+    let node_before = crate::cpu::tree_ticks(node.child.id());
+    let clients_before = crate::cpu::children_ticks()?;
+    let results: Vec<anyhow::Result<crate::client_perf::PerfResult>> = std::thread::scope(|s| {
+        let loads: Vec<_> = (0..queues)
+            .map(|i| {
+                let queue = format!("shards.q{i}");
+                let url = &url;
+                s.spawn(move || {
+                    let args = [&["--url", url, "--queue", &queue], flags].concat();
+                    crate::client_perf::run(root, PerfClient::Lapin, &args, secs)
+                })
+            })
+            .collect();
+        loads
+            .into_iter()
+            .map(|l| l.join().expect("a load's thread panicked"))
+            .collect()
+    });
+    let node_ticks = crate::cpu::tree_ticks(node.child.id()).saturating_sub(node_before);
+    // The clients are this process's children, waited for: their CPU is
+    // counted in its children's times.
+    let clients_ticks = crate::cpu::children_ticks()?.saturating_sub(clients_before);
+    let mut consumed = 0.0;
+    for r in results {
+        consumed += r?.consumed;
+    }
+    let per_sec = |t: u64| t as f64 / ticks / secs as f64;
+    Ok(LapinRun {
+        consumed,
+        node_cpu: per_sec(node_ticks),
+        clients_cpu: per_sec(clients_ticks),
+    })
+}
 
 /// One run's figures.
 struct Run {
@@ -114,6 +206,19 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     let secs = flag(rest, "--duration", 5)?;
     let runs = flag(rest, "--runs", 3)?.max(1);
     let exe = build(root)?;
+    crate::cargo_step(
+        "build warren and lapin_perf (release)",
+        &[
+            "build",
+            "--release",
+            "-p",
+            "warren-node",
+            "--bin",
+            "warren",
+            "--example",
+            "lapin_perf",
+        ],
+    )?;
     let mut table = String::new();
     writeln!(
         table,
@@ -151,6 +256,40 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             two.consumed / one.consumed.max(1.0),
             share(one, one.lock_held.iter().sum()),
             each.join(", ")
+        )?;
+    }
+    writeln!(
+        table,
+        "\n| workload ({queues} queues, one lapin_perf process each, over TCP) | 1 shard consumed/s | 2 shards consumed/s | ratio | node CPU, 1 → 2 shards (cores) | clients' CPU, 1 → 2 shards (cores) |"
+    )?;
+    writeln!(table, "|---|---:|---:|---:|---|---|")?;
+    for (name, flags) in LAPIN_ROWS {
+        let mut by_shards = Vec::new();
+        for shards in [1, 2] {
+            let mut all = Vec::new();
+            for r in 0..runs {
+                println!("==> {name}, {shards} shard(s), run {} of {runs}", r + 1);
+                let run = lapin_once(root, shards, queues, secs, flags)?;
+                println!(
+                    "    consumed/s={:.0} node_cpu={:.2} clients_cpu={:.2}",
+                    run.consumed, run.node_cpu, run.clients_cpu
+                );
+                all.push(run);
+            }
+            all.sort_by(|a, b| a.consumed.total_cmp(&b.consumed));
+            by_shards.push(all.swap_remove(all.len() / 2));
+        }
+        let (one, two) = (&by_shards[0], &by_shards[1]);
+        writeln!(
+            table,
+            "| {name} | {} | {} | {:.2}× | {:.2} → {:.2} | {:.2} → {:.2} |",
+            crate::bench::human(one.consumed),
+            crate::bench::human(two.consumed),
+            two.consumed / one.consumed.max(1.0),
+            one.node_cpu,
+            two.node_cpu,
+            one.clients_cpu,
+            two.clients_cpu,
         )?;
     }
     let out = crate::bench::target_dir(root).join("bench-shards.md");

@@ -57,16 +57,24 @@ pub(crate) fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// CPU time (clock ticks) of this process's children that it has waited
+/// for (`cutime` + `cstime`): the clients a bench ran to completion.
+pub(crate) fn children_ticks() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    Ok(stat_fields(&stat).children_ticks)
+}
+
 /// The parent and the CPU ticks from a `/proc/PID/stat` line.
 struct StatFields {
     ppid: u32,
     ticks: u64,
+    children_ticks: u64,
 }
 
 fn stat_fields(stat: &str) -> StatFields {
     // The fields after the command name, which is in parentheses: state,
     // ppid, …; utime and stime are fields 14 and 15 of the line, 12 and 13
-    // after the name.
+    // after the name; cutime and cstime 16 and 17.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, r)| r.split_whitespace().collect())
@@ -80,5 +88,6 @@ fn stat_fields(stat: &str) -> StatFields {
     StatFields {
         ppid: num(1) as u32,
         ticks: num(11) + num(12),
+        children_ticks: num(13) + num(14),
     }
 }
