@@ -1477,10 +1477,13 @@ async fn an_unlimited_consumer_that_falls_behind_leaves_its_backlog_ready_in_the
             got.push(deliveries.next().await.unwrap().unwrap());
         }
         // It works through them, one ack every 5 ms, in order, and takes
-        // what comes next as it comes.
+        // what comes next as it comes. Its first ack is in before anything
+        // more is published (a round trip on its channel after it).
+        let (acking, acked_first) = tokio::sync::oneshot::channel();
         let acker = tokio::spawn(async move {
             let mut order = Vec::new();
             let mut pending: std::collections::VecDeque<_> = got.into();
+            let mut acking = Some(acking);
             while order.len() < (first + later) as usize {
                 while let Some(Some(Ok(d))) = futures::FutureExt::now_or_never(deliveries.next()) {
                     pending.push_back(d);
@@ -1492,9 +1495,20 @@ async fn an_unlimited_consumer_that_falls_behind_leaves_its_backlog_ready_in_the
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 order.push(u32::from_be_bytes(d.data[..4].try_into().unwrap()));
                 d.ack(BasicAckOptions::default()).await.unwrap();
+                if let Some(acking) = acking.take() {
+                    declare(
+                        &cch,
+                        "slow",
+                        QueueDeclareOptions::default().passive(),
+                        FieldTable::default(),
+                    )
+                    .await;
+                    acking.send(()).unwrap();
+                }
             }
             order
         });
+        acked_first.await.unwrap();
         // Published while it is behind: held in the queue, ready.
         publish_confirmed(first, first + later).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
