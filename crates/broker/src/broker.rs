@@ -99,7 +99,7 @@ const TX_COMMIT: u64 = u64::MAX;
 /// starve a consumer behind a fast publisher.
 const MAX_FETCHES_IN_FLIGHT: u32 = 4096;
 
-/// A queue whose consumers took a message within [`FLOW_ACTIVE_MS`] holds
+/// A queue whose consumers took (or acked) a message within [`FLOW_ACTIVE_MS`] holds
 /// back its publishers while more than this many messages are ready, so
 /// that consumers keep pace with what is accepted (RabbitMQ's credit flow
 /// has the same effect). Idle consumers hold nobody back: the queue then

@@ -381,6 +381,7 @@ impl Broker {
             {
                 cons.unacked = cons.unacked.saturating_sub(1);
                 cons.pace.settled(u.seq, now);
+                q.settled_at_ms = now;
             }
             if touched.last() != Some(&u.queue) {
                 touched.push(u.queue);

@@ -386,7 +386,8 @@ impl Broker {
     }
 
     /// Whether queue `name` holds its publishers back: its consumers are
-    /// taking messages but fall behind (more than `FLOW_READY_MAX` ready).
+    /// taking messages (one was delivered or settled within
+    /// `FLOW_ACTIVE_MS`) but fall behind (more than `FLOW_READY_MAX` ready).
     #[must_use]
     pub fn lags(&self, vhost: &str, name: &str) -> bool {
         self.vhosts
@@ -395,7 +396,10 @@ impl Broker {
             .is_some_and(|q| {
                 q.remote.is_none()
                     && !q.consumers.is_empty()
-                    && self.now.saturating_sub(q.delivered_at_ms) < super::FLOW_ACTIVE_MS
+                    && self
+                        .now
+                        .saturating_sub(q.delivered_at_ms.max(q.settled_at_ms))
+                        < super::FLOW_ACTIVE_MS
                     && q.store.stats().ready > super::FLOW_READY_MAX
             })
     }

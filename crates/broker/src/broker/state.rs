@@ -193,6 +193,10 @@ pub(super) struct Queue {
     /// whose consumers are taking messages holds its publishers back while
     /// its backlog is large).
     pub(super) delivered_at_ms: u64,
+    /// When a consumer last settled one of its deliveries: consumers that
+    /// ack, even while they get nothing (behind, [`Pace`]), are taking
+    /// messages for flow control.
+    pub(super) settled_at_ms: u64,
     /// A consumer was passed over for being behind ([`Pace::behind`]): the
     /// tick drives the queue again once it may no longer be.
     pub(super) paced: bool,

@@ -119,6 +119,7 @@ impl Broker {
             max_priority: args.max_priority,
             lazy: args.lazy == Some(true),
             delivered_at_ms: 0,
+            settled_at_ms: 0,
             paced: false,
             last_used_ms: self.now,
             remote_figures: None,

@@ -190,3 +190,30 @@ fn a_consumer_that_acks_what_it_gets_and_keeps_some_unacked_is_not_behind() {
     publisher.publish(1, "", "q", Message::new("after the batch"));
     assert_eq!(consumer.drain().len(), 1);
 }
+
+#[test]
+fn a_consumer_that_is_behind_and_acks_keeps_its_publishers_held_past_a_second() {
+    let sent = 2 * CONSUMER_BEHIND_MAX + 88;
+    let (node, mut publisher, mut consumer) = unlimited_consumer(sent);
+    consumer.ack(1, 1, false);
+    for i in 0..=FLOW_READY_MAX {
+        publisher.publish(1, "", "q", Message::new(&format!("n{i}")));
+    }
+    assert!(publisher.input_paused());
+    // It gets nothing while it works through what it has, acking every
+    // 90 ms: it is taking messages, so its publishers stay held past a
+    // second after its last delivery …
+    let mut now = START_MS;
+    for tag in 2..=17 {
+        now += 90;
+        node.tick(now);
+        consumer.ack(1, tag, false);
+    }
+    node.tick(START_MS + 1_500);
+    assert!(consumer.drain().is_empty());
+    assert!(publisher.input_paused());
+    // … until it stops acking: then it is sent what is ready, and they go on.
+    node.tick(now + CONSUMER_ACKING_MS);
+    assert_eq!(consumer.drain().len() as u64, FLOW_READY_MAX + 1);
+    assert!(!publisher.input_paused());
+}
