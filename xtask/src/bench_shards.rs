@@ -125,6 +125,12 @@ fn flag(rest: &[&str], name: &str, default: u64) -> anyhow::Result<u64> {
     }
 }
 
+/// The run of median `key` (the upper one of an even count).
+fn median<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    runs.swap_remove(runs.len() / 2)
+}
+
 /// Runs the bench once.
 fn run_once(
     exe: &Path,
@@ -236,8 +242,7 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
                 println!("==> {name}, {shards} shard(s), run {} of {runs}", r + 1);
                 all.push(run_once(&exe, shards, queues, secs, persistent)?);
             }
-            all.sort_by(|a, b| a.consumed.total_cmp(&b.consumed));
-            by_shards.push(all.swap_remove(all.len() / 2));
+            by_shards.push(median(all, |r| r.consumed));
         }
         let (one, two) = (&by_shards[0], &by_shards[1]);
         let share = |r: &Run, h: f64| {
@@ -276,8 +281,7 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
                 );
                 all.push(run);
             }
-            all.sort_by(|a, b| a.consumed.total_cmp(&b.consumed));
-            by_shards.push(all.swap_remove(all.len() / 2));
+            by_shards.push(median(all, |r| r.consumed));
         }
         let (one, two) = (&by_shards[0], &by_shards[1]);
         writeln!(
