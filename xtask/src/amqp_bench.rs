@@ -323,21 +323,7 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
 /// Runs every workload for `duration` seconds against one Warren node, then
 /// against one RabbitMQ node when it is installed.
 pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow>> {
-    crate::cargo_step(
-        "build warren and the load generator (release)",
-        &[
-            "build",
-            "--release",
-            "-p",
-            "warren-node",
-            "--bin",
-            "warren",
-            "--example",
-            "amqp_bench",
-            "--example",
-            "lapin_perf",
-        ],
-    )?;
+    crate::bench::build_node(&["amqp_bench", "lapin_perf"])?;
     let dir = crate::bench::target_dir(root).join("bench-amqp");
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();

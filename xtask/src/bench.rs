@@ -30,6 +30,18 @@ pub(crate) fn run(root: &Path, which: &str, rest: &[&str]) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Builds the release `warren` and the `warren-node` examples `examples`.
+pub(crate) fn build_node(examples: &[&str]) -> anyhow::Result<()> {
+    let mut args = vec!["build", "--release", "-p", "warren-node", "--bin", "warren"];
+    for e in examples {
+        args.extend(["--example", e]);
+    }
+    crate::cargo_step(
+        &format!("build warren and {} (release)", examples.join(", ")),
+        &args,
+    )
+}
+
 /// Where cargo puts its output: `CARGO_TARGET_DIR`, or `target/` under the root.
 pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)

@@ -131,6 +131,28 @@ fn median<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> T {
     runs.swap_remove(runs.len() / 2)
 }
 
+/// Runs `once(shards, run)` `runs` times with 1 shard and with 2, printing
+/// `name` before each; returns the median run of each by consumed/s.
+fn one_and_two<T>(
+    name: &str,
+    runs: u64,
+    consumed: impl Fn(&T) -> f64,
+    mut once: impl FnMut(u64) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, T)> {
+    let mut by_shards = Vec::new();
+    for shards in [1, 2] {
+        let mut all = Vec::new();
+        for r in 0..runs {
+            println!("==> {name}, {shards} shard(s), run {} of {runs}", r + 1);
+            all.push(once(shards)?);
+        }
+        by_shards.push(median(all, &consumed));
+    }
+    let two = by_shards.pop().expect("two shard counts");
+    let one = by_shards.pop().expect("two shard counts");
+    Ok((one, two))
+}
+
 /// Runs the bench once.
 fn run_once(
     exe: &Path,
@@ -212,19 +234,7 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     let secs = flag(rest, "--duration", 5)?;
     let runs = flag(rest, "--runs", 3)?.max(1);
     let exe = build(root)?;
-    crate::cargo_step(
-        "build warren and lapin_perf (release)",
-        &[
-            "build",
-            "--release",
-            "-p",
-            "warren-node",
-            "--bin",
-            "warren",
-            "--example",
-            "lapin_perf",
-        ],
-    )?;
+    crate::bench::build_node(&["lapin_perf"])?;
     let mut table = String::new();
     writeln!(
         table,
@@ -235,16 +245,13 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         ("1 KiB persistent, 100 confirms, manual acks", true),
         ("16 B transient, auto-ack", false),
     ] {
-        let mut by_shards = Vec::new();
-        for shards in [1, 2] {
-            let mut all = Vec::new();
-            for r in 0..runs {
-                println!("==> {name}, {shards} shard(s), run {} of {runs}", r + 1);
-                all.push(run_once(&exe, shards, queues, secs, persistent)?);
-            }
-            by_shards.push(median(all, |r| r.consumed));
-        }
-        let (one, two) = (&by_shards[0], &by_shards[1]);
+        let (one, two) = one_and_two(
+            name,
+            runs,
+            |r: &Run| r.consumed,
+            |shards| run_once(&exe, shards, queues, secs, persistent),
+        )?;
+        let (one, two) = (&one, &two);
         let share = |r: &Run, h: f64| {
             if r.broker_cpu > 0.0 {
                 format!("{:.0} %", 100.0 * h / r.broker_cpu)
@@ -269,21 +276,19 @@ pub(crate) fn run(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     )?;
     writeln!(table, "|---|---:|---:|---:|---|---|")?;
     for (name, flags) in LAPIN_ROWS {
-        let mut by_shards = Vec::new();
-        for shards in [1, 2] {
-            let mut all = Vec::new();
-            for r in 0..runs {
-                println!("==> {name}, {shards} shard(s), run {} of {runs}", r + 1);
+        let (one, two) = one_and_two(
+            name,
+            runs,
+            |r: &LapinRun| r.consumed,
+            |shards| {
                 let run = lapin_once(root, shards, queues, secs, flags)?;
                 println!(
                     "    consumed/s={:.0} node_cpu={:.2} clients_cpu={:.2}",
                     run.consumed, run.node_cpu, run.clients_cpu
                 );
-                all.push(run);
-            }
-            by_shards.push(median(all, |r| r.consumed));
-        }
-        let (one, two) = (&by_shards[0], &by_shards[1]);
+                Ok(run)
+            },
+        )?;
         writeln!(
             table,
             "| {name} | {} | {} | {:.2}× | {:.2} → {:.2} | {:.2} → {:.2} |",
