@@ -1082,24 +1082,6 @@ def nack_and_reject_requeue(ctx):
     return out
 
 
-def tx_publish(ctx):
-    """Publishes in a transaction: none is in the queue before tx.commit, a
-    rolled back one never is."""
-    q = ctx.queue("feat.")
-    ctx.declare(q)
-    ch = ctx.channel(ctx.use)
-    ch.tx_select()
-    ch.basic_publish("", q, "rolled-back", persistent())
-    ch.tx_rollback()
-    ch.basic_publish("", q, "c0", persistent())
-    ch.basic_publish("", q, "c1", persistent())
-    out = {"before_commit": passive_count(ctx.use, q)}
-    ch.tx_commit()
-    wait_for_count(ctx.use, q, 2)
-    out["got"] = get_all(ctx.channel(ctx.use), q)
-    return out
-
-
 def exclusive_consumer(ctx):
     """An exclusive consumer refuses any other, and is refused while another
     consumes."""
@@ -1859,6 +1841,182 @@ def exchange_checks(ctx):
     setup.exchange_delete(x)
     return out
 
+
+def returns_and_missing_exchange(ctx):
+    """basic.return of a mandatory publish that no queue takes (with and
+    without confirms), none for one routed to the queue or not mandatory;
+    a publish to an exchange that is not there closes the channel."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    missing = f"missing.{ctx.name}"
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {"confirmed": [
+        publish_each(ch, q, ["m0"], mandatory=True),
+        publish_each(ch, missing, ["m1"], mandatory=True),
+        publish_each(ch, missing, ["m2"]),
+    ]}
+    plain = ctx.channel(ctx.use)
+    returned = []
+    plain.add_on_return_callback(
+        lambda _c, m, _p, body: returned.append(
+            [m.reply_code, m.reply_text, m.exchange, m.routing_key, body.decode()]))
+    plain.basic_publish("", missing, "r0", persistent(), mandatory=True)
+    plain.basic_publish("", q, "r1", persistent(), mandatory=True)
+    plain.basic_publish("amq.direct", missing, "r2", persistent(), mandatory=True)
+    received(ctx, {})
+    out["returned"] = returned
+    out["missing_exchange"] = refused(
+        ctx.channel(ctx.use, confirm=True),
+        lambda c: c.basic_publish(f"none.{ctx.name}", q, "x", persistent()))
+    wait_for_count(ctx.use, q, 2)
+    out["got"] = get_all(ctx.channel(ctx.use), q)
+    return out
+
+
+def exchange_to_exchange(ctx):
+    """Exchange-to-exchange bindings: a publish to the source reaches the
+    queue through the destination's bindings; exchange.unbind stops it;
+    deleting the source removes its bindings."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    src, dst = f"src.{ctx.name}", f"dst.{ctx.name}"
+    setup = ctx.channel(ctx.use)
+    setup.exchange_declare(src, "fanout")
+    setup.exchange_declare(dst, "direct")
+    setup.queue_bind(q, dst, routing_key="k")
+    setup.exchange_bind(dst, src)
+    ch = ctx.channel(ctx.use, confirm=True)
+    out = {}
+    try:
+        ch.basic_publish(src, "k", "through", persistent())
+        ch.basic_publish(src, "other", "filtered", persistent())
+        ch.basic_publish(dst, "k", "direct", persistent())
+        wait_for_count(ctx.use, q, 2)
+        out["bound"] = get_all(ch, q)
+        out["dst_if_unused"] = refused(ctx.channel(ctx.use),
+                                       lambda c: c.exchange_delete(dst, if_unused=True))
+        ctx.channel(ctx.use).exchange_unbind(dst, src)
+        ch.basic_publish(src, "k", "after-unbind", persistent())
+        out["unbound"] = get_all(ch, q)
+        ctx.channel(ctx.use).exchange_bind(dst, src)
+        ctx.channel(ctx.use).exchange_delete(src)
+        out["source_deleted"] = refused(
+            ctx.channel(ctx.use, confirm=True),
+            lambda c: c.basic_publish(src, "k", "gone", persistent()))
+        ch = ctx.channel(ctx.use, confirm=True)
+        ch.basic_publish(dst, "k", "still", persistent())
+        out["after"] = get_all(ch, q)
+    finally:
+        for x in (src, dst):
+            try:
+                ctx.channel(ctx.admin).exchange_delete(x)
+            except Exception:
+                pass
+    return out
+
+
+def queue_unbind(ctx):
+    """queue.unbind removes one binding of several; the queue still gets
+    what the others route."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    setup = ctx.channel(ctx.use)
+    for key in ("a", "b"):
+        setup.queue_bind(q, "amq.direct", routing_key=f"{key}.{ctx.name}")
+    setup.queue_unbind(q, "amq.direct", routing_key=f"a.{ctx.name}")
+    ch = ctx.channel(ctx.use, confirm=True)
+    for key in ("a", "b"):
+        ch.basic_publish("amq.direct", f"{key}.{ctx.name}", key, persistent())
+    out = {}
+    wait_for_count(ctx.use, q, 1)
+    out["got"] = get_all(ch, q)
+    setup.queue_unbind(q, "amq.direct", routing_key=f"b.{ctx.name}")
+    return out
+
+
+def ack_errors(ctx):
+    """Settling what the channel does not hold: an unknown delivery tag, a
+    tag acked twice, a tag of an auto-ack get; multiple with tag 0 settles
+    everything the channel holds."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, [f"a{i}" for i in range(6)])
+    out = {"unknown": refused(ctx.channel(ctx.use), lambda c: c.basic_ack(99))}
+    ch = ctx.channel(ctx.use)
+    tags = [tag for tag, _ in take_unacked(ch, q, 1)]
+    ch.basic_ack(tags[0])
+    out["twice"] = refused(ch, lambda c: c.basic_ack(tags[0]))
+    ch = ctx.channel(ctx.use)
+    m, _p, _b = ch.basic_get(q, auto_ack=True)
+    out["auto_acked"] = refused(ch, lambda c: c.basic_reject(m.delivery_tag))
+    ch = ctx.channel(ctx.use)
+    take_unacked(ch, q, 2)
+    out["nack_all"] = refused(ch, lambda c: c.basic_nack(0, multiple=True, requeue=True))
+    out["after"] = get_all(ch, q)
+    return out
+
+
+def not_implemented(ctx):
+    """What RabbitMQ does not implement closes the connection: basic.qos
+    with a prefetch size, channel.flow to stop."""
+    out = {}
+    conn = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    out["prefetch_size"] = refused(conn.channel(),
+                                   lambda c: c.basic_qos(prefetch_size=1024))
+    conn = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    out["flow_stop"] = refused(conn.channel(), lambda c: c.flow(False))
+    conn = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    out["flow_go"] = refused(conn.channel(), lambda c: c.flow(True))
+    return out
+
+
+def settle_after_cancel(ctx):
+    """After basic.cancel the channel still holds what the consumer was
+    given: an ack of one settles it, the rest go back (redelivered) when
+    the channel closes."""
+    q = ctx.queue("feat.")
+    ctx.declare(q)
+    publish_each(ctx.channel(ctx.use, confirm=True), q, [f"s{i}" for i in range(5)])
+    chans, got = consumers_of(ctx, q, [("c", None)], prefetch=3)
+    out = {"received": received(ctx, got)}
+    ch = chans["c"]
+    ch.basic_cancel("c")
+    ch.basic_ack(1)
+    out["counts_after_cancel"] = passive_counts(ctx.use, q)
+    ch.close()
+    wait_for_count(ctx.use, q, 4)
+    out["after_close"] = get_all(ctx.channel(ctx.use), q)
+    return out
+
+
+def settle_across_queues(ctx):
+    """One channel consuming from two queues: delivery tags run across
+    both; an ack with multiple settles both queues' deliveries up to it,
+    a nack with multiple and requeue puts both queues' back."""
+    qa, qb = ctx.queue("feat.a."), ctx.queue("feat.b.")
+    ctx.declare(qa)
+    ctx.declare(qb)
+    pub = ctx.channel(ctx.use, confirm=True)
+    out = {}
+    for step, settle_fn in (
+        ("ack", lambda c, t: c.basic_ack(t, multiple=True)),
+        ("nack", lambda c, t: c.basic_nack(t, multiple=True, requeue=True)),
+    ):
+        publish_each(pub, qa, [f"{step}-a{i}" for i in range(2)])
+        publish_each(pub, qb, [f"{step}-b{i}" for i in range(2)])
+        ch = ctx.channel(ctx.use)
+        taken = take_unacked(ch, qa, 1) + take_unacked(ch, qb, 1)
+        taken += take_unacked(ch, qa, 1) + take_unacked(ch, qb, 1)
+        settle_fn(ch, taken[2][0])
+        out[step] = {
+            "taken": [b for _t, b in taken],
+            "counts": [passive_count(ctx.use, qa), passive_count(ctx.use, qb)],
+        }
+        ch.close()
+        out[step]["after_close"] = [get_all(pub, qa), get_all(pub, qb)]
+    return out
+
+
 SCENARIOS = [
     basic_get,
     missing_queue,
@@ -1926,12 +2084,20 @@ SCENARIOS = [
     per_message_ttl_at_head,
     ttl_zero,
     exchange_checks,
+    returns_and_missing_exchange,
+    exchange_to_exchange,
+    queue_unbind,
+    ack_errors,
+    not_implemented,
+    settle_after_cancel,
+    settle_across_queues,
 ]
 
 # The queues each scenario may leave behind (deleted before and after it).
 LEFTOVERS = ["", "transient.", "limits.", "dh.", "rp.", "ttl.", "pttl.", "rej.",
              "exp.", "ad.", "prio.", "loc.", "large.", "fresh.", "now.", "count.",
-             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args.", "feat.", "two."]
+             "dlca.", "dlcb.", "redecl.", "txu.", "again.", "args.", "feat.", "feat.a.",
+             "feat.b.", "two."]
 
 
 def run_one(urls, scenario, placement):
