@@ -1,6 +1,7 @@
 //! The AMQPS listener: AMQP 0-9-1 over TLS (rustls), RabbitMQ's
 //! `listeners.ssl.default` with `ssl_options.certfile` / `keyfile` (PEM).
-//! Each accepted connection runs the same broker shell as plain AMQP.
+//! Each accepted connection runs the same broker shell as plain AMQP, on
+//! its shard's thread once its TLS handshake is done.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::shards::Shards;
 
-use crate::client::serve;
+use crate::client::TlsSocket;
 use crate::config::Tls;
 use crate::sockets::ClientSockets;
 
@@ -71,13 +72,12 @@ pub(crate) async fn start(
             tokio::spawn(async move {
                 // As long as an AMQP handshake may take: a silent or slow
                 // client does not hold a task and a socket for ever.
-                let handshake =
-                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                let handshake = tokio::time::timeout(
+                    TLS_HANDSHAKE_TIMEOUT,
+                    acceptor.accept(TlsSocket::new(stream)),
+                );
                 match handshake.await {
-                    Ok(Ok(tls)) => {
-                        let k = shards.pick();
-                        serve(shards, k, tls, peer, running, socket).await;
-                    }
+                    Ok(Ok(tls)) => shards.serve_on(shards.pick(), tls, peer, running, socket),
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "AMQPS handshake failed"),
                     Err(_) => tracing::info!(%peer, "AMQPS handshake timed out"),
                 }

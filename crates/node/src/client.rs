@@ -14,6 +14,7 @@ use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -56,8 +57,6 @@ pub(crate) trait ClientStream:
 pub(crate) enum Unhomed<S: ClientStream> {
     /// Free to go to another runtime.
     Away(S::Away),
-    /// It cannot leave this runtime: it stays, served from here.
-    Stays(S),
     /// Its socket failed.
     Lost,
 }
@@ -78,19 +77,78 @@ impl ClientStream for TcpStream {
     }
 }
 
-impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {
-    type Away = Self;
+/// An AMQPS client's socket under its TLS state. The socket alone is bound
+/// to a runtime: when its connection moves to another shard's thread it is
+/// taken out, and put back there, while the TLS state goes along as it is.
+pub(crate) struct TlsSocket(Option<TcpStream>);
+
+impl TlsSocket {
+    /// Wraps an accepted socket.
+    pub(crate) fn new(s: TcpStream) -> Self {
+        Self(Some(s))
+    }
+
+    /// Polls `f` on the socket; the error of one taken out to move.
+    fn poll_with<T>(
+        self: Pin<&mut Self>,
+        f: impl FnOnce(Pin<&mut TcpStream>) -> Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match self.get_mut().0.as_mut() {
+            Some(s) => f(Pin::new(s)),
+            None => Poll::Ready(Err(std::io::ErrorKind::NotConnected.into())),
+        }
+    }
+}
+
+impl AsyncRead for TlsSocket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.poll_with(|s| s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for TlsSocket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.poll_with(|s| s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.poll_with(|s| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.poll_with(|s| s.poll_shutdown(cx))
+    }
+}
+
+/// An AMQPS client: its TLS state goes to another runtime with its socket
+/// taken out of it, and gets it back there.
+impl ClientStream for tokio_rustls::server::TlsStream<TlsSocket> {
+    type Away = (Self, std::net::TcpStream);
 
     fn hung_up(&self) -> bool {
-        peer_gone(self.get_ref().0)
+        self.get_ref().0.0.as_ref().is_some_and(peer_gone)
     }
 
-    fn unhome(self) -> Unhomed<Self> {
-        Unhomed::Stays(self)
+    fn unhome(mut self) -> Unhomed<Self> {
+        let Some(socket) = self.get_mut().0.0.take() else {
+            return Unhomed::Lost;
+        };
+        socket
+            .into_std()
+            .map_or(Unhomed::Lost, |s| Unhomed::Away((self, s)))
     }
 
-    fn rehome(away: Self::Away) -> std::io::Result<Self> {
-        Ok(away)
+    fn rehome((mut tls, socket): Self::Away) -> std::io::Result<Self> {
+        tls.get_mut().0.0 = Some(TcpStream::from_std(socket)?);
+        Ok(tls)
     }
 }
 
@@ -194,7 +252,7 @@ fn run<S: ClientStream>(
             notify,
             _socket,
         } = session;
-        let mut broker = shards.all()[first].clone();
+        let broker = shards.all()[first].clone();
         let mut output = BytesMut::with_capacity(64 * 1024);
         // Bytes wait in `input`, unfed because the connection was paused (or
         // was moving).
@@ -264,7 +322,10 @@ fn run<S: ClientStream>(
                 (open, b.moving(id))
             };
             if !output.is_empty() {
-                if stream.write_all(&output).await.is_err() {
+                // The flush sends what TLS still holds of it: its last records
+                // wait there when the socket was not ready for them, until the
+                // next write, which may be a heartbeat away.
+                if stream.write_all(&output).await.is_err() || stream.flush().await.is_err() {
                     break;
                 }
                 // Drop our handle so that the encoder can reuse the allocation.
@@ -283,13 +344,8 @@ fn run<S: ClientStream>(
                 let detached = lock(&broker).detach(id);
                 let Some(m) = detached else { continue };
                 let target = shards.all()[k].clone();
-                {
-                    let n = notify.clone();
-                    let mut t = lock(&target);
-                    id = t.attach(m, Arc::new(move || n.notify_one()), now_ms());
-                    (deadline, paused) = turn_state(&t, id);
-                }
-                broker = target;
+                let n = notify.clone();
+                id = lock(&target).attach(m, Arc::new(move || n.notify_one()), now_ms());
                 // What it did there is taken on its next turn.
                 notify.notify_one();
                 match stream.unhome() {
@@ -303,19 +359,18 @@ fn run<S: ClientStream>(
                         };
                         let to = shards.clone();
                         shards.spawn(k, async move {
-                        match S::rehome(away) {
-                            Ok(stream) => run(to, stream, session).await,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "a client's socket could not follow it to its shard");
-                                drop(lock(&to.all()[k]).disconnect(session.id, now_ms()));
+                            match S::rehome(away) {
+                                Ok(stream) => run(to, stream, session).await,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "a client's socket could not follow it to its shard");
+                                    drop(lock(&to.all()[k]).disconnect(session.id, now_ms()));
+                                }
                             }
-                        }
-                    });
+                        });
                         return;
                     }
-                    Unhomed::Stays(s) => stream = s,
                     Unhomed::Lost => {
-                        drop(lock(&broker).disconnect(id, now_ms()));
+                        drop(lock(&target).disconnect(id, now_ms()));
                         return;
                     }
                 }
@@ -339,7 +394,10 @@ fn run<S: ClientStream>(
                     amqp.handle_bytes(&mut input);
                     output.clear();
                     amqp.take_output(&mut output);
-                    if !output.is_empty() && stream.write_all(&output).await.is_err() {
+                    if !output.is_empty()
+                        && (stream.write_all(&output).await.is_err()
+                            || stream.flush().await.is_err())
+                    {
                         return;
                     }
                     input.reserve(16 * 1024);

@@ -488,7 +488,7 @@ async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "set_nodelay failed");
                     }
-                    shards.serve_tcp(shards.pick(), stream, peer, app.running(), socket);
+                    shards.serve_on(shards.pick(), stream, peer, app.running(), socket);
                 }
                 Err(e) => {
                     if failed_accepts == 0 {

@@ -528,41 +528,39 @@ impl Shards {
         }
     }
 
-    /// Serves a client accepted on the node's listener on shard `k`'s
-    /// thread (its socket moved to that thread's runtime).
-    pub(crate) fn serve_tcp(
+    /// Serves a client accepted on one of the node's listeners (AMQP or
+    /// AMQPS) on shard `k`'s thread, its socket moved to that thread's
+    /// runtime.
+    pub(crate) fn serve_on<S: crate::client::ClientStream>(
         &self,
         k: usize,
-        stream: tokio::net::TcpStream,
+        stream: S,
         peer: std::net::SocketAddr,
         running: Arc<AtomicBool>,
         socket: crate::sockets::HeldSocket,
     ) {
+        let shards = self.clone();
         if self.threads.is_empty() {
             tokio::spawn(crate::client::serve(
-                self.clone(),
-                k,
-                stream,
-                peer,
-                running,
-                socket,
+                shards, k, stream, peer, running, socket,
             ));
             return;
         }
-        let stream = match stream.into_std() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "could not hand a client to its shard");
-                return;
+        match stream.unhome() {
+            crate::client::Unhomed::Away(away) => {
+                self.spawn(k, async move {
+                    match S::rehome(away) {
+                        Ok(s) => crate::client::serve(shards, k, s, peer, running, socket).await,
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "could not hand a client to its shard");
+                        }
+                    }
+                });
             }
-        };
-        let shards = self.clone();
-        self.spawn(k, async move {
-            match tokio::net::TcpStream::from_std(stream) {
-                Ok(s) => crate::client::serve(shards, k, s, peer, running, socket).await,
-                Err(e) => tracing::warn!(%peer, error = %e, "could not hand a client to its shard"),
+            crate::client::Unhomed::Lost => {
+                tracing::warn!(%peer, "could not hand a client to its shard: its socket failed");
             }
-        });
+        }
     }
 
     /// Every shard's broker, shard 0 first.
