@@ -3,7 +3,8 @@
 //! `warren` processes, and each outcome is compared with RabbitMQ 3.10's,
 //! recorded from a real RabbitMQ cluster by `cargo xtask conformance
 //! --record` (`tests/conformance/rabbitmq-3.10.json`). Expected results are
-//! never written by hand.
+//! never written by hand. The same scenarios run on one node of two shards
+//! too.
 //!
 //! Scenarios where Warren still differs are listed, with the issue that
 //! covers them, in `tests/conformance/known-divergences.txt`: the test fails
@@ -45,48 +46,59 @@ fn scenarios_json(script: &str, flag: &str) -> BTreeMap<String, Value> {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("scenarios.py {flag}: {e}"))
 }
 
-#[test]
-fn queue_features_behave_as_in_rabbitmq() {
-    if !common::has_pika("conformance") {
-        return;
-    }
-    let script = format!("{DIR}/scenarios.py");
-    let recorded: BTreeMap<String, Value> = serde_json::from_str(
+/// RabbitMQ's recorded outcomes.
+fn recorded() -> BTreeMap<String, Value> {
+    serde_json::from_str(
         &std::fs::read_to_string(format!("{DIR}/rabbitmq-3.10.json")).expect("recorded outcomes"),
     )
-    .expect("recorded outcomes are JSON");
-    let root = peers::test_root();
-    // The scenarios' broker settings, as a warren.conf for every node.
-    let settings = scenarios_json(&script, "--settings");
-    let conf = root.path().join("warren.conf");
-    let lines: String = settings
+    .expect("recorded outcomes are JSON")
+}
+
+/// The scenarios' broker settings as a `warren.conf` in `dir`: its path.
+fn settings_file(script: &str, dir: &std::path::Path) -> String {
+    let conf = dir.join("warren.conf");
+    let lines: String = scenarios_json(script, "--settings")
         .iter()
         .map(|(k, v)| format!("{k} = {v}\n"))
         .collect();
     std::fs::write(&conf, lines).expect("write warren.conf");
-    let conf = conf.to_str().expect("a UTF-8 path").to_owned();
-    let extra = ["--config", conf.as_str()];
-    let (secret, mut nodes) = three_with(root.path(), &extra);
-    let policies = scenarios_json(&script, "--policies");
-    for (name, p) in &policies {
-        let body = json!({
-            "pattern": p["pattern"],
-            "definition": p["definition"],
-            "priority": p["priority"],
-            "apply-to": "queues",
-        });
-        let (status, v) = nodes[0].http("PUT", &format!("/api/policies/%2F/{name}"), Some(&body));
-        assert!(
-            status == 201 || status == 204,
-            "policy {name}: {status} {v}"
-        );
-    }
-    let urls: Vec<String> = nodes.iter().map(Peer::amqp_url).collect();
-    // To chase one scenario: `WARREN_CONFORMANCE_ONLY=a,b` runs those alone.
-    let only = std::env::var("WARREN_CONFORMANCE_ONLY").ok();
+    conf.to_str().expect("a UTF-8 path").to_owned()
+}
+
+/// The scenarios' policies: each name and its management API body.
+fn policies(script: &str) -> Vec<(String, Value)> {
+    scenarios_json(script, "--policies")
+        .into_iter()
+        .map(|(name, p)| {
+            let body = json!({
+                "pattern": p["pattern"],
+                "definition": p["definition"],
+                "priority": p["priority"],
+                "apply-to": "queues",
+            });
+            (name, body)
+        })
+        .collect()
+}
+
+/// `WARREN_CONFORMANCE_ONLY=a,b` runs those scenarios alone (to chase one).
+fn only() -> Option<String> {
+    std::env::var("WARREN_CONFORMANCE_ONLY").ok()
+}
+
+/// Runs the scenarios against `urls` (with the failover placement when
+/// `fail_over` is given, called with each queue to fail over); their
+/// outcomes.
+fn run_scenarios(
+    script: &str,
+    urls: &[String],
+    mut fail_over: Option<&mut dyn FnMut(&str)>,
+) -> BTreeMap<String, Value> {
+    let only = only();
     let mut child = Command::new("python3")
-        .arg(&script)
-        .args(["--urls", &urls.join(","), "--failover"])
+        .arg(script)
+        .args(["--urls", &urls.join(",")])
+        .args(fail_over.as_ref().map(|_| "--failover"))
         .args(only.iter().flat_map(|o| ["--only", o.as_str()]))
         .env("PYTHONWARNINGS", "ignore")
         .stdin(Stdio::piped())
@@ -97,31 +109,41 @@ fn queue_features_behave_as_in_rabbitmq() {
     let mut json = String::new();
     for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
         let line = line.expect("the scenarios' output");
-        match line.strip_prefix("FAILOVER ") {
-            Some(queue) => {
-                fail_over(&mut nodes, &secret, queue, &extra);
+        match (line.strip_prefix("FAILOVER "), fail_over.as_mut()) {
+            (Some(queue), Some(f)) => {
+                f(queue);
                 writeln!(answer, "ok").expect("answer the scenarios");
             }
-            None => json.push_str(&line),
+            _ => json.push_str(&line),
         }
     }
     assert!(
         child.wait().expect("scenarios").success(),
         "the scenarios failed"
     );
-    let warren: BTreeMap<String, Value> =
-        serde_json::from_str(&json).expect("Warren's outcomes are JSON");
+    serde_json::from_str(&json).expect("Warren's outcomes are JSON")
+}
+
+/// Compares Warren's outcomes with RabbitMQ's (the placements in
+/// `placements`): the differences not listed as known divergences, each
+/// as a line to show. Reports the agreements and the listed ones that
+/// agreed this time.
+fn differences(warren: &BTreeMap<String, Value>, placements: &[&str]) -> Vec<String> {
+    let only = only();
     let known = known_divergences();
+    let recorded: BTreeMap<String, Value> = recorded()
+        .into_iter()
+        .filter(|(key, _)| {
+            let (scenario, placement) = key.split_once('/').unwrap_or_default();
+            placements.contains(&placement)
+                && only
+                    .as_deref()
+                    .is_none_or(|o| o.split(',').any(|s| s == scenario))
+        })
+        .collect();
     let mut unexpected = Vec::new();
     let mut fixed = Vec::new();
     for (key, want) in &recorded {
-        let scenario = key.split('/').next().unwrap_or_default();
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|s| s == scenario))
-        {
-            continue;
-        }
         let got = warren.get(key).unwrap_or(&Value::Null);
         let same = got == want;
         let listed = known.contains(key);
@@ -141,6 +163,33 @@ fn queue_features_behave_as_in_rabbitmq() {
         recorded.len(),
         known.len()
     );
+    if !fixed.is_empty() {
+        eprintln!("listed as known divergences but as in RabbitMQ this time: {fixed:?}");
+    }
+    unexpected
+}
+
+#[test]
+fn queue_features_behave_as_in_rabbitmq() {
+    if !common::has_pika("conformance") {
+        return;
+    }
+    let script = format!("{DIR}/scenarios.py");
+    let root = peers::test_root();
+    let conf = settings_file(&script, root.path());
+    let extra = ["--config", conf.as_str()];
+    let (secret, mut nodes) = three_with(root.path(), &extra);
+    for (name, body) in policies(&script) {
+        let (status, v) = nodes[0].http("PUT", &format!("/api/policies/%2F/{name}"), Some(&body));
+        assert!(
+            status == 201 || status == 204,
+            "policy {name}: {status} {v}"
+        );
+    }
+    let urls: Vec<String> = nodes.iter().map(Peer::amqp_url).collect();
+    let mut step = |queue: &str| fail_over(&mut nodes, &secret, queue, &extra);
+    let warren = run_scenarios(&script, &urls, Some(&mut step));
+    let unexpected = differences(&warren, &["plain", "master", "mirror", "failover"]);
     if !unexpected.is_empty() {
         // The nodes' logs go with the test's directory: their warnings
         // and errors are what a failed run leaves to go on.
@@ -159,9 +208,37 @@ fn queue_features_behave_as_in_rabbitmq() {
         "differs from RabbitMQ 3.10:\n{}",
         unexpected.join("\n")
     );
-    if !fixed.is_empty() {
-        eprintln!("listed as known divergences but as in RabbitMQ this time: {fixed:?}");
+}
+
+/// The same scenarios on one node of two shards (`--shards 2`), its URL
+/// given for all three nodes: the clients of a placement go to the shards
+/// in turn, so a queue is used from the other shard (over the in-process
+/// link, or after its client moved) as often as from its own. No failover
+/// placement (one node has nothing to fail over to), and no mirrors, which
+/// none of the other placements' outcomes shows.
+#[test]
+fn queue_features_behave_as_in_rabbitmq_on_a_node_of_two_shards() {
+    if !common::has_pika("conformance on two shards") {
+        return;
     }
+    let script = format!("{DIR}/scenarios.py");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = settings_file(&script, dir.path());
+    let node = common::Node::start(
+        &dir.path().join("data"),
+        &["--shards", "2", "--config", &conf],
+    );
+    for (name, body) in policies(&script) {
+        node.api_send("PUT", &format!("/api/policies/%2F/{name}"), &body);
+    }
+    let urls = vec![node.url(); 3];
+    let warren = run_scenarios(&script, &urls, None);
+    let unexpected = differences(&warren, &["plain", "master", "mirror"]);
+    assert!(
+        unexpected.is_empty(),
+        "differs from RabbitMQ 3.10 on two shards:\n{}",
+        unexpected.join("\n")
+    );
 }
 
 /// The failover placement's step: once `queue` has its two synchronised

@@ -135,18 +135,33 @@ impl Node {
 
     /// POSTs `body` to the management API as guest; the JSON answer.
     pub fn api_post(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        self.api_send("POST", path, body)
+    }
+
+    /// Sends `body` with `method` to the management API as guest; the JSON
+    /// answer (null for an empty one).
+    pub fn api_send(
+        &self,
+        method: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> serde_json::Value {
         let auth = format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode("guest:guest")
         );
-        ureq::post(&format!("http://{}{path}", self.http))
+        let text = ureq::request(method, &format!("http://{}{path}", self.http))
             .set("Authorization", &auth)
             .set("Content-Type", "application/json")
             .send_string(&body.to_string())
-            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
             .into_string()
-            .map(|t| serde_json::from_str(&t).expect("JSON"))
-            .expect("a body")
+            .expect("a body");
+        if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&text).expect("JSON")
+        }
     }
 
     /// The process's resident memory (`VmRSS`), in bytes.
