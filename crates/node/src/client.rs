@@ -47,6 +47,11 @@ pub(crate) trait ClientStream:
     type Away: Send + 'static;
     /// Whether the peer has hung up, even with data of its still unread.
     fn hung_up(&self) -> bool;
+    /// The TLS version it speaks (RabbitMQ's name: `tlsv1.3`); None for
+    /// a stream without TLS.
+    fn tls_version(&self) -> Option<&'static str> {
+        None
+    }
     /// Takes the stream off this thread's runtime, to go to another's.
     fn unhome(self) -> Unhomed<Self>;
     /// The stream registered with the calling thread's runtime.
@@ -137,6 +142,14 @@ impl ClientStream for tokio_rustls::server::TlsStream<TlsSocket> {
         self.get_ref().0.0.as_ref().is_some_and(peer_gone)
     }
 
+    fn tls_version(&self) -> Option<&'static str> {
+        Some(match self.get_ref().1.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_2) => "tlsv1.2",
+            Some(rustls::ProtocolVersion::TLSv1_3) => "tlsv1.3",
+            _ => "tls",
+        })
+    }
+
     fn unhome(mut self) -> Unhomed<Self> {
         let Some(socket) = self.get_mut().0.0.take() else {
             return Unhomed::Lost;
@@ -210,6 +223,9 @@ pub(crate) async fn serve(
             return;
         }
         let id = b.connect(peer, Arc::new(move || n.notify_one()));
+        if let Some(version) = stream.tls_version() {
+            b.set_tls(id, version);
+        }
         // Its first queue may be another shard's: this shell moves it.
         b.may_move(id);
         id

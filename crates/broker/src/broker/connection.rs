@@ -17,6 +17,14 @@ use crate::auth::{self, Permission};
 /// connection.close's class and method ids.
 const CONNECTION_CLOSE: (u16, u16) = (10, 50);
 impl Broker {
+    /// Connection `id`'s client speaks TLS `version` (RabbitMQ's name:
+    /// `tlsv1.3`), as the management API shows.
+    pub fn set_tls(&mut self, id: ConnId, version: &'static str) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.tls = Some(version);
+        }
+    }
+
     /// A new client connection from `peer`; `waker` wakes its task when
     /// another connection's work left output for it.
     pub fn connect(&mut self, peer: SocketAddr, waker: Waker) -> ConnId {
@@ -32,6 +40,7 @@ impl Broker {
             Conn {
                 amqp,
                 peer,
+                tls: None,
                 user: String::new(),
                 vhost: String::new(),
                 perm: None,

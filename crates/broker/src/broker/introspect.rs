@@ -117,6 +117,8 @@ pub struct ConnectionInfo {
     pub id: u64,
     /// The client's address.
     pub peer: std::net::SocketAddr,
+    /// The TLS version it speaks (`tlsv1.3`); None over plain TCP.
+    pub tls: Option<&'static str>,
     /// The user it logged in as (empty before login).
     pub user: String,
     /// Its vhost (empty before `connection.open`).
@@ -483,6 +485,7 @@ impl Broker {
             .map(|(id, c)| ConnectionInfo {
                 id: *id,
                 peer: c.peer,
+                tls: c.tls,
                 user: c.user.clone(),
                 vhost: c.vhost.clone(),
                 channels: c.channels.len() as u64,

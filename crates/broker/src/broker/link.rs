@@ -1708,6 +1708,7 @@ impl Broker {
             Conn {
                 amqp: Connection::new(self.cfg.amqp.clone()),
                 peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                tls: None,
                 user: format!("node {from}"),
                 vhost: vhost.to_owned(),
                 perm: Some(all),

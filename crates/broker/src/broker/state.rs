@@ -435,6 +435,9 @@ pub(super) struct Channel {
 pub(super) struct Conn {
     pub(super) amqp: Connection,
     pub(super) peer: SocketAddr,
+    /// The TLS version its client speaks (RabbitMQ's name: `tlsv1.3`); None
+    /// over plain TCP.
+    pub(super) tls: Option<&'static str>,
     pub(super) user: String,
     pub(super) vhost: String,
     pub(super) perm: Option<Permission>,
