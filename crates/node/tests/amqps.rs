@@ -90,15 +90,7 @@ fn start(dir: &std::path::Path, args: &[&str]) -> Started {
 
 /// The connection whose client port is `port`, as `/api/connections` shows it.
 fn shown_connection(http: &str, port: u16) -> serde_json::Value {
-    use base64::Engine as _;
-    let auth = base64::engine::general_purpose::STANDARD.encode("guest:guest");
-    let list: serde_json::Value = ureq::get(&format!("http://{http}/api/connections"))
-        .set("Authorization", &format!("Basic {auth}"))
-        .call()
-        .expect("GET /api/connections")
-        .into_string()
-        .map(|t| serde_json::from_str(&t).expect("JSON"))
-        .expect("a body");
+    let list = common::api_get(http, "/api/connections");
     list.as_array()
         .into_iter()
         .flatten()

@@ -1,11 +1,12 @@
 //! `warren.conf`: the `warren` binary started with a configuration file.
 
+mod common;
+
 use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use base64::Engine as _;
 use lapin::{Connection, ConnectionProperties};
 
 /// A port nothing listens on right now.
@@ -38,17 +39,7 @@ fn warren(dir: &Path) -> Command {
 
 /// `GET path` of the management API on `port`, as the configured admin.
 fn api(port: u16, path: &str) -> serde_json::Value {
-    let auth = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode("admin:s3cret")
-    );
-    ureq::get(&format!("http://127.0.0.1:{port}{path}"))
-        .set("Authorization", &auth)
-        .call()
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
-        .into_string()
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap()
+    common::api_get_as(&format!("127.0.0.1:{port}"), "admin:s3cret", path)
 }
 
 /// The payload of the connection.start frame the node on `port` sends a

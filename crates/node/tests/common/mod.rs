@@ -23,6 +23,28 @@ pub struct Node {
     pub data_dir: PathBuf,
 }
 
+/// `GET path` of the management API at `http` (`HOST:PORT`) as guest: the
+/// JSON answer.
+pub fn api_get(http: &str, path: &str) -> serde_json::Value {
+    api_get_as(http, "guest:guest", path)
+}
+
+/// `GET path` of the management API at `http` as `credentials`
+/// (`USER:PASSWORD`): the JSON answer.
+pub fn api_get_as(http: &str, credentials: &str, path: &str) -> serde_json::Value {
+    let auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(credentials)
+    );
+    ureq::get(&format!("http://{http}{path}"))
+        .set("Authorization", &auth)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .into_string()
+        .map(|t| serde_json::from_str(&t).expect("JSON"))
+        .expect("a body")
+}
+
 impl Node {
     /// Starts a node on free ports with data in `data_dir`, waiting for its ready line.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
@@ -120,17 +142,7 @@ impl Node {
 
     /// `GET path` of the management API as guest: the JSON answer.
     pub fn api(&self, path: &str) -> serde_json::Value {
-        let auth = format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode("guest:guest")
-        );
-        ureq::get(&format!("http://{}{path}", self.http))
-            .set("Authorization", &auth)
-            .call()
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
-            .into_string()
-            .map(|t| serde_json::from_str(&t).expect("JSON"))
-            .expect("a body")
+        api_get(&self.http, path)
     }
 
     /// POSTs `body` to the management API as guest; the JSON answer.
