@@ -749,10 +749,11 @@ impl Connection {
             "connection.blocked",
             "authentication_failure_close",
             "per_consumer_qos",
+            "consumer_priorities",
+            "direct_reply_to",
         ] {
             caps.insert(cap.into(), AMQPValue::Boolean(true));
         }
-        caps.insert("direct_reply_to".into(), AMQPValue::Boolean(false));
         let mut props = FieldTable::default();
         let s = |v: &str| AMQPValue::LongString(LongString::from(v.as_bytes().to_vec()));
         props.insert("capabilities".into(), AMQPValue::FieldTable(caps));

@@ -37,13 +37,11 @@ fn full_handshake_advertises_rabbitmq_capabilities() {
         "connection.blocked",
         "authentication_failure_close",
         "per_consumer_qos",
+        "consumer_priorities",
+        "direct_reply_to",
     ] {
         assert_eq!(caps.inner().get(k), Some(&AMQPValue::Boolean(true)), "{k}");
     }
-    assert_eq!(
-        caps.inner().get("direct_reply_to"),
-        Some(&AMQPValue::Boolean(false))
-    );
 
     h.send(&start_ok("alice", "s3cret", true));
     assert!(h.frames().is_empty());
