@@ -185,6 +185,32 @@ impl Broker {
         self.links.send(&to.node, msg);
     }
 
+    /// Whether `queue.declare` of `name` finds a direct reply-to queue:
+    /// `None` if `name` is not one; the pseudo-queue itself always exists,
+    /// a channel's address while that channel consumes it here (or, on
+    /// another member, while that member is one: replies still go there).
+    pub(super) fn reply_to_exists(&self, name: &str) -> Option<bool> {
+        if name == REPLY_TO {
+            return Some(true);
+        }
+        if !name.starts_with(REPLY_PREFIX) {
+            return None;
+        }
+        let Some(to) = parse(name) else {
+            return Some(false);
+        };
+        if to.node != self.cfg.node_name {
+            return Some(self.meta.is_member(&to.node));
+        }
+        let live = self
+            .conns
+            .get(&to.conn)
+            .and_then(|c| c.channels.get(&to.channel))
+            .and_then(|chan| chan.reply_consumer.as_ref())
+            .is_some_and(|r| r.key == to.key);
+        Some(live)
+    }
+
     /// Delivers a reply to the channel `routing_key` names on this node;
     /// nothing if that channel or its reply consumer is gone.
     pub(super) fn deliver_reply(&mut self, routing_key: &str, meta: &Bytes, body: &Bytes) {

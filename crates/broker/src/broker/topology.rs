@@ -160,7 +160,7 @@ impl Broker {
         if name.is_empty() {
             return Err(err(
                 ReplyCode::AccessRefused,
-                format!("operation not permitted on the default exchange in vhost '{vhost}'"),
+                "operation not permitted on the default exchange",
             ));
         }
         let v = self
@@ -271,10 +271,16 @@ impl Broker {
     ) -> Result<(), AmqpError> {
         let vhost = self.conns[&id].vhost.clone();
         let name = d.exchange.as_str();
-        if name.is_empty() || name.starts_with("amq.") {
+        if name.is_empty() {
             return Err(err(
                 ReplyCode::AccessRefused,
-                format!("operation not permitted on exchange '{name}' in vhost '{vhost}'"),
+                "operation not permitted on the default exchange",
+            ));
+        }
+        if name.starts_with("amq.") {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("deletion of system exchange '{name}' in vhost '{vhost}' not allowed"),
             ));
         }
         let v = self
@@ -340,7 +346,7 @@ impl Broker {
         if source.is_empty() {
             return Err(err(
                 ReplyCode::AccessRefused,
-                format!("operation not permitted on the default exchange in vhost '{vhost}'"),
+                "operation not permitted on the default exchange",
             ));
         }
         let v = self
@@ -372,9 +378,7 @@ impl Broker {
                 if e.is_empty() {
                     return Err(err(
                         ReplyCode::AccessRefused,
-                        format!(
-                            "operation not permitted on the default exchange in vhost '{vhost}'"
-                        ),
+                        "operation not permitted on the default exchange",
                     ));
                 }
                 let x = v
@@ -450,8 +454,11 @@ impl Broker {
             d
         };
         let vhost = self.conns[&id].vhost.clone();
-        if d.passive && d.queue.as_str() == super::reply_to::REPLY_TO {
-            // RabbitMQ's answer for the direct reply-to pseudo-queue.
+        if let Some(exists) = self.reply_to_exists(d.queue.as_str()) {
+            // RabbitMQ's answer for direct reply-to's queues, passive or not.
+            if !exists {
+                return Err(AmqpError::queue_not_found(d.queue.as_str(), &vhost));
+            }
             if !d.nowait {
                 self.conn(id).amqp.reply(
                     ch,

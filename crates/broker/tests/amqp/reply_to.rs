@@ -4,7 +4,7 @@
 
 use warren_amqp::amq_protocol::protocol::{AMQPClass, basic};
 
-use crate::support::{Message, Node, consume_method};
+use crate::support::{Message, Node, QueueOpts, consume_method};
 
 #[test]
 fn a_reply_goes_straight_to_the_requesting_channels_consumer() {
@@ -52,6 +52,10 @@ fn a_reply_goes_straight_to_the_requesting_channels_consumer() {
     c.publish(1, "", &reply_to, reply.clone().mandatory());
     let ids: Vec<(u16, (u16, u16))> = c.drain().iter().map(|i| (i.channel, i.ids())).collect();
     assert_eq!(ids, [(2, (60, 60)), (1, (60, 50))]);
+    // Its address is a queue to queue.declare while the consumer lasts
+    // (RabbitMQ's declare-ok: no messages, one consumer).
+    assert_eq!(c.counts(1, &reply_to), (0, 1));
+    c.queue(1, "amq.rabbitmq.reply-to");
     // Its consumer cancelled, a reply to it has nowhere to go.
     let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
         consumer_tag: "replies".into(),
@@ -64,6 +68,10 @@ fn a_reply_goes_straight_to_the_requesting_channels_consumer() {
         matches!(&inc[..], [i] if matches!(i.method, AMQPClass::Basic(basic::AMQPMethod::Return(_)))),
         "{inc:?}"
     );
+    let e = c
+        .declare_queue(1, &reply_to, QueueOpts::passive())
+        .unwrap_err();
+    assert_eq!(e.code, 404, "{e:?}");
 }
 
 #[test]
