@@ -419,6 +419,17 @@ const RABBIT_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 /// (the conformance scenarios' settings); none for the benches.
 static RABBIT_SETTINGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
+/// Whether the nodes run RabbitMQ's management plugin, node `i`'s API on
+/// `127.0.0.1:RABBIT_MANAGEMENT + i` (the Java client scenarios' recording).
+static RABBIT_WITH_MANAGEMENT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+/// Where node `i`'s management API listens: this port + `i`.
+pub(crate) const RABBIT_MANAGEMENT: u16 = 15930;
+
+/// Starts the nodes with the management plugin (once per process).
+pub(crate) fn rabbit_with_management() {
+    let _ = RABBIT_WITH_MANAGEMENT.set(());
+}
+
 /// Sets [`RABBIT_SETTINGS`] (once per process).
 pub(crate) fn set_rabbit_settings(lines: String) {
     let _ = RABBIT_SETTINGS.set(lines);
@@ -432,7 +443,14 @@ impl RabbitNode {
         let base = dir.join(format!("rabbit{i}"));
         std::fs::create_dir_all(base.join("log"))?;
         let port = RABBIT_AMQP + i;
-        let settings = RABBIT_SETTINGS.get().map_or("", String::as_str);
+        let mut settings = RABBIT_SETTINGS.get().cloned().unwrap_or_default();
+        if RABBIT_WITH_MANAGEMENT.get().is_some() {
+            std::fs::write(base.join("enabled_plugins"), "[rabbitmq_management].\n")?;
+            settings.push_str(&format!(
+                "management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {}\n",
+                RABBIT_MANAGEMENT + i
+            ));
+        }
         std::fs::write(
             base.join("rabbitmq.conf"),
             format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n{settings}"),
@@ -440,7 +458,7 @@ impl RabbitNode {
         // With settings (the conformance runs'), a channel looks at its
         // consumer timeout every second, as Warren does (RabbitMQ's channel
         // tick: 60 s by default).
-        let tick = if settings.is_empty() {
+        let tick = if RABBIT_SETTINGS.get().is_none_or(String::is_empty) {
             ""
         } else {
             "{channel_tick_interval, 1000}"

@@ -29,12 +29,17 @@ fn scenarios_json(script: &Path, flag: &str) -> anyhow::Result<serde_json::Value
     serde_json::from_slice(&out.stdout).with_context(|| format!("reading scenarios.py {flag}"))
 }
 
-/// Runs `conformance --record [--only SCENARIO[,SCENARIO…]]`.
+/// Runs `conformance --record [--only SCENARIO[,SCENARIO…]]` or
+/// `conformance --record-java`.
 pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+    if args == ["--record-java"] {
+        return record_java(root);
+    }
     if args.first() != Some(&"--record") {
         bail!(
             "usage: cargo xtask conformance --record [--only SCENARIO[,SCENARIO…]]\n\
-             (the Warren side runs in CI: cargo nextest run -p warren-node --test conformance)"
+             \x20      cargo xtask conformance --record-java\n\
+             (the Warren side runs in CI: cargo nextest run -p warren-node --test conformance --test java)"
         );
     }
     let only: Vec<&str> = match args {
@@ -125,6 +130,68 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     };
     std::fs::write(&file, merged)?;
     println!("==> RabbitMQ's outcomes written to {}", file.display());
+    Ok(())
+}
+
+/// RabbitMQ's own Java client and its scenarios (`crates/node/tests/java`).
+const JAVA_DIR: &str = "crates/node/tests/java";
+/// Debian's `librabbitmq-client-java` and the logging API it needs.
+const JAVA_CLASSPATH: &str = "/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar";
+
+/// `conformance --record-java`: the Java client's scenarios against node 2
+/// of a 3-node RabbitMQ cluster whose `java-` queues are mirrored on all
+/// nodes (their masters on node 2, the client's), the transcript stored as
+/// `rabbitmq-3.10.txt` beside them.
+fn record_java(root: &Path) -> anyhow::Result<()> {
+    let classes = crate::bench::target_dir(root).join("java-scenarios");
+    std::fs::create_dir_all(&classes)?;
+    let compiled = Command::new("javac")
+        .arg("-d")
+        .arg(&classes)
+        .args(["-cp", JAVA_CLASSPATH])
+        .arg(root.join(JAVA_DIR).join("Scenarios.java"))
+        .status()
+        .context("javac (apt-get install default-jdk-headless librabbitmq-client-java)")?;
+    if !compiled.success() {
+        bail!("javac failed");
+    }
+    crate::bench_mirrored::rabbit_with_management();
+    let work = crate::bench::target_dir(root).join("conformance-java");
+    let epmd_before = epmd_pids();
+    let result = (|| -> anyhow::Result<Vec<u8>> {
+        println!("==> RabbitMQ: starting 3 nodes ({})", work.display());
+        let nodes = rabbit_cluster(&work, 3)?
+            .context("rabbitmq-server is not installed (apt-get install rabbitmq-server)")?;
+        nodes[0].ctl(&[
+            "set_policy",
+            "--apply-to",
+            "queues",
+            "java-all",
+            "^java-",
+            r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#,
+        ])?;
+        let api = format!(
+            "http://127.0.0.1:{}",
+            crate::bench_mirrored::RABBIT_MANAGEMENT + 2
+        );
+        println!("==> the Java client's scenarios on rabbit2 ({api})");
+        let out = Command::new("java")
+            .arg("-cp")
+            .arg(format!("{}:{JAVA_CLASSPATH}", classes.display()))
+            .args(["Scenarios", &nodes[1].url(), &api])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running the Java scenarios")?;
+        if !out.status.success() {
+            bail!("the Java scenarios failed");
+        }
+        Ok(out.stdout)
+    })();
+    stop_new_epmd(&epmd_before);
+    let transcript = result?;
+    let file = root.join(JAVA_DIR).join("rabbitmq-3.10.txt");
+    std::fs::write(&file, transcript)?;
+    println!("==> RabbitMQ's transcript written to {}", file.display());
     Ok(())
 }
 

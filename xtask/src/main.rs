@@ -9,7 +9,8 @@
 //! - `cargo xtask cluster up|down` — a local cluster of `warren` processes.
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
 //! - `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4]` — a seeded fault schedule (`chaos`).
-//! - `cargo xtask conformance --record` — RabbitMQ's outcomes of the queue-feature scenarios.
+//! - `cargo xtask conformance --record` — RabbitMQ's outcomes of the queue-feature scenarios;
+//!   `--record-java` — what RabbitMQ's Java client sees in its scenarios.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod amqp_bench;
@@ -75,6 +76,9 @@ fn main() -> anyhow::Result<()> {
             );
             eprintln!(
                 "  conformance --record [--only S]  queue-feature scenarios on RabbitMQ: record its outcomes"
+            );
+            eprintln!(
+                "  conformance --record-java        the Java client's scenarios on RabbitMQ: record its transcript"
             );
             bail!("unknown or missing command: {args:?}")
         }
