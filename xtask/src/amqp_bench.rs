@@ -2,7 +2,7 @@
 //! `rabbitmq-server` is installed — one RabbitMQ node, driven side by side by
 //! the same loads: the project's lean generator
 //! (`crates/node/examples/amqp_bench.rs`, every ready frame in one write)
-//! and standard client libraries, lapin and Node.js's amqplib (`client_perf`:
+//! and standard client libraries, lapin, Node.js's amqplib and RabbitMQ's Java client (`client_perf`:
 //! each publish and each ack its own frame, as applications send them).
 //!
 //! Both brokers run on loopback on their own ports and data directories under
@@ -39,8 +39,9 @@ pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
 ];
 
 /// The same kinds of load from standard client libraries, PerfTest-like
-/// (`client_perf`: lapin, and Node.js's amqplib; the same flags for both).
-pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 6] = [
+/// (`client_perf`: lapin, Node.js's amqplib and RabbitMQ's Java client; the
+/// same flags for all).
+pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 9] = [
     (
         "lapin: 16 B transient, auto-ack",
         &crate::client_perf::TRANSIENT,
@@ -76,6 +77,18 @@ pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 6] = [
     (
         "amqplib: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
         &crate::client_perf::PERSISTENT,
+    ),
+    (
+        "java: 16 B transient, auto-ack",
+        &crate::client_perf::TRANSIENT,
+    ),
+    (
+        "java: 1 KiB persistent, 100 confirms, manual acks, prefetch 200",
+        &crate::client_perf::PERSISTENT,
+    ),
+    (
+        "java: 1 KiB persistent, 100 confirms, manual acks, no prefetch limit",
+        &crate::client_perf::PERSISTENT_UNLIMITED,
     ),
 ];
 
@@ -327,7 +340,7 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
     let dir = crate::bench::target_dir(root).join("bench-amqp");
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
-    let amqplib = crate::client_perf::prepare_amqplib(root);
+    let clients = crate::client_perf::Clients::prepare(root);
     // Every workload against the broker on `port`, named `broker`.
     let mut each = |broker: &'static str, server: (u16, u32)| -> anyhow::Result<()> {
         for (workload, flags) in WORKLOADS {
@@ -343,7 +356,7 @@ pub(crate) fn measure(root: &Path, duration: &str) -> anyhow::Result<Vec<AmqpRow
             });
         }
         for (workload, flags) in CLIENT_WORKLOADS {
-            if let (PerfClient::Amqplib, Err(why)) = (PerfClient::of(workload), &amqplib) {
+            if let Some(why) = clients.why_not(PerfClient::of(workload)) {
                 println!("    {workload}: skipped, {why}");
                 continue;
             }

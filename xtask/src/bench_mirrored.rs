@@ -3,8 +3,9 @@
 //! TCP and over QUIC) and — when Debian's `rabbitmq-server` is installed — on
 //! a 3-node RabbitMQ cluster with the same `ha-mode: all` policy, driven by
 //! the same loads: the project's generator (`crates/node/examples/amqp_bench.rs`)
-//! and standard clients: lapin (`crates/node/examples/lapin_perf.rs`) and
-//! Node.js's amqplib (`benches/amqplib/perf.js`).
+//! and standard clients: lapin (`crates/node/examples/lapin_perf.rs`),
+//! Node.js's amqplib (`benches/amqplib/perf.js`) and RabbitMQ's Java client
+//! (`benches/java/JavaPerf.java`).
 //!
 //! Every node runs on loopback on its own ports with its data and logs under
 //! `target/bench-mirrored/`; only processes this command started are stopped
@@ -78,9 +79,9 @@ pub(crate) struct ClientWorkload {
     flags: &'static [&'static [&'static str]],
 }
 
-/// The standard clients' rows (lapin, then Node.js's amqplib), PerfTest-like:
-/// each publish and each ack its own frame.
-pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 10] = [
+/// The standard clients' rows (lapin, Node.js's amqplib, RabbitMQ's Java
+/// client), PerfTest-like: each publish and each ack its own frame.
+pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 13] = [
     ClientWorkload {
         name: "lapin: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
         queue: "ha.lapin.persistent",
@@ -147,6 +148,27 @@ pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 10] = [
     ClientWorkload {
         name: "amqplib: 1 KiB persistent at 2,000 msg/s, 100 confirms in flight, manual acks, prefetch 200",
         queue: "ha.amqplib.rate-persistent",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&PERSISTENT, &["--rate", "2000"]],
+    },
+    ClientWorkload {
+        name: "java: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
+        queue: "ha.java.persistent",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&PERSISTENT],
+    },
+    ClientWorkload {
+        name: "java: 16 B transient, no confirms, auto-ack",
+        queue: "ha.java.transient",
+        producers: &[0],
+        consumers: &[0],
+        flags: &[&TRANSIENT],
+    },
+    ClientWorkload {
+        name: "java: 1 KiB persistent at 2,000 msg/s, 100 confirms in flight, manual acks, prefetch 200",
+        queue: "ha.java.rate-persistent",
         producers: &[0],
         consumers: &[0],
         flags: &[&PERSISTENT, &["--rate", "2000"]],
@@ -903,9 +925,9 @@ fn client_rows(
     synced: impl Fn(&str) -> anyhow::Result<Duration>,
 ) -> (Vec<Option<ClientRates>>, Vec<String>) {
     let (mut rates, mut notes) = (Vec::new(), Vec::new());
-    let amqplib = crate::client_perf::prepare_amqplib(root);
+    let clients = crate::client_perf::Clients::prepare(root);
     for w in &CLIENT_WORKLOADS {
-        if let (PerfClient::Amqplib, Err(why)) = (PerfClient::of(w.name), &amqplib) {
+        if let Some(why) = clients.why_not(PerfClient::of(w.name)) {
             println!("    {}: skipped, {why}", w.name);
             notes.push(format!("{} skipped: {why}", w.name));
             rates.push(None);

@@ -1,9 +1,11 @@
 //! Runs the benches' standard-client rows and reads their result line: a
 //! PerfTest-like load (each publish and each ack its own call, as
-//! applications make them) on lapin (`crates/node/examples/lapin_perf.rs`)
-//! or on Node.js's amqplib (`benches/amqplib/perf.js`, amqplib installed
-//! from npm into `target/bench-amqplib`). Both take the same flags and print
-//! the same `result …` line.
+//! applications make them) on lapin (`crates/node/examples/lapin_perf.rs`),
+//! on Node.js's amqplib (`benches/amqplib/perf.js`, amqplib installed from
+//! npm into `target/bench-amqplib`) or on RabbitMQ's Java client
+//! (`benches/java/JavaPerf.java`, Debian's `librabbitmq-client-java`,
+//! compiled into `target/bench-java`). All take the same flags and print the
+//! same `result …` line.
 
 use std::path::Path;
 use std::process::Command;
@@ -34,6 +36,9 @@ pub(crate) const PERSISTENT_UNLIMITED: [&str; 5] =
 /// The amqplib release the amqplib rows run on.
 const AMQPLIB: &str = "amqplib@2.3.1";
 
+/// RabbitMQ's Java client and the logging API it needs (Debian's paths).
+const JAVA_CLASSPATH: &str = "/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar";
+
 /// The standard client library that drives a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PerfClient {
@@ -41,15 +46,47 @@ pub(crate) enum PerfClient {
     Lapin,
     /// amqplib (Node.js), `benches/amqplib/perf.js`.
     Amqplib,
+    /// RabbitMQ's Java client, `benches/java/JavaPerf.java`.
+    Java,
 }
 
 impl PerfClient {
-    /// The client a row's name starts with (`"amqplib: …"`, else lapin).
+    /// The client a row's name starts with (`"amqplib: …"`, `"java: …"`,
+    /// else lapin).
     pub(crate) fn of(row: &str) -> Self {
         if row.starts_with("amqplib") {
             Self::Amqplib
+        } else if row.starts_with("java") {
+            Self::Java
         } else {
             Self::Lapin
+        }
+    }
+}
+
+/// Which clients can run here: why amqplib and the Java client cannot, if
+/// they cannot (lapin is built with the benches).
+pub(crate) struct Clients {
+    amqplib: Result<(), String>,
+    java: Result<(), String>,
+}
+
+impl Clients {
+    /// Installs amqplib from npm and compiles the Java load, once each.
+    pub(crate) fn prepare(root: &Path) -> Self {
+        Self {
+            amqplib: prepare_amqplib(root),
+            java: prepare_java(root),
+        }
+    }
+
+    /// Why `client`'s rows cannot run here, for the bench to say and skip
+    /// them; `None` if they can.
+    pub(crate) fn why_not(&self, client: PerfClient) -> Option<&str> {
+        match client {
+            PerfClient::Lapin => None,
+            PerfClient::Amqplib => self.amqplib.as_ref().err().map(String::as_str),
+            PerfClient::Java => self.java.as_ref().err().map(String::as_str),
         }
     }
 }
@@ -113,12 +150,20 @@ pub(crate) fn run(
                 .env("NODE_PATH", amqplib_dir(root).join("node_modules"));
             cmd
         }
+        PerfClient::Java => {
+            let mut cmd = Command::new("java");
+            cmd.arg("-cp")
+                .arg(format!("{}:{JAVA_CLASSPATH}", java_dir(root).display()))
+                .arg("JavaPerf");
+            cmd
+        }
     };
     cmd.args(args).args(["--duration", &duration.to_string()]);
     let limit = Duration::from_secs(duration + 60);
     let what = match client {
         PerfClient::Lapin => "lapin_perf",
         PerfClient::Amqplib => "amqplib perf.js",
+        PerfClient::Java => "JavaPerf",
     };
     let text = crate::bench_mirrored::output_within(&mut cmd, what, limit)?;
     PerfResult::parse(&text)
@@ -129,9 +174,44 @@ fn amqplib_dir(root: &Path) -> std::path::PathBuf {
     crate::bench::target_dir(root).join("bench-amqplib")
 }
 
+/// Where the Java load is compiled for the benches.
+fn java_dir(root: &Path) -> std::path::PathBuf {
+    crate::bench::target_dir(root).join("bench-java")
+}
+
+/// Makes the Java rows runnable: the Java client installed and
+/// `JavaPerf.java` compiled (again when it changed). Returns why not.
+fn prepare_java(root: &Path) -> Result<(), String> {
+    if !Path::new("/usr/share/java/amqp-client.jar").exists() {
+        return Err(
+            "RabbitMQ's Java client is not installed (apt-get install librabbitmq-client-java)"
+                .into(),
+        );
+    }
+    let source = root.join("benches/java/JavaPerf.java");
+    let class = java_dir(root).join("JavaPerf.class");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if modified(&class).is_some() && modified(&class) >= modified(&source) {
+        return Ok(());
+    }
+    let status = Command::new("javac")
+        .arg("-d")
+        .arg(java_dir(root))
+        .args(["-cp", JAVA_CLASSPATH])
+        .arg(&source)
+        .status();
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("javac JavaPerf.java failed ({s})")),
+        Err(e) => Err(format!(
+            "javac could not run (apt-get install default-jdk-headless): {e}"
+        )),
+    }
+}
+
 /// Makes the amqplib rows runnable: Node.js present and amqplib installed
 /// from npm (once). Returns why not, for the bench to say and skip them.
-pub(crate) fn prepare_amqplib(root: &Path) -> Result<(), String> {
+fn prepare_amqplib(root: &Path) -> Result<(), String> {
     let node = Command::new("node").arg("--version").output();
     if !node.is_ok_and(|o| o.status.success()) {
         return Err("node (Node.js 18 or newer) is not installed".into());
@@ -186,9 +266,11 @@ mod tests {
             let prefix = match client {
                 PerfClient::Lapin => "lapin: ",
                 PerfClient::Amqplib => "amqplib: ",
+                PerfClient::Java => "java: ",
             };
             assert!(name.starts_with(prefix), "{name}");
         }
         assert_eq!(PerfClient::of("amqplib: x"), PerfClient::Amqplib);
+        assert_eq!(PerfClient::of("java: x"), PerfClient::Java);
     }
 }
