@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{BufMut as _, BytesMut};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -32,6 +32,14 @@ use crate::{lock, now_ms};
 /// its heartbeats and its EOF, little enough that a held publisher cannot
 /// grow the node's memory.
 const HELD_INPUT_MAX: usize = 256 * 1024;
+
+/// The most one read takes off the socket. `BytesMut` grows by doubling,
+/// so without a bound a read into a grown buffer could take megabytes, all
+/// fed to the broker at once when the connection resumes: a held publisher
+/// of small messages then slipped tens of thousands of them past flow
+/// control in one turn (RabbitMQ's Java client, 16 B messages into a
+/// mirrored queue: its ring's backlog reached 116k publishes, not 4,000).
+const READ_MAX: usize = 64 * 1024;
 
 /// How often a paused connection whose read-ahead is full is probed for a
 /// peer that has hung up.
@@ -203,6 +211,14 @@ fn turn_state(b: &Broker, id: ConnId) -> (Option<u64>, bool) {
     (b.poll_conn_timeout(id), b.input_paused(id))
 }
 
+/// Reads what `stream` has into `input`, at most [`READ_MAX`] bytes.
+async fn read_some<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    input: &mut BytesMut,
+) -> std::io::Result<usize> {
+    stream.read_buf(&mut input.limit(READ_MAX)).await
+}
+
 /// Runs one client connection over TCP, or TLS for AMQPS. `socket`, its
 /// share of the node's client sockets, is given back when it ends.
 pub(crate) async fn serve(
@@ -310,7 +326,7 @@ fn run<S: ClientStream>(
                         }
                         b
                     }
-                    r = stream.read_buf(&mut input), if !full => match r {
+                    r = read_some(&mut stream, &mut input), if !full => match r {
                         Ok(0) | Err(_) => break,
                         Ok(_) => {
                             let mut b = lock(&broker);
@@ -431,3 +447,21 @@ fn run<S: ClientStream>(
 /// How long a connection the client closed is read to its end, at most,
 /// before the server shuts the socket.
 const CLOSED_READ_LIMIT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer grown by a held connection (capacity in megabytes) still
+    /// takes at most `READ_MAX` from the socket per read.
+    #[tokio::test]
+    async fn one_read_takes_at_most_read_max_however_large_the_buffer() {
+        let waiting = vec![7u8; 4 * READ_MAX];
+        let mut socket: &[u8] = &waiting;
+        let mut input = BytesMut::with_capacity(16 * READ_MAX);
+        let n = read_some(&mut socket, &mut input).await.expect("read");
+        assert_eq!((n, input.len()), (READ_MAX, READ_MAX));
+        let n = read_some(&mut socket, &mut input).await.expect("read");
+        assert_eq!((n, input.len()), (READ_MAX, 2 * READ_MAX));
+    }
+}
