@@ -37,7 +37,8 @@ pub(crate) const PERSISTENT_UNLIMITED: [&str; 5] =
 const AMQPLIB: &str = "amqplib@2.3.1";
 
 /// RabbitMQ's Java client and the logging API it needs (Debian's paths).
-const JAVA_CLASSPATH: &str = "/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar";
+pub(crate) const JAVA_CLASSPATH: &str =
+    "/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar";
 
 /// The standard client library that drives a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

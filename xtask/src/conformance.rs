@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 use crate::bench_mirrored::{
     RabbitNode, epmd_pids, eventually, rabbit_cluster, rabbit_synced_or, stop_new_epmd,
 };
+use crate::client_perf::JAVA_CLASSPATH;
 
 /// The scenario library and its recorded outcomes, under the workspace root.
 const DIR: &str = "crates/node/tests/conformance";
@@ -135,8 +136,6 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
 
 /// RabbitMQ's own Java client and its scenarios (`crates/node/tests/java`).
 const JAVA_DIR: &str = "crates/node/tests/java";
-/// Debian's `librabbitmq-client-java` and the logging API it needs.
-const JAVA_CLASSPATH: &str = "/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar";
 
 /// `conformance --record-java`: the Java client's scenarios against node 2
 /// of a 3-node RabbitMQ cluster whose `java-` queues are mirrored on all

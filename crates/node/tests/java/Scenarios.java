@@ -104,8 +104,6 @@ public class Scenarios {
       Map<String, Object> caps = (Map<String, Object>) props.get("capabilities");
       say("capabilities " + new TreeMap<>(caps));
       say("channel_max " + c.getChannelMax() + " frame_max " + c.getFrameMax() + " heartbeat " + c.getHeartbeat());
-      List<String> keys = new ArrayList<>(props.keySet());
-      Collections.sort(keys);
       for (String k : new String[] {"product", "version", "platform", "copyright", "information", "cluster_name"})
         say("server property " + k + " present " + props.containsKey(k));
     }
