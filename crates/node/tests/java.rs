@@ -34,17 +34,12 @@ fn has_java(test: &str) -> bool {
             .arg("-version")
             .output()
             .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var("WARREN_REQUIRE_JAVA").as_deref() != Ok("1"),
-            "WARREN_REQUIRE_JAVA=1 but javac or the Java client is missing \
-             (apt-get install default-jdk-headless librabbitmq-client-java)"
-        );
-        eprintln!(
-            "{test} skipped: no javac or Java client (apt-get install default-jdk-headless librabbitmq-client-java)"
-        );
-    }
-    ok
+    common::present_or_skipped(
+        test,
+        ok,
+        "WARREN_REQUIRE_JAVA",
+        "no javac or Java client (apt-get install default-jdk-headless librabbitmq-client-java)",
+    )
 }
 
 /// Compiles the scenarios into `dir` and runs them against `amqp_url`, the

@@ -240,18 +240,29 @@ pub fn login_with_heartbeat(secs: u16) -> Vec<u8> {
 
 /// Whether python3 can import pika. Without it `test` says so and passes,
 /// unless `WARREN_REQUIRE_PIKA=1`.
-#[allow(clippy::print_stderr)]
 pub fn has_pika(test: &str) -> bool {
     let ok = Command::new("python3")
         .args(["-c", "import pika"])
         .status()
         .is_ok_and(|s| s.success());
+    present_or_skipped(
+        test,
+        ok,
+        "WARREN_REQUIRE_PIKA",
+        "python3 cannot import pika (pip install pika)",
+    )
+}
+
+/// `ok` (a tool `test` needs is there); otherwise says that `test` is
+/// skipped and why (`missing`), and fails if `require`=1 asks for the tool.
+#[allow(clippy::print_stderr)]
+pub fn present_or_skipped(test: &str, ok: bool, require: &str, missing: &str) -> bool {
     if !ok {
         assert!(
-            std::env::var("WARREN_REQUIRE_PIKA").as_deref() != Ok("1"),
-            "WARREN_REQUIRE_PIKA=1 but python3 cannot import pika (pip install pika)"
+            std::env::var(require).as_deref() != Ok("1"),
+            "{require}=1 but {missing}"
         );
-        eprintln!("{test} skipped: python3 cannot import pika (pip install pika)");
+        eprintln!("{test} skipped: {missing}");
     }
     ok
 }
