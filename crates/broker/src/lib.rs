@@ -32,7 +32,7 @@ pub use broker::introspect::{
     BindingInfo, ChannelInfo, ConnectionInfo, ConsumerInfo, ExchangeInfo, QueueInfo, RingInfo,
     amqp_to_json, json_to_amqp, json_to_table, table_to_json,
 };
-pub use broker::link::{GetReplyMsg, LINK_BEHIND_MAX, LinkMsg, QueueFigures};
+pub use broker::link::{GetReplyMsg, LINK_BEHIND_MAX, LINK_PUBLISHES_MAX, LinkMsg, QueueFigures};
 pub use broker::mirrored::{MirrorInput, MirrorIo, ReplicaEnd, ReplicaStart};
 pub use broker::policies::policy_set;
 pub use broker::stats::{

@@ -228,12 +228,15 @@ impl Me {
 const STALE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Forwarded publishes (and gets) held back at most, per link, while this
-/// node's mirrored queues catch up; beyond it the link is not read.
+/// node's mirrored queues catch up; beyond it the link is not read. The
+/// sender keeps fewer of its publishes in flight than this
+/// ([`warren_broker::LINK_PUBLISHES_MAX`]), so that the acks behind them
+/// keep coming.
 const HELD_MAX: usize = 4096;
 
 /// Whether `m` must wait behind held publishes: publishes wait for flow
 /// control, and a get or a count must see the publishes sent before it.
-fn held_back(m: &LinkMsg) -> bool {
+pub(crate) fn held_back(m: &LinkMsg) -> bool {
     matches!(
         m,
         LinkMsg::Publish { .. } | LinkMsg::Get { .. } | LinkMsg::Count { .. }

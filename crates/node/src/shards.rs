@@ -648,8 +648,10 @@ fn start_links(shards: &Shards, names: &[String]) {
 }
 
 /// Hands what `src` sent through `pipe` to `dst`, holding back a forwarded
-/// publish into a queue that falls behind (and what follows it) until it
-/// catches up; tells `src` what was taken in.
+/// publish into a queue that falls behind (and the publishes, gets and
+/// counts that follow it) until it catches up; acks, consumes and cancels
+/// go on past them, as over a network link (`links::held_back`). Tells
+/// `src` how many messages were taken in.
 async fn receive(pipe: Arc<Pipe>, src: Shared, src_name: String, dst: Shared, dst_name: String) {
     let mut held = false;
     loop {
@@ -665,13 +667,18 @@ async fn receive(pipe: Arc<Pipe>, src: Shared, src_name: String, dst: Shared, ds
             let mut b = lock(&dst);
             let mut q = pipe.msgs.lock().unwrap_or_else(PoisonError::into_inner);
             let mut msgs = Vec::with_capacity(q.len());
-            while let Some(m) = q.front() {
-                if matches!(m, LinkMsg::Publish { vhost, queue, .. } if b.publish_waits(&src_name, vhost, queue))
-                {
-                    break;
+            let mut waiting = VecDeque::new();
+            for m in q.drain(..) {
+                let waits = crate::links::held_back(&m)
+                    && (!waiting.is_empty()
+                        || matches!(&m, LinkMsg::Publish { vhost, queue, .. } if b.publish_waits(&src_name, vhost, queue)));
+                if waits {
+                    waiting.push_back(m);
+                } else {
+                    msgs.push(m);
                 }
-                msgs.extend(q.pop_front());
             }
+            *q = waiting;
             held = !q.is_empty();
             drop(q);
             let n = msgs.len();

@@ -284,6 +284,17 @@ pub enum LinkMsg {
         /// The origin's request id.
         req: u64,
     },
+    /// Master → origin, after each batch of link input with publishes in
+    /// it: the origin's forwarded publishes up to id `upto` were taken in
+    /// (enqueued, or refused), none of them held back any longer. The
+    /// origin's publishers wait while more than [`LINK_PUBLISHES_MAX`] of
+    /// its publishes to this node are not yet taken in, so that the node
+    /// holding them back never stops reading the link, and the acks behind
+    /// them on it get through.
+    Taken {
+        /// The id of the last publish taken in ([`LinkMsg::Publish`]'s `id`).
+        upto: u64,
+    },
 }
 
 /// A queue's figures as its master has them ([`LinkMsg::Peeked`]).
@@ -439,9 +450,17 @@ struct PendingCancelOk {
 
 /// Messages for one node, waiting to be written to its link, past which
 /// the publishers that send through that link wait (flow control): the
-/// node stops reading a link while its queues hold 4,096 forwarded
-/// publishes back, and this node then stops taking more.
+/// node does not read its link as fast as this node writes to it.
 pub const LINK_BEHIND_MAX: usize = 8_192;
+
+/// Publishes forwarded to one node and not yet taken in there
+/// ([`LinkMsg::Taken`]), past which the publishers that send through that
+/// link wait (flow control): the node holds forwarded publishes back while
+/// their queue falls behind, and stops reading the link if 4,096 are held
+/// (the node shell's `HELD_MAX`); kept under that, the link stays read, and
+/// the acks of this node's consumers, behind those publishes on it, reach
+/// the queue's master at once (they are what lets it deliver more).
+pub const LINK_PUBLISHES_MAX: usize = 2_048;
 
 /// The origin's side of forwarding.
 #[derive(Default)]
@@ -453,6 +472,9 @@ pub(crate) struct Links {
     unsent: HashMap<String, usize>,
     /// Forwarded publishes awaiting a confirm: id → (node, conn, channel, seq).
     publishes: IdMap<u64, (Arc<str>, ConnId, ChannelId, u64)>,
+    /// The ids of the publishes forwarded to each node and not yet taken in
+    /// there ([`LinkMsg::Taken`]), in the order they were sent.
+    in_flight: HashMap<String, VecDeque<u64>>,
     next_id: u64,
     /// Forwarded consumers by id.
     consumers: IdMap<u64, RemoteConsumer>,
@@ -877,6 +899,11 @@ impl Broker {
             priority: msg.priority,
         };
         self.links.send(node, m);
+        self.links
+            .in_flight
+            .entry(node.to_string())
+            .or_default()
+            .push_back(id);
         confirm.is_some()
     }
 
@@ -1540,6 +1567,15 @@ impl Broker {
         queued + unsent > LINK_BEHIND_MAX
     }
 
+    /// Whether more publishes forwarded to `node` than flow control allows
+    /// are not yet taken in there ([`LINK_PUBLISHES_MAX`]).
+    pub(crate) fn link_publishes_behind(&self, node: &str) -> bool {
+        self.links
+            .in_flight
+            .get(node)
+            .is_some_and(|f| f.len() > LINK_PUBLISHES_MAX)
+    }
+
     /// The shell wrote `n` messages of what [`Self::take_link_out`] gave it
     /// for `node`, or gave them up (the link broke): they no longer count
     /// toward [`Self::link_behind`].
@@ -1656,8 +1692,15 @@ impl Broker {
         // it: a closed channel's cancels come with its requeues, which go
         // back first (to a single-active-consumer queue's next consumer).
         let mut cancelled = Vec::new();
+        let mut taken = None;
         for m in msgs {
+            if let LinkMsg::Publish { id, .. } = &m {
+                taken = Some(*id);
+            }
             self.link_one(from, m, &mut cancelled);
+        }
+        if let Some(upto) = taken {
+            self.links.send(from, LinkMsg::Taken { upto });
         }
         for (vhost, queue) in cancelled {
             self.after_queue_op(&vhost, &queue);
@@ -2028,6 +2071,13 @@ impl Broker {
                 let waiter = get.conn;
                 self.get_reply(get, msg);
                 self.reply_answered(waiter);
+            }
+            LinkMsg::Taken { upto } => {
+                if let Some(f) = self.links.in_flight.get_mut(from) {
+                    while f.front().is_some_and(|&id| id <= upto) {
+                        f.pop_front();
+                    }
+                }
             }
         }
     }
@@ -2403,5 +2453,7 @@ impl Broker {
 
     fn out_link_dropped(&mut self, node: &str) {
         self.links.out.remove(node);
+        // Lost with the link, or nacked (`drop_origin_state`).
+        self.links.in_flight.remove(node);
     }
 }

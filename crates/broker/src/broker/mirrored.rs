@@ -376,13 +376,14 @@ impl Broker {
             })
     }
 
-    /// Whether queue `name` is served on another node whose link is behind.
+    /// Whether queue `name` is served on another node whose link is behind,
+    /// or which has not yet taken in enough of this node's publishes.
     fn master_link_behind(&self, vhost: &str, name: &str) -> bool {
         self.vhosts
             .get(vhost)
             .and_then(|v| v.queues.get(name))
             .and_then(|q| q.remote.as_ref()?.node())
-            .is_some_and(|node| self.link_behind(node))
+            .is_some_and(|node| self.link_behind(node) || self.link_publishes_behind(node))
     }
 
     /// Whether queue `name` holds its publishers back: its consumers are

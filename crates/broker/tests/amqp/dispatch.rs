@@ -753,12 +753,14 @@ fn a_forwarded_publish_for_a_queue_the_master_lacks_is_nacked() {
     );
 }
 
-/// The messages node `node` sends to `to` down its link.
+/// The messages node `node` sends to `to` down its link, but for flow
+/// control's [`LinkMsg::Taken`].
 fn sent_to(node: &Node, to: &str) -> Vec<LinkMsg> {
     node.with_broker(warren_broker::Broker::take_link_out)
         .into_iter()
         .filter(|(n, _)| n == to)
         .flat_map(|(_, m)| m)
+        .filter(|m| !matches!(m, LinkMsg::Taken { .. }))
         .collect()
 }
 
