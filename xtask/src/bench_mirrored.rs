@@ -81,7 +81,7 @@ pub(crate) struct ClientWorkload {
 
 /// The standard clients' rows (lapin, Node.js's amqplib, RabbitMQ's Java
 /// client), PerfTest-like: each publish and each ack its own frame.
-pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 13] = [
+pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 14] = [
     ClientWorkload {
         name: "lapin: 1 KiB persistent, 100 confirms in flight, manual acks, prefetch 200",
         queue: "ha.lapin.persistent",
@@ -172,6 +172,13 @@ pub(crate) const CLIENT_WORKLOADS: [ClientWorkload; 13] = [
         producers: &[0],
         consumers: &[0],
         flags: &[&PERSISTENT, &["--rate", "2000"]],
+    },
+    ClientWorkload {
+        name: "java: 4 producers (no confirms) on nodes 1, 2, 3, 1 and 2 consumers (manual acks, no prefetch limit) on nodes 2, 3, 16 B transient",
+        queue: "ha.java.spread",
+        producers: &[0, 1, 2],
+        consumers: &[1, 2],
+        flags: &[&["--producers", "4", "--consumers", "2", "--size", "16"]],
     },
 ];
 
