@@ -2149,3 +2149,87 @@ fn many_mirrored_queues_fail_over_together_when_their_masters_node_dies() {
         &lost[..lost.len().min(5)]
     );
 }
+
+#[test]
+fn a_consumers_acks_reach_the_master_while_it_holds_publishes_from_the_same_node() {
+    // A publisher and a consumer (manual acks, no prefetch limit) on node b,
+    // the queue's master on node a. The queue falls behind, so a holds b's
+    // forwarded publishes back; once it held 4,096 it stopped reading the
+    // link, and the consumer's acks, behind those publishes in it, waited
+    // there: the master, hearing no acks, took the consumer for one that
+    // holds what it gets and sent it all it had (measured with RabbitMQ's
+    // Java client: 31–37 thousand unacknowledged at the master, the
+    // consumer's channel holding none of them). Now b keeps at most
+    // `LINK_PUBLISHES_MAX` publishes in flight until a says it took them in.
+    let root = peers::test_root();
+    let (_secret, nodes, rt) = mirrored_three(root.path());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let most_unacked = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let q = queue(&nodes[0]);
+                most = most.max(q["messages_unacknowledged"].as_u64().unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        });
+        rt.block_on(async {
+            let (cconn, cch, mut consumer) = consumer(&nodes[1], "acking", 0).await;
+            let counting = tokio::spawn(async move {
+                let mut seen = BTreeSet::new();
+                let mut gaps = 0;
+                loop {
+                    let next = tokio::time::timeout(Duration::from_secs(20), consumer.next()).await;
+                    let Ok(Some(Ok(d))) = next else {
+                        gaps += 1;
+                        break (seen, gaps);
+                    };
+                    d.ack(BasicAckOptions::default()).await.unwrap();
+                    if d.data == b"end" {
+                        break (seen, gaps);
+                    }
+                    seen.insert(u64::from_be_bytes(d.data[..8].try_into().unwrap()));
+                }
+            });
+            let conn = connect(&nodes[1]).await;
+            let ch = conn.create_channel().await.unwrap();
+            let started = std::time::Instant::now();
+            let mut sent = 0u64;
+            while started.elapsed() < Duration::from_secs(5) {
+                ch.basic_publish(
+                    "".into(),
+                    QUEUE.into(),
+                    BasicPublishOptions::default(),
+                    &sent.to_be_bytes(),
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap();
+                sent += 1;
+            }
+            ch.basic_publish(
+                "".into(),
+                QUEUE.into(),
+                BasicPublishOptions::default(),
+                b"end",
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+            let (seen, gaps) = counting.await.unwrap();
+            assert_eq!(gaps, 0, "deliveries stopped after {} of {sent}", seen.len());
+            assert_eq!(seen.len() as u64, sent, "every message delivered");
+            let _ = conn.close(200, "bye".into()).await;
+            let _ = cch.close(200, "bye".into()).await;
+            let _ = cconn.close(200, "bye".into()).await;
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    });
+    eprintln!("at most {most_unacked} unacknowledged at the master");
+    assert!(
+        most_unacked < 40_000,
+        "{most_unacked} delivered and not acked, as the master saw it"
+    );
+}
