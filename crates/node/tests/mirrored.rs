@@ -2227,7 +2227,6 @@ fn a_consumers_acks_reach_the_master_while_it_holds_publishes_from_the_same_node
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         sampler.join().unwrap()
     });
-    eprintln!("at most {most_unacked} unacknowledged at the master");
     assert!(
         most_unacked < 40_000,
         "{most_unacked} delivered and not acked, as the master saw it"
