@@ -133,11 +133,21 @@ pub(super) fn queue_args(
     };
     for (k, v) in args.inner() {
         let key = k.as_str();
-        let non_neg = || match as_i64(v) {
-            Some(i) if i >= 0 => Ok(i as u64),
-            Some(_) => Err(bad(key, "must be non-negative")),
-            None => Err(bad(key, "must be an integer")),
+        // RabbitMQ 3.10's checks and texts (recorded: the conformance
+        // scenario declare_argument_types): an integer type (not a
+        // timestamp), then its range.
+        let int = || {
+            match v {
+                AMQPValue::Timestamp(_) => None,
+                v => as_i64(v),
+            }
+            .ok_or_else(|| bad(key, &format!("\"expected integer, got {}\"", type_name(v))))
         };
+        let non_neg = || {
+            let n = int()?;
+            u64::try_from(n).map_err(|_| bad(key, &format!("{{value_negative,{n}}}")))
+        };
+        let unacceptable = || bad(key, &format!("{{unacceptable_type,{}}}", type_name(v)));
         match key {
             "x-message-ttl" => {
                 let ttl = non_neg()?;
@@ -151,17 +161,25 @@ pub(super) fn queue_args(
             "x-expires" => {
                 let n = non_neg()?;
                 if n == 0 {
-                    return Err(bad(key, "must be positive"));
+                    return Err(bad(key, "{value_zero,0}"));
                 }
                 out.expires_ms = Some(n);
             }
             "x-dead-letter-exchange" => {
-                let dlx = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                let dlx = as_str(v).ok_or_else(|| {
+                    err(
+                        ReplyCode::PreconditionFailed,
+                        format!(
+                            "invalid type '{}' for arg '{key}' in queue '{queue}' in vhost '{vhost}'",
+                            type_name(v)
+                        ),
+                    )
+                })?;
                 check_name(&dlx).map_err(|e| bad(key, &e.to_string()))?;
                 out.dlx = Some(dlx);
             }
             "x-dead-letter-routing-key" => {
-                let dlrk = as_str(v).ok_or_else(|| bad(key, "must be a string"))?;
+                let dlrk = as_str(v).ok_or_else(unacceptable)?;
                 if dlrk.len() > MAX_NAME_BYTES {
                     return Err(bad(key, &BadName::TooLong(dlrk.len()).to_string()));
                 }
@@ -169,29 +187,17 @@ pub(super) fn queue_args(
             }
             "x-overflow" => {
                 use warren_policy::Overflow;
-                out.overflow = Some(match as_str(v).as_deref() {
-                    Some("drop-head") => Overflow::DropHead,
-                    Some("reject-publish") => Overflow::RejectPublish,
-                    Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
-                    _ => {
-                        return Err(bad(
-                            key,
-                            "must be drop-head, reject-publish or reject-publish-dlx",
-                        ));
-                    }
+                out.overflow = Some(match as_str(v).ok_or_else(unacceptable)?.as_str() {
+                    "drop-head" => Overflow::DropHead,
+                    "reject-publish" => Overflow::RejectPublish,
+                    "reject-publish-dlx" => Overflow::RejectPublishDlx,
+                    _ => return Err(bad(key, "invalid_overflow")),
                 });
             }
             "x-max-priority" => {
                 // RabbitMQ 3.10's checks and texts: an integer type (not a
                 // timestamp), 0 ..= 255.
-                let n = match v {
-                    AMQPValue::Timestamp(_) => None,
-                    v => as_i64(v),
-                };
-                let Some(n) = n else {
-                    let why = format!("\"expected integer, got {}\"", type_name(v));
-                    return Err(bad(key, &why));
-                };
+                let n = int()?;
                 let max = u8::try_from(n).map_err(|_| {
                     bad(
                         key,
@@ -235,8 +241,7 @@ pub(super) fn queue_args(
                 };
             }
             "x-single-active-consumer" if !matches!(v, AMQPValue::Boolean(_)) => {
-                let why = format!("{{unacceptable_type,{}}}", type_name(v));
-                return Err(bad(key, &why));
+                return Err(unacceptable());
             }
             "x-queue-type" if as_str(v).as_deref() != Some("classic") => {
                 return Err(bad(key, "only classic queues are supported"));
@@ -247,7 +252,7 @@ pub(super) fn queue_args(
     if out.dlrk.is_some() && out.dlx.is_none() {
         return Err(bad(
             "x-dead-letter-routing-key",
-            "x-dead-letter-exchange must be set too",
+            "routing_key_but_no_dlx_defined",
         ));
     }
     Ok(out)

@@ -24,6 +24,7 @@ Usage: scenarios.py --urls U1,U2,U3 [--only NAME[,NAME…]] [--failover] > outco
        scenarios.py --settings      (prints the brokers' settings as JSON)
 """
 
+import decimal
 import json
 import signal
 import socket
@@ -820,6 +821,47 @@ def argument_checks(ctx):
     wait_for_count(ctx.use, q, 5)
     out["count"] = passive_count(ctx.use, q)
     return out
+
+
+def declare_argument_types(ctx):
+    """Queue arguments of the wrong type or out of range, each declared on
+    a channel of its own: RabbitMQ's refusals, word for word."""
+    cases = [
+        ("ttl_string", {"x-message-ttl": "ten"}),
+        ("ttl_negative", {"x-message-ttl": -1}),
+        ("ttl_decimal", {"x-message-ttl": decimal.Decimal("1.5")}),
+        ("ttl_bool", {"x-message-ttl": True}),
+        ("expires_string", {"x-expires": "ten"}),
+        ("expires_negative", {"x-expires": -1}),
+        ("expires_zero", {"x-expires": 0}),
+        ("max_length_string", {"x-max-length": "ten"}),
+        ("max_length_negative", {"x-max-length": -1}),
+        ("max_length_huge", {"x-max-length": 2**40}),
+        ("max_length_bytes_string", {"x-max-length-bytes": "ten"}),
+        ("max_length_bytes_negative", {"x-max-length-bytes": -1}),
+        ("dlx_number", {"x-dead-letter-exchange": 5}),
+        ("dlrk_number", {"x-dead-letter-routing-key": 5}),
+        ("dlrk_without_dlx", {"x-dead-letter-routing-key": "k"}),
+        ("overflow_bogus", {"x-overflow": "bogus"}),
+        ("overflow_number", {"x-overflow": 5}),
+        ("single_active_string", {"x-single-active-consumer": "yes"}),
+    ]
+    out = {}
+    for i, (name, args) in enumerate(cases):
+        out[name] = refused(
+            ctx.use.channel(),
+            lambda ch, a=args, n=ctx.queue(f"args.{i}."): ch.queue_declare(
+                n, exclusive=True, arguments=a))
+    return out
+
+
+def exchange_type_unknown(ctx):
+    """An exchange declared with a type no plugin provides (on a
+    connection of its own: RabbitMQ 3.10 closes it)."""
+    own = ctx.connect(0 if ctx.placement in ("plain", "master") else 1)
+    return refused(
+        own.channel(),
+        lambda ch: ch.exchange_declare(ctx.queue("xt."), "x-nothing", auto_delete=True))
 
 
 def consumers_of(ctx, q, specs, prefetch=2):
@@ -2047,6 +2089,8 @@ SCENARIOS = [
     use_right_after_declare,
     message_count_each_node,
     argument_checks,
+    declare_argument_types,
+    exchange_type_unknown,
     consumer_priority,
     single_active_consumer,
     single_active_consumer_priority,
