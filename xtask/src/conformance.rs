@@ -31,16 +31,19 @@ fn scenarios_json(script: &Path, flag: &str) -> anyhow::Result<serde_json::Value
 }
 
 /// Runs `conformance --record [--only SCENARIO[,SCENARIO…]]` or
-/// `conformance --record-java`.
+/// `conformance --record-java|--record-bunny|--record-php`.
 pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
-    if args == ["--record-java"] {
-        return record_java(root);
+    match args {
+        ["--record-java"] => return record_transcript(root, Scripted::Java),
+        ["--record-bunny"] => return record_transcript(root, Scripted::Bunny),
+        ["--record-php"] => return record_transcript(root, Scripted::Php),
+        _ => {}
     }
     if args.first() != Some(&"--record") {
         bail!(
             "usage: cargo xtask conformance --record [--only SCENARIO[,SCENARIO…]]\n\
-             \x20      cargo xtask conformance --record-java\n\
-             (the Warren side runs in CI: cargo nextest run -p warren-node --test conformance --test java)"
+             \x20      cargo xtask conformance --record-java|--record-bunny|--record-php\n\
+             (the Warren side runs in CI: cargo nextest run -p warren-node --test conformance --test java --test scripted)"
         );
     }
     let only: Vec<&str> = match args {
@@ -134,28 +137,86 @@ pub(crate) fn main(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// RabbitMQ's own Java client and its scenarios (`crates/node/tests/java`).
-const JAVA_DIR: &str = "crates/node/tests/java";
+/// A standard client whose scenarios print a transcript, recorded from
+/// RabbitMQ (`conformance --record-java`, `--record-bunny`,
+/// `--record-php`) and compared with Warren's in CI
+/// (`crates/node/tests/java.rs`, `scripted.rs`).
+#[derive(Clone, Copy)]
+enum Scripted {
+    /// RabbitMQ's own Java client (`crates/node/tests/java`).
+    Java,
+    /// Bunny, Ruby (`crates/node/tests/bunny`).
+    Bunny,
+    /// php-amqplib, PHP (`crates/node/tests/php`).
+    Php,
+}
 
-/// `conformance --record-java`: the Java client's scenarios against node 2
-/// of a 3-node RabbitMQ cluster whose `java-` queues are mirrored on all
-/// nodes (their masters on node 2, the client's), the transcript stored as
-/// `rabbitmq-3.10.txt` beside them.
-fn record_java(root: &Path) -> anyhow::Result<()> {
-    let classes = crate::bench::target_dir(root).join("java-scenarios");
-    std::fs::create_dir_all(&classes)?;
-    let compiled = Command::new("javac")
-        .arg("-d")
-        .arg(&classes)
-        .args(["-cp", JAVA_CLASSPATH])
-        .arg(root.join(JAVA_DIR).join("Scenarios.java"))
-        .status()
-        .context("javac (apt-get install default-jdk-headless librabbitmq-client-java)")?;
-    if !compiled.success() {
-        bail!("javac failed");
+impl Scripted {
+    /// The scenarios and their transcript, under the workspace root.
+    fn dir(self) -> &'static str {
+        match self {
+            Self::Java => "crates/node/tests/java",
+            Self::Bunny => "crates/node/tests/bunny",
+            Self::Php => "crates/node/tests/php",
+        }
     }
+
+    /// The prefix of the queues its scenarios name (mirrored on all nodes).
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Java => "java-",
+            Self::Bunny => "rb-",
+            Self::Php => "php-",
+        }
+    }
+
+    /// The command that runs the scenarios against `url`, the management
+    /// API at `api` (compiled first, for Java).
+    fn command(self, root: &Path, url: &str, api: &str) -> anyhow::Result<Command> {
+        let script = |name: &str| root.join(self.dir()).join(name);
+        Ok(match self {
+            Self::Java => {
+                let classes = crate::bench::target_dir(root).join("java-scenarios");
+                std::fs::create_dir_all(&classes)?;
+                let compiled = Command::new("javac")
+                    .arg("-d")
+                    .arg(&classes)
+                    .args(["-cp", JAVA_CLASSPATH])
+                    .arg(script("Scenarios.java"))
+                    .status()
+                    .context(
+                        "javac (apt-get install default-jdk-headless librabbitmq-client-java)",
+                    )?;
+                if !compiled.success() {
+                    bail!("javac failed");
+                }
+                let mut c = Command::new("java");
+                c.arg("-cp")
+                    .arg(format!("{}:{JAVA_CLASSPATH}", classes.display()))
+                    .args(["Scenarios", url, api]);
+                c
+            }
+            Self::Bunny => {
+                let mut c = Command::new("ruby");
+                c.arg(script("scenarios.rb")).arg(url);
+                c
+            }
+            Self::Php => {
+                let mut c = Command::new("php");
+                c.arg(script("scenarios.php")).arg(url);
+                c
+            }
+        })
+    }
+}
+
+/// `conformance --record-java|--record-bunny|--record-php`: the client's
+/// scenarios against node 2 of a 3-node RabbitMQ cluster whose queues of
+/// the scenarios are mirrored on all nodes (their masters on node 2, the
+/// client's), the transcript stored as `rabbitmq-3.10.txt` beside them.
+fn record_transcript(root: &Path, client: Scripted) -> anyhow::Result<()> {
     crate::bench_mirrored::rabbit_with_management();
-    let work = crate::bench::target_dir(root).join("conformance-java");
+    let work = crate::bench::target_dir(root).join("conformance-clients");
     let epmd_before = epmd_pids();
     let result = (|| -> anyhow::Result<Vec<u8>> {
         println!("==> RabbitMQ: starting 3 nodes ({})", work.display());
@@ -165,30 +226,28 @@ fn record_java(root: &Path) -> anyhow::Result<()> {
             "set_policy",
             "--apply-to",
             "queues",
-            "java-all",
-            "^java-",
+            "scenarios-all",
+            &format!("^{}", client.prefix()),
             r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#,
         ])?;
         let api = format!(
             "http://127.0.0.1:{}",
             crate::bench_mirrored::RABBIT_MANAGEMENT + 2
         );
-        println!("==> the Java client's scenarios on rabbit2 ({api})");
-        let out = Command::new("java")
-            .arg("-cp")
-            .arg(format!("{}:{JAVA_CLASSPATH}", classes.display()))
-            .args(["Scenarios", &nodes[1].url(), &api])
+        println!("==> the scenarios on rabbit2 ({api})");
+        let out = client
+            .command(root, &nodes[1].url(), &api)?
             .stderr(Stdio::inherit())
             .output()
-            .context("running the Java scenarios")?;
+            .context("running the scenarios")?;
         if !out.status.success() {
-            bail!("the Java scenarios failed");
+            bail!("the scenarios failed");
         }
         Ok(out.stdout)
     })();
     stop_new_epmd(&epmd_before);
     let transcript = result?;
-    let file = root.join(JAVA_DIR).join("rabbitmq-3.10.txt");
+    let file = root.join(client.dir()).join("rabbitmq-3.10.txt");
     std::fs::write(&file, transcript)?;
     println!("==> RabbitMQ's transcript written to {}", file.display());
     Ok(())

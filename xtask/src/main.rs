@@ -10,7 +10,7 @@
 //! - `cargo xtask scenario N|all` — the seed's recovery scenarios (`scenario`).
 //! - `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4]` — a seeded fault schedule (`chaos`).
 //! - `cargo xtask conformance --record` — RabbitMQ's outcomes of the queue-feature scenarios;
-//!   `--record-java` — what RabbitMQ's Java client sees in its scenarios.
+//!   `--record-java`, `--record-bunny`, `--record-php` — what those clients see in their scenarios.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod amqp_bench;
@@ -78,7 +78,7 @@ fn main() -> anyhow::Result<()> {
                 "  conformance --record [--only S]  queue-feature scenarios on RabbitMQ: record its outcomes"
             );
             eprintln!(
-                "  conformance --record-java        the Java client's scenarios on RabbitMQ: record its transcript"
+                "  conformance --record-java|-bunny|-php  a client's scenarios on RabbitMQ: record its transcript"
             );
             bail!("unknown or missing command: {args:?}")
         }

@@ -69,30 +69,8 @@ fn run_scenarios(dir: &Path, amqp_url: &str, http: &str) -> String {
 /// Fails with each line where `warren`'s transcript differs from
 /// RabbitMQ's recorded one.
 fn assert_as_rabbitmq(warren: &str, placement: &str) {
-    let recorded = std::fs::read_to_string(format!("{DIR}/rabbitmq-3.10.txt")).expect("recorded");
-    let want: Vec<&str> = recorded.lines().collect();
-    let got: Vec<&str> = warren.lines().collect();
-    let differing: Vec<String> = (0..want.len().max(got.len()))
-        .filter(|&i| want.get(i) != got.get(i))
-        .map(|i| {
-            format!(
-                "line {}:\n  RabbitMQ: {}\n  Warren:   {}",
-                i + 1,
-                want.get(i).unwrap_or(&"(none)"),
-                got.get(i).unwrap_or(&"(none)")
-            )
-        })
-        .collect();
-    eprintln!(
-        "{placement}: {} of {} lines as RabbitMQ 3.10's",
-        want.len() - differing.len().min(want.len()),
-        want.len()
-    );
-    assert!(
-        differing.is_empty(),
-        "the Java client saw otherwise than on RabbitMQ 3.10 ({placement}):\n{}",
-        differing.join("\n")
-    );
+    let recorded = Path::new(DIR).join("rabbitmq-3.10.txt");
+    common::assert_transcript("the Java client", &recorded, warren, placement);
 }
 
 #[test]

@@ -267,6 +267,37 @@ pub fn present_or_skipped(test: &str, ok: bool, require: &str, missing: &str) ->
     ok
 }
 
+/// Fails with each line where `got`, what `client`'s scenarios printed
+/// against Warren (`placement`), differs from the transcript recorded from
+/// RabbitMQ 3.10 in `recorded`.
+#[allow(clippy::print_stderr)]
+pub fn assert_transcript(client: &str, recorded: &Path, got: &str, placement: &str) {
+    let recorded = std::fs::read_to_string(recorded).expect("the recorded transcript");
+    let want: Vec<&str> = recorded.lines().collect();
+    let got: Vec<&str> = got.lines().collect();
+    let differing: Vec<String> = (0..want.len().max(got.len()))
+        .filter(|&i| want.get(i) != got.get(i))
+        .map(|i| {
+            format!(
+                "line {}:\n  RabbitMQ: {}\n  Warren:   {}",
+                i + 1,
+                want.get(i).unwrap_or(&"(none)"),
+                got.get(i).unwrap_or(&"(none)")
+            )
+        })
+        .collect();
+    eprintln!(
+        "{client}, {placement}: {} of {} lines as RabbitMQ 3.10's",
+        want.len() - differing.len().min(want.len()),
+        want.len()
+    );
+    assert!(
+        differing.is_empty(),
+        "{client} saw otherwise than on RabbitMQ 3.10 ({placement}):\n{}",
+        differing.join("\n")
+    );
+}
+
 /// The `{case: outcome}` object a probe script prints, run as `python3
 /// SCRIPT ARGS…` off the async runtime; the test fails if the script does.
 pub async fn probe_json(
