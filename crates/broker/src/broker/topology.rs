@@ -184,11 +184,15 @@ impl Broker {
                     ),
                 ));
             }
-            // 406 on the channel, as RabbitMQ answers since 3.11 (3.10 closed
-            // the connection with 503).
+            // RabbitMQ 3.10 closes the connection (503, recorded: the
+            // conformance scenario exchange_type_unknown), and its federation
+            // plugin counts on it: a federated exchange's link declares an
+            // `x-federation-upstream` exchange on the upstream on a
+            // connection of its own, and declares a fanout instead when that
+            // connection is closed with 503.
             let kind = Kind::parse(d.kind.as_str()).ok_or_else(|| {
                 err(
-                    ReplyCode::PreconditionFailed,
+                    ReplyCode::CommandInvalid,
                     format!("unknown exchange type '{}'", shown(d.kind.as_str())),
                 )
             })?;
