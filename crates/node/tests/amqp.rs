@@ -1173,8 +1173,14 @@ async fn a_client_updates_its_secret_and_keeps_working() {
     .await;
 }
 
+/// RabbitMQ 3.10 closes the connection (503), and its federation plugin
+/// counts on that: a federated exchange's link declares an
+/// `x-federation-upstream` exchange on its upstream on a connection of its
+/// own and declares a fanout instead only when that connection is closed
+/// with 503 (with 406 on the channel, a federated exchange whose upstream
+/// was Warren stayed down).
 #[tokio::test]
-async fn an_unknown_exchange_type_is_406_on_the_channel() {
+async fn an_unknown_exchange_type_closes_the_connection_with_503() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path(), &[]);
     within(async {
@@ -1189,15 +1195,17 @@ async fn an_unknown_exchange_type_is_406_on_the_channel() {
             )
             .await
             .expect_err("an unknown type");
-        assert_eq!(code(&e), Some(406), "{e}");
-        // Only the channel closed.
-        let ch = conn
-            .create_channel()
-            .await
-            .expect("the connection stays open");
+        assert_eq!(code(&e), Some(503), "{e}");
+        assert!(
+            conn.create_channel().await.is_err(),
+            "the connection is closed"
+        );
+        // A fanout on another connection, as the federation link does.
+        let conn = node.connect().await;
+        let ch = conn.create_channel().await.unwrap();
         ch.exchange_declare(
             "x".into(),
-            ExchangeKind::Direct,
+            ExchangeKind::Fanout,
             Default::default(),
             FieldTable::default(),
         )
