@@ -116,39 +116,39 @@ fn a_link_that_is_behind_holds_back_the_publishers_that_send_through_it() {
     assert!(!remote.input_paused());
 }
 
-/// Hands node `to`'s link messages to the shell, and has `to` take in the
-/// publishes among them; returns how many messages were handed.
-fn take_in(node: &Node, to: &str) -> usize {
+/// Hands node `node`'s link messages for `to` to the shell: how many, and
+/// the ids of the publishes among them.
+fn hand_out(node: &Node, to: &str) -> (usize, Vec<u64>) {
     let out = node.with_broker(warren_broker::Broker::take_link_out);
     let msgs: Vec<&LinkMsg> = out
         .iter()
         .filter(|(n, _)| n == to)
         .flat_map(|(_, m)| m)
         .collect();
-    let last = msgs.iter().rev().find_map(|m| match m {
-        LinkMsg::Publish { id, .. } => Some(*id),
-        _ => None,
-    });
-    if let Some(upto) = last {
-        node.with_broker(|b| b.link_input(to, vec![LinkMsg::Taken { upto }], START_MS));
-    }
-    msgs.len()
+    let ids = msgs
+        .iter()
+        .filter_map(|m| match m {
+            LinkMsg::Publish { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    (msgs.len(), ids)
 }
 
-/// The ids of the publishes node `node` forwards to `to`, handed to the
-/// shell and written.
-fn publishes_written(node: &Node, to: &str) -> Vec<u64> {
-    let out = node.with_broker(warren_broker::Broker::take_link_out);
-    let mut ids = Vec::new();
-    for (n, msgs) in &out {
-        node.with_broker(|b| b.link_sent(n, msgs.len()));
-        if n == to {
-            ids.extend(msgs.iter().filter_map(|m| match m {
-                LinkMsg::Publish { id, .. } => Some(*id),
-                _ => None,
-            }));
-        }
+/// [`hand_out`], and `to` takes in the publishes among them; returns how
+/// many messages were handed.
+fn take_in(node: &Node, to: &str) -> usize {
+    let (handed, ids) = hand_out(node, to);
+    if let Some(&upto) = ids.last() {
+        node.with_broker(|b| b.link_input(to, vec![LinkMsg::Taken { upto }], START_MS));
     }
+    handed
+}
+
+/// [`hand_out`], and the shell writes them: the publishes' ids.
+fn publishes_written(node: &Node, to: &str) -> Vec<u64> {
+    let (handed, ids) = hand_out(node, to);
+    node.with_broker(|b| b.link_sent(to, handed));
     ids
 }
 
