@@ -8,6 +8,8 @@
 //       --url amqp://guest:guest@127.0.0.1:5672/%2f \
 //       --size 1024 --persistent --confirms 100 --prefetch 200 --duration 15
 //
+// `--multi-ack N` (Java only; PerfTest's --multi-ack-every) acks with
+// `multiple` once every N deliveries instead of each. The run
 // prints `result secs=… published=… confirmed=… consumed=… e2e_p50_ms=…
 // e2e_p99_ms=… confirm_p50_ms=… confirm_p99_ms=… consumed_total=… backlog=…`.
 // `cargo xtask bench amqp` and `bench mirrored` compile it into
@@ -25,7 +27,7 @@ public class JavaPerf {
   static List<String> consumeUrls = List.of();
   static String queue = "perf";
   static boolean transientQueue, keepQueue, persistent, autoAck;
-  static int producers = 1, consumers = 1, size = 16, confirms, prefetch;
+  static int producers = 1, consumers = 1, size = 16, confirms, prefetch, multiAck;
   static double rate, duration = 15;
 
   static final AtomicLong published = new AtomicLong();
@@ -77,6 +79,7 @@ public class JavaPerf {
         case "--size": size = Integer.parseInt(val); break;
         case "--confirms": confirms = Integer.parseInt(val); break;
         case "--prefetch": prefetch = Integer.parseInt(val); break;
+        case "--multi-ack": multiAck = Integer.parseInt(val); break;
         case "--rate": rate = Double.parseDouble(val); break;
         case "--duration": duration = Double.parseDouble(val); break;
         default: throw new IllegalArgumentException("unknown flag " + k);
@@ -169,12 +172,21 @@ public class JavaPerf {
         queue,
         autoAck,
         new DefaultConsumer(ch) {
+          int unacked;
+
           @Override
           public void handleDelivery(String tag, Envelope env, AMQP.BasicProperties p, byte[] b)
               throws java.io.IOException {
             if (b.length >= 8) latencies.add(nowUs() - ByteBuffer.wrap(b).getLong());
             consumed.incrementAndGet();
-            if (!autoAck) ch.basicAck(env.getDeliveryTag(), false);
+            if (autoAck) return;
+            // One ack per delivery, or (PerfTest's --multi-ack-every) one
+            // `multiple` ack every `multiAck` deliveries.
+            if (multiAck <= 1) ch.basicAck(env.getDeliveryTag(), false);
+            else if (++unacked >= multiAck) {
+              ch.basicAck(env.getDeliveryTag(), true);
+              unacked = 0;
+            }
           }
         });
     return conn;

@@ -41,7 +41,7 @@ pub(crate) const WORKLOADS: [(&str, &[&str]); 2] = [
 /// The same kinds of load from standard client libraries, PerfTest-like
 /// (`client_perf`: lapin, Node.js's amqplib and RabbitMQ's Java client; the
 /// same flags for all).
-pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 9] = [
+pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 10] = [
     (
         "lapin: 16 B transient, auto-ack",
         &crate::client_perf::TRANSIENT,
@@ -89,6 +89,18 @@ pub(crate) const CLIENT_WORKLOADS: [(&str, &[&str]); 9] = [
     (
         "java: 1 KiB persistent, 100 confirms, manual acks, no prefetch limit",
         &crate::client_perf::PERSISTENT_UNLIMITED,
+    ),
+    (
+        "java: the same, one ack (multiple) per 1,000 deliveries",
+        &[
+            "--size",
+            "1024",
+            "--persistent",
+            "--confirms",
+            "100",
+            "--multi-ack",
+            "1000",
+        ],
     ),
 ];
 

@@ -111,7 +111,8 @@ pub const FLOW_READY_MAX: u64 = 256;
 /// See [`FLOW_READY_MAX`].
 const FLOW_ACTIVE_MS: u64 = 1_000;
 /// Deliveries a consumer that acks may trail what it was sent before it
-/// gets no more until it catches up (`state::Pace`). As small as
+/// gets no more until it catches up (`state::Pace`; one that acks in
+/// batches, twice its largest batch if that is more). As small as
 /// [`FLOW_READY_MAX`] for the same reason: what it holds is latency.
 pub const CONSUMER_BEHIND_MAX: u64 = 256;
 /// A consumer counts as acking while its last settlement is this recent

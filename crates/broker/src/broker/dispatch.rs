@@ -350,6 +350,8 @@ impl Broker {
         let mut touched: Vec<Arc<str>> = Vec::new();
         let mut forwarded = Vec::new();
         let now = self.now;
+        // Settled together: one consumer's batch, on a channel of one.
+        let together = taken.len() as u64;
         for (_, u) in taken {
             if let Some(node) = u.remote {
                 forwarded.push((node, u.bq_tag));
@@ -380,7 +382,7 @@ impl Broker {
                     .find(|x| x.conn == id && x.channel == ch && &x.tag == t)
             {
                 cons.unacked = cons.unacked.saturating_sub(1);
-                cons.pace.settled(u.seq, now);
+                cons.pace.settled(u.seq, now, together);
                 q.settled_at_ms = now;
             }
             if touched.last() != Some(&u.queue) {
@@ -538,7 +540,9 @@ impl Broker {
                         .find(|x| x.conn == id && x.channel == ch && &x.tag == t)
                 {
                     cons.unacked = cons.unacked.saturating_sub(1);
-                    cons.pace.settled(u.seq, now);
+                    // A recover is no ack batch: it says nothing of the
+                    // consumer's pace but that it is at its latest.
+                    cons.pace.settled(u.seq, now, 1);
                 }
                 touched.push(u.queue);
             }

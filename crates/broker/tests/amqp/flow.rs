@@ -350,3 +350,23 @@ fn a_consumer_that_is_behind_and_acks_keeps_its_publishers_held_past_a_second() 
     assert_eq!(consumer.drain().len() as u64, FLOW_READY_MAX + 1);
     assert!(!publisher.input_paused());
 }
+
+#[test]
+fn a_consumer_that_acks_in_batches_may_trail_by_twice_its_batch() {
+    // PerfTest's `--multi-ack-every`: one `multiple` ack every `batch`
+    // deliveries, more than the limit. Held at the limit it would never
+    // reach its next ack.
+    let batch = 3 * CONSUMER_BEHIND_MAX;
+    let (_node, mut publisher, mut consumer) = unlimited_consumer(batch);
+    consumer.ack(1, batch, true);
+    for i in 0..=2 * batch + 1 {
+        publisher.publish(1, "", "q", Message::new(&format!("n{i}")));
+    }
+    // It is sent up to twice its batch beyond its last ack (and one more:
+    // the limit is checked before each delivery) …
+    assert_eq!(consumer.drain().len() as u64, 2 * batch + 1);
+    assert_eq!(publisher.counts(1, "q"), (1, 1), "one left ready");
+    // … and its next batch lets the rest go.
+    consumer.ack(1, 2 * batch, true);
+    assert_eq!(consumer.drain().len(), 1);
+}
