@@ -108,6 +108,10 @@ const MAX_FETCHES_IN_FLIGHT: u32 = 4096;
 /// gave consume latency p50 17–24 ms and 17–18 k msg/s on one node where
 /// 8,192 gave 325–494 ms and 13–15 k msg/s (docs/benchmarks.md).
 pub const FLOW_READY_MAX: u64 = 256;
+/// The same bound in body bytes, for large messages: 256 of 1 MiB would
+/// be four times a queue's memory budget (`QUEUE_RESIDENT_MAX`), paged out
+/// to disk on every replica while its consumers catch up.
+pub const FLOW_READY_BYTES_MAX: u64 = 16 << 20;
 /// See [`FLOW_READY_MAX`].
 const FLOW_ACTIVE_MS: u64 = 1_000;
 /// Deliveries a consumer that acks may trail what it was sent before it

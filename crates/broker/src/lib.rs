@@ -41,7 +41,8 @@ pub use broker::stats::{
 };
 pub use broker::{
     Broker, BrokerConfig, CONSUMER_ACKING_MS, CONSUMER_BEHIND_MAX, CommitDone, ConnId, Departed,
-    FLOW_READY_MAX, MetaCommit, Moving, Overview, QUEUE_RESIDENT_MAX, Reopen, SyncBatch, Waker,
+    FLOW_READY_BYTES_MAX, FLOW_READY_MAX, MetaCommit, Moving, Overview, QUEUE_RESIDENT_MAX, Reopen,
+    SyncBatch, Waker,
 };
 
 /// An error opening or configuring a broker.

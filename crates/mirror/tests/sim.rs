@@ -1318,7 +1318,7 @@ fn a_sync_keeps_at_most_two_batches_on_the_ring() {
 }
 
 /// A master counts the bytes of the publishes its ring and mirrors have not
-/// confirmed (the broker holds publishers back past 64 MiB of them): large
+/// confirmed (the broker holds publishers back past 16 MiB of them): large
 /// messages count by their size.
 #[test]
 fn the_backlog_counts_the_bytes_waiting_for_the_ring() {

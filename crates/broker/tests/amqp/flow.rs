@@ -10,8 +10,8 @@
 //! it.
 
 use warren_broker::{
-    CONSUMER_ACKING_MS, CONSUMER_BEHIND_MAX, FLOW_READY_MAX, LINK_BEHIND_MAX, LINK_PUBLISHES_MAX,
-    LinkMsg,
+    CONSUMER_ACKING_MS, CONSUMER_BEHIND_MAX, FLOW_READY_BYTES_MAX, FLOW_READY_MAX, LINK_BEHIND_MAX,
+    LINK_PUBLISHES_MAX, LinkMsg,
 };
 
 use crate::support::{Client, Message, Node, START_MS};
@@ -62,6 +62,37 @@ fn a_lagging_consumer_holds_its_queues_publishers_back() {
     // grows as RabbitMQ's does.
     node.tick(START_MS + 1_001);
     assert!(!publisher.input_paused());
+}
+
+#[test]
+fn large_messages_hold_publishers_back_by_their_bytes() {
+    let node = Node::new();
+    let mut publisher = node.connect();
+    publisher.open_channel(1);
+    publisher.queue(1, "q");
+    let mut consumer = node.connect();
+    consumer.open_channel(1);
+    consumer.qos(1, 1, false);
+    consumer.consume(1, "q", "ctag", false);
+    // Messages of 100,000 bytes (one body frame each): the consumer holds
+    // the first; the bytes ready reach the limit before their count does.
+    let size = 100_000;
+    let large = Message {
+        body: vec![7; size],
+        ..Message::new("")
+    };
+    let fit = FLOW_READY_BYTES_MAX / size as u64;
+    assert!(fit < FLOW_READY_MAX);
+    for _ in 0..=fit {
+        publisher.publish(1, "", "q", large.clone());
+    }
+    assert_eq!(consumer.drain().len(), 1);
+    assert!(!publisher.input_paused(), "{fit} ready is not over");
+    publisher.publish(1, "", "q", large);
+    assert!(publisher.input_paused(), "over by one: the publisher waits");
+    consumer.ack(1, 1, false);
+    assert_eq!(consumer.drain().len(), 1);
+    assert!(!publisher.input_paused(), "under the limit again");
 }
 
 #[test]
