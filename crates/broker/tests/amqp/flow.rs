@@ -16,8 +16,8 @@ use warren_broker::{
 
 use crate::support::{Client, Message, Node, START_MS};
 
-#[test]
-fn a_lagging_consumer_holds_its_queues_publishers_back() {
+/// A publisher and a consumer with prefetch 1 of queue `q`.
+fn prefetch_one_consumer() -> (Node, Client, Client) {
     let node = Node::new();
     let mut publisher = node.connect();
     publisher.open_channel(1);
@@ -26,6 +26,12 @@ fn a_lagging_consumer_holds_its_queues_publishers_back() {
     consumer.open_channel(1);
     consumer.qos(1, 1, false);
     consumer.consume(1, "q", "ctag", false);
+    (node, publisher, consumer)
+}
+
+#[test]
+fn a_lagging_consumer_holds_its_queues_publishers_back() {
+    let (node, mut publisher, mut consumer) = prefetch_one_consumer();
     let mut other = node.connect();
     other.open_channel(1);
     other.queue(1, "other");
@@ -66,14 +72,7 @@ fn a_lagging_consumer_holds_its_queues_publishers_back() {
 
 #[test]
 fn large_messages_hold_publishers_back_by_their_bytes() {
-    let node = Node::new();
-    let mut publisher = node.connect();
-    publisher.open_channel(1);
-    publisher.queue(1, "q");
-    let mut consumer = node.connect();
-    consumer.open_channel(1);
-    consumer.qos(1, 1, false);
-    consumer.consume(1, "q", "ctag", false);
+    let (_node, mut publisher, mut consumer) = prefetch_one_consumer();
     // Messages of 100,000 bytes (one body frame each): the consumer holds
     // the first; the bytes ready reach the limit before their count does.
     let size = 100_000;
