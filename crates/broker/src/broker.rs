@@ -40,6 +40,7 @@ use crate::routing::Kind;
 
 pub(crate) mod alarm;
 mod args;
+mod bindings;
 mod command;
 mod commits;
 mod connection;
@@ -410,7 +411,7 @@ impl Broker {
                     auto_delete: e.auto_delete,
                     internal: e.internal,
                     arguments: e.arguments,
-                    bindings: Vec::new(),
+                    bindings: Default::default(),
                 },
             );
         }

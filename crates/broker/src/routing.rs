@@ -43,7 +43,10 @@ impl Kind {
 /// pattern so far matches: at most (pattern words) × (key words) steps.
 /// Trying each split of the key at each `#` took time exponential in the
 /// `#`s: one binding of twenty `#` words and one publish with a 40-word key
-/// held the broker's lock, and with it the whole node, for good.
+/// held the broker's lock, and with it the whole node, for good. Routing
+/// uses the exchange's trie (`broker/bindings.rs`); this, one pattern at a
+/// time, is what the trie is checked against.
+#[cfg(test)]
 pub(crate) fn topic_matches(pattern: &str, key: &str) -> bool {
     let key: Vec<&str> = key.split('.').collect();
     // reach[j]: the pattern words so far match the key's first j words.

@@ -769,7 +769,7 @@ impl Broker {
                     auto_delete: def.auto_delete,
                     internal: def.internal,
                     arguments: def.arguments,
-                    bindings: Vec::new(),
+                    bindings: Default::default(),
                 },
             );
         }

@@ -89,17 +89,22 @@ fn route_rec<'a>(
         return;
     };
     let before = out.len();
-    for b in &x.bindings {
-        let hit = match x.kind {
-            Kind::Direct => b.key == rk,
-            Kind::Fanout => true,
-            Kind::Topic => routing::topic_matches(&b.key, rk),
-            Kind::Headers => routing::headers_match(&b.args, headers),
-        };
-        if hit {
-            match &b.dest {
-                Dest::Queue(q) => out.push(q.clone()),
-                Dest::Exchange(e) => route_rec(v, e, rk, headers, out, visited),
+    let mut hit = |b: &'a super::state::Binding, out: &mut Vec<Arc<str>>| match &b.dest {
+        Dest::Queue(q) => out.push(q.clone()),
+        Dest::Exchange(e) => route_rec(v, e, rk, headers, out, visited),
+    };
+    match x.bindings.matching(x.kind, rk) {
+        // Direct and topic: from the exchange's index.
+        Some(found) => {
+            for i in found {
+                hit(&x.bindings[i as usize], out);
+            }
+        }
+        None => {
+            for b in x.bindings.iter() {
+                if x.kind == Kind::Fanout || routing::headers_match(&b.args, headers) {
+                    hit(b, out);
+                }
             }
         }
     }

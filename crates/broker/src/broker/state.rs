@@ -67,7 +67,7 @@ pub(super) struct Exchange {
     pub(super) auto_delete: bool,
     pub(super) internal: bool,
     pub(super) arguments: FieldTable,
-    pub(super) bindings: Vec<Binding>,
+    pub(super) bindings: super::bindings::Bindings,
 }
 
 #[derive(Debug, Clone)]

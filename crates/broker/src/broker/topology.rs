@@ -49,7 +49,7 @@ pub(super) fn new_vhost() -> Vhost {
                 auto_delete: false,
                 internal: false,
                 arguments: FieldTable::default(),
-                bindings: Vec::new(),
+                bindings: Default::default(),
             },
         );
     }
@@ -256,7 +256,7 @@ impl Broker {
                         auto_delete: d.auto_delete,
                         internal: d.internal,
                         arguments: d.arguments.clone(),
-                        bindings: Vec::new(),
+                        bindings: Default::default(),
                     },
                 );
             }
