@@ -201,6 +201,20 @@ async fn durable_queue(ch: &Channel, name: &str) {
     .unwrap_or_else(|e| panic!("declare {name}: {e}"));
 }
 
+async fn durable_direct_exchange(ch: &Channel, name: &str) {
+    ch.exchange_declare(
+        name.into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("declare {name}: {e}"));
+}
+
 /// Publishes `n` persistent messages `PREFIX-i` to `exchange` with `key`,
 /// every one confirmed.
 async fn publish(ch: &Channel, exchange: &str, key: &str, prefix: &str, n: usize) {
@@ -348,17 +362,7 @@ async fn rabbitmqs_shovel_and_federation_work_with_warren_at_the_other_end() {
         }
 
         // A federated exchange whose upstream is Warren.
-        wch.exchange_declare(
-            "fed.x".into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..ExchangeDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        durable_direct_exchange(&wch, "fed.x").await;
         let upstream = serde_json::json!({ "uri": warren_uri });
         rabbit.ctl(&[
             "set_parameter",
@@ -374,17 +378,7 @@ async fn rabbitmqs_shovel_and_federation_work_with_warren_at_the_other_end() {
             "--apply-to",
             "exchanges",
         ]);
-        rch.exchange_declare(
-            "fed.x".into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..ExchangeDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        durable_direct_exchange(&rch, "fed.x").await;
         durable_queue(&rch, "fed.q").await;
         rch.queue_bind(
             "fed.q".into(),

@@ -7,6 +7,7 @@
 //! on an exchange, RabbitMQ's Java client published 21.6k msg/s through it
 //! (16 k consumed), against 111k with none, and RabbitMQ 3.10 41.5k.
 
+use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -67,7 +68,7 @@ impl Bindings {
     /// The positions, in order, of the bindings that routing key `rk`
     /// matches on an exchange of `kind`; `None` for a kind that looks at
     /// every binding (fanout, headers).
-    pub(super) fn matching(&self, kind: Kind, rk: &str) -> Option<Vec<u32>> {
+    pub(super) fn matching(&self, kind: Kind, rk: &str) -> Option<Cow<'_, [u32]>> {
         match kind {
             Kind::Direct => {
                 let index = self.direct.get_or_init(|| {
@@ -77,13 +78,17 @@ impl Bindings {
                     }
                     m
                 });
-                Some(index.get(rk).cloned().unwrap_or_default())
+                Some(
+                    index
+                        .get(rk)
+                        .map_or(Cow::Borrowed(&[][..]), |v| Cow::Borrowed(v.as_slice())),
+                )
             }
-            Kind::Topic => Some(
+            Kind::Topic => Some(Cow::Owned(
                 self.topic
                     .get_or_init(|| TopicTrie::new(&self.list))
                     .matching(rk),
-            ),
+            )),
             Kind::Fanout | Kind::Headers => None,
         }
     }
@@ -160,7 +165,10 @@ impl TopicTrie {
         let mut active = Vec::new();
         self.add(0, &mut active, &mut seen);
         for word in key.split('.') {
-            seen.iter_mut().for_each(|s| *s = false);
+            // Only the nodes reached so far are marked.
+            for &n in &active {
+                seen[n] = false;
+            }
             let mut next = Vec::new();
             for &n in &active {
                 let node = &self.nodes[n];
@@ -194,6 +202,10 @@ mod tests {
     use crate::broker::Dest;
     use crate::routing::topic_matches;
     use warren_amqp::amq_protocol::types::FieldTable;
+
+    fn found(b: &Bindings, kind: Kind, rk: &str) -> Option<Vec<u32>> {
+        b.matching(kind, rk).map(Cow::into_owned)
+    }
 
     fn bindings(keys: &[&str]) -> Bindings {
         let mut b = Bindings::default();
@@ -234,7 +246,7 @@ mod tests {
             let want: Vec<u32> = (0..refs.len() as u32)
                 .filter(|&i| topic_matches(refs[i as usize], key))
                 .collect();
-            assert_eq!(b.matching(Kind::Topic, key), Some(want), "key {key:?}");
+            assert_eq!(found(&b, Kind::Topic, key), Some(want), "key {key:?}");
         }
     }
 
@@ -243,24 +255,24 @@ mod tests {
         let pattern = format!("{}x", "#.".repeat(20));
         let b = bindings(&[&pattern, &format!("{}w", "#.".repeat(20))]);
         let key = ["w"; 40].join(".");
-        assert_eq!(b.matching(Kind::Topic, &key), Some(vec![1]));
+        assert_eq!(found(&b, Kind::Topic, &key), Some(vec![1]));
     }
 
     #[test]
     fn an_index_follows_every_change() {
         let mut b = bindings(&["k", "a.*", "k"]);
-        assert_eq!(b.matching(Kind::Direct, "k"), Some(vec![0, 2]));
-        assert_eq!(b.matching(Kind::Topic, "a.z"), Some(vec![1]));
+        assert_eq!(found(&b, Kind::Direct, "k"), Some(vec![0, 2]));
+        assert_eq!(found(&b, Kind::Topic, "a.z"), Some(vec![1]));
         b.remove(0);
-        assert_eq!(b.matching(Kind::Direct, "k"), Some(vec![1]));
+        assert_eq!(found(&b, Kind::Direct, "k"), Some(vec![1]));
         b.retain(|x| x.key != "a.*");
-        assert_eq!(b.matching(Kind::Topic, "a.z"), Some(vec![]));
+        assert_eq!(found(&b, Kind::Topic, "a.z"), Some(vec![]));
         b.push(Binding {
             dest: Dest::Queue("q".into()),
             key: "a.#".into(),
             args: FieldTable::default(),
         });
-        assert_eq!(b.matching(Kind::Topic, "a"), Some(vec![1]));
-        assert_eq!(b.matching(Kind::Fanout, "a"), None);
+        assert_eq!(found(&b, Kind::Topic, "a"), Some(vec![1]));
+        assert_eq!(found(&b, Kind::Fanout, "a"), None);
     }
 }

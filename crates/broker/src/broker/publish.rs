@@ -96,7 +96,7 @@ fn route_rec<'a>(
     match x.bindings.matching(x.kind, rk) {
         // Direct and topic: from the exchange's index.
         Some(found) => {
-            for i in found {
+            for &i in found.iter() {
                 hit(&x.bindings[i as usize], out);
             }
         }
