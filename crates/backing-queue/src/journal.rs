@@ -29,7 +29,8 @@
 //! bytes, and for a write `offset: u64 LE` and the data. A record that does
 //! not check is the torn end of the journal.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -83,7 +84,9 @@ struct State {
     number: u64,
     len: u64,
     /// The files with records in this journal file: synced at a checkpoint.
-    covered: HashMap<PathBuf, Arc<dyn StorageFile>>,
+    /// Ordered, so that a directory's files are found without looking at
+    /// every queue's.
+    covered: BTreeMap<PathBuf, Arc<dyn StorageFile>>,
 }
 
 fn journal_path(dir: &Path, number: u64) -> PathBuf {
@@ -295,7 +298,7 @@ impl Journal {
                 path,
                 number,
                 len: 0,
-                covered: HashMap::new(),
+                covered: BTreeMap::new(),
             }),
         };
         Ok((Arc::new(journal), report))
@@ -338,13 +341,23 @@ impl Journal {
     /// ([`remove_log_dir`] does both).
     pub fn forget_dir(&self, dir: &Path) -> Result<(), StoreError> {
         let mut st = lock(&self.state);
-        if !st.covered.keys().any(|p| p.starts_with(dir)) {
+        // A directory's files sort right after it, before anything else.
+        let under: Vec<PathBuf> = st
+            .covered
+            .range::<Path, _>((Bound::Included(dir), Bound::Unbounded))
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(dir))
+            .cloned()
+            .collect();
+        if under.is_empty() {
             return Ok(());
         }
         let mut buf = Vec::new();
         encode(&mut buf, KIND_FORGET, dir, 0, &[]);
         Self::append(&mut st, &buf)?;
-        st.covered.retain(|p, _| !p.starts_with(dir));
+        for p in &under {
+            st.covered.remove(p);
+        }
         Ok(())
     }
 

@@ -140,15 +140,51 @@ fn a_forgotten_directory_gets_none_of_its_old_records() {
     }
 }
 
-/// Past its checkpoint size the journal syncs the files it covers and
-/// starts a new file: what was committed before survives without it.
-#[test]
-fn a_checkpoint_syncs_the_files_and_starts_a_new_journal() {
+/// A journal that checkpoints past 4 KiB, on storage that can crash.
+fn checkpointing_at_4_kib() -> (MemStorage, Arc<dyn Storage>, Arc<Journal>) {
     let mem = MemStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(mem.clone());
     let (journal, _) =
         Journal::open_with_checkpoint(Arc::clone(&storage), Path::new(JOURNAL), 4096)
             .expect("journal");
+    (mem, storage, journal)
+}
+
+/// Forgetting one queue's directory (`q1`) keeps the journal's hold on
+/// every other queue's files, `q10`'s and `q0`'s beside it too: a checkpoint
+/// after it still syncs them before it drops the records.
+#[test]
+fn forgetting_a_directory_keeps_the_neighbours_covered() {
+    let (mem, storage, journal) = checkpointing_at_4_kib();
+    let ks = [0, 1, 10, 2];
+    let mut queues: Vec<_> = ks.iter().map(|&k| open_queue(&storage, k)).collect();
+    publish_and_commit(&mut queues, 1, 100, Some(&journal));
+    drop(queues.remove(1));
+    journal.forget_dir(&queue_dir(1)).expect("forget");
+    storage.remove_dir_all(&queue_dir(1)).expect("remove");
+    // Only q0 and q2 write on, past the checkpoint: q10's one message is
+    // durable only if the checkpoint synced its file.
+    let mut others = vec![queues.remove(0), queues.pop().expect("q2")];
+    for id in 2..=20 {
+        publish_and_commit(&mut others, id, 300, Some(&journal));
+    }
+    drop((queues, others));
+    drop(journal);
+    mem.crash();
+    Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+    assert_eq!(ids(&mut open_queue(&storage, 10)), [1]);
+    assert_eq!(
+        ids(&mut open_queue(&storage, 0)),
+        (1..=20).collect::<Vec<u64>>()
+    );
+    assert_eq!(ids(&mut open_queue(&storage, 1)), [] as [u64; 0]);
+}
+
+/// Past its checkpoint size the journal syncs the files it covers and
+/// starts a new file: what was committed before survives without it.
+#[test]
+fn a_checkpoint_syncs_the_files_and_starts_a_new_journal() {
+    let (mem, storage, journal) = checkpointing_at_4_kib();
     let mut queues: Vec<_> = (0..4).map(|k| open_queue(&storage, k)).collect();
     for id in 1..=10 {
         publish_and_commit(&mut queues, id, 300, Some(&journal));

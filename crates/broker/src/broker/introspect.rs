@@ -800,8 +800,8 @@ impl Broker {
             return Err(missing("exchange", &def.source, &def.vhost));
         };
         if x.bindings
-            .iter()
-            .any(|b| b.dest == dest && b.key == def.routing_key && b.args == def.arguments)
+            .find(&dest, &def.routing_key, &def.arguments)
+            .is_some()
         {
             return Ok(());
         }
@@ -863,11 +863,7 @@ impl Broker {
         let Some(x) = v.exchanges.get(&def.source) else {
             return Ok(false);
         };
-        let Some(pos) = x
-            .bindings
-            .iter()
-            .position(|b| b.dest == dest && b.key == def.routing_key && b.args == def.arguments)
-        else {
+        let Some(pos) = x.bindings.find(&dest, &def.routing_key, &def.arguments) else {
             return Ok(false);
         };
         let scope = Scope::of_exchange(x.durable).min(dest_scope);

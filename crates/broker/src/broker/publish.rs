@@ -96,8 +96,8 @@ fn route_rec<'a>(
     match x.bindings.matching(x.kind, rk) {
         // Direct and topic: from the exchange's index.
         Some(found) => {
-            for &i in found.iter() {
-                hit(&x.bindings[i as usize], out);
+            for b in found.iter().filter_map(|&i| x.bindings.get(i)) {
+                hit(b, out);
             }
         }
         None => {

@@ -47,7 +47,7 @@ impl std::hash::Hasher for IdHasher {
 
 pub(super) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum Dest {
     Queue(Arc<str>),
     Exchange(String),

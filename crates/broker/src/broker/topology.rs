@@ -317,9 +317,8 @@ impl Broker {
         let dest = Dest::Exchange(name.to_owned());
         let mut emptied = Vec::new();
         for (xn, other) in &mut v.exchanges {
-            let before = other.bindings.len();
-            other.bindings.retain(|b| b.dest != dest);
-            if other.auto_delete && before > 0 && other.bindings.is_empty() {
+            let removed = other.bindings.remove_to(&dest);
+            if other.auto_delete && removed > 0 && other.bindings.is_empty() {
                 emptied.push(xn.clone());
             }
         }
@@ -413,10 +412,7 @@ impl Broker {
         };
         let v = self.vhosts.get_mut(&vhost).expect("vhost present");
         let x = v.exchanges.get_mut(source).expect("exchange present");
-        let pos = x
-            .bindings
-            .iter()
-            .position(|b| b.dest == dest && b.key == key && b.args == *args);
+        let pos = x.bindings.find(&dest, key, args);
         if add {
             if pos.is_none() {
                 x.bindings.push(Binding {
@@ -836,9 +832,8 @@ impl Broker {
         let dest = Dest::Queue(q.name.clone());
         let mut emptied = Vec::new();
         for (xn, x) in &mut v.exchanges {
-            let before = x.bindings.len();
-            x.bindings.retain(|b| b.dest != dest);
-            if x.auto_delete && before > 0 && x.bindings.is_empty() {
+            let removed = x.bindings.remove_to(&dest);
+            if x.auto_delete && removed > 0 && x.bindings.is_empty() {
                 emptied.push(xn.clone());
             }
         }
@@ -971,7 +966,7 @@ impl Broker {
         })];
         let dest = Dest::Queue(q.name.clone());
         for (source, x) in &v.exchanges {
-            for b in x.bindings.iter().filter(|b| b.dest == dest) {
+            for b in x.bindings.to(&dest) {
                 changes.push(Change::PutBinding(BindingDef {
                     vhost: vhost.to_owned(),
                     source: source.clone(),
