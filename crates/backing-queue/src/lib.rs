@@ -49,6 +49,7 @@ mod error;
 mod journal;
 mod log;
 mod message;
+mod open_files;
 mod queue;
 mod ready;
 mod record;

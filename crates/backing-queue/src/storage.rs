@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use crate::open_files::{FsFile, OpenFiles};
 
 /// An open file of a [`Storage`].
 pub trait StorageFile: Send + Sync + Debug {
@@ -76,10 +78,15 @@ const SYNCFS_MIN_FILES: usize = 2;
 /// descriptor was opened, so each file system gets a directory handle when a
 /// log first creates its directory there, before any file in it is written,
 /// and keeps it.
+///
+/// Files are closed when more than [`FsStorage::set_open_files_max`] are
+/// open (those not used lately) and opened again when next used
+/// (`open_files.rs`).
 #[derive(Debug, Default)]
 pub struct FsStorage {
     /// A directory handle per file system (by device number), for `syncfs`.
     file_systems: Mutex<HashMap<u64, Arc<File>>>,
+    open_files: Arc<OpenFiles>,
 }
 
 impl FsStorage {
@@ -91,44 +98,22 @@ impl FsStorage {
         Arc::clone(&SHARED)
     }
 
+    /// Keeps at most `max` of its files open (unlimited until set).
+    pub fn set_open_files_max(&self, max: usize) {
+        self.open_files.set_max(max);
+    }
+
+    /// How many of its files are open now.
+    pub fn open_files(&self) -> usize {
+        self.open_files.open()
+    }
+
     fn file_system(&self, dev: u64) -> Option<Arc<File>> {
         lock(&self.file_systems).get(&dev).cloned()
     }
-}
 
-#[derive(Debug)]
-struct FsFile {
-    file: File,
-    /// The device number of the file system holding it.
-    dev: u64,
-}
-
-impl FsFile {
-    fn shared(file: File) -> io::Result<Arc<dyn StorageFile>> {
-        let dev = file.metadata()?.dev();
-        Ok(Arc::new(FsFile { file, dev }))
-    }
-}
-
-impl StorageFile for FsFile {
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
-    }
-
-    fn sync_data(&self) -> io::Result<()> {
-        self.file.sync_data()
-    }
-
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.file.set_len(len)
-    }
-
-    fn file_system(&self) -> Option<u64> {
-        Some(self.dev)
+    fn wrap(&self, file: File, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        Ok(FsFile::new(file, path.to_owned(), &self.open_files)?)
     }
 }
 
@@ -155,24 +140,26 @@ impl Storage for FsStorage {
     }
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        FsFile::shared(OpenOptions::new().read(true).write(true).open(path)?)
+        self.wrap(OpenOptions::new().read(true).write(true).open(path)?, path)
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        FsFile::shared(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)?,
-        )
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        self.wrap(file, path)
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
+        self.open_files.gone(path);
         fs::remove_file(path)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.open_files.gone(from);
+        self.open_files.gone(to);
         fs::rename(from, to)
     }
 
@@ -181,6 +168,7 @@ impl Storage for FsStorage {
     }
 
     fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        self.open_files.gone(dir);
         fs::remove_dir_all(dir)
     }
 

@@ -281,6 +281,12 @@ fn import_definitions(broker: &mut Broker, path: &Path) -> anyhow::Result<()> {
 
 async fn run(mut args: Args) -> anyhow::Result<app::Exit> {
     let fd_limit = sockets::raise_fd_limit();
+    if let Some(limit) = fd_limit {
+        let files = sockets::file_budget(limit);
+        warren_backing_queue::FsStorage::shared()
+            .set_open_files_max(usize::try_from(files).unwrap_or(usize::MAX));
+        tracing::info!(files, "queue log files kept open at most");
+    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     // Restarted by `join_cluster`: reset, then join the seed at the same addresses.

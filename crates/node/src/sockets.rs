@@ -8,6 +8,10 @@
 //! (a limit of 300 gives 180 sockets, as measured on RabbitMQ); at the
 //! budget the listeners stop accepting, so a new client waits until another
 //! leaves (RabbitMQ's documented "stop accepting new network connections").
+//!
+//! The tenth left is the queues' log files' ([`file_budget`]): past it the
+//! files not used lately are closed and opened again when next used, so
+//! that a node may hold more durable queues than it may open files.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Descriptors kept out of the client budget: log segments, the journal,
+/// Descriptors kept out of the client and file budgets: the journal,
 /// metadata, peers, HTTP (RabbitMQ's `RESERVED_FOR_OTHERS`).
 const RESERVED: u64 = 100;
 
@@ -96,6 +100,15 @@ impl ClientSockets {
     }
 }
 
+/// The log files a node keeps open at once under open-files limit `limit`:
+/// what the sockets' budget and [`RESERVED`] leave, at least 8.
+pub(crate) fn file_budget(limit: u64) -> u64 {
+    limit
+        .saturating_sub(RESERVED)
+        .saturating_sub(budget(limit))
+        .max(8)
+}
+
 /// Nine tenths of what the limit leaves after [`RESERVED`], at least one.
 fn budget(limit: u64) -> u64 {
     (limit.saturating_sub(RESERVED) * 9 / 10).max(1)
@@ -145,6 +158,9 @@ mod tests {
         assert_eq!(budget(300), 180);
         assert_eq!(budget(1024), 831);
         assert_eq!(budget(50), 1);
+        assert_eq!(file_budget(20_000), 1_990);
+        assert_eq!(file_budget(300), 20);
+        assert_eq!(file_budget(50), 8);
     }
 
     #[tokio::test]

@@ -79,6 +79,21 @@ fn queues_on_real_files_are_committed_with_one_call() {
     reopen_all(&storage, dir.path(), 8);
 }
 
+/// Sixteen queues on real files while at most four may be open: files are
+/// closed and opened again between a queue's appends, its group commit and
+/// its reads, and every publish is back after the reopen.
+#[test]
+fn queues_on_more_files_than_may_be_open_keep_every_publish() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fs = Arc::new(FsStorage::default());
+    fs.set_open_files_max(4);
+    let storage: Arc<dyn Storage> = fs.clone();
+    publish_and_commit_together(&storage, dir.path(), 16);
+    assert!(fs.open_files() <= 4, "{} open", fs.open_files());
+    reopen_all(&storage, dir.path(), 16);
+    assert!(fs.open_files() <= 4, "{} open", fs.open_files());
+}
+
 #[test]
 fn real_files_on_one_file_system_are_synced_together() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,4 +1,5 @@
-"""Clients past a node's socket budget, run against a node started with an
+"""Clients past a node's socket budget, and more durable queues than it may
+open files, run against a node started with an
 open-files limit of 300 (`ulimit -n 300`). Prints {case: outcome} as JSON.
 
 usage: probe.py AMQP_PORT HTTP_PORT
@@ -91,4 +92,28 @@ ch = connect().channel()
 out["messages_kept"] = sum(
     ch.queue_delete("fdlimit%d" % i).method.message_count for i in range(20)
 )
+# More durable queues than the node may open files, each with persistent,
+# confirmed messages published in two rounds (every queue's file used
+# again after all the others), then read back.
+QUEUES = 400
+ch = connect().channel()
+ch.confirm_delivery()
+persistent = pika.BasicProperties(delivery_mode=2)
+try:
+    for i in range(QUEUES):
+        ch.queue_declare("fdmany%d" % i, durable=True)
+    for rnd in range(2):
+        for i in range(QUEUES):
+            ch.basic_publish("", "fdmany%d" % i, b"%d.%d" % (i, rnd), persistent)
+    got = 0
+    for i in range(QUEUES):
+        for rnd in range(2):
+            _, _, body = ch.basic_get("fdmany%d" % i, auto_ack=True)
+            got += body == b"%d.%d" % (i, rnd)
+    out["more_durable_queues_than_files"] = {"queues": QUEUES, "got_back": got}
+except Exception as e:
+    out["more_durable_queues_than_files"] = repr(e)
+ch = connect().channel()
+for i in range(QUEUES):
+    ch.queue_delete("fdmany%d" % i)
 print(json.dumps(out, indent=1, sort_keys=True))
