@@ -22,27 +22,27 @@ pub trait StoreHarness {
 }
 
 /// Definitions with every list sorted: a store may keep any order.
-fn normalised(d: &Definitions) -> Definitions {
+pub(crate) fn normalised(d: &Definitions) -> Definitions {
     fn sorted<T: Clone + serde::Serialize>(v: &[T]) -> Vec<T> {
         let mut v = v.to_vec();
         v.sort_by_cached_key(|x| serde_json::to_string(x).unwrap_or_default());
         v
     }
-    Definitions {
-        vhosts: sorted(&d.vhosts),
-        users: sorted(&d.users),
-        permissions: sorted(&d.permissions),
-        exchanges: sorted(&d.exchanges),
-        queues: sorted(&d.queues),
-        bindings: sorted(&d.bindings),
-        policies: sorted(&d.policies),
-    }
+    let mut n = Definitions::default();
+    n.vhosts = sorted(&d.vhosts);
+    n.users = sorted(&d.users);
+    n.permissions = sorted(&d.permissions);
+    n.exchanges = sorted(&d.exchanges);
+    n.queues = sorted(&d.queues);
+    n.bindings = sorted(&d.bindings);
+    n.policies = sorted(&d.policies);
+    n
 }
 
 /// A change the broker could make to `model`, drawn from `rng`: entities go
 /// into vhosts that exist, permissions to users that exist, bindings
 /// between entities that exist; deletions may name what is already gone.
-fn change(rng: &mut StdRng, model: &Definitions) -> Change {
+pub(crate) fn change(rng: &mut StdRng, model: &Definitions) -> Change {
     let pick =
         |rng: &mut StdRng, names: &[&str]| names[rng.random_range(0..names.len())].to_owned();
     let vhosts = model.vhosts.clone();

@@ -830,20 +830,20 @@ fn to_command(change: Change, node: &str) -> Command {
 
 /// The cluster's metadata as the broker's definitions.
 pub(crate) fn to_definitions(m: &Metadata) -> Definitions {
-    Definitions {
-        vhosts: m.vhosts.iter().cloned().collect(),
-        users: user_defs(m),
-        permissions: permission_defs(m),
-        exchanges: exchange_defs(m),
-        queues: m
-            .queues
-            .values()
-            .filter(|q| q.exclusive_owner.is_none())
-            .map(queue_def)
-            .collect(),
-        bindings: binding_defs(m),
-        policies: policy_defs(m),
-    }
+    let mut d = Definitions::default();
+    d.vhosts = m.vhosts.iter().cloned().collect();
+    d.users = user_defs(m);
+    d.permissions = permission_defs(m);
+    d.exchanges = exchange_defs(m);
+    d.queues = m
+        .queues
+        .values()
+        .filter(|q| q.exclusive_owner.is_none())
+        .map(queue_def)
+        .collect();
+    d.bindings = binding_defs(m);
+    d.policies = policy_defs(m);
+    d
 }
 
 fn user_defs(m: &Metadata) -> Vec<UserDef> {

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use warren_backing_queue::{
-    BackingQueue, Journal, MemStorage, NewMessage, QueueConfig, Storage, StoreConfig, SyncJob,
+    BackingQueue, Journal, JournalReport, MemStorage, NewMessage, QueueConfig, Storage,
+    StoreConfig, SyncJob,
 };
 
 use crate::{commit_together, drain};
@@ -120,24 +121,66 @@ fn a_forgotten_directory_gets_none_of_its_old_records() {
         let mut queues: Vec<_> = (0..2).map(|k| open_queue(&storage, k)).collect();
         publish_and_commit(&mut queues, 1, 100, Some(&journal));
         publish_and_commit(&mut queues, 2, 100, Some(&journal));
-        // Delete queue 0 and declare it again.
-        drop(queues.remove(0));
-        journal.forget_dir(&queue_dir(0)).expect("forget");
-        storage.remove_dir_all(&queue_dir(0)).expect("remove");
-        queues.insert(0, open_queue(&storage, 0));
+        redeclare(&mut queues, 0, 0, &storage, &journal);
         if commit_new {
             publish_and_commit(&mut queues, 7, 50, Some(&journal));
         }
-        drop(queues);
-        drop(journal);
-        mem.crash();
-        let (_, report) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("replay");
+        let report = crash_and_replay(queues, journal, &mem, &storage);
         assert_eq!(report.skipped, 2, "the old queue's two writes");
         let expected: &[u64] = if commit_new { &[7] } else { &[] };
         assert_eq!(ids(&mut open_queue(&storage, 0)), expected);
         let kept: &[u64] = if commit_new { &[1, 2, 7] } else { &[1, 2] };
         assert_eq!(ids(&mut open_queue(&storage, 1)), kept);
     }
+}
+
+/// Closes `queues` and `journal`, crashes `mem` (what was not synced is
+/// lost) and replays the journal.
+fn crash_and_replay(
+    queues: Vec<BackingQueue>,
+    journal: Arc<Journal>,
+    mem: &MemStorage,
+    storage: &Arc<dyn Storage>,
+) -> JournalReport {
+    drop(queues);
+    drop(journal);
+    mem.crash();
+    Journal::open(Arc::clone(storage), Path::new(JOURNAL))
+        .expect("replay")
+        .1
+}
+
+/// Deletes queue `k`, at `at` in `queues` (its directory forgotten by the
+/// journal, then removed), and declares it again in its place.
+fn redeclare(
+    queues: &mut Vec<BackingQueue>,
+    at: usize,
+    k: usize,
+    storage: &Arc<dyn Storage>,
+    journal: &Journal,
+) {
+    drop(queues.remove(at));
+    journal.forget_dir(&queue_dir(k)).expect("forget");
+    storage.remove_dir_all(&queue_dir(k)).expect("remove");
+    queues.insert(at, open_queue(storage, k));
+}
+
+/// A replay drops the writes of a forgotten directory (`q1`) alone, not
+/// those of `q10` beside it, nor those made under `q1` after it was
+/// forgotten.
+#[test]
+fn a_replay_forgets_the_forgotten_directory_alone() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (journal, _) = Journal::open(Arc::clone(&storage), Path::new(JOURNAL)).expect("journal");
+    let mut queues: Vec<_> = [1, 10].iter().map(|&k| open_queue(&storage, k)).collect();
+    publish_and_commit(&mut queues, 1, 100, Some(&journal));
+    redeclare(&mut queues, 0, 1, &storage, &journal);
+    publish_and_commit(&mut queues, 2, 100, Some(&journal));
+    let report = crash_and_replay(queues, journal, &mem, &storage);
+    assert_eq!(report.skipped, 1, "the old q1's write");
+    assert_eq!(ids(&mut open_queue(&storage, 1)), [2]);
+    assert_eq!(ids(&mut open_queue(&storage, 10)), [1, 2]);
 }
 
 /// A journal that checkpoints past 4 KiB, on storage that can crash.
