@@ -57,7 +57,7 @@ mod storage;
 
 pub use error::{QueueError, StoreError};
 pub use journal::{CHECKPOINT_BYTES, Journal, JournalReport, remove_log_dir};
-pub use log::{RecoveryReport, StoreConfig, SyncJob};
+pub use log::{RecoveryReport, StoreConfig, SyncJob, UnsyncedHook};
 pub use message::{
     Delivery, DeliveryTag, DropReason, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,
     SnapshotMessage,

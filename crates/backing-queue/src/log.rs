@@ -151,6 +151,24 @@ pub(crate) struct SegmentLog {
     /// No segment is retired or compacted while set: a lazy snapshot reads
     /// its records later (see `BackingQueue::snapshot_lazy`).
     pinned: bool,
+    /// Called when the log gets something to sync ([`Self::tell_unsynced`]).
+    unsynced_hook: Option<Hook>,
+    /// The hook was called since it was last armed.
+    told: bool,
+}
+
+/// What a log calls when it gets something to sync, so that its owner
+/// commits the logs that need it without asking every log it has
+/// ([`crate::BackingQueue::on_unsynced`]).
+pub type UnsyncedHook = Arc<dyn Fn() + Send + Sync>;
+
+/// An [`UnsyncedHook`] in a log.
+pub(crate) struct Hook(pub(crate) UnsyncedHook);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UnsyncedHook")
+    }
 }
 
 /// A log's write buffer handed to a [`SyncJob`] by `prepare_sync`: written
@@ -649,6 +667,8 @@ impl SegmentLog {
             sealed_pending: false,
             sealed_by_gen: 0,
             pinned: false,
+            unsynced_hook: None,
+            told: false,
         };
         let next_seq = max_seq + 1;
         match log.segments.back() {
@@ -859,6 +879,7 @@ impl SegmentLog {
         self.live_bytes += rec_len;
         self.disk_bytes += rec_len;
         self.appended_seq = self.appended_seq.max(meta.seq);
+        self.tell_unsynced();
         if self.buf.len() >= WRITE_BUFFER_BYTES && !self.sealed_pending {
             self.write_out()?;
         }
@@ -896,6 +917,7 @@ impl SegmentLog {
     /// Records that a message was delivered (for `redelivered` after recovery).
     pub(crate) fn mark_delivered(&mut self, seq: u64) -> Result<(), StoreError> {
         self.pending_delivered.push(seq);
+        self.tell_unsynced();
         self.check_marks()
     }
 
@@ -914,6 +936,7 @@ impl SegmentLog {
             self.live_bytes = self.live_bytes.saturating_sub(r.record_len);
         }
         self.retire_empty_head();
+        self.tell_unsynced();
         self.check_marks()
     }
 
@@ -943,6 +966,7 @@ impl SegmentLog {
             self.disk_bytes -= s.len;
             self.live_bytes = self.live_bytes.saturating_sub(s.live_bytes);
             self.retired.push(s.path);
+            self.tell_unsynced();
         }
     }
 
@@ -1104,6 +1128,34 @@ impl SegmentLog {
             || !self.pending_removed.is_empty()
             || !self.pending_delivered.is_empty()
             || !self.retired.is_empty()
+    }
+
+    /// Calls `hook` whenever the log gets something to sync while armed
+    /// (it is armed now, and called at once if the log has something).
+    pub(crate) fn on_unsynced(&mut self, hook: UnsyncedHook) {
+        self.unsynced_hook = Some(Hook(hook));
+        self.arm_unsynced();
+    }
+
+    /// Arms the hook again (its owner took the call): it is called at once
+    /// if the log still has something to sync. Returns whether it was.
+    pub(crate) fn arm_unsynced(&mut self) -> bool {
+        self.told = false;
+        self.tell_unsynced()
+    }
+
+    /// Calls the hook, once until armed again, if there is something to
+    /// sync. Every change that leaves something to sync ends with it.
+    pub(crate) fn tell_unsynced(&mut self) -> bool {
+        if self.told || !self.has_unsynced() {
+            return false;
+        }
+        let Some(hook) = &self.unsynced_hook else {
+            return false;
+        };
+        self.told = true;
+        (hook.0)();
+        true
     }
 
     /// Bytes in the segment files (after pending deletions).

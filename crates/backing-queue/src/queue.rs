@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::core::{Entry, QueueCore, StoreRef};
 use crate::error::{QueueError, StoreError};
-use crate::log::{RecoveryReport, SegmentLog, StoreConfig, SyncJob};
+use crate::log::{Hook, RecoveryReport, SegmentLog, StoreConfig, SyncJob, UnsyncedHook};
 use crate::message::{
     Delivery, DeliveryTag, Dropped, Limits, NewMessage, Op, Published, SeqId, Snapshot,
     SnapshotMessage,
@@ -161,6 +161,8 @@ struct Spill {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     store: StoreConfig,
+    /// For the log once it is opened ([`BackingQueue::on_unsynced`]).
+    hook: Option<Hook>,
 }
 
 impl BackingQueue {
@@ -244,6 +246,7 @@ impl BackingQueue {
             storage,
             dir: dir.to_owned(),
             store,
+            hook: None,
         });
         q
     }
@@ -258,8 +261,11 @@ impl BackingQueue {
         {
             return Err(StoreError::io(&spill.dir, e));
         }
-        let opened = SegmentLog::open(spill.storage, &spill.dir, spill.store, false)?;
-        self.log = Some(opened.log);
+        let mut log = SegmentLog::open(spill.storage, &spill.dir, spill.store, false)?.log;
+        if let Some(hook) = spill.hook {
+            log.on_unsynced(hook.0);
+        }
+        self.log = Some(log);
         Ok(())
     }
 
@@ -796,6 +802,34 @@ impl BackingQueue {
     /// Tags of the deliveries pending ack, in tag order.
     pub fn unacked_tags(&self) -> Vec<DeliveryTag> {
         self.core.held().filter_map(|(t, _)| t).collect()
+    }
+
+    /// Calls `hook` when the queue's log gets something to sync (at once
+    /// if it has something now), then not again until
+    /// [`arm_unsynced`](Self::arm_unsynced): an owner of many queues keeps
+    /// the list of those to commit instead of asking each one
+    /// [`needs_sync`](Self::needs_sync). A queue without a log calls once
+    /// it has one (a spilling queue past its budget).
+    pub fn on_unsynced(&mut self, hook: UnsyncedHook) {
+        if let Some(log) = self.log.as_mut() {
+            log.on_unsynced(hook);
+        } else if let Some(spill) = self.spill.as_mut() {
+            spill.hook = Some(Hook(hook));
+        }
+    }
+
+    /// Calls the hook of [`on_unsynced`](Self::on_unsynced) if the log has
+    /// something to sync and the hook was not called since it was armed:
+    /// true only if a change failed to call it (a check for its owner).
+    pub fn tell_unsynced(&mut self) -> bool {
+        self.log.as_mut().is_some_and(SegmentLog::tell_unsynced)
+    }
+
+    /// Arms the hook of [`on_unsynced`](Self::on_unsynced) again, calling it
+    /// at once if the log still has something to sync (a commit in flight,
+    /// or one not prepared); returns whether it did.
+    pub fn arm_unsynced(&mut self) -> bool {
+        self.log.as_mut().is_some_and(SegmentLog::arm_unsynced)
     }
 
     /// Whether a group commit has anything to do.

@@ -235,6 +235,13 @@ pub struct Broker {
     current: ConnId,
     sync_waker: Option<Waker>,
     sync_wanted: bool,
+    /// The queues whose logs said they have something to sync since they
+    /// were last committed (`persistence::Unsynced`): a group commit looks
+    /// at these alone, not at every queue of the node.
+    unsynced: persistence::Unsynced,
+    /// When the tick last checked that every log with something to sync is
+    /// in `unsynced`.
+    last_unsynced_check_ms: u64,
     /// When a commit nobody waits for was first put off
     /// (`persistence::LAZY_SYNC_MS`).
     lazy_sync_since: Option<u64>,
@@ -340,6 +347,8 @@ impl Broker {
             current: 0,
             sync_waker: None,
             sync_wanted: false,
+            unsynced: persistence::Unsynced::default(),
+            last_unsynced_check_ms: 0,
             lazy_sync_since: None,
             dead: Vec::new(),
             dl_depth: 0,

@@ -692,6 +692,18 @@ impl Replica {
         self.view.alive().all(|m| m == self.member)
     }
 
+    /// Arms the local backing queue's unsynced hook again
+    /// ([`BackingQueue::arm_unsynced`]).
+    pub fn arm_storage_unsynced(&mut self) -> bool {
+        self.bq.as_mut().is_some_and(BackingQueue::arm_unsynced)
+    }
+
+    /// Calls the local backing queue's unsynced hook if a change failed to
+    /// ([`BackingQueue::tell_unsynced`]).
+    pub fn tell_storage_unsynced(&mut self) -> bool {
+        self.bq.as_mut().is_some_and(BackingQueue::tell_unsynced)
+    }
+
     /// Whether the local backing queue has appended data to fsync.
     pub fn needs_storage_sync(&self) -> bool {
         self.bq.as_ref().is_some_and(BackingQueue::needs_sync)

@@ -33,6 +33,7 @@ impl Broker {
         self.tick_stalled = stalled;
         self.last_tick_ms = now_ms;
         self.lazy_sync_due(now_ms);
+        self.check_unsynced(now_ms);
         self.expire_remote_alarms(now_ms);
         self.expire_counts(now_ms);
         self.expire_held_gets(now_ms);

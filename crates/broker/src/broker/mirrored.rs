@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use warren_amqp::{ChannelId, ContentMethod};
-use warren_backing_queue::{BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob};
+use warren_backing_queue::{
+    BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob, UnsyncedHook,
+};
 use warren_gm::{MemberId, RingEvent, View};
 use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
 
@@ -239,6 +241,30 @@ impl Store {
         }
     }
 
+    /// Sets the unsynced hook of a local store's backing queue (a
+    /// replica's are set by its factory, `Broker::start_replica`).
+    pub(crate) fn on_unsynced(&mut self, hook: UnsyncedHook) {
+        if let Store::Local(bq) = self {
+            bq.on_unsynced(hook);
+        }
+    }
+
+    /// Arms the backing queue's unsynced hook again; whether it called it.
+    pub(crate) fn arm_unsynced(&mut self) -> bool {
+        match self {
+            Store::Local(bq) => bq.arm_unsynced(),
+            Store::Replica(m) => m.replica.arm_storage_unsynced(),
+        }
+    }
+
+    /// Calls the unsynced hook if a change failed to; whether it did.
+    pub(crate) fn tell_unsynced(&mut self) -> bool {
+        match self {
+            Store::Local(bq) => bq.tell_unsynced(),
+            Store::Replica(m) => m.replica.tell_storage_unsynced(),
+        }
+    }
+
     pub(crate) fn needs_sync(&self) -> bool {
         match self {
             Store::Local(bq) => bq.needs_sync(),
@@ -439,6 +465,21 @@ impl Broker {
         start: ReplicaStart,
         factory: QueueFactory,
     ) -> bool {
+        // Every backing queue the replica makes tells the group commit.
+        let unsynced = self.unsynced.clone();
+        let hook = (self.vhosts.get(vhost).and_then(|v| v.queues.get(name)))
+            .map(|q| unsynced.hook(vhost, &q.name, q.uid));
+        let factory: QueueFactory = match hook {
+            Some(hook) => {
+                let mut make = factory;
+                Box::new(move |cfg| {
+                    let mut bq = make(cfg)?;
+                    bq.on_unsynced(Arc::clone(&hook));
+                    Ok(bq)
+                })
+            }
+            None => factory,
+        };
         let node = self.cfg.node_name.clone();
         if start.master
             && self
@@ -585,6 +626,7 @@ impl Broker {
                 }
             },
         };
+        self.hook_unsynced(vhost, name);
         if replaced {
             self.void_deliveries(vhost, name);
         } else {
@@ -615,13 +657,16 @@ impl Broker {
         bq: BackingQueue,
         serve: bool,
     ) -> bool {
+        let unsynced = self.unsynced.clone();
         let Some(q) = self.queue_mut(vhost, name) else {
             return false;
         };
         if matches!(q.store, Store::Replica(_)) {
             return false;
         }
+        let hook = unsynced.hook(vhost, &q.name, q.uid);
         q.store = Store::Local(bq);
+        q.store.on_unsynced(hook);
         if serve {
             q.handed_over = false;
             q.held_for_replica = false;

@@ -95,7 +95,7 @@ impl Broker {
             opts.arguments.inner().get("x-single-active-consumer"),
             Some(AMQPValue::Boolean(true))
         );
-        Ok(Queue {
+        let mut queue = Queue {
             name,
             uid,
             opts,
@@ -128,7 +128,10 @@ impl Broker {
             dir,
             spill_dir,
             counters: stats::QueueCounters::default(),
-        })
+        };
+        let hook = self.unsynced.hook(vhost, &queue.name, uid);
+        queue.store.on_unsynced(hook);
+        Ok(queue)
     }
 
     pub(super) fn auto_delete_if_unused(&mut self, vhost: &str, qname: &str) -> bool {
