@@ -94,6 +94,49 @@ fn queues_on_more_files_than_may_be_open_keep_every_publish() {
     assert!(fs.open_files() <= 4, "{} open", fs.open_files());
 }
 
+/// The unsynced hook: called once when the log gets something to sync
+/// (a publish, an ack), not again until armed; armed while a commit is in
+/// flight it is called again at once, armed after the commit completed
+/// with nothing new it is not.
+#[test]
+fn the_unsynced_hook_is_called_once_per_commit_with_something_to_sync() {
+    let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
+    let (mut q, _) = BackingQueue::open_in(
+        storage,
+        Path::new("/node/hooked"),
+        QueueConfig::default(),
+        StoreConfig::default(),
+    )
+    .expect("open");
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = Arc::clone(&calls);
+    let called = || calls.load(std::sync::atomic::Ordering::Relaxed);
+    q.on_unsynced(Arc::new(move || {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
+    // A new log's first segment header waits for the first commit.
+    let mut job = q.prepare_sync().expect("prepare").expect("a job");
+    job.run().expect("run");
+    q.complete_sync(&job).expect("complete");
+    q.arm_unsynced();
+    let before = called();
+    for id in 1..=3 {
+        q.publish(0, NewMessage::new(id, vec![1; 10], true))
+            .expect("publish");
+    }
+    assert_eq!(called(), before + 1, "once for three publishes");
+    let mut job = q.prepare_sync().expect("prepare").expect("a job");
+    assert!(q.arm_unsynced(), "its commit is in flight: still owed");
+    assert_eq!(called(), before + 2);
+    job.run().expect("run");
+    q.complete_sync(&job).expect("complete");
+    assert!(!q.arm_unsynced(), "nothing left to sync");
+    let d = q.fetch(0).expect("fetch").expect("a message");
+    q.ack(d.tag).expect("ack");
+    assert_eq!(called(), before + 3, "the ack's mark");
+    assert!(!q.tell_unsynced(), "told already: nothing was missed");
+}
+
 #[test]
 fn real_files_on_one_file_system_are_synced_together() {
     let dir = tempfile::tempdir().expect("tempdir");
