@@ -1949,6 +1949,9 @@ impl Replica {
         if !bq.finish_install(next_seq, next_tag, limits)? {
             return Err(MirrorError::Stopped);
         }
+        // Its hook told while it received the sync, when the group commit
+        // still looked at the replica's old queue: tell it again.
+        bq.arm_unsynced();
         self.bq = Some(bq);
         self.held = held;
         for (ops, pubs) in buffered {

@@ -280,16 +280,27 @@ impl Broker {
             return;
         }
         self.last_unsynced_check_ms = now_ms;
-        let mut missed = 0;
-        for q in self.vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
-            missed += usize::from(q.store.tell_unsynced());
+        let (mut missed, mut owed) = (0, false);
+        for (vname, v) in &mut self.vhosts {
+            for q in v.queues.values_mut() {
+                if q.store.tell_unsynced() {
+                    missed += 1;
+                } else if q.store.needs_sync() {
+                    // Listed already, or told by a copy of the queue that
+                    // the commit could not see then (a mirror's sync).
+                    self.unsynced.push(vname, &q.name, q.uid);
+                    owed = true;
+                }
+            }
         }
         if missed > 0 {
             tracing::warn!(
                 queues = missed,
                 "logs with something to sync were missing from the group commit's list"
             );
-            self.want_sync();
+        }
+        if missed > 0 || owed {
+            self.want_lazy_sync();
         }
     }
 
@@ -496,6 +507,14 @@ impl Unsynced {
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(key.clone());
         })
+    }
+
+    fn push(&self, vhost: &str, name: &Arc<str>, uid: u64) {
+        (self.0.lock().unwrap_or_else(PoisonError::into_inner)).push((
+            vhost.to_owned(),
+            Arc::clone(name),
+            uid,
+        ));
     }
 
     fn take(&self) -> Vec<UnsyncedQueue> {
