@@ -319,12 +319,7 @@ impl Broker {
             if !seen.insert(uid) {
                 continue;
             }
-            let Some(q) = self
-                .vhosts
-                .get_mut(&vname)
-                .and_then(|v| v.queues.get_mut(&qname))
-                .filter(|q| q.uid == uid)
-            else {
+            let Some(q) = self.queue_mut(&vname, &qname).filter(|q| q.uid == uid) else {
                 continue;
             };
             if q.store.needs_sync() {
@@ -456,12 +451,7 @@ impl Broker {
         // queues on the list, as every queue with something to sync is.
         let (mut more, mut owed) = (false, false);
         for (vname, qname, uid) in self.unsynced.peek() {
-            let Some(q) = self
-                .vhosts
-                .get(&vname)
-                .and_then(|v| v.queues.get(&qname))
-                .filter(|q| q.uid == uid)
-            else {
+            let Some(q) = self.queue_mut(&vname, &qname).filter(|q| q.uid == uid) else {
                 continue;
             };
             if q.store.awaits_sync() {
