@@ -517,9 +517,9 @@ pub struct Metadata {
     /// Bindings, in a canonical order.
     pub bindings: Vec<BindingRecord>,
     /// Queues by (vhost, name).
-    pub queues: BTreeMap<(String, String), QueueRecord>,
+    pub queues: imbl::OrdMap<(String, String), QueueRecord>,
     /// GM ring views by ring name.
-    pub rings: BTreeMap<String, RingRecord>,
+    pub rings: imbl::OrdMap<String, RingRecord>,
     /// Queues declared so far (the last [`QueueRecord::serial`] given).
     pub queues_declared: u64,
 }
@@ -604,13 +604,17 @@ impl Metadata {
                 self.permissions.retain(|(v, _), _| v != name);
                 self.policies.retain(|(v, _), _| v != name);
                 self.exchanges.retain(|(v, _), _| v != name);
-                let rings = &mut self.rings;
-                self.queues.retain(|(v, _), q| {
-                    if v == name {
-                        rings.remove(&q.ring());
+                let gone: Vec<_> = self
+                    .queues
+                    .keys()
+                    .filter(|(v, _)| v == name)
+                    .cloned()
+                    .collect();
+                for k in gone {
+                    if let Some(q) = self.queues.remove(&k) {
+                        self.rings.remove(&q.ring());
                     }
-                    v != name
-                });
+                }
                 self.bindings.retain(|b| &b.vhost != name);
                 Ok(Outcome::Done)
             }
@@ -894,11 +898,16 @@ impl Metadata {
 
     fn forget_node_in_queues(&mut self, node: &str, fallback: Option<&str>) {
         let mut deleted = Vec::new();
-        for (k, q) in &mut self.queues {
-            let in_view = q.master == node || q.mirrors.iter().any(|m| m == node);
-            if !in_view {
+        let in_view: Vec<_> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| q.master == node || q.mirrors.iter().any(|m| m == node))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in in_view {
+            let Some(q) = self.queues.get_mut(&k) else {
                 continue;
-            }
+            };
             q.mirrors.retain(|m| m != node);
             q.synchronised.retain(|m| m != node);
             if q.master == node {
@@ -917,7 +926,7 @@ impl Metadata {
                         q.synchronised.retain(|m| m != &promoted);
                         q.master = promoted;
                     }
-                    None => deleted.push(k.clone()),
+                    None => deleted.push(k),
                 }
             }
             q.view_version += 1;

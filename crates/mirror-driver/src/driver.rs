@@ -390,7 +390,6 @@ impl<S: MetadataSource> MirrorDriver<S> {
         let mut mirrored = BTreeSet::new();
         // Mastered here and mirrored by no policy: served by this node.
         let mut unmirrored = Vec::new();
-        let looked_at = |key: &QueueKey| only.is_none_or(|o| o.contains(key));
         for ((vhost, name), q) in queues_of(meta, only) {
             if q.exclusive_owner.is_some() {
                 continue;
@@ -478,15 +477,24 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 Some(_) => {}
             }
         }
-        for (key, r) in reps.iter().filter(|(key, _)| looked_at(key)) {
+        // The replicas of the queues looked at: found by key when they are
+        // few (a pass after a declare does not visit every replica).
+        let looked: Vec<QueueKey> = match only {
+            Some(o) => o
+                .iter()
+                .filter(|k| reps.contains_key(*k))
+                .cloned()
+                .collect(),
+            None => reps.keys().cloned().collect(),
+        };
+        for key in &looked {
+            let Some(r) = reps.get_mut(key) else { continue };
             if let Some(q) = meta.queues.get(key)
                 && q.serial == r.serial
             {
                 r.record
                     .send_if_modified(|v| std::mem::replace(v, q.view_version) != q.view_version);
             }
-        }
-        for (key, r) in reps.iter_mut().filter(|(key, _)| looked_at(key)) {
             let same = |(_, _, serial): &(bool, Settings, u64)| *serial == r.serial;
             if wanted.get(key).is_some_and(same) || r.stopping.load(Ordering::SeqCst) {
                 continue;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use imbl::ordmap::DiffItem;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use warren_amqp::amq_protocol::types::FieldTable;
@@ -947,9 +948,9 @@ pub(crate) struct Replayed {
     exchanges: BTreeMap<(String, String), ExchangeRecord>,
     bindings: Vec<BindingRecord>,
     policies: BTreeMap<(String, String), PolicyRecord>,
-    /// Every queue: whether it is exclusive, and which declaration of its
-    /// name it is ([`QueueRecord::serial`]).
-    queues: BTreeMap<(String, String), (bool, u64)>,
+    /// Every queue's record: a persistent map that shares what did not
+    /// change with the next metadata's, so that their diff skips it.
+    queues: imbl::OrdMap<(String, String), QueueRecord>,
 }
 
 /// Brings the local broker in line with the cluster's metadata `m`:
@@ -982,24 +983,12 @@ pub(crate) fn replay(b: &mut Broker, prev: Option<Replayed>, m: &Metadata, me: &
         replay_exchanges(b, m);
         r.exchanges.clone_from(&m.exchanges);
     }
-    let queues_changed = full
-        || r.queues.len() != m.queues.len()
-        || r.queues
-            .iter()
-            .zip(&m.queues)
-            .any(|((k, (_, serial)), (mk, q))| k != mk || *serial != q.serial);
     if full {
         replay_queues(b, m, me);
-    } else if queues_changed {
+    } else {
         replay_queues_since(b, &r.queues, m, me);
     }
-    if queues_changed {
-        r.queues = m
-            .queues
-            .iter()
-            .map(|(k, q)| (k.clone(), (own_exclusive(q, me), q.serial)))
-            .collect();
-    }
+    r.queues = m.queues.clone();
     if exchanges_changed || r.bindings != m.bindings {
         replay_bindings(b, m);
         r.bindings.clone_from(&m.bindings);
@@ -1161,17 +1150,17 @@ fn replay_queues(b: &mut Broker, m: &Metadata, me: &str) {
 /// serial changes once committed, has the record's).
 fn replay_queues_since(
     b: &mut Broker,
-    prev: &BTreeMap<(String, String), (bool, u64)>,
+    prev: &imbl::OrdMap<(String, String), QueueRecord>,
     m: &Metadata,
     me: &str,
 ) {
-    for (key, q) in &m.queues {
-        if own_exclusive(q, me) {
-            continue;
-        }
-        match prev.get(key) {
-            None => replay_declare(b, q, me),
-            Some((_, serial)) if *serial != q.serial => match declared_as(b, q) {
+    for change in prev.diff(&m.queues) {
+        match change {
+            DiffItem::Add(_, q) if !own_exclusive(q, me) => replay_declare(b, q, me),
+            DiffItem::Update {
+                old: (key, old),
+                new: (_, q),
+            } if old.serial != q.serial && !own_exclusive(q, me) => match declared_as(b, q) {
                 Some(true) => {}
                 Some(false) => {
                     b.admin_delete_queue(&key.0, &key.1);
@@ -1179,18 +1168,14 @@ fn replay_queues_since(
                 }
                 None => replay_declare(b, q, me),
             },
-            Some(_) => {}
-        }
-    }
-    for (key, (exclusive, _)) in prev {
-        if !m.queues.contains_key(key) {
-            if *exclusive {
-                // Unless its connection went: deleted by the other nodes,
-                // which took this node for down.
-                b.share_again(&key.0, &key.1);
-            } else {
+            // Unless its connection went: deleted by the other nodes, which
+            // took this node for down.
+            DiffItem::Remove(key, q) if own_exclusive(q, me) => b.share_again(&key.0, &key.1),
+            DiffItem::Remove(key, _) => {
                 b.admin_delete_queue(&key.0, &key.1);
             }
+            // Masters, mirrors and ring views: the mirror driver's.
+            DiffItem::Add(..) | DiffItem::Update { .. } => {}
         }
     }
 }
@@ -1912,6 +1897,7 @@ impl<S: MetadataSource> warren_management::MirrorSource for Records<S> {
 mod tests {
     use warren_broker::BrokerConfig;
     use warren_broker::meta::FileStore;
+    use warren_cluster::QueueView;
 
     use super::*;
 
@@ -1939,6 +1925,15 @@ mod tests {
         }
     }
 
+    /// A broker in `dir` and a metadata with the vhost `/`.
+    fn broker_and_metadata(dir: &Path) -> (Broker, Metadata) {
+        let store = FileStore::open(dir.join("metadata.json")).unwrap();
+        let b = Broker::open(BrokerConfig::new(dir), Box::new(store)).unwrap();
+        let mut m = Metadata::default();
+        m.apply(&Command::PutVhost { name: "/".into() });
+        (b, m)
+    }
+
     fn max_length(b: &Broker) -> Value {
         let q = b.queues(Some("/")).into_iter().find(|q| q.name == "q");
         q.expect("queue q").arguments["x-max-length"].clone()
@@ -1952,10 +1947,7 @@ mod tests {
     #[test]
     fn a_queue_declared_again_elsewhere_between_replays_takes_its_new_arguments() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::open(dir.path().join("metadata.json")).unwrap();
-        let mut b = Broker::open(BrokerConfig::new(dir.path()), Box::new(store)).unwrap();
-        let mut m = Metadata::default();
-        m.apply(&Command::PutVhost { name: "/".into() });
+        let (mut b, mut m) = broker_and_metadata(dir.path());
         m.apply(&declared(5));
         let r = replay(&mut b, None, &m, "n1");
         assert_eq!(max_length(&b), 5);
@@ -1988,5 +1980,66 @@ mod tests {
         m.apply(&Command::DeclareQueue(f));
         replay(&mut b, Some(r), &m, "n1");
         assert_eq!(b.queue_uid("/", "f"), uid, "its own declaration: kept");
+    }
+
+    fn named(name: &str) -> Command {
+        let Command::DeclareQueue(mut q) = declared(0) else {
+            unreachable!()
+        };
+        q.name = name.into();
+        Command::DeclareQueue(q)
+    }
+
+    fn names(b: &Broker) -> BTreeSet<String> {
+        b.queue_names().into_iter().map(|(_, q, _)| q).collect()
+    }
+
+    /// Between two replays the other nodes declared a queue, deleted one,
+    /// and moved a third's master and then declared it again: the replay
+    /// (which diffs the queue records against the last one's) declares and
+    /// deletes those, keeps the moved queue and every other as they were,
+    /// and takes the new declaration.
+    #[test]
+    fn a_replay_declares_and_deletes_what_changed_since_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut b, mut m) = broker_and_metadata(dir.path());
+        for i in 0..200 {
+            m.apply(&named(&format!("q{i}")));
+        }
+        let r = replay(&mut b, None, &m, "n1");
+        assert_eq!(names(&b).len(), 200);
+        let (kept, moved) = (b.queue_uid("/", "q150"), b.queue_uid("/", "q7"));
+
+        let held = m.clone();
+        m.apply(&named("new"));
+        m.apply(&deleted("q3"));
+        let q7 = m.queue("/", "q7").expect("q7");
+        let (serial, version) = (q7.serial, q7.view_version);
+        let moved_to = QueueView {
+            master: "n3".into(),
+            mirrors: vec!["n2".into()],
+            synchronised: vec![],
+        };
+        let outcome = m.apply(&Command::SetQueueView {
+            vhost: "/".into(),
+            name: "q7".into(),
+            serial,
+            expected_version: version,
+            view: moved_to,
+        });
+        assert!(outcome.result.is_ok(), "{outcome:?}");
+        let r = replay(&mut b, Some(r), &m, "n1");
+        let now = names(&b);
+        assert!(now.contains("new") && !now.contains("q3"), "{now:?}");
+        assert_eq!(now.len(), 200);
+        assert_eq!(b.queue_uid("/", "q7"), moved, "a new master alone: kept");
+        assert_eq!(b.queue_uid("/", "q150"), kept);
+
+        m.apply(&deleted("q150"));
+        m.apply(&declared(9));
+        replay(&mut b, Some(r), &m, "n1");
+        assert!(!names(&b).contains("q150"));
+        assert_eq!(max_length(&b), 9, "q declared by another node");
+        drop(held);
     }
 }

@@ -219,8 +219,10 @@ impl MetaLog {
 /// Drops what a single node's restart drops: non-durable and exclusive
 /// queues, non-durable exchanges, and bindings to or from either.
 fn forget_transient(meta: &mut Metadata) {
-    meta.queues
-        .retain(|_, q| q.durable && q.exclusive_owner.is_none());
+    meta.queues = std::mem::take(&mut meta.queues)
+        .into_iter()
+        .filter(|(_, q)| q.durable && q.exclusive_owner.is_none())
+        .collect();
     meta.exchanges.retain(|_, x| x.durable);
     let (queues, exchanges) = (&meta.queues, &meta.exchanges);
     let exists = |vhost: &str, name: &str, queue: bool| {
