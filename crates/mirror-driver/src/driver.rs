@@ -479,41 +479,56 @@ impl<S: MetadataSource> MirrorDriver<S> {
         }
         // The replicas of the queues looked at: found by key when they are
         // few (a pass after a declare does not visit every replica).
-        let looked: Vec<QueueKey> = match only {
-            Some(o) => o
-                .iter()
-                .filter(|k| reps.contains_key(*k))
-                .cloned()
-                .collect(),
-            None => reps.keys().cloned().collect(),
-        };
-        for key in &looked {
-            let Some(r) = reps.get_mut(key) else { continue };
-            if let Some(q) = meta.queues.get(key)
-                && q.serial == r.serial
-            {
-                r.record
-                    .send_if_modified(|v| std::mem::replace(v, q.view_version) != q.view_version);
+        match only {
+            Some(keys) => {
+                for key in keys {
+                    if let Some(r) = reps.get_mut(key) {
+                        self.follow_record(key, r, meta, &wanted, &mirrored);
+                    }
+                }
             }
-            let same = |(_, _, serial): &(bool, Settings, u64)| *serial == r.serial;
-            if wanted.get(key).is_some_and(same) || r.stopping.load(Ordering::SeqCst) {
-                continue;
+            None => {
+                for (key, r) in reps.iter_mut() {
+                    self.follow_record(key, r, meta, &wanted, &mirrored);
+                }
             }
-            // A master that stops being mirrored keeps its queue: it leaves
-            // the ring once its mirrors have gone. A master that moves hands
-            // over at once. A replica of a queue deleted (and perhaps
-            // declared again) goes.
-            let gone = meta.queues.get(key).is_none_or(|q| q.serial != r.serial);
-            let unmirrored = !mirrored.contains(key);
-            if r.master && !gone && unmirrored && !lock(&self.broker).replica_alone(&key.0, &key.1)
-            {
-                continue;
-            }
-            r.keep = unmirrored;
-            r.stopping.store(true, Ordering::SeqCst);
-            tracing::info!(node = %self.node, vhost = %key.0, queue = %key.1, master = r.master, "dropping this node's replica");
-            r.notify.notify_one();
         }
+    }
+
+    /// Tells replica `r` of queue `key` its record's view version, and
+    /// stops it if this node no longer wants it (`wanted`, as the pass
+    /// found it).
+    fn follow_record(
+        &self,
+        key: &QueueKey,
+        r: &mut Running,
+        meta: &Metadata,
+        wanted: &BTreeMap<QueueKey, (bool, Settings, u64)>,
+        mirrored: &BTreeSet<QueueKey>,
+    ) {
+        if let Some(q) = meta.queues.get(key)
+            && q.serial == r.serial
+        {
+            r.record
+                .send_if_modified(|v| std::mem::replace(v, q.view_version) != q.view_version);
+        }
+        let same = |(_, _, serial): &(bool, Settings, u64)| *serial == r.serial;
+        if wanted.get(key).is_some_and(same) || r.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        // A master that stops being mirrored keeps its queue: it leaves
+        // the ring once its mirrors have gone. A master that moves hands
+        // over at once. A replica of a queue deleted (and perhaps
+        // declared again) goes.
+        let gone = meta.queues.get(key).is_none_or(|q| q.serial != r.serial);
+        let unmirrored = !mirrored.contains(key);
+        if r.master && !gone && unmirrored && !lock(&self.broker).replica_alone(&key.0, &key.1) {
+            return;
+        }
+        r.keep = unmirrored;
+        r.stopping.store(true, Ordering::SeqCst);
+        tracing::info!(node = %self.node, vhost = %key.0, queue = %key.1, master = r.master, "dropping this node's replica");
+        r.notify.notify_one();
     }
 
     /// Joins the queue's ring, claims this node's place in the queue record,
