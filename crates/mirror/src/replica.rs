@@ -807,9 +807,11 @@ impl Replica {
     }
 
     /// Confirms publish `id`, which this replica holds already: with its
-    /// first copy if that is still waiting, else after everything broadcast
-    /// so far (the ring then holds it, and a promotion before it is
-    /// confirmed).
+    /// first copy if that is still waiting, else once the ring has the next
+    /// broadcast (an empty one if no op comes): everything before it, the
+    /// first copy included, is on the ring then, and a promotion before it
+    /// is confirmed. Never at once: the caller learns of the publish's
+    /// confirm only after `publish` returns.
     fn confirm_again(&mut self, id: PublishId) {
         let waiting = self
             .confirms
@@ -819,16 +821,12 @@ impl Replica {
         if waiting {
             return;
         }
-        // Entries waiting for their broadcast take the next one's seq
-        // (`flush_ops`): this one must not stand behind them with its own.
-        self.flush_ops();
         self.confirms.push_back(PendingConfirm {
-            gm_seq: self.broadcasts,
+            gm_seq: 0,
             bq_seq: None,
             bytes: 0,
             what: Confirmable::Publish(id),
         });
-        self.release();
     }
 
     /// Says whether this node is cut off from a majority of the cluster.
@@ -1474,7 +1472,9 @@ impl Replica {
     }
 
     fn flush_ops(&mut self) {
-        if self.out_ops.is_empty() {
+        // A publish held already (`confirm_again`) waits for a broadcast
+        // even when no op comes.
+        if self.out_ops.is_empty() && self.confirms.back().is_none_or(|c| c.gm_seq != 0) {
             return;
         }
         let ops = std::mem::take(&mut self.out_ops);
@@ -2393,10 +2393,11 @@ mod tests {
         confirm_round(&mut r);
         assert_eq!(confirmed(&mut r), vec![1, 2]);
         let before = r.broadcasts;
-        // Again after: confirmed once the ring has what went before.
+        // Again after: confirmed once the ring has the next broadcast.
         publish_seq(&mut r, 3).unwrap();
         publish_seq(&mut r, 2).unwrap();
         assert_eq!(r.stats().unwrap().ready, 3);
+        r.flush();
         let out: Vec<Output> = r.drain_outputs().collect();
         assert!(
             out.iter().all(|o| matches!(o, Output::Broadcast(_))),
@@ -2405,7 +2406,12 @@ mod tests {
         assert_eq!(r.broadcasts, before + 1);
         r.handle_confirm(before + 1);
         assert_eq!(confirmed(&mut r), vec![3, 2]);
+        // With no op to carry it: an empty broadcast, never at once.
         publish_seq(&mut r, 1).unwrap();
+        assert!(confirmed(&mut r).is_empty());
+        r.flush();
+        assert_eq!(r.drain_outputs().count(), 1, "one broadcast");
+        r.handle_confirm(before + 2);
         assert_eq!(confirmed(&mut r), vec![1]);
         assert_eq!(r.stats().unwrap().ready, 3);
     }

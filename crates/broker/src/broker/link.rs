@@ -48,6 +48,21 @@ fn forward_prefetch(conns: &IdMap<ConnId, Conn>, c: &Consumer) -> u16 {
 /// The channel of a link's internal connection on the master.
 const LINK_CHANNEL: ChannelId = 1;
 
+/// A forwarded publish's count of confirms owed while it is enqueued
+/// (`LinkMsg::Publish`): more than any publish owes.
+const PROVISIONAL: u32 = u32::MAX;
+
+/// The confirms owed on link connection `pc`'s channel, by publish id.
+fn link_pending(
+    conns: &mut IdMap<ConnId, Conn>,
+    pc: ConnId,
+) -> Option<&mut std::collections::BTreeMap<u64, u32>> {
+    conns
+        .get_mut(&pc)
+        .and_then(|c| c.channels.get_mut(&LINK_CHANNEL))
+        .map(|ch| &mut ch.confirm_pending)
+}
+
 /// A forwarded get's message: the master's tag, redelivered, meta, body,
 /// messages left.
 pub type GetReplyMsg = (u64, bool, Bytes, Bytes, u32);
@@ -1930,22 +1945,28 @@ impl Broker {
                 };
                 self.note_stale_master(from, &vhost, &queue);
                 let owed = confirm.then_some((pc, LINK_CHANNEL, id));
-                let Ok(pending) = self.enqueue(&vhost, &target, &msg, owed) else {
+                // Counted before the enqueue, so that a confirm it makes
+                // at once (a publish its replica held already, sent again)
+                // counts too.
+                if confirm && let Some(p) = link_pending(&mut self.conns, pc) {
+                    p.insert(id, PROVISIONAL);
+                }
+                let enqueued = self.enqueue(&vhost, &target, &msg, owed);
+                let left = link_pending(&mut self.conns, pc).and_then(|p| p.remove(&id));
+                let Ok(pending) = enqueued else {
                     if confirm {
                         self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
                     }
                     self.deferred_nacks.clear();
                     return;
                 };
-                if confirm {
+                // Gone: nacked meanwhile (and said so).
+                if let Some(left) = left {
+                    let pending = pending.saturating_sub(PROVISIONAL - left);
                     if pending == 0 {
                         self.links.send(from, LinkMsg::Confirmed { ids: vec![id] });
-                    } else if let Some(ch) = self
-                        .conns
-                        .get_mut(&pc)
-                        .and_then(|c| c.channels.get_mut(&LINK_CHANNEL))
-                    {
-                        ch.confirm_pending.insert(id, pending);
+                    } else if let Some(p) = link_pending(&mut self.conns, pc) {
+                        p.insert(id, pending);
                     }
                 }
                 for (conn, ch, cseq) in std::mem::take(&mut self.deferred_nacks) {
