@@ -169,6 +169,11 @@ struct Inner {
     /// broker) has taken in the changes ([`Cluster::local_at`],
     /// [`Cluster::replayed`]); `None` until it says so the first time.
     replayed: watch::Sender<Option<u64>>,
+    /// Linearizable reads share leader round trips ([`Cluster::read_index`]):
+    /// the newest that finished, (its number, the read index it gave).
+    read_rounds: tokio::sync::Mutex<Option<(u64, u64)>>,
+    /// How many such round trips were started.
+    read_rounds_started: std::sync::atomic::AtomicU64,
     stop: watch::Sender<bool>,
     stopped: Mutex<bool>,
 }
@@ -247,6 +252,8 @@ impl Cluster {
                 majority,
                 started: Instant::now(),
                 replayed,
+                read_rounds: tokio::sync::Mutex::new(None),
+                read_rounds_started: std::sync::atomic::AtomicU64::new(0),
                 stop,
                 stopped: Mutex::new(false),
             }),
@@ -317,13 +324,7 @@ impl Cluster {
     /// call. Fails with [`ClusterError::NoMajority`] in a minority.
     pub async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
         let deadline = Instant::now() + self.inner.config.command_timeout;
-        let index = match self
-            .to_leader("linearizable read", AdminRequest::ReadIndex, deadline)
-            .await?
-        {
-            AdminResponse::ReadIndex(i) => i,
-            other => return Err(self.unexpected(other)),
-        };
+        let index = self.read_index(deadline).await?;
         let remaining = deadline.saturating_duration_since(Instant::now());
         self.inner
             .raft
@@ -332,6 +333,50 @@ impl Cluster {
             .await
             .map_err(|_| self.no_majority("linearizable read", false))?;
         Ok(self.local())
+    }
+
+    /// How many round trips to the leader this node's linearizable reads
+    /// have started ([`Cluster::read_linearizable`]; reads at once share
+    /// them).
+    pub fn read_round_trips(&self) -> u64 {
+        self.inner
+            .read_rounds_started
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The leader's commit index as of a moment after this call (Raft's
+    /// ReadIndex). Reads at once share round trips to the leader: one that
+    /// comes while a round trip runs waits for it to end, and then takes
+    /// the answer of the next, which one of the waiting reads makes for all
+    /// of them (each round trip costs the leader a heartbeat to every
+    /// follower: a failover of many queues reads once per ring).
+    async fn read_index(&self, deadline: Instant) -> Result<u64, ClusterError> {
+        use std::sync::atomic::Ordering;
+        // A round trip numbered above this one started after this call.
+        let after = self.inner.read_rounds_started.load(Ordering::SeqCst);
+        let Ok(mut last) = tokio::time::timeout_at(deadline, self.inner.read_rounds.lock()).await
+        else {
+            return Err(self.no_majority("linearizable read", false));
+        };
+        if let Some((n, index)) = *last
+            && n > after
+        {
+            return Ok(index);
+        }
+        let n = self
+            .inner
+            .read_rounds_started
+            .fetch_add(1, Ordering::SeqCst)
+            + 1;
+        let index = match self
+            .to_leader("linearizable read", AdminRequest::ReadIndex, deadline)
+            .await?
+        {
+            AdminResponse::ReadIndex(i) => i,
+            other => return Err(self.unexpected(other)),
+        };
+        *last = Some((n, index));
+        Ok(index)
     }
 
     /// Commits a command through the leader and returns its outcome.

@@ -174,3 +174,35 @@ async fn t13_runs_on_a_current_thread_runtime() {
     assert!(md.vhosts.contains("/"));
     tc.shutdown_all().await;
 }
+
+/// Linearizable reads at once, on a follower, share round trips to the
+/// leader (a failover of many queues reads once per ring), and each still
+/// sees every write committed before it began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t14_linearizable_reads_at_once_share_round_trips() {
+    let mut tc = TestCluster::new(14);
+    tc.form(&["a", "b", "c"]).await;
+    let leader = tc.leader(&["a", "b", "c"]).await;
+    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    let w = tc.node(&leader).clone();
+    let f = tc.node(follower).clone();
+    let before = f.read_round_trips();
+    let mut reads = Vec::new();
+    for i in 0..10 {
+        w.write(vhost(&format!("v{i}"))).await.unwrap();
+        for _ in 0..20 {
+            let f = f.clone();
+            let name = format!("v{i}");
+            reads.push(tokio::spawn(async move {
+                let md = f.read_linearizable().await.unwrap();
+                assert!(md.vhosts.contains(&name), "{name} written before the read");
+            }));
+        }
+    }
+    for r in reads {
+        r.await.unwrap();
+    }
+    let trips = f.read_round_trips() - before;
+    assert!(trips < 200, "{trips} round trips for 200 reads");
+    tc.shutdown_all().await;
+}
