@@ -174,6 +174,8 @@ struct Inner {
     read_rounds: tokio::sync::Mutex<Option<(u64, u64)>>,
     /// How many such round trips were started.
     read_rounds_started: std::sync::atomic::AtomicU64,
+    /// Writes waiting to go to the leader together ([`Cluster::write`]).
+    writes: Mutex<Writes>,
     stop: watch::Sender<bool>,
     stopped: Mutex<bool>,
 }
@@ -192,6 +194,23 @@ impl std::fmt::Debug for Cluster {
             .finish_non_exhaustive()
     }
 }
+
+/// A write's answer: its outcome and log index.
+type Written = Result<(Outcome, u64), ClusterError>;
+
+/// Writes waiting to go to the leader ([`Cluster::write`]).
+#[derive(Default)]
+struct Writes {
+    /// Each with the sender its answer goes to.
+    queued: Vec<(Command, tokio::sync::oneshot::Sender<Written>)>,
+    /// Whether a task is sending them.
+    sending: bool,
+    /// How many went to the leader on their own or in a batch.
+    round_trips: u64,
+}
+
+/// The most writes sent to the leader as one batch.
+const WRITE_BATCH_MAX: usize = 256;
 
 fn stopped<E: std::fmt::Display>(e: E) -> ClusterError {
     ClusterError::Stopped(e.to_string())
@@ -254,6 +273,7 @@ impl Cluster {
                 replayed,
                 read_rounds: tokio::sync::Mutex::new(None),
                 read_rounds_started: std::sync::atomic::AtomicU64::new(0),
+                writes: Mutex::new(Writes::default()),
                 stop,
                 stopped: Mutex::new(false),
             }),
@@ -389,8 +409,94 @@ impl Cluster {
     /// A command is handed to a leader at most once (never retried after it
     /// may have reached one), so it never commits twice. In a minority this
     /// fails with [`ClusterError::NoMajority`] after `command_timeout`.
+    ///
+    /// Writes at once go to the leader together: one that comes while
+    /// others are on their way waits for them and goes with the others that
+    /// came meanwhile, as one [`Command::Batch`] (each applied as if on its
+    /// own, in order; one log entry, one fsync). A failover of many queues
+    /// changes each one's ring and record.
     pub async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
-        self.write_at(cmd).await.map(|(outcome, _)| outcome)
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut w = self
+                .inner
+                .writes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            w.queued.push((cmd, tx));
+            !std::mem::replace(&mut w.sending, true)
+        };
+        if start {
+            // A task of its own: the batches go on if this caller stops
+            // waiting.
+            let me = self.clone();
+            tokio::spawn(async move { me.send_writes().await });
+        }
+        match rx.await {
+            Ok(r) => r.map(|(outcome, _)| outcome),
+            Err(_) => Err(ClusterError::Stopped("the node is stopping".into())),
+        }
+    }
+
+    /// Sends the queued writes to the leader, a batch at a time, until
+    /// none is left.
+    async fn send_writes(&self) {
+        loop {
+            let batch = {
+                let mut w = self
+                    .inner
+                    .writes
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if w.queued.is_empty() {
+                    w.sending = false;
+                    return;
+                }
+                w.round_trips += 1;
+                let n = w.queued.len().min(WRITE_BATCH_MAX);
+                w.queued.drain(..n).collect::<Vec<_>>()
+            };
+            let (mut cmds, answers): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+            if cmds.len() == 1
+                && let Some(cmd) = cmds.pop()
+            {
+                let r = self.write_at(cmd).await;
+                for a in answers {
+                    let _ = a.send(r.clone());
+                }
+                continue;
+            }
+            let n = cmds.len();
+            match self.write_at(Command::Batch(cmds)).await {
+                Ok((Outcome::Batch(results), index)) if results.len() == n => {
+                    for (a, r) in answers.into_iter().zip(results) {
+                        let _ = a.send(r.map(|o| (o, index)).map_err(ClusterError::Rejected));
+                    }
+                }
+                Ok((other, _)) => {
+                    let e =
+                        ClusterError::Remote(format!("unexpected outcome of a batch: {other:?}"));
+                    for a in answers {
+                        let _ = a.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for a in answers {
+                        let _ = a.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many round trips to the leader this node's writes made
+    /// ([`Cluster::write`]; writes at once share them).
+    pub fn write_round_trips(&self) -> u64 {
+        self.inner
+            .writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .round_trips
     }
 
     /// Commits a client's change (a declare, a bind, a policy) as

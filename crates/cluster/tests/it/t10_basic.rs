@@ -206,3 +206,46 @@ async fn t14_linearizable_reads_at_once_share_round_trips() {
     assert!(trips < 200, "{trips} round trips for 200 reads");
     tc.shutdown_all().await;
 }
+
+/// Writes at once on a follower go to the leader together, each with its
+/// own outcome: a compare-and-set that conflicts is refused alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t15_writes_at_once_share_round_trips_and_keep_their_own_outcomes() {
+    let mut tc = TestCluster::new(15);
+    tc.form(&["a", "b", "c"]).await;
+    let leader = tc.leader(&["a", "b", "c"]).await;
+    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    let f = tc.node(follower).clone();
+    let before = f.write_round_trips();
+    let mut writes = Vec::new();
+    for i in 0..100 {
+        let f = f.clone();
+        writes.push(tokio::spawn(async move {
+            // Ring r{i} at version 0: set once; ring "same" by all: one wins.
+            let mine = f.set_ring_view(&format!("r{i}"), 0, vec![i as u8]).await;
+            let shared = f.set_ring_view("same", 0, vec![i as u8]).await;
+            (mine, shared)
+        }));
+    }
+    let mut won = 0;
+    for w in writes {
+        let (mine, shared) = w.await.unwrap();
+        assert_eq!(mine.unwrap().version, 1);
+        match shared {
+            Ok(r) => {
+                won += 1;
+                assert_eq!(r.version, 1);
+            }
+            Err(e) => assert!(
+                matches!(e, ClusterError::Rejected(Rejection::ViewConflict { .. })),
+                "{e}"
+            ),
+        }
+    }
+    assert_eq!(won, 1, "one compare-and-set of the shared ring wins");
+    let md = f.read_linearizable().await.unwrap();
+    assert!((0..100).all(|i| md.rings[&format!("r{i}")].view == vec![i as u8]));
+    let trips = f.write_round_trips() - before;
+    assert!(trips < 200, "{trips} round trips for 200 writes");
+    tc.shutdown_all().await;
+}
