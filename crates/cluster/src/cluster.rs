@@ -418,11 +418,7 @@ impl Cluster {
     pub async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let start = {
-            let mut w = self
-                .inner
-                .writes
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut w = self.writes();
             w.queued.push((cmd, tx));
             !std::mem::replace(&mut w.sending, true)
         };
@@ -438,16 +434,20 @@ impl Cluster {
         }
     }
 
+    /// The writes waiting to go to the leader.
+    fn writes(&self) -> std::sync::MutexGuard<'_, Writes> {
+        self.inner
+            .writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Sends the queued writes to the leader, a batch at a time, until
     /// none is left.
     async fn send_writes(&self) {
         loop {
             let batch = {
-                let mut w = self
-                    .inner
-                    .writes
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut w = self.writes();
                 if w.queued.is_empty() {
                     w.sending = false;
                     return;
@@ -492,11 +492,7 @@ impl Cluster {
     /// How many round trips to the leader this node's writes made
     /// ([`Cluster::write`]; writes at once share them).
     pub fn write_round_trips(&self) -> u64 {
-        self.inner
-            .writes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .round_trips
+        self.writes().round_trips
     }
 
     /// Commits a client's change (a declare, a bind, a policy) as

@@ -180,10 +180,7 @@ async fn t13_runs_on_a_current_thread_runtime() {
 /// sees every write committed before it began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t14_linearizable_reads_at_once_share_round_trips() {
-    let mut tc = TestCluster::new(14);
-    tc.form(&["a", "b", "c"]).await;
-    let leader = tc.leader(&["a", "b", "c"]).await;
-    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    let (mut tc, leader, follower) = three_nodes(14).await;
     let w = tc.node(&leader).clone();
     let f = tc.node(follower).clone();
     let before = f.read_round_trips();
@@ -211,10 +208,7 @@ async fn t14_linearizable_reads_at_once_share_round_trips() {
 /// own outcome: a compare-and-set that conflicts is refused alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t15_writes_at_once_share_round_trips_and_keep_their_own_outcomes() {
-    let mut tc = TestCluster::new(15);
-    tc.form(&["a", "b", "c"]).await;
-    let leader = tc.leader(&["a", "b", "c"]).await;
-    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    let (mut tc, _, follower) = three_nodes(15).await;
     let f = tc.node(follower).clone();
     let before = f.write_round_trips();
     let mut writes = Vec::new();
@@ -248,4 +242,13 @@ async fn t15_writes_at_once_share_round_trips_and_keep_their_own_outcomes() {
     let trips = f.write_round_trips() - before;
     assert!(trips < 200, "{trips} round trips for 200 writes");
     tc.shutdown_all().await;
+}
+
+/// A formed cluster of a, b and c (test id `id`), its leader and a follower.
+async fn three_nodes(id: u64) -> (TestCluster, String, &'static str) {
+    let mut tc = TestCluster::new(id);
+    tc.form(&["a", "b", "c"]).await;
+    let leader = tc.leader(&["a", "b", "c"]).await;
+    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    (tc, leader, follower)
 }
