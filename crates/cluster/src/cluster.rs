@@ -169,6 +169,13 @@ struct Inner {
     /// broker) has taken in the changes ([`Cluster::local_at`],
     /// [`Cluster::replayed`]); `None` until it says so the first time.
     replayed: watch::Sender<Option<u64>>,
+    /// Linearizable reads share leader round trips ([`Cluster::read_index`]):
+    /// the newest that finished, (its number, the read index it gave).
+    read_rounds: tokio::sync::Mutex<Option<(u64, u64)>>,
+    /// How many such round trips were started.
+    read_rounds_started: std::sync::atomic::AtomicU64,
+    /// Writes waiting to go to the leader together ([`Cluster::write`]).
+    writes: Mutex<Writes>,
     stop: watch::Sender<bool>,
     stopped: Mutex<bool>,
 }
@@ -187,6 +194,23 @@ impl std::fmt::Debug for Cluster {
             .finish_non_exhaustive()
     }
 }
+
+/// A write's answer: its outcome and log index.
+type Written = Result<(Outcome, u64), ClusterError>;
+
+/// Writes waiting to go to the leader ([`Cluster::write`]).
+#[derive(Default)]
+struct Writes {
+    /// Each with the sender its answer goes to.
+    queued: Vec<(Command, tokio::sync::oneshot::Sender<Written>)>,
+    /// Whether a task is sending them.
+    sending: bool,
+    /// How many went to the leader on their own or in a batch.
+    round_trips: u64,
+}
+
+/// The most writes sent to the leader as one batch.
+const WRITE_BATCH_MAX: usize = 256;
 
 fn stopped<E: std::fmt::Display>(e: E) -> ClusterError {
     ClusterError::Stopped(e.to_string())
@@ -247,6 +271,9 @@ impl Cluster {
                 majority,
                 started: Instant::now(),
                 replayed,
+                read_rounds: tokio::sync::Mutex::new(None),
+                read_rounds_started: std::sync::atomic::AtomicU64::new(0),
+                writes: Mutex::new(Writes::default()),
                 stop,
                 stopped: Mutex::new(false),
             }),
@@ -317,13 +344,7 @@ impl Cluster {
     /// call. Fails with [`ClusterError::NoMajority`] in a minority.
     pub async fn read_linearizable(&self) -> Result<Arc<Metadata>, ClusterError> {
         let deadline = Instant::now() + self.inner.config.command_timeout;
-        let index = match self
-            .to_leader("linearizable read", AdminRequest::ReadIndex, deadline)
-            .await?
-        {
-            AdminResponse::ReadIndex(i) => i,
-            other => return Err(self.unexpected(other)),
-        };
+        let index = self.read_index(deadline).await?;
         let remaining = deadline.saturating_duration_since(Instant::now());
         self.inner
             .raft
@@ -332,6 +353,50 @@ impl Cluster {
             .await
             .map_err(|_| self.no_majority("linearizable read", false))?;
         Ok(self.local())
+    }
+
+    /// How many round trips to the leader this node's linearizable reads
+    /// have started ([`Cluster::read_linearizable`]; reads at once share
+    /// them).
+    pub fn read_round_trips(&self) -> u64 {
+        self.inner
+            .read_rounds_started
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The leader's commit index as of a moment after this call (Raft's
+    /// ReadIndex). Reads at once share round trips to the leader: one that
+    /// comes while a round trip runs waits for it to end, and then takes
+    /// the answer of the next, which one of the waiting reads makes for all
+    /// of them (each round trip costs the leader a heartbeat to every
+    /// follower: a failover of many queues reads once per ring).
+    async fn read_index(&self, deadline: Instant) -> Result<u64, ClusterError> {
+        use std::sync::atomic::Ordering;
+        // A round trip numbered above this one started after this call.
+        let after = self.inner.read_rounds_started.load(Ordering::SeqCst);
+        let Ok(mut last) = tokio::time::timeout_at(deadline, self.inner.read_rounds.lock()).await
+        else {
+            return Err(self.no_majority("linearizable read", false));
+        };
+        if let Some((n, index)) = *last
+            && n > after
+        {
+            return Ok(index);
+        }
+        let n = self
+            .inner
+            .read_rounds_started
+            .fetch_add(1, Ordering::SeqCst)
+            + 1;
+        let index = match self
+            .to_leader("linearizable read", AdminRequest::ReadIndex, deadline)
+            .await?
+        {
+            AdminResponse::ReadIndex(i) => i,
+            other => return Err(self.unexpected(other)),
+        };
+        *last = Some((n, index));
+        Ok(index)
     }
 
     /// Commits a command through the leader and returns its outcome.
@@ -344,8 +409,90 @@ impl Cluster {
     /// A command is handed to a leader at most once (never retried after it
     /// may have reached one), so it never commits twice. In a minority this
     /// fails with [`ClusterError::NoMajority`] after `command_timeout`.
+    ///
+    /// Writes at once go to the leader together: one that comes while
+    /// others are on their way waits for them and goes with the others that
+    /// came meanwhile, as one [`Command::Batch`] (each applied as if on its
+    /// own, in order; one log entry, one fsync). A failover of many queues
+    /// changes each one's ring and record.
     pub async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
-        self.write_at(cmd).await.map(|(outcome, _)| outcome)
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut w = self.writes();
+            w.queued.push((cmd, tx));
+            !std::mem::replace(&mut w.sending, true)
+        };
+        if start {
+            // A task of its own: the batches go on if this caller stops
+            // waiting.
+            let me = self.clone();
+            tokio::spawn(async move { me.send_writes().await });
+        }
+        match rx.await {
+            Ok(r) => r.map(|(outcome, _)| outcome),
+            Err(_) => Err(ClusterError::Stopped("the node is stopping".into())),
+        }
+    }
+
+    /// The writes waiting to go to the leader.
+    fn writes(&self) -> std::sync::MutexGuard<'_, Writes> {
+        self.inner
+            .writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends the queued writes to the leader, a batch at a time, until
+    /// none is left.
+    async fn send_writes(&self) {
+        loop {
+            let batch = {
+                let mut w = self.writes();
+                if w.queued.is_empty() {
+                    w.sending = false;
+                    return;
+                }
+                w.round_trips += 1;
+                let n = w.queued.len().min(WRITE_BATCH_MAX);
+                w.queued.drain(..n).collect::<Vec<_>>()
+            };
+            let (mut cmds, answers): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+            if cmds.len() == 1
+                && let Some(cmd) = cmds.pop()
+            {
+                let r = self.write_at(cmd).await;
+                for a in answers {
+                    let _ = a.send(r.clone());
+                }
+                continue;
+            }
+            let n = cmds.len();
+            match self.write_at(Command::Batch(cmds)).await {
+                Ok((Outcome::Batch(results), index)) if results.len() == n => {
+                    for (a, r) in answers.into_iter().zip(results) {
+                        let _ = a.send(r.map(|o| (o, index)).map_err(ClusterError::Rejected));
+                    }
+                }
+                Ok((other, _)) => {
+                    let e =
+                        ClusterError::Remote(format!("unexpected outcome of a batch: {other:?}"));
+                    for a in answers {
+                        let _ = a.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for a in answers {
+                        let _ = a.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many round trips to the leader this node's writes made
+    /// ([`Cluster::write`]; writes at once share them).
+    pub fn write_round_trips(&self) -> u64 {
+        self.writes().round_trips
     }
 
     /// Commits a client's change (a declare, a bind, a policy) as

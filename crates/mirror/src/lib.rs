@@ -45,6 +45,11 @@
 //!   the record's new version, requeues every delivered-but-unacked message
 //!   (redelivered), and reports [`Output::Promoted`] with the publishes it
 //!   holds (confirm those, nack the rest) once the ring has its takeover.
+//! - **Publishes sent again.** A publisher may instead send its unconfirmed
+//!   publishes again, with the same [`PublishId`]s, to the next master (or
+//!   to the same one over a new connection): a publish the replica holds is
+//!   confirmed, not enqueued twice; the others are new to it. Its publishes
+//!   must reach a master in order, each once per connection.
 //! - **Synchronisation.** A mirror starts empty and unsynchronised and holds
 //!   nothing until a sync: the master snapshots its queue (unacked messages
 //!   included) at a point of its op stream and sends it in batches of

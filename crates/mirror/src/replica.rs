@@ -763,6 +763,13 @@ impl Replica {
     /// [`Output::Confirmed`] once every member of the view holds it, the
     /// local fsync covers it (persistent message, durable queue) and enough
     /// members are synchronised.
+    ///
+    /// A publish this replica already holds (`id` at or below
+    /// [`held`](Self::held) for its publisher: sent again after the master
+    /// that took it went down, or over a new link to the same master) is
+    /// not enqueued twice: it is confirmed with the first, or, if that was
+    /// confirmed already (or came from an earlier master), once the ring
+    /// has everything this master sent so far.
     pub fn publish(
         &mut self,
         now_ms: u64,
@@ -774,6 +781,11 @@ impl Replica {
         }
         if self.draining_since.is_some() {
             return Err(MirrorError::Stopping);
+        }
+        if self.held.get(&id.publisher).is_some_and(|s| *s >= id.seq) {
+            self.master_bq()?;
+            self.confirm_again(id);
+            return Ok(());
         }
         if self.out_bytes >= RING_MSG_BYTES {
             self.flush_ops();
@@ -792,6 +804,29 @@ impl Replica {
             what: Confirmable::Publish(id),
         });
         Ok(())
+    }
+
+    /// Confirms publish `id`, which this replica holds already: with its
+    /// first copy if that is still waiting, else once the ring has the next
+    /// broadcast (an empty one if no op comes): everything before it, the
+    /// first copy included, is on the ring then, and a promotion before it
+    /// is confirmed. Never at once: the caller learns of the publish's
+    /// confirm only after `publish` returns.
+    fn confirm_again(&mut self, id: PublishId) {
+        let waiting = self
+            .confirms
+            .iter()
+            .any(|c| matches!(c.what, Confirmable::Publish(p) if p == id));
+        tracing::debug!(node = %self.node, queue = %self.queue, view = self.epoch, publisher = id.publisher, seq = id.seq, waiting, "a publish this replica holds came again: not enqueued twice");
+        if waiting {
+            return;
+        }
+        self.confirms.push_back(PendingConfirm {
+            gm_seq: 0,
+            bq_seq: None,
+            bytes: 0,
+            what: Confirmable::Publish(id),
+        });
     }
 
     /// Says whether this node is cut off from a majority of the cluster.
@@ -1437,7 +1472,9 @@ impl Replica {
     }
 
     fn flush_ops(&mut self) {
-        if self.out_ops.is_empty() {
+        // A publish held already (`confirm_again`) waits for a broadcast
+        // even when no op comes.
+        if self.out_ops.is_empty() && self.confirms.back().is_none_or(|c| c.gm_seq != 0) {
             return;
         }
         let ops = std::mem::take(&mut self.out_ops);
@@ -2341,6 +2378,42 @@ mod tests {
             .filter(|o| matches!(o, Output::Broadcast(_)))
             .count() as u64;
         r.handle_confirm(sent);
+    }
+
+    /// A publish sent again (over a new link to the same master) is held
+    /// once: confirmed with its first copy while that waits, at once after.
+    #[test]
+    fn a_publish_sent_again_is_held_once_and_confirmed() {
+        let mut r = lone_master(MemberId(1));
+        publish_seq(&mut r, 1).unwrap();
+        publish_seq(&mut r, 2).unwrap();
+        // Again before the first copies are confirmed: no new message.
+        publish_seq(&mut r, 1).unwrap();
+        assert_eq!(r.stats().unwrap().ready, 2);
+        confirm_round(&mut r);
+        assert_eq!(confirmed(&mut r), vec![1, 2]);
+        let before = r.broadcasts;
+        // Again after: confirmed once the ring has the next broadcast.
+        publish_seq(&mut r, 3).unwrap();
+        publish_seq(&mut r, 2).unwrap();
+        assert_eq!(r.stats().unwrap().ready, 3);
+        r.flush();
+        let out: Vec<Output> = r.drain_outputs().collect();
+        assert!(
+            out.iter().all(|o| matches!(o, Output::Broadcast(_))),
+            "behind publish 3's broadcast: {out:?}"
+        );
+        assert_eq!(r.broadcasts, before + 1);
+        r.handle_confirm(before + 1);
+        assert_eq!(confirmed(&mut r), vec![3, 2]);
+        // With no op to carry it: an empty broadcast, never at once.
+        publish_seq(&mut r, 1).unwrap();
+        assert!(confirmed(&mut r).is_empty());
+        r.flush();
+        assert_eq!(r.drain_outputs().count(), 1, "one broadcast");
+        r.handle_confirm(before + 2);
+        assert_eq!(confirmed(&mut r), vec![1]);
+        assert_eq!(r.stats().unwrap().ready, 3);
     }
 
     #[test]

@@ -499,18 +499,9 @@ impl Sim {
                     });
                 }
             }
-            Output::Promoted { held, .. } => {
+            Output::Promoted { .. } => {
                 self.check.promotions += 1;
-                // The publisher's pending publishes: confirmed if held, else nacked.
-                let pending: Vec<u64> = self.check.pending.iter().copied().collect();
-                for seq in pending {
-                    self.check.pending.remove(&seq);
-                    if held.get(&1).is_some_and(|h| *h >= seq) {
-                        self.check.confirmed.insert(seq);
-                    } else {
-                        self.check.nacked.insert(seq);
-                    }
-                }
+                self.resend_pending(i);
             }
             Output::SyncComplete => self.check.syncs_completed += 1,
             Output::FetchFailed { .. } | Output::Deposed { .. } | Output::Dropped(_) => {}
@@ -601,27 +592,47 @@ impl Sim {
 
     fn publish(&mut self) {
         let Some(m) = self.master() else { return };
-        // A publisher resolves what it sent the old master (with the new
-        // master's `Promoted`) before it publishes to a new one.
-        let target = self.nodes[m].member.id();
-        if self.publish_target != Some(target) {
-            if !self.check.pending.is_empty() {
-                return;
-            }
-            self.publish_target = Some(target);
-        }
+        // A publisher sends what the old master did not confirm again, in
+        // order, before it publishes anything new to the next master.
+        self.resend_pending(m);
         let seq = self.next_msg;
         self.next_msg += 1;
+        if self.send(m, seq) {
+            self.check.pending.insert(seq);
+        }
+        self.drive(m);
+    }
+
+    /// Publishes message `seq` (publisher 1's `seq`) to node `m`'s replica;
+    /// whether it took it.
+    fn send(&mut self, m: usize, seq: u64) -> bool {
         let id = PublishId { publisher: 1, seq };
         let persistent = self.disk.is_some();
         let mut body = format!("m{seq}").into_bytes();
         body.resize(body.len() + self.padding, b'.');
         let msg = NewMessage::new(seq, body, persistent);
         let now = self.now_ms;
-        if self.nodes[m].replica.publish(now, id, msg).is_ok() {
-            self.check.pending.insert(seq);
+        self.nodes[m].replica.publish(now, id, msg).is_ok()
+    }
+
+    /// If node `m`'s master is new to the publisher, sends it every publish
+    /// not yet confirmed or nacked, as Warren's brokers send a forwarded
+    /// publish again when the master's node goes down: the new master
+    /// confirms those it holds and enqueues the others (lost with the old
+    /// master), so none is nacked and none held twice.
+    fn resend_pending(&mut self, m: usize) {
+        let target = self.nodes[m].member.id();
+        if self.publish_target == Some(target) {
+            return;
         }
-        self.drive(m);
+        self.publish_target = Some(target);
+        let pending: Vec<u64> = self.check.pending.iter().copied().collect();
+        for seq in pending {
+            if !self.send(m, seq) {
+                self.check.pending.remove(&seq);
+                self.check.nacked.insert(seq);
+            }
+        }
     }
 
     fn fetch(&mut self) {
@@ -1180,6 +1191,10 @@ fn promotion_requeues_unacked_and_reports_held_publishes() {
     assert_eq!(sim.record.master, "n1");
     assert_eq!(sim.check.promotions, 1);
     assert!(sim.check.pending.is_empty(), "every publish is settled");
+    assert!(
+        sim.check.nacked.is_empty(),
+        "sent again to the new master, not nacked"
+    );
     let stats = sim.nodes[m].replica.stats().unwrap();
     assert_eq!(stats.unacked, 0, "unacked messages were requeued");
     // The two delivered ones come back first, redelivered.

@@ -192,6 +192,7 @@ impl Broker {
                     persistent,
                     expiration_ms: None,
                     priority: props.priority().unwrap_or(0),
+                    sent: None,
                 };
                 let mut targets = Vec::new();
                 if let Some(v) = self.vhosts.get(&d.vhost) {

@@ -21,8 +21,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::{BasicProperties, ChannelId, Connection, ContentMethod, Reply, ReplyCode};
+use warren_mirror::PublishId;
 
-use super::state::{Held, Pace};
+use super::state::{Held, Pace, Sent};
 use super::{
     Broker, Channel, Conn, ConnId, Consumer, IdMap, Msg, Settle, Unacked, Waker, confirm_one, err,
     nack_one,
@@ -46,6 +47,21 @@ fn forward_prefetch(conns: &IdMap<ConnId, Conn>, c: &Consumer) -> u16 {
 
 /// The channel of a link's internal connection on the master.
 const LINK_CHANNEL: ChannelId = 1;
+
+/// A forwarded publish's count of confirms owed while it is enqueued
+/// (`LinkMsg::Publish`): more than any publish owes.
+const PROVISIONAL: u32 = u32::MAX;
+
+/// The confirms owed on link connection `pc`'s channel, by publish id.
+fn link_pending(
+    conns: &mut IdMap<ConnId, Conn>,
+    pc: ConnId,
+) -> Option<&mut std::collections::BTreeMap<u64, u32>> {
+    conns
+        .get_mut(&pc)
+        .and_then(|c| c.channels.get_mut(&LINK_CHANNEL))
+        .map(|ch| &mut ch.confirm_pending)
+}
 
 /// A forwarded get's message: the master's tag, redelivered, meta, body,
 /// messages left.
@@ -94,6 +110,14 @@ pub enum LinkMsg {
         queue: String,
         /// The origin's id for this publish.
         id: u64,
+        /// With `first`, its identity in a mirrored queue's replicas, which
+        /// hold each once: the link stream it first went on (the origin's,
+        /// for a publish passed on by a node that was not the master)...
+        publisher: u64,
+        /// ... and its id there (`None`: `id`). A publish whose master's
+        /// node goes down before confirming it is sent again under the same
+        /// identity.
+        first: Option<u64>,
         /// Whether the origin's client wants a confirm.
         confirm: bool,
         /// Exchange, routing key and properties, encoded.
@@ -470,8 +494,13 @@ pub(crate) struct Links {
     /// Messages handed to the shell for each node ([`Broker::take_link_out`])
     /// and not yet written or given up ([`Broker::link_sent`]).
     unsent: HashMap<String, usize>,
-    /// Forwarded publishes awaiting a confirm: id → (node, conn, channel, seq).
-    publishes: IdMap<u64, (Arc<str>, ConnId, ChannelId, u64)>,
+    /// Forwarded publishes awaiting a confirm, by id.
+    publishes: IdMap<u64, Forwarded>,
+    /// The link stream of each node's current link session: a publish's
+    /// identity in a mirrored queue is its stream and id
+    /// ([`LinkMsg::Publish`]). A new session starts a new stream, so that
+    /// a master sees each stream's publishes in order, once.
+    streams: HashMap<String, u64>,
     /// The ids of the publishes forwarded to each node and not yet taken in
     /// there ([`LinkMsg::Taken`]), in the order they were sent.
     in_flight: HashMap<String, VecDeque<u64>>,
@@ -496,6 +525,34 @@ pub(crate) struct Links {
     conns: HashMap<(String, String), ConnId>,
     waker: Option<Waker>,
 }
+
+/// A publish forwarded to a queue's master and not yet confirmed: whose
+/// confirm it owes, and what to send again if the master's node goes down
+/// first (`Broker::drop_origin_state`).
+#[derive(Debug)]
+pub(super) struct Forwarded {
+    /// The master's node.
+    node: Arc<str>,
+    conn: ConnId,
+    channel: ChannelId,
+    /// The client's publish sequence number.
+    seq: u64,
+    /// Its identity in the queue's replicas ([`LinkMsg::Publish`]).
+    identity: PublishId,
+    vhost: String,
+    queue: Arc<str>,
+    msg: Msg,
+    /// When the client published it.
+    since_ms: u64,
+}
+
+/// How long after its client published it a forwarded publish whose
+/// master's node went down waits for the queue's next master (or the link
+/// back) before it is nacked; and a publish that comes meanwhile. RabbitMQ's
+/// publishers see no nack when a master dies (its mirrors have every
+/// publish from the channel too); the bound keeps a publisher cut off from
+/// a master that is not replaced answered within the failure timeout.
+pub(super) const RESEND_WAIT_MS: u64 = 3_000;
 
 /// Where a queue that this node does not serve is served, and where a
 /// delivery from such a queue is settled.
@@ -555,6 +612,17 @@ impl Links {
     pub(super) fn next(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
+    }
+
+    /// The link stream of `node`'s current session (a new one, random, for
+    /// a new session).
+    fn stream(&mut self, node: &str) -> u64 {
+        if let Some(s) = self.streams.get(node) {
+            return *s;
+        }
+        let s = rand::RngCore::next_u64(&mut rand::rng());
+        self.streams.insert(node.to_owned(), s);
+        s
     }
 }
 
@@ -707,6 +775,7 @@ impl Broker {
         q.handed_over = false;
         q.held_for_replica = false;
         q.stale_master = None;
+        q.master_down = None;
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
         q.remote_figures = None;
@@ -865,12 +934,13 @@ impl Broker {
         deleted
     }
 
-    /// Forwards a publish to `node`; returns whether a confirm is owed.
+    /// Forwards a publish to `node` (one sent again under its first
+    /// identity, `Sent::Again`); returns whether a confirm is owed.
     pub(super) fn link_publish(
         &mut self,
         to: &Elsewhere,
         vhost: &str,
-        queue: &str,
+        queue: &Arc<str>,
         msg: &Msg,
         confirm: Option<(ConnId, ChannelId, u64)>,
     ) -> bool {
@@ -882,15 +952,40 @@ impl Broker {
             return confirm.is_some();
         };
         let id = self.links.next();
-        if let Some((conn, ch, cseq)) = confirm {
-            self.links
-                .publishes
-                .insert(id, (node.clone(), conn, ch, cseq));
+        let identity = match msg.sent {
+            Some(s) => s.id(),
+            None => PublishId {
+                publisher: self.links.stream(node),
+                seq: id,
+            },
+        };
+        let since_ms = match msg.sent {
+            Some(Sent::Again { since_ms, .. }) => since_ms,
+            _ => self.now,
+        };
+        if let Some((conn, channel, seq)) = confirm {
+            let f = Forwarded {
+                node: node.clone(),
+                conn,
+                channel,
+                seq,
+                identity,
+                vhost: vhost.to_owned(),
+                queue: queue.clone(),
+                msg: Msg {
+                    sent: None,
+                    ..msg.clone()
+                },
+                since_ms,
+            };
+            self.links.publishes.insert(id, f);
         }
         let m = LinkMsg::Publish {
             vhost: vhost.to_owned(),
-            queue: queue.to_owned(),
+            queue: queue.to_string(),
             id,
+            publisher: identity.publisher,
+            first: (identity.seq != id).then_some(identity.seq),
             confirm: confirm.is_some(),
             meta: msg.meta.clone(),
             body: msg.body.clone(),
@@ -1637,6 +1732,19 @@ impl Broker {
     /// connection, from it or to it): asks it again for deliveries to this
     /// node's consumers of the queues it masters. Asking twice is harmless.
     pub fn resubscribe(&mut self, node: &str) {
+        // Its link is back: work held for its queues goes there.
+        let mut back = Vec::new();
+        for (vhost, v) in &mut self.vhosts {
+            for (name, q) in &mut v.queues {
+                if q.master_down.as_ref().is_some_and(|(n, _)| &**n == node) {
+                    q.master_down = None;
+                    back.push((vhost.clone(), name.clone()));
+                }
+            }
+        }
+        for (vhost, name) in back {
+            self.unpark(&vhost, &name);
+        }
         let mut msgs = Vec::new();
         for (cid, rc) in &self.links.consumers {
             let Some(q) = self
@@ -1795,6 +1903,8 @@ impl Broker {
                 vhost,
                 queue,
                 id,
+                publisher,
+                first,
                 confirm,
                 meta,
                 body,
@@ -1828,25 +1938,35 @@ impl Broker {
                     persistent,
                     expiration_ms,
                     priority,
+                    sent: Some(Sent::ByLink(PublishId {
+                        publisher,
+                        seq: first.unwrap_or(id),
+                    })),
                 };
                 self.note_stale_master(from, &vhost, &queue);
                 let owed = confirm.then_some((pc, LINK_CHANNEL, id));
-                let Ok(pending) = self.enqueue(&vhost, &target, &msg, owed) else {
+                // Counted before the enqueue, so that a confirm it makes
+                // at once (a publish its replica held already, sent again)
+                // counts too.
+                if confirm && let Some(p) = link_pending(&mut self.conns, pc) {
+                    p.insert(id, PROVISIONAL);
+                }
+                let enqueued = self.enqueue(&vhost, &target, &msg, owed);
+                let left = link_pending(&mut self.conns, pc).and_then(|p| p.remove(&id));
+                let Ok(pending) = enqueued else {
                     if confirm {
                         self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
                     }
                     self.deferred_nacks.clear();
                     return;
                 };
-                if confirm {
+                // Gone: nacked meanwhile (and said so).
+                if let Some(left) = left {
+                    let pending = pending.saturating_sub(PROVISIONAL - left);
                     if pending == 0 {
                         self.links.send(from, LinkMsg::Confirmed { ids: vec![id] });
-                    } else if let Some(ch) = self
-                        .conns
-                        .get_mut(&pc)
-                        .and_then(|c| c.channels.get_mut(&LINK_CHANNEL))
-                    {
-                        ch.confirm_pending.insert(id, pending);
+                    } else if let Some(p) = link_pending(&mut self.conns, pc) {
+                        p.insert(id, pending);
                     }
                 }
                 for (conn, ch, cseq) in std::mem::take(&mut self.deferred_nacks) {
@@ -2013,17 +2133,25 @@ impl Broker {
                     self.answer_count(p, messages, consumers);
                 }
             }
+            // A confirm of a publish since sent to another master (its
+            // node was taken for down) still counts: the first has it.
             LinkMsg::Confirmed { ids } => {
                 for id in ids {
-                    if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
-                        confirm_one(&mut self.conns, conn, ch, cseq);
+                    if let Some(f) = self.links.publishes.remove(&id) {
+                        confirm_one(&mut self.conns, f.conn, f.channel, f.seq);
                     }
                 }
             }
             LinkMsg::Nacked { ids } => {
                 for id in ids {
-                    if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
-                        nack_one(&mut self.conns, conn, ch, cseq);
+                    if self
+                        .links
+                        .publishes
+                        .get(&id)
+                        .is_some_and(|f| &*f.node == from)
+                        && let Some(f) = self.links.publishes.remove(&id)
+                    {
+                        nack_one(&mut self.conns, f.conn, f.channel, f.seq);
                     }
                 }
             }
@@ -2248,11 +2376,15 @@ impl Broker {
     }
 
     /// Node `node` is down (or its link broke): forwarded publishes it had
-    /// not confirmed are nacked, its deliveries to this node's clients settle
-    /// nowhere (its successor redelivers them), and its forwarded
-    /// consumers and unacked deliveries on this node's queues are dropped
-    /// (requeued); this node's consumers of its queues get new ids, asked
-    /// for on the next session (`renumber_consumers`).
+    /// not confirmed are sent again to their mirrored queues' next masters
+    /// (or to `node` once its link is back), which confirm those they hold
+    /// already; meanwhile those queues' publishes wait for them, nacked
+    /// [`RESEND_WAIT_MS`] after their clients published them (and the other
+    /// queues' forwarded publishes are nacked at once). Its deliveries to
+    /// this node's clients settle nowhere (its successor redelivers them),
+    /// and its forwarded consumers and unacked deliveries on this node's
+    /// queues are dropped (requeued); this node's consumers of its queues
+    /// get new ids, asked for on the next session (`renumber_consumers`).
     pub fn link_down(&mut self, node: &str, now_ms: u64) {
         self.drop_link(node, now_ms, true);
     }
@@ -2265,18 +2397,51 @@ impl Broker {
         self.drop_link(node, now_ms, false);
     }
 
-    fn drop_link(&mut self, node: &str, now_ms: u64, renumber: bool) {
+    fn drop_link(&mut self, node: &str, now_ms: u64, down: bool) {
         self.detached(|b| {
             b.now = now_ms;
             b.current = 0;
-            b.drop_origin_state(node);
+            let again = b.drop_origin_state(node);
             b.expire_cancel_oks(now_ms, Some(node));
-            if renumber {
+            if down {
                 b.renumber_consumers(node);
             }
             b.link_peer_restarted(node);
             b.out_link_dropped(node);
+            if down {
+                b.hold_for_master_down(node);
+            }
+            // To the next master, if there is one already (or to `node`
+            // over its new session, after a reset).
+            for (vhost, queue) in again {
+                b.unpark(&vhost, &queue);
+            }
         });
+    }
+
+    /// Holds work for the mirrored queues mastered on `node`, whose link is
+    /// down, until a new master is named or the link is back
+    /// ([`Broker::resubscribe`]), at most [`super::parked::PARK_LIMIT_MS`]
+    /// (publishes at most [`RESEND_WAIT_MS`] each): sent to `node` now, it
+    /// would fail again at once.
+    fn hold_for_master_down(&mut self, node: &str) {
+        let until = self.now + super::parked::PARK_LIMIT_MS;
+        let mut held = Vec::new();
+        for (vhost, v) in &self.vhosts {
+            for (name, q) in &v.queues {
+                if q.remote.as_ref().is_some_and(|at| at.is(node)) {
+                    held.push((vhost.clone(), name.clone(), q.opts.exclusive));
+                }
+            }
+        }
+        for (vhost, name, exclusive) in held {
+            if self.queue_policy(&vhost, &name, exclusive).ha.is_none() {
+                continue;
+            }
+            if let Some(q) = self.queue_mut(&vhost, &name) {
+                q.master_down = Some((Arc::from(node), until));
+            }
+        }
     }
 
     /// Node `node` started a new link session to this node after giving up
@@ -2319,20 +2484,53 @@ impl Broker {
         self.wake_clients();
     }
 
-    /// This node's work forwarded to `node` is lost: publishes nacked, gets
-    /// answered empty, its deliveries settle nowhere.
-    fn drop_origin_state(&mut self, node: &str) {
+    /// This node's work forwarded to `node` is lost: publishes held to be
+    /// sent again (mirrored queues, within [`RESEND_WAIT_MS`] of their
+    /// publish; returns their queues) or nacked, gets answered empty, its
+    /// deliveries settle nowhere.
+    fn drop_origin_state(&mut self, node: &str) -> Vec<(String, Arc<str>)> {
         let lost: Vec<u64> = self
             .links
             .publishes
             .iter()
-            .filter(|(_, p)| &*p.0 == node)
+            .filter(|(_, p)| &*p.node == node)
             .map(|(id, _)| *id)
             .collect();
+        let mut again: Vec<(u64, Forwarded)> = Vec::new();
         for id in lost {
-            if let Some((_, conn, ch, cseq)) = self.links.publishes.remove(&id) {
-                nack_one(&mut self.conns, conn, ch, cseq);
+            let Some(f) = self.links.publishes.remove(&id) else {
+                continue;
+            };
+            if self.may_send_again(&f) {
+                again.push((id, f));
+            } else {
+                nack_one(&mut self.conns, f.conn, f.channel, f.seq);
             }
+        }
+        // Per queue, in the order they were sent.
+        again.sort_unstable_by(|(a, fa), (b, fb)| {
+            (&fa.vhost, &fa.queue, a).cmp(&(&fb.vhost, &fb.queue, b))
+        });
+        let mut queues: Vec<(String, Arc<str>)> = Vec::new();
+        let mut rest = again.into_iter().peekable();
+        while let Some((id, f)) = rest.next() {
+            let (vhost, queue) = (f.vhost.clone(), f.queue.clone());
+            let mut fs = vec![(id, f)];
+            while let Some((id, f)) = rest.next_if(|(_, n)| n.vhost == vhost && n.queue == queue) {
+                fs.push((id, f));
+            }
+            let sent = fs.into_iter().map(|(_, f)| {
+                let msg = Msg {
+                    sent: Some(Sent::Again {
+                        id: f.identity,
+                        since_ms: f.since_ms,
+                    }),
+                    ..f.msg
+                };
+                (msg, (f.conn, f.channel, f.seq), f.since_ms + RESEND_WAIT_MS)
+            });
+            self.park_first(&vhost, &queue, sent);
+            queues.push((vhost, queue));
         }
         let gets: Vec<RemoteGet> = self
             .links
@@ -2372,6 +2570,25 @@ impl Broker {
         // fails over (`set_queue_master`), or answered by this node after
         // COUNT_WAIT_MS (`expire_counts`).
         self.deliveries_settle_nowhere(node);
+        queues
+    }
+
+    /// Whether forwarded publish `f`, whose master's node went down before
+    /// confirming it, waits for the next master: its queue is mirrored (a
+    /// mirror may hold it, or take it over) and it is recent.
+    fn may_send_again(&self, f: &Forwarded) -> bool {
+        let Some(q) = self
+            .vhosts
+            .get(&f.vhost)
+            .and_then(|v| v.queues.get(&f.queue))
+        else {
+            return false;
+        };
+        self.now < f.since_ms + RESEND_WAIT_MS
+            && self
+                .queue_policy(&f.vhost, &f.queue, q.opts.exclusive)
+                .ha
+                .is_some()
     }
 
     /// `node`'s deliveries to this node's clients stay known to their
@@ -2453,6 +2670,8 @@ impl Broker {
 
     fn out_link_dropped(&mut self, node: &str) {
         self.links.out.remove(node);
+        // The next session is a new stream.
+        self.links.streams.remove(node);
         // Lost with the link, or nacked (`drop_origin_state`).
         self.links.in_flight.remove(node);
     }

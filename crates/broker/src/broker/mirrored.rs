@@ -51,6 +51,9 @@ pub(crate) struct Mirrored {
     fetches: IdMap<u64, FetchFor>,
     /// The confirm a publish owes, by publish id.
     publishes: IdMap<PublishId, (ConnId, ChannelId, u64)>,
+    /// More confirms a publish owes: it came again (sent again by its
+    /// origin, and passed on by the old master's node) while it waited.
+    also: IdMap<PublishId, Vec<(ConnId, ChannelId, u64)>>,
     /// Messages the master dropped, for dead-lettering.
     dropped: Vec<Dropped>,
     /// Whether the replica was this queue's master when it last acted (not
@@ -542,6 +545,7 @@ impl Broker {
             proposals: Vec::new(),
             fetches: IdMap::default(),
             publishes: IdMap::default(),
+            also: IdMap::default(),
             dropped: Vec::new(),
             master: start.master,
         }));
@@ -579,7 +583,7 @@ impl Broker {
             return;
         };
         let mut m = *m;
-        let pending: Vec<(ConnId, ChannelId, u64)> = m.publishes.values().copied().collect();
+        let pending: Vec<(ConnId, ChannelId, u64)> = m.owed_confirms().collect();
         // Fetches that will never finish: give their consumers' credit back
         // (gets are answered empty).
         let qname = q.name.clone();
@@ -1058,14 +1062,14 @@ impl Broker {
                     }
                     Output::Confirmed(ids) => {
                         for id in ids {
-                            if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
+                            for (conn, ch, cseq) in m.owed(id) {
                                 confirm_one(&mut self.conns, conn, ch, cseq);
                             }
                         }
                     }
                     Output::Nacked(ids) => {
                         for id in ids {
-                            if let Some((conn, ch, cseq)) = m.publishes.remove(&id) {
+                            for (conn, ch, cseq) in m.owed(id) {
                                 nack_one(&mut self.conns, conn, ch, cseq);
                             }
                         }
@@ -1177,27 +1181,38 @@ impl Broker {
         }
     }
 
-    /// Publishes into a replica (master); returns whether a confirm is owed.
-    pub(crate) fn replica_publish(
+    /// Publishes into a replica (master), under the identity `sent` gives
+    /// it if any (a replica holds each identity once); returns whether a
+    /// confirm is owed.
+    pub(super) fn replica_publish(
         &mut self,
         vhost: &str,
         name: &str,
         msg: warren_backing_queue::NewMessage,
         confirm: Option<(ConnId, ChannelId, u64)>,
+        sent: Option<super::state::Sent>,
     ) -> Result<bool, warren_mirror::MirrorError> {
         let now = self.now;
-        let id = PublishId {
-            publisher: self.publisher_id,
-            seq: self.next_publish,
+        let id = match sent {
+            Some(s) => s.id(),
+            None => {
+                let seq = self.next_publish;
+                self.next_publish += 1;
+                PublishId {
+                    publisher: self.publisher_id,
+                    seq,
+                }
+            }
         };
-        self.next_publish += 1;
         let Some(m) = self.mirrored(vhost, name) else {
             return Ok(false);
         };
         m.replica.publish(now, id, msg)?;
         let owed = confirm.is_some();
-        if let Some(c) = confirm {
-            m.publishes.insert(id, c);
+        if let Some(c) = confirm
+            && let Some(first) = m.publishes.insert(id, c)
+        {
+            m.also.entry(id).or_default().push(first);
         }
         Ok(owed)
     }
@@ -1218,7 +1233,21 @@ impl Mirrored {
 
     /// The confirms still owed for publishes into this replica.
     pub(crate) fn owed_confirms(&self) -> impl Iterator<Item = (ConnId, ChannelId, u64)> + '_ {
-        self.publishes.values().copied()
+        self.publishes
+            .values()
+            .chain(self.also.values().flatten())
+            .copied()
+    }
+
+    /// Takes the confirms publish `id` owes (it was confirmed or nacked).
+    fn owed(&mut self, id: PublishId) -> impl Iterator<Item = (ConnId, ChannelId, u64)> + use<> {
+        let first = self.publishes.remove(&id);
+        let also = if self.also.is_empty() {
+            Vec::new()
+        } else {
+            self.also.remove(&id).unwrap_or_default()
+        };
+        first.into_iter().chain(also)
     }
 
     /// Wakes the shell task (the queue went away: it leaves the ring).

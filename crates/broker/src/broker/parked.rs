@@ -11,6 +11,15 @@
 //! for [`PARK_LIMIT_MS`], or more than [`PARK_MAX_BYTES`] held, nacks them
 //! (the publisher resends).
 //!
+//! Likewise when a mirrored queue's master's node goes down (its link is
+//! given up, `Broker::link_down`): the publishes forwarded there and not
+//! confirmed are held first, under the identity they were forwarded with
+//! (`Sent::Again`), so that the next master confirms those its ring
+//! delivered before the old one died and takes the others; the publishes
+//! that come meanwhile wait behind them. Each is nacked
+//! [`RESEND_WAIT_MS`](super::link::RESEND_WAIT_MS) after its client
+//! published it if no master takes the queue by then.
+//!
 //! Other work on such a queue waits likewise, in `link.rs`: a declare for
 //! the next master's counts (`hold_count`), a get for the next master
 //! (`link_get` with no node, sent on by `redirect_gets`), both after the
@@ -37,7 +46,8 @@ pub(super) const PARK_MAX_BYTES: usize = 64 << 20;
 struct Held {
     msg: Msg,
     confirm: Option<(ConnId, ChannelId, u64)>,
-    at_ms: u64,
+    /// When it is nacked if the queue has no master by then.
+    deadline_ms: u64,
 }
 
 /// A queue's held publishes, oldest first.
@@ -53,12 +63,13 @@ impl Parked {
         self.held.is_empty()
     }
 
-    /// Holds `msg`; `false` (nothing held) if the queue holds too much.
+    /// Holds `msg` until `deadline_ms`; `false` (nothing held) if the
+    /// queue holds too much.
     pub(super) fn hold(
         &mut self,
         msg: &Msg,
         confirm: Option<(ConnId, ChannelId, u64)>,
-        now_ms: u64,
+        deadline_ms: u64,
     ) -> bool {
         let len = msg.meta.len() + msg.body.len();
         if self.bytes + len > PARK_MAX_BYTES {
@@ -68,7 +79,7 @@ impl Parked {
         self.held.push_back(Held {
             msg: msg.clone(),
             confirm,
-            at_ms: now_ms,
+            deadline_ms,
         });
         true
     }
@@ -94,11 +105,11 @@ impl Queue {
     }
 
     /// Whether master `node`, as this node knows it, has sent work for the
-    /// queue here ([`Queue::stale_master`]).
+    /// queue here ([`Queue::stale_master`]), or its link is down
+    /// ([`Queue::master_down`]).
     fn master_is_stale(&self, node: &str) -> bool {
-        self.stale_master
-            .as_ref()
-            .is_some_and(|(n, _)| &**n == node)
+        let is = |m: &Option<(Arc<str>, u64)>| m.as_ref().is_some_and(|(n, _)| &**n == node);
+        is(&self.stale_master) || is(&self.master_down)
     }
 
     /// Whether it has no master right now: handed over with no successor
@@ -127,12 +138,42 @@ impl Broker {
         let Some(q) = self.queue_mut(vhost, name) else {
             return false;
         };
-        if !q.parked.hold(msg, confirm, now) {
+        // Waiting for a master whose node is down: as long as a publish
+        // forwarded there waits for the next master.
+        let wait = if q.master_down.is_some() {
+            super::link::RESEND_WAIT_MS
+        } else {
+            PARK_LIMIT_MS
+        };
+        if !q.parked.hold(msg, confirm, now + wait) {
             tracing::warn!(%vhost, queue = %name, "too many publishes held for a queue without a master: nacked");
             return false;
         }
         self.parked_queues.insert((vhost.to_owned(), name.clone()));
         true
+    }
+
+    /// Holds `sent` (message, confirm owed, deadline), forwarded before and
+    /// not confirmed, ahead of what queue `name` holds (which came after
+    /// them), whatever it holds already.
+    pub(super) fn park_first(
+        &mut self,
+        vhost: &str,
+        name: &Arc<str>,
+        sent: impl DoubleEndedIterator<Item = (Msg, (ConnId, ChannelId, u64), u64)>,
+    ) {
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
+        for (msg, confirm, deadline_ms) in sent.rev() {
+            q.parked.bytes += msg.meta.len() + msg.body.len();
+            q.parked.held.push_front(Held {
+                msg,
+                confirm: Some(confirm),
+                deadline_ms,
+            });
+        }
+        self.parked_queues.insert((vhost.to_owned(), name.clone()));
     }
 
     /// Sends queue `name`'s held publishes on if it is served again;
@@ -146,11 +187,10 @@ impl Broker {
         };
         // Heard of no move in time: the master this node knows is taken
         // at its word again.
-        if q.stale_master
-            .as_ref()
-            .is_some_and(|(_, until)| now >= *until)
-        {
-            q.stale_master = None;
+        for m in [&mut q.stale_master, &mut q.master_down] {
+            if m.as_ref().is_some_and(|(_, until)| now >= *until) {
+                *m = None;
+            }
         }
         let qname = q.name.clone();
         let waiting = self.links.wait_for_master(vhost, name);
@@ -193,7 +233,7 @@ impl Broker {
         } else {
             let mut late = Vec::new();
             while let Some(h) = q.parked.held.front()
-                && now.saturating_sub(h.at_ms) >= PARK_LIMIT_MS
+                && now >= h.deadline_ms
             {
                 let Some(h) = q.parked.held.pop_front() else {
                     break;

@@ -223,7 +223,7 @@ impl Broker {
                     // The replica's log, if the publish went to it, is
                     // synced when `after_queue_op`'s mirror turn sees it
                     // unsynced: a transient publish wakes no group commit.
-                    match self.replica_publish(vhost, qname, nm, confirm) {
+                    match self.replica_publish(vhost, qname, nm, confirm, msg.sent) {
                         Ok(owed) => pending += u32::from(owed),
                         Err(e) => {
                             // Cut off from the majority: the replica said so once.
@@ -346,6 +346,7 @@ impl Broker {
             persistent,
             expiration_ms,
             priority: p.properties.priority().unwrap_or(0),
+            sent: None,
         };
         let confirm = p.confirm_seq.map(|s| (id, ch, s));
         let pending = self.enqueue(&vhost, &targets, &msg, confirm)?;

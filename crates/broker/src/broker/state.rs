@@ -13,6 +13,7 @@ use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::amq_protocol::types::FieldTable;
 use warren_amqp::{ChannelId, Connection, Publish};
 use warren_backing_queue::{DropReason, Limits, SeqId};
+use warren_mirror::PublishId;
 
 use super::args::RejectPublish;
 use super::{ConnId, Elsewhere, Store, Waker, link, stats};
@@ -188,6 +189,11 @@ pub(super) struct Queue {
     /// deadline (ms) passes, such work waits here as between masters instead
     /// of going back and forth between the two.
     pub(super) stale_master: Option<(Arc<str>, u64)>,
+    /// A mirrored queue's master's node, whose link went down, and until
+    /// when (ms) work for the queue waits here as between masters, unless
+    /// a new master is named or the link is back first
+    /// (`Broker::hold_for_master_down`).
+    pub(super) master_down: Option<(Arc<str>, u64)>,
     pub(super) dlx: Option<String>,
     pub(super) dlrk: Option<String>,
     pub(super) expires_ms: Option<u64>,
@@ -552,6 +558,38 @@ pub(super) struct Msg {
     pub(super) expiration_ms: Option<u64>,
     /// The `priority` property (0 if absent).
     pub(super) priority: u8,
+    /// Its identity for a mirrored queue's replicas, if it came over a
+    /// forwarding link or is sent again (`None`: the queue's master names
+    /// it when it takes it).
+    pub(super) sent: Option<Sent>,
+}
+
+/// A publish's identity for a mirrored queue's replicas, which hold each
+/// once ([`warren_mirror::Replica::publish`]): a forwarded publish is sent
+/// again under it when its master's node goes down before confirming it,
+/// so that the next master confirms it if it holds it already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sent {
+    /// A forwarding link brought it: its origin's link stream and id.
+    ByLink(PublishId),
+    /// This node forwarded it before, to a master whose node went down
+    /// (or whose link was reset) before confirming it, when its client
+    /// published it (`since_ms`): sent again under the same identity.
+    Again {
+        /// The identity it was forwarded under.
+        id: PublishId,
+        /// When the client published it.
+        since_ms: u64,
+    },
+}
+
+impl Sent {
+    /// The identity.
+    pub(super) fn id(self) -> PublishId {
+        match self {
+            Sent::ByLink(id) | Sent::Again { id, .. } => id,
+        }
+    }
 }
 
 /// A message leaving a queue towards its dead-letter exchange.

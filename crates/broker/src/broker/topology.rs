@@ -111,6 +111,7 @@ impl Broker {
             had_consumers: false,
             consumer_left_unseen: false,
             stale_master: None,
+            master_down: None,
             dlx: args.dlx,
             dlrk: args.dlrk,
             expires_ms: args.expires_ms,

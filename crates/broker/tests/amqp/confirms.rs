@@ -246,3 +246,114 @@ fn held_publishes_are_nacked_after_ten_seconds_and_confirmed_if_the_queue_goes()
     assert_eq!(got[0], ("nack", 1, false), "{got:?}");
     assert!(got[1..].iter().all(|x| x.0 == "ack" && x.1 == 2), "{got:?}");
 }
+
+/// A forwarded publish: (to node, link id, identity, body).
+type Sent = (String, u64, (u64, u64), Vec<u8>);
+
+/// The publishes the node forwarded.
+fn forwarded_to(node: &Node) -> Vec<Sent> {
+    node.with_broker(warren_broker::Broker::take_link_out)
+        .into_iter()
+        .flat_map(|(to, msgs)| msgs.into_iter().map(move |m| (to.clone(), m)))
+        .filter_map(|(to, m)| match m {
+            LinkMsg::Publish {
+                id,
+                publisher,
+                first,
+                body,
+                ..
+            } => Some((to, id, (publisher, first.unwrap_or(id)), body.to_vec())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A confirming client of queue `ha.q`, mirrored by policy (`ha-mode:
+/// all`), whose master is on node n2; `a` and `b` published and forwarded.
+fn publishing_to_a_mirrored_queue_on_n2() -> (Node, Client, Vec<Sent>) {
+    let node = Node::new();
+    let mut c = confirming(&node);
+    node.with_broker(|b| {
+        b.apply_policies(&[warren_broker::meta::PolicyDef {
+            vhost: "/".into(),
+            name: "ha".into(),
+            pattern: "^ha\\.".into(),
+            apply_to: "queues".into(),
+            priority: 0,
+            definition: serde_json::json!({"ha-mode": "all"}),
+            operator: false,
+        }]);
+    });
+    c.queue(1, "ha.q");
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n2")));
+    c.publish(1, "", "ha.q", Message::persistent("a"));
+    c.publish(1, "", "ha.q", Message::persistent("b"));
+    let first = forwarded_to(&node);
+    assert_eq!(first.len(), 2);
+    (node, c, first)
+}
+
+/// Publishes forwarded to a mirrored queue's master whose node goes down
+/// before confirming them are not nacked (RabbitMQ's publishers see none
+/// when a master dies: its mirrors hold every publish from the channel
+/// too): they are sent again, under the identity they first went with, to
+/// the next master, which confirms those its ring holds already and takes
+/// the others; a publish meanwhile waits behind them. Before, all were
+/// nacked (pika raises `NackError`).
+#[test]
+fn publishes_forwarded_to_a_master_that_goes_down_are_sent_again_to_the_next() {
+    let (node, mut c, first) = publishing_to_a_mirrored_queue_on_n2();
+    node.with_broker(|b| b.link_down("n2", START_MS + 10));
+    c.pump();
+    assert_eq!(confirms(&mut c), [], "nothing nacked");
+    c.publish(1, "", "ha.q", Message::persistent("c"));
+    assert_eq!(
+        forwarded_to(&node),
+        [],
+        "nothing sent to a node that is down"
+    );
+    node.tick(START_MS + 1_000);
+    assert_eq!(confirms(&mut c), []);
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n3")));
+    let again = forwarded_to(&node);
+    let bodies: Vec<&[u8]> = again.iter().map(|f| f.3.as_slice()).collect();
+    assert_eq!(bodies, [b"a", b"b", b"c"], "in order: {again:?}");
+    assert!(again.iter().all(|f| f.0 == "n3"));
+    // The first two under their first identity (stream and id).
+    let ids = |v: &[Sent]| -> Vec<(u64, u64)> { v.iter().map(|f| f.2).collect() };
+    assert_eq!(ids(&again[..2]), ids(&first));
+    assert_ne!(
+        again[2].2.0, first[0].2.0,
+        "a new link session, a new stream"
+    );
+    let confirmed = LinkMsg::Confirmed {
+        ids: again.iter().map(|f| f.1).collect(),
+    };
+    node.with_broker(|b| b.link_input("n3", vec![confirmed], START_MS + 1_100));
+    c.pump();
+    assert_eq!(confirms(&mut c), [("ack", 3, true)], "all three acked");
+}
+
+/// The same with no new master and the link back: sent again to the same
+/// node, which holds each identity once. And with neither: nacked
+/// `RESEND_WAIT_MS` (3 s) after they were published, so that a publisher
+/// cut off from a master that is not replaced is answered within the
+/// failure timeout.
+#[test]
+fn publishes_held_for_a_master_that_went_down_go_to_it_when_its_link_is_back_or_are_nacked() {
+    let (node, mut c, first) = publishing_to_a_mirrored_queue_on_n2();
+    node.with_broker(|b| b.link_down("n2", START_MS + 10));
+    node.with_broker(|b| b.resubscribe("n2"));
+    let again = forwarded_to(&node);
+    let same = |v: &[Sent]| -> Vec<(String, (u64, u64), Vec<u8>)> {
+        v.iter().map(|f| (f.0.clone(), f.2, f.3.clone())).collect()
+    };
+    assert_eq!(same(&again), same(&first), "the same, to n2 again");
+    node.with_broker(|b| b.link_down("n2", START_MS + 20));
+    node.tick(START_MS + 2_999);
+    assert_eq!(confirms(&mut c), []);
+    node.tick(START_MS + 3_000);
+    let got: Vec<(&str, u64)> = confirms(&mut c).iter().map(|x| (x.0, x.1)).collect();
+    assert_eq!(got, [("nack", 1), ("nack", 2)]);
+    assert_eq!(forwarded_to(&node), []);
+}

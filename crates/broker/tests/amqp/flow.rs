@@ -243,6 +243,8 @@ fn a_master_says_up_to_which_publish_it_took_in() {
         vhost: "/".into(),
         queue: queue.into(),
         id,
+        publisher: 1,
+        first: None,
         confirm: false,
         meta: bytes::Bytes::new(),
         body: bytes::Bytes::from("m"),

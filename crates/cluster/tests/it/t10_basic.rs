@@ -174,3 +174,81 @@ async fn t13_runs_on_a_current_thread_runtime() {
     assert!(md.vhosts.contains("/"));
     tc.shutdown_all().await;
 }
+
+/// Linearizable reads at once, on a follower, share round trips to the
+/// leader (a failover of many queues reads once per ring), and each still
+/// sees every write committed before it began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t14_linearizable_reads_at_once_share_round_trips() {
+    let (mut tc, leader, follower) = three_nodes(14).await;
+    let w = tc.node(&leader).clone();
+    let f = tc.node(follower).clone();
+    let before = f.read_round_trips();
+    let mut reads = Vec::new();
+    for i in 0..10 {
+        w.write(vhost(&format!("v{i}"))).await.unwrap();
+        for _ in 0..20 {
+            let f = f.clone();
+            let name = format!("v{i}");
+            reads.push(tokio::spawn(async move {
+                let md = f.read_linearizable().await.unwrap();
+                assert!(md.vhosts.contains(&name), "{name} written before the read");
+            }));
+        }
+    }
+    for r in reads {
+        r.await.unwrap();
+    }
+    let trips = f.read_round_trips() - before;
+    assert!(trips < 200, "{trips} round trips for 200 reads");
+    tc.shutdown_all().await;
+}
+
+/// Writes at once on a follower go to the leader together, each with its
+/// own outcome: a compare-and-set that conflicts is refused alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t15_writes_at_once_share_round_trips_and_keep_their_own_outcomes() {
+    let (mut tc, _, follower) = three_nodes(15).await;
+    let f = tc.node(follower).clone();
+    let before = f.write_round_trips();
+    let mut writes = Vec::new();
+    for i in 0..100 {
+        let f = f.clone();
+        writes.push(tokio::spawn(async move {
+            // Ring r{i} at version 0: set once; ring "same" by all: one wins.
+            let mine = f.set_ring_view(&format!("r{i}"), 0, vec![i as u8]).await;
+            let shared = f.set_ring_view("same", 0, vec![i as u8]).await;
+            (mine, shared)
+        }));
+    }
+    let mut won = 0;
+    for w in writes {
+        let (mine, shared) = w.await.unwrap();
+        assert_eq!(mine.unwrap().version, 1);
+        match shared {
+            Ok(r) => {
+                won += 1;
+                assert_eq!(r.version, 1);
+            }
+            Err(e) => assert!(
+                matches!(e, ClusterError::Rejected(Rejection::ViewConflict { .. })),
+                "{e}"
+            ),
+        }
+    }
+    assert_eq!(won, 1, "one compare-and-set of the shared ring wins");
+    let md = f.read_linearizable().await.unwrap();
+    assert!((0..100).all(|i| md.rings[&format!("r{i}")].view == vec![i as u8]));
+    let trips = f.write_round_trips() - before;
+    assert!(trips < 200, "{trips} round trips for 200 writes");
+    tc.shutdown_all().await;
+}
+
+/// A formed cluster of a, b and c (test id `id`), its leader and a follower.
+async fn three_nodes(id: u64) -> (TestCluster, String, &'static str) {
+    let mut tc = TestCluster::new(id);
+    tc.form(&["a", "b", "c"]).await;
+    let leader = tc.leader(&["a", "b", "c"]).await;
+    let follower = ["a", "b", "c"].into_iter().find(|n| *n != leader).unwrap();
+    (tc, leader, follower)
+}

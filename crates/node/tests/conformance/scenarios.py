@@ -29,6 +29,7 @@ import json
 import signal
 import socket
 import sys
+import threading
 import time
 
 import pika
@@ -1323,6 +1324,61 @@ def cancel_on_failover(ctx):
     return {"cancelled": cancelled}
 
 
+def publishing_through_failover(ctx):
+    """A publisher in confirm mode, on the node the queue is used through,
+    publishes persistent messages one at a time while the queue's master
+    fails over (in the failover placement node 1, the master, is killed
+    under it): whether any publish is nacked, and whether the queue then
+    holds each publish once."""
+    q = ctx.queue()
+    ctx.declare(q, fail_over=False)
+    url = ctx.urls[0 if ctx.placement in ("plain", "master") else 1]
+    state = {"sent": 0, "acked": 0, "nacked": 0, "error": None, "stop": False}
+
+    def publish():
+        try:
+            conn = pika.BlockingConnection(pika.URLParameters(url))
+        except Exception as e:
+            state["error"] = type(e).__name__
+            return
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            while not state["stop"]:
+                try:
+                    ch.basic_publish("", q, f"p{state['sent']}", persistent())
+                    state["acked"] += 1
+                except pika.exceptions.NackError:
+                    state["nacked"] += 1
+                state["sent"] += 1
+        except Exception as e:
+            state["error"] = type(e).__name__
+        finally:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    t = threading.Thread(target=publish, daemon=True)
+    t.start()
+    deadline = time.time() + 5
+    while state["sent"] < 50 and state["error"] is None and time.time() < deadline:
+        time.sleep(0.01)
+    before = state["sent"]
+    ctx.fail_over(q)
+    # Publishing goes on after the failover too.
+    time.sleep(1.0)
+    state["stop"] = True
+    t.join(30)
+    count = passive_count(ctx.use, q)
+    return {
+        "published before and after": before >= 50 and state["sent"] > before,
+        "nacked": state["nacked"],
+        "error": state["error"],
+        "each held once": count == state["sent"],
+    }
+
+
 def each_node_limits(ctx):
     """A queue with a length limit (reject-publish) and a dead-letter
     queue, used through every node (mirrored to two nodes of three, or not
@@ -2110,6 +2166,7 @@ SCENARIOS = [
     each_node,
     prefetch_limit,
     cancel_on_failover,
+    publishing_through_failover,
     each_node_limits,
     exchanges_across_nodes,
     tx_ack,
