@@ -124,6 +124,13 @@ pub enum MirrorError {
     /// Making a fresh backing queue failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A publish that may be held already ([`Replica::publish_again`])
+    /// came to a master that cannot tell: it started from a copy whose
+    /// holdings it does not know (recovered from disk), and has heard
+    /// nothing from the publish's publisher since. Enqueued, it might be
+    /// held twice; the publisher is told it may be lost.
+    #[error("the queue's master cannot tell whether it holds this publish already")]
+    UnknownPublisher,
 }
 
 /// The role a replica plays.
@@ -371,6 +378,9 @@ pub struct Replica {
     gm_confirmed: Seq,
     outputs: VecDeque<Output>,
     held: HeldPublishes,
+    /// Whether `held` lists every publish this replica's copy holds (not
+    /// so for a master started from a copy recovered from disk).
+    held_known: bool,
     synced_members: BTreeSet<MemberId>,
     /// The synchronised members the ring confirmed carrying the master's
     /// announcement of (`Body::SyncedSet`) to every member: only those go
@@ -463,7 +473,10 @@ fn queue_config(settings: &Settings, limits: warren_backing_queue::Limits) -> Qu
 impl Replica {
     /// The master of a queue, at `epoch` (the queue record's version at which
     /// this node became or re-claimed master), holding `bq` (a new queue, or
-    /// one recovered from disk). `bq` must have been made with `record_ops`.
+    /// one recovered from disk) and the publishes `held` says it holds
+    /// ([`Self::held`] of the replica whose copy `bq` is; empty for a new
+    /// queue; `None` if not known, as for a copy recovered from disk).
+    /// `bq` must have been made with `record_ops`.
     #[allow(clippy::too_many_arguments)]
     pub fn new_master(
         queue: impl Into<String>,
@@ -472,9 +485,14 @@ impl Replica {
         settings: Settings,
         factory: QueueFactory,
         bq: BackingQueue,
+        held: Option<HeldPublishes>,
         record: RecordView,
     ) -> Self {
         let mut r = Self::blank(queue, node, member, settings, factory, record);
+        match held {
+            Some(held) => r.held = held,
+            None => r.held_known = false,
+        }
         let mut bq = bq;
         bq.set_record_ops(true);
         r.role = Role::Master;
@@ -527,6 +545,7 @@ impl Replica {
             gm_confirmed: 0,
             outputs: VecDeque::new(),
             held: HeldPublishes::new(),
+            held_known: true,
             synced_members: BTreeSet::new(),
             announced: BTreeSet::new(),
             announcing: VecDeque::new(),
@@ -804,6 +823,24 @@ impl Replica {
             what: Confirmable::Publish(id),
         });
         Ok(())
+    }
+
+    /// Publishes a message that this replica may hold already: sent again
+    /// after the master it was sent to went down, or passed on by a node
+    /// that was not the master. As [`Self::publish`], but refused with
+    /// [`MirrorError::UnknownPublisher`] when this master cannot tell
+    /// whether it holds it (its copy's holdings are not known, and it has
+    /// heard nothing from `id`'s publisher since it started).
+    pub fn publish_again(
+        &mut self,
+        now_ms: u64,
+        id: PublishId,
+        msg: NewMessage,
+    ) -> Result<(), MirrorError> {
+        if !self.held_known && !self.held.contains_key(&id.publisher) {
+            return Err(MirrorError::UnknownPublisher);
+        }
+        self.publish(now_ms, id, msg)
     }
 
     /// Confirms publish `id`, which this replica holds already: with its
@@ -2293,6 +2330,7 @@ mod tests {
             Settings::default(),
             memory(),
             bq,
+            Some(HeldPublishes::new()),
             record("a", 2),
         );
         r.handle_view(alone(me));
@@ -2350,6 +2388,7 @@ mod tests {
             Settings::default(),
             memory(),
             bq,
+            Some(HeldPublishes::new()),
             record("a", 2),
         )
     }
@@ -2433,6 +2472,67 @@ mod tests {
         assert!(out.contains(&Output::FetchFailed { token }));
         assert!(out.contains(&Output::Deposed { epoch: 2 }));
         assert!(matches!(publish_seq(&mut r, 10), Err(MirrorError::Stopped)));
+    }
+
+    /// A master started again from a stopped master's kept copy holds what
+    /// that one held: a publish sent again to it is not enqueued twice
+    /// (chaos seed 1: a master removed from its ring and started again from
+    /// its copy took 20 publishes a second time, delivered again without
+    /// the redelivered flag). One started from a copy whose holdings are not
+    /// known (recovered from disk) refuses a publish sent again from a
+    /// publisher it has not heard since, and takes one it has.
+    #[test]
+    fn a_master_from_a_kept_copy_holds_what_its_copy_held() {
+        let mut r = lone_master(MemberId(1));
+        publish_seq(&mut r, 1).unwrap();
+        publish_seq(&mut r, 2).unwrap();
+        r.handle_removed();
+        let held = r.held().clone();
+        let bq = r.into_queue().expect("the kept copy");
+        let again = |r: &mut Replica, publisher, seq| {
+            r.publish_again(
+                1,
+                PublishId { publisher, seq },
+                NewMessage::new(seq, &b"x"[..], false),
+            )
+        };
+        let mut next = Replica::new_master(
+            "q",
+            "a",
+            MemberId(3),
+            Settings::default(),
+            memory(),
+            bq,
+            Some(held),
+            record("a", 4),
+        );
+        next.handle_view(alone(MemberId(3)));
+        again(&mut next, 4, 2).unwrap();
+        again(&mut next, 4, 3).unwrap();
+        assert_eq!(next.stats().unwrap().ready, 3, "2 held once, 3 new");
+        confirm_round(&mut next);
+        assert_eq!(confirmed(&mut next), vec![2, 3]);
+
+        let recovered = next.into_queue().expect("a copy");
+        let mut r = Replica::new_master(
+            "q",
+            "a",
+            MemberId(5),
+            Settings::default(),
+            memory(),
+            recovered,
+            None,
+            record("a", 6),
+        );
+        r.handle_view(alone(MemberId(5)));
+        assert!(matches!(
+            again(&mut r, 4, 3),
+            Err(MirrorError::UnknownPublisher)
+        ));
+        publish_seq(&mut r, 7).unwrap();
+        again(&mut r, 4, 7).unwrap();
+        again(&mut r, 4, 8).unwrap();
+        assert_eq!(r.stats().unwrap().ready, 5, "7 held once, 8 new");
     }
 
     /// A master removed from its ring keeps its copy for this node's next

@@ -213,6 +213,7 @@ impl Sim {
                 self.settings,
                 factory,
                 bq,
+                Some(Default::default()),
                 self.record.clone(),
             )
         } else {

@@ -1938,10 +1938,13 @@ impl Broker {
                     persistent,
                     expiration_ms,
                     priority,
-                    sent: Some(Sent::ByLink(PublishId {
-                        publisher,
-                        seq: first.unwrap_or(id),
-                    })),
+                    sent: Some(Sent::ByLink {
+                        id: PublishId {
+                            publisher,
+                            seq: first.unwrap_or(id),
+                        },
+                        again: first.is_some(),
+                    }),
                 };
                 self.note_stale_master(from, &vhost, &queue);
                 let owed = confirm.then_some((pc, LINK_CHANNEL, id));

@@ -524,6 +524,7 @@ impl Broker {
                 settings,
                 factory,
                 bq,
+                q.kept_held.take(),
                 start.record,
             )
         } else {
@@ -601,6 +602,7 @@ impl Broker {
             );
         }
         let was_master = m.master;
+        let held = m.replica.held().clone();
         let bq = m.replica.into_queue().filter(|_| {
             was_master && matches!(end, ReplicaEnd::Serve | ReplicaEnd::Keep | ReplicaEnd::Hold)
         });
@@ -618,6 +620,13 @@ impl Broker {
         }
         let cfg = q.queue_config();
         let replaced = bq.is_none();
+        // What the kept copy holds goes with it; a fresh store holds
+        // nothing; a log left on a failed disk, not known.
+        q.kept_held = match (&bq, end) {
+            (Some(_), _) => Some(held),
+            (None, ReplicaEnd::Failed) => None,
+            (None, _) => Some(Default::default()),
+        };
         q.store = match bq {
             Some(bq) => Store::Local(bq),
             // Its log stays as it is on disk, for `restore_queue`.
@@ -670,6 +679,7 @@ impl Broker {
         }
         let hook = unsynced.hook(vhost, &q.name, q.uid);
         q.store = Store::Local(bq);
+        q.kept_held = None;
         q.store.on_unsynced(hook);
         if serve {
             q.handed_over = false;
@@ -1207,7 +1217,11 @@ impl Broker {
         let Some(m) = self.mirrored(vhost, name) else {
             return Ok(false);
         };
-        m.replica.publish(now, id, msg)?;
+        if sent.is_some_and(super::state::Sent::again) {
+            m.replica.publish_again(now, id, msg)?;
+        } else {
+            m.replica.publish(now, id, msg)?;
+        }
         let owed = confirm.is_some();
         if let Some(c) = confirm
             && let Some(first) = m.publishes.insert(id, c)

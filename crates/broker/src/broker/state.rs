@@ -13,7 +13,7 @@ use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::amq_protocol::types::FieldTable;
 use warren_amqp::{ChannelId, Connection, Publish};
 use warren_backing_queue::{DropReason, Limits, SeqId};
-use warren_mirror::PublishId;
+use warren_mirror::{HeldPublishes, PublishId};
 
 use super::args::RejectPublish;
 use super::{ConnId, Elsewhere, Store, Waker, link, stats};
@@ -169,6 +169,11 @@ pub(super) struct Queue {
     /// Held (with `handed_over`) until its replica starts as master:
     /// [`super::Broker::hold_for_replica`].
     pub(super) held_for_replica: bool,
+    /// The publishes its local copy holds, for a replica that starts here
+    /// as master from it ([`warren_mirror::Replica::new_master`]): none
+    /// for a new queue, a master's when its replica ended and its copy
+    /// stayed; `None` when not known (recovered from disk).
+    pub(super) kept_held: Option<HeldPublishes>,
     /// In the order they were registered.
     pub(super) consumers: Vec<Consumer>,
     pub(super) rr: usize,
@@ -571,7 +576,13 @@ pub(super) struct Msg {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sent {
     /// A forwarding link brought it: its origin's link stream and id.
-    ByLink(PublishId),
+    ByLink {
+        /// The identity.
+        id: PublishId,
+        /// Sent again, or passed on by a node that was not the master:
+        /// the master may hold it already.
+        again: bool,
+    },
     /// This node forwarded it before, to a master whose node went down
     /// (or whose link was reset) before confirming it, when its client
     /// published it (`since_ms`): sent again under the same identity.
@@ -587,7 +598,15 @@ impl Sent {
     /// The identity.
     pub(super) fn id(self) -> PublishId {
         match self {
-            Sent::ByLink(id) | Sent::Again { id, .. } => id,
+            Sent::ByLink { id, .. } | Sent::Again { id, .. } => id,
+        }
+    }
+
+    /// Whether a master may hold it already (see [`Sent::ByLink`]).
+    pub(super) fn again(self) -> bool {
+        match self {
+            Sent::ByLink { again, .. } => again,
+            Sent::Again { .. } => true,
         }
     }
 }

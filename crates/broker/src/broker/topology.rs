@@ -74,8 +74,14 @@ impl Broker {
             report_dropped: true,
             max_priority: args.max_priority,
         };
+        // A new queue holds no publish; one opened again from a log that
+        // was there, some that nothing here lists.
+        let mut kept_held = Some(Default::default());
         let (bq, dir, spill_dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
+            if self.cfg.storage.list(&dir).is_ok_and(|f| !f.is_empty()) {
+                kept_held = None;
+            }
             let (bq, report) =
                 BackingQueue::open_in(self.cfg.storage.clone(), &dir, qcfg, args.store_config())?;
             if let Some((file, off)) = report.truncated {
@@ -104,6 +110,7 @@ impl Broker {
             remote: None,
             handed_over: false,
             held_for_replica: false,
+            kept_held,
             consumers: Vec::new(),
             rr: 0,
             single_active,
