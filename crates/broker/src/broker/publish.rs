@@ -216,6 +216,19 @@ impl Broker {
                 }
                 continue;
             }
+            if matches!(q.store, Store::Local(_))
+                && let Some(sent) = msg.sent
+                && !q.take_held(sent)
+            {
+                // Sent again to a queue served alone here that holds it
+                // already, or cannot tell: the publisher hears it may be
+                // lost rather than it being taken twice.
+                if let Some(c) = confirm {
+                    pending += 1;
+                    nacks.push(c);
+                }
+                continue;
+            }
             q.counters.published += 1;
             let bq = match &mut q.store {
                 Store::Local(bq) => bq,

@@ -241,6 +241,23 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// Notes publish `sent` going into this queue's local store (served
+    /// alone here, so that a replica started from it later knows it holds
+    /// it: [`Queue::kept_held`]). False if it must be refused instead: sent
+    /// again, and the store holds it already or cannot tell.
+    pub(super) fn take_held(&mut self, sent: Sent) -> bool {
+        let Some(held) = &mut self.kept_held else {
+            return !sent.again();
+        };
+        let id = sent.id();
+        let seen = held.entry(id.publisher).or_insert(0);
+        if sent.again() && *seen >= id.seq {
+            return false;
+        }
+        *seen = (*seen).max(id.seq);
+        true
+    }
+
     /// Notes that one of this node's consumers left it: while the queue has
     /// no master, no master hears of the cancel, so the next one is told
     /// ([`Queue::consumer_left_unseen`]).
