@@ -500,7 +500,7 @@ impl Replica {
         r.master_member = Some(member);
         r.bq = Some(bq);
         r.msync = MirrorSync::Holding;
-        r.push_msg(Body::Master);
+        r.push_msg(Body::Master { from: 0 });
         tracing::info!(node = %r.node, queue = %r.queue, view = r.epoch, "queue master started");
         r
     }
@@ -1477,7 +1477,11 @@ impl Replica {
                 self.depose();
                 return;
             }
-            self.follow(publisher, msg.epoch);
+            let from = match msg.body {
+                Body::Master { from } => Some(from),
+                _ => None,
+            };
+            self.follow(publisher, msg.epoch, from);
         } else if self.role == Role::Master {
             self.refused += 1;
             return;
@@ -1863,8 +1867,22 @@ impl Replica {
     }
 
     /// A newer master (higher epoch) speaks: follow it.
-    fn follow(&mut self, master: MemberId, epoch: u64) {
+    /// Follows `master`, which took over at `epoch` continuing the state of
+    /// the master of epoch `from` (`None`: not said, its first message
+    /// missed). A copy of another master's state is dropped: the new
+    /// master's ops would apply to a state it does not hold (chaos seed
+    /// 50003: a mirror synchronised by a master started again from its
+    /// kept copy then followed a mirror promoted from the old ring, and
+    /// failed on its first ack, an unknown delivery tag; an op that happens
+    /// to apply leaves a copy that differs, unseen).
+    fn follow(&mut self, master: MemberId, epoch: u64, from: Option<u64>) {
         tracing::info!(node = %self.node, queue = %self.queue, view = epoch, master = %master, "following a new master");
+        if matches!(self.msync, MirrorSync::Holding) && from != Some(self.epoch) {
+            tracing::info!(node = %self.node, queue = %self.queue, view = epoch, held = self.epoch, from = ?from, "the new master continues another state: dropping this copy and asking for a sync");
+            self.bq = None;
+            self.msync = MirrorSync::Idle;
+            self.asked_sync = true;
+        }
         self.epoch = epoch;
         self.master_member = Some(master);
         // The new master hears of this disk from scratch, and numbers its
@@ -1888,7 +1906,10 @@ impl Replica {
 
     fn on_master_msg(&mut self, body: Body) {
         match body {
-            Body::Master | Body::SyncDone { .. } | Body::NeedSync { .. } | Body::Stored { .. } => {}
+            Body::Master { .. }
+            | Body::SyncDone { .. }
+            | Body::NeedSync { .. }
+            | Body::Stored { .. } => {}
             Body::Ops { ops, publishes } => match &mut self.msync {
                 MirrorSync::Holding => self.apply_ops(ops, &publishes),
                 MirrorSync::Receiving { buffered, .. } => buffered.push((ops, publishes)),
@@ -2202,6 +2223,8 @@ impl Replica {
 
     fn become_master(&mut self) {
         let epoch = self.record.version;
+        // The state it holds is the master's it followed.
+        let from = self.epoch;
         tracing::info!(node = %self.node, queue = %self.queue, view = epoch, "promoted to master");
         self.role = Role::Master;
         self.epoch = epoch;
@@ -2229,7 +2252,7 @@ impl Replica {
             .retain(|m| *m != me && view.is_alive(*m));
         // Every mirror knew these synchronised under the old master.
         self.announced = self.synced_members.clone();
-        self.push_msg(Body::Master);
+        self.push_msg(Body::Master { from });
         self.announce_synced();
         // Every delivered but unacked message goes back, redelivered.
         if let Some(bq) = self.bq.as_mut() {
@@ -2358,10 +2381,10 @@ mod tests {
         let me = MemberId(5);
         let mut r =
             Replica::new_mirror("q", "b", me, Settings::default(), memory(), record("a", 3));
-        r.handle_deliver(MemberId(1), &msg(3, Body::Master));
+        r.handle_deliver(MemberId(1), &msg(3, Body::Master { from: 0 }));
         assert_eq!(r.epoch(), 3);
         // A new master at epoch 7 speaks: followed.
-        r.handle_deliver(MemberId(2), &msg(7, Body::Master));
+        r.handle_deliver(MemberId(2), &msg(7, Body::Master { from: 0 }));
         assert_eq!(r.epoch(), 7);
         // The old one (epoch 3) is refused, and so is a stranger at the same epoch.
         let ops = Body::Ops {
@@ -2462,7 +2485,7 @@ mod tests {
         publish_seq(&mut r, 9).unwrap();
         let token = r.fetch(1).unwrap();
         r.drain_outputs().for_each(drop);
-        r.handle_deliver(MemberId(2), &msg(5, Body::Master));
+        r.handle_deliver(MemberId(2), &msg(5, Body::Master { from: 0 }));
         assert_eq!(r.role(), Role::Stopped);
         let out: Vec<Output> = r.drain_outputs().collect();
         assert!(out.contains(&Output::Nacked(vec![PublishId {
@@ -2620,6 +2643,73 @@ mod tests {
             r.sync_awaiting[&mirror].sync, 1,
             "the sync on its way answers it"
         );
+    }
+
+    /// A mirror that holds one master's state keeps it for a new master
+    /// that continues that state (a mirror promoted from the same ring),
+    /// and drops it, asking for a sync, for one that does not (a master
+    /// started from a copy of its own): that one's ops apply to its state
+    /// only.
+    #[test]
+    fn a_mirror_keeps_its_copy_only_for_a_master_that_continues_it() {
+        let (me, mirror) = (MemberId(1), MemberId(2));
+        let mut m = master_at_epoch_2(me);
+        m.set_settings(Settings {
+            sync_mode: SyncMode::Automatic,
+            ..Settings::default()
+        });
+        m.handle_view(alone(me));
+        publish_seq(&mut m, 1).unwrap();
+        let both = alone(me)
+            .apply(&ViewChange::Join {
+                member: mirror,
+                after: Some(me),
+                node: NodeName::new("b").unwrap(),
+            })
+            .unwrap();
+        let mut r = Replica::new_mirror(
+            "q",
+            "b",
+            mirror,
+            Settings::default(),
+            memory(),
+            record("a", 2),
+        );
+        m.handle_view(both.clone());
+        r.handle_view(both);
+        let sent = |r: &mut Replica| -> Vec<Bytes> {
+            r.flush();
+            r.drain_outputs()
+                .filter_map(|o| match o {
+                    Output::Broadcast(b) => Some(b),
+                    _ => None,
+                })
+                .collect()
+        };
+        for _ in 0..4 {
+            for b in sent(&mut m) {
+                r.handle_deliver(me, &b);
+            }
+            for b in sent(&mut r) {
+                m.handle_deliver(mirror, &b);
+            }
+        }
+        assert_eq!(
+            r.digest(),
+            m.digest(),
+            "the mirror holds the master's state"
+        );
+        assert!(r.digest().is_some());
+        r.handle_deliver(MemberId(3), &msg(3, Body::Master { from: 2 }));
+        assert_eq!(r.digest(), m.digest(), "kept for a master continuing it");
+        r.drain_outputs().for_each(drop);
+        r.handle_deliver(MemberId(4), &msg(4, Body::Master { from: 0 }));
+        assert_eq!(r.digest(), None, "dropped for a master of its own copy");
+        let asked = r.drain_outputs().any(|o| {
+            matches!(o, Output::Broadcast(b)
+                if RingMsg::decode(&b).is_some_and(|m| matches!(m.body, Body::NeedSync { .. })))
+        });
+        assert!(asked, "a sync asked for");
     }
 
     #[test]

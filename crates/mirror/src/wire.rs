@@ -38,7 +38,14 @@ pub(crate) struct RingMsg {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Body {
     /// The master took over at this epoch (first message of every epoch).
-    Master,
+    Master {
+        /// The epoch of the master whose state this one continues (a
+        /// promoted mirror's), or 0 for a copy of its own (a new queue, or
+        /// one kept or recovered on this node). A mirror that holds
+        /// another master's state drops it and asks for a sync: the new
+        /// master's ops apply to its state only.
+        from: u64,
+    },
     /// Backing-queue ops in the order the master applied them, and the
     /// publishes among them.
     Ops {
