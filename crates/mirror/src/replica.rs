@@ -2314,6 +2314,17 @@ mod tests {
             .unwrap()
     }
 
+    /// [`alone`]`(master)` joined by `mirror` on node b.
+    fn with_mirror(master: MemberId, mirror: MemberId) -> View {
+        alone(master)
+            .apply(&ViewChange::Join {
+                member: mirror,
+                after: Some(master),
+                node: NodeName::new("b").unwrap(),
+            })
+            .unwrap()
+    }
+
     fn record(master: &str, version: u64) -> RecordView {
         RecordView {
             version,
@@ -2614,13 +2625,7 @@ mod tests {
         let (me, mirror) = (MemberId(1), MemberId(2));
         let mut r = master_at_epoch_2(me);
         r.handle_view(alone(me));
-        let both = alone(me)
-            .apply(&ViewChange::Join {
-                member: mirror,
-                after: Some(me),
-                node: NodeName::new("b").unwrap(),
-            })
-            .unwrap();
+        let both = with_mirror(me, mirror);
         r.handle_view(both.clone());
         assert_eq!(
             r.sync_awaiting[&mirror].sync, 1,
@@ -2660,13 +2665,7 @@ mod tests {
         });
         m.handle_view(alone(me));
         publish_seq(&mut m, 1).unwrap();
-        let both = alone(me)
-            .apply(&ViewChange::Join {
-                member: mirror,
-                after: Some(me),
-                node: NodeName::new("b").unwrap(),
-            })
-            .unwrap();
+        let both = with_mirror(me, mirror);
         let mut r = Replica::new_mirror(
             "q",
             "b",
