@@ -379,7 +379,8 @@ pub struct Replica {
     outputs: VecDeque<Output>,
     held: HeldPublishes,
     /// Whether `held` lists every publish this replica's copy holds (not
-    /// so for a master started from a copy recovered from disk).
+    /// so for a master started from a copy recovered from disk, nor for a
+    /// mirror it synchronised, which a sync tells).
     held_known: bool,
     synced_members: BTreeSet<MemberId>,
     /// The synchronised members the ring confirmed carrying the master's
@@ -1788,6 +1789,7 @@ impl Replica {
             next_tag: snap.next_tag,
             limits: snap.limits,
             held: self.held.clone(),
+            held_known: self.held_known,
         };
         self.sync_run = Some(SyncRun {
             id,
@@ -1996,6 +1998,7 @@ impl Replica {
                 next_tag,
                 limits,
                 held,
+                held_known,
             } => {
                 if !matches!(self.msync, MirrorSync::Receiving { sync: s, .. } if s == sync) {
                     return;
@@ -2005,7 +2008,12 @@ impl Replica {
                 else {
                     return;
                 };
-                if let Err(e) = self.install(*bq, (next_seq, next_tag, limits), held, buffered) {
+                if let Err(e) = self.install(
+                    *bq,
+                    (next_seq, next_tag, limits),
+                    (held, held_known),
+                    buffered,
+                ) {
                     tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not install the sync; asking again on the next tick");
                     self.bq = None;
                     self.sync_retry = true;
@@ -2036,7 +2044,7 @@ impl Replica {
         &mut self,
         mut bq: BackingQueue,
         (next_seq, next_tag, limits): (SeqId, DeliveryTag, warren_backing_queue::Limits),
-        held: HeldPublishes,
+        (held, held_known): (HeldPublishes, bool),
         buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
     ) -> Result<(), MirrorError> {
         self.applied_seq = next_seq.saturating_sub(1);
@@ -2049,6 +2057,7 @@ impl Replica {
         bq.arm_unsynced();
         self.bq = Some(bq);
         self.held = held;
+        self.held_known = held_known;
         for (ops, pubs) in buffered {
             self.apply_ops(ops, &pubs);
         }
@@ -2650,15 +2659,11 @@ mod tests {
         );
     }
 
-    /// A mirror that holds one master's state keeps it for a new master
-    /// that continues that state (a mirror promoted from the same ring),
-    /// and drops it, asking for a sync, for one that does not (a master
-    /// started from a copy of its own): that one's ops apply to its state
-    /// only.
-    #[test]
-    fn a_mirror_keeps_its_copy_only_for_a_master_that_continues_it() {
+    /// `m` (member 1, holding message 1, automatic sync) and a mirror
+    /// (member 2) it has synchronised, the ring's messages carried between
+    /// them by hand.
+    fn synchronised_pair(mut m: Replica) -> (Replica, Replica) {
         let (me, mirror) = (MemberId(1), MemberId(2));
-        let mut m = master_at_epoch_2(me);
         m.set_settings(Settings {
             sync_mode: SyncMode::Automatic,
             ..Settings::default()
@@ -2693,6 +2698,39 @@ mod tests {
                 m.handle_deliver(mirror, &b);
             }
         }
+        (m, r)
+    }
+
+    /// A mirror synchronised by a master that does not know everything its
+    /// copy holds (started from a copy recovered from disk) knows it does
+    /// not either, so that, promoted, it refuses a publish sent again from
+    /// a publisher it has not heard, as that master would
+    /// ([`Replica::publish_again`]).
+    #[test]
+    fn a_mirror_synchronised_by_a_master_recovered_from_disk_knows_it() {
+        let recovered = |held| {
+            let bq = BackingQueue::in_memory(QueueConfig {
+                record_ops: true,
+                ..QueueConfig::default()
+            });
+            let s = Settings::default();
+            Replica::new_master("q", "a", MemberId(1), s, memory(), bq, held, record("a", 2))
+        };
+        let (m, r) = synchronised_pair(recovered(None));
+        assert!(r.digest().is_some() && r.digest() == m.digest());
+        assert!(!r.held_known, "not known on the mirror either");
+        let (_, r) = synchronised_pair(recovered(Some(HeldPublishes::new())));
+        assert!(r.held_known);
+    }
+
+    /// A mirror that holds one master's state keeps it for a new master
+    /// that continues that state (a mirror promoted from the same ring),
+    /// and drops it, asking for a sync, for one that does not (a master
+    /// started from a copy of its own): that one's ops apply to its state
+    /// only.
+    #[test]
+    fn a_mirror_keeps_its_copy_only_for_a_master_that_continues_it() {
+        let (m, mut r) = synchronised_pair(master_at_epoch_2(MemberId(1)));
         assert_eq!(
             r.digest(),
             m.digest(),

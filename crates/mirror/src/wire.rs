@@ -89,6 +89,9 @@ pub(crate) enum Body {
         limits: Limits,
         /// Publishes held at the sync point.
         held: HeldPublishes,
+        /// Whether `held` lists every publish the queue holds (not so
+        /// after a master started from a copy recovered from disk).
+        held_known: bool,
     },
     /// The sync was cancelled: its targets drop what they got.
     SyncCancel {
