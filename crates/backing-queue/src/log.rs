@@ -71,6 +71,8 @@ pub struct RecoveryReport {
     /// lost, so every message recovered comes back marked delivered
     /// (AMQP's `redelivered`: it may have been delivered before).
     pub rebooted: bool,
+    /// The directory held files already: a log opened again, not a new one.
+    pub found: bool,
 }
 
 /// Below this many buffered bytes, appends stay in memory until a sync.
@@ -521,7 +523,10 @@ impl SegmentLog {
         }
         ids.sort_unstable();
 
-        let mut report = RecoveryReport::default();
+        let mut report = RecoveryReport {
+            found: !listing.is_empty(),
+            ..RecoveryReport::default()
+        };
         let mut found: BTreeMap<u64, Entry> = BTreeMap::new();
         let mut max_seq = 0u64;
         let mut segments = VecDeque::new();

@@ -11,7 +11,8 @@
 //!   resulting [`Op`](warren_backing_queue::Op)s; a mirror that holds the
 //!   master's state applies exactly those ops in the same order and never
 //!   acts on its own.
-//! - The wire types of its ring messages ([`PublishId`], [`HeldPublishes`]).
+//! - The wire types of its ring messages ([`PublishId`]) and the record of
+//!   the publishes a copy holds ([`HeldPublishes`]).
 //!
 //! This crate does no I/O. The broker (`warren_broker`) drives replicas
 //! under its lock, and the mirror driver (`warren_mirror_driver`) carries
@@ -73,12 +74,14 @@
 //!   failover, not every message.
 //! - Sync does not block the queue.
 
+mod held;
 mod replica;
 mod wire;
 
+pub use held::{HeldPublishes, Holds};
 pub use replica::{
     MirrorError, Output, QueueFactory, RecordView, Replica, Role, Settings, Status, SyncProgress,
     SyncStart,
 };
 pub use warren_gm::MemberId;
-pub use wire::{HeldPublishes, PublishId};
+pub use wire::PublishId;

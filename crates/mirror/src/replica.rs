@@ -10,7 +10,8 @@ use warren_backing_queue::{
 use warren_gm::{MemberId, RingEvent, Seq, View, ViewVersion};
 use warren_policy::{DEFAULT_SYNC_BATCH_SIZE, HaPolicy, PromoteOn, SyncMode};
 
-use crate::wire::{Body, HeldPublishes, PublishId, RingMsg};
+use crate::held::{HeldPublishes, Holds};
+use crate::wire::{Body, PublishId, RingMsg};
 
 /// A queue record as the mirror layer sees it: the placement part of
 /// `warren_cluster::QueueRecord`, by node name.
@@ -377,11 +378,10 @@ pub struct Replica {
     broadcasts: Seq,
     gm_confirmed: Seq,
     outputs: VecDeque<Output>,
+    /// The publishes this replica's copy holds (not complete for a master
+    /// started from a copy recovered from disk, nor for a mirror it
+    /// synchronised, which a sync tells).
     held: HeldPublishes,
-    /// Whether `held` lists every publish this replica's copy holds (not
-    /// so for a master started from a copy recovered from disk, nor for a
-    /// mirror it synchronised, which a sync tells).
-    held_known: bool,
     synced_members: BTreeSet<MemberId>,
     /// The synchronised members the ring confirmed carrying the master's
     /// announcement of (`Body::SyncedSet`) to every member: only those go
@@ -476,7 +476,7 @@ impl Replica {
     /// this node became or re-claimed master), holding `bq` (a new queue, or
     /// one recovered from disk) and the publishes `held` says it holds
     /// ([`Self::held`] of the replica whose copy `bq` is; empty for a new
-    /// queue; `None` if not known, as for a copy recovered from disk).
+    /// queue; [`HeldPublishes::unknown`] for a copy recovered from disk).
     /// `bq` must have been made with `record_ops`.
     #[allow(clippy::too_many_arguments)]
     pub fn new_master(
@@ -486,14 +486,11 @@ impl Replica {
         settings: Settings,
         factory: QueueFactory,
         bq: BackingQueue,
-        held: Option<HeldPublishes>,
+        held: HeldPublishes,
         record: RecordView,
     ) -> Self {
         let mut r = Self::blank(queue, node, member, settings, factory, record);
-        match held {
-            Some(held) => r.held = held,
-            None => r.held_known = false,
-        }
+        r.held = held;
         let mut bq = bq;
         bq.set_record_ops(true);
         r.role = Role::Master;
@@ -546,7 +543,6 @@ impl Replica {
             gm_confirmed: 0,
             outputs: VecDeque::new(),
             held: HeldPublishes::new(),
-            held_known: true,
             synced_members: BTreeSet::new(),
             announced: BTreeSet::new(),
             announcing: VecDeque::new(),
@@ -802,7 +798,7 @@ impl Replica {
         if self.draining_since.is_some() {
             return Err(MirrorError::Stopping);
         }
-        if self.held.get(&id.publisher).is_some_and(|s| *s >= id.seq) {
+        if self.held.holds(id) == Holds::Yes {
             self.master_bq()?;
             self.confirm_again(id);
             return Ok(());
@@ -815,7 +811,7 @@ impl Replica {
         self.collect_ops();
         self.out_bytes += len;
         self.out_pubs.push(id);
-        note_held(&mut self.held, id);
+        self.held.note(id);
         self.confirm_bytes += len;
         self.confirms.push_back(PendingConfirm {
             gm_seq: 0,
@@ -838,7 +834,7 @@ impl Replica {
         id: PublishId,
         msg: NewMessage,
     ) -> Result<(), MirrorError> {
-        if !self.held_known && !self.held.contains_key(&id.publisher) {
+        if self.held.holds(id) == Holds::Unknown {
             return Err(MirrorError::UnknownPublisher);
         }
         self.publish(now_ms, id, msg)
@@ -1789,7 +1785,6 @@ impl Replica {
             next_tag: snap.next_tag,
             limits: snap.limits,
             held: self.held.clone(),
-            held_known: self.held_known,
         };
         self.sync_run = Some(SyncRun {
             id,
@@ -1998,7 +1993,6 @@ impl Replica {
                 next_tag,
                 limits,
                 held,
-                held_known,
             } => {
                 if !matches!(self.msync, MirrorSync::Receiving { sync: s, .. } if s == sync) {
                     return;
@@ -2008,12 +2002,7 @@ impl Replica {
                 else {
                     return;
                 };
-                if let Err(e) = self.install(
-                    *bq,
-                    (next_seq, next_tag, limits),
-                    (held, held_known),
-                    buffered,
-                ) {
+                if let Err(e) = self.install(*bq, (next_seq, next_tag, limits), held, buffered) {
                     tracing::warn!(node = %self.node, queue = %self.queue, view = self.epoch, error = %e, "could not install the sync; asking again on the next tick");
                     self.bq = None;
                     self.sync_retry = true;
@@ -2044,7 +2033,7 @@ impl Replica {
         &mut self,
         mut bq: BackingQueue,
         (next_seq, next_tag, limits): (SeqId, DeliveryTag, warren_backing_queue::Limits),
-        (held, held_known): (HeldPublishes, bool),
+        held: HeldPublishes,
         buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
     ) -> Result<(), MirrorError> {
         self.applied_seq = next_seq.saturating_sub(1);
@@ -2057,7 +2046,6 @@ impl Replica {
         bq.arm_unsynced();
         self.bq = Some(bq);
         self.held = held;
-        self.held_known = held_known;
         for (ops, pubs) in buffered {
             self.apply_ops(ops, &pubs);
         }
@@ -2085,7 +2073,7 @@ impl Replica {
         let mut dropped = Vec::new();
         bq.take_dropped(&mut dropped);
         for id in publishes {
-            note_held(&mut self.held, *id);
+            self.held.note(*id);
         }
     }
 
@@ -2290,11 +2278,6 @@ impl Replica {
     }
 }
 
-fn note_held(held: &mut HeldPublishes, id: PublishId) {
-    let e = held.entry(id.publisher).or_insert(0);
-    *e = (*e).max(id.seq);
-}
-
 /// What a sync's start compares between the master and a mirror: the
 /// queue's digest and the seq its next message takes. The digest of an
 /// empty queue is the same whatever its counters, and a mirror whose seqs
@@ -2373,7 +2356,7 @@ mod tests {
             Settings::default(),
             memory(),
             bq,
-            Some(HeldPublishes::new()),
+            HeldPublishes::new(),
             record("a", 2),
         );
         r.handle_view(alone(me));
@@ -2431,7 +2414,7 @@ mod tests {
             Settings::default(),
             memory(),
             bq,
-            Some(HeldPublishes::new()),
+            HeldPublishes::new(),
             record("a", 2),
         )
     }
@@ -2546,7 +2529,7 @@ mod tests {
             Settings::default(),
             memory(),
             bq,
-            Some(held),
+            held,
             record("a", 4),
         );
         next.handle_view(alone(MemberId(3)));
@@ -2564,7 +2547,7 @@ mod tests {
             Settings::default(),
             memory(),
             recovered,
-            None,
+            HeldPublishes::unknown(),
             record("a", 6),
         );
         r.handle_view(alone(MemberId(5)));
@@ -2716,11 +2699,11 @@ mod tests {
             let s = Settings::default();
             Replica::new_master("q", "a", MemberId(1), s, memory(), bq, held, record("a", 2))
         };
-        let (m, r) = synchronised_pair(recovered(None));
+        let (m, r) = synchronised_pair(recovered(HeldPublishes::unknown()));
         assert!(r.digest().is_some() && r.digest() == m.digest());
-        assert!(!r.held_known, "not known on the mirror either");
-        let (_, r) = synchronised_pair(recovered(Some(HeldPublishes::new())));
-        assert!(r.held_known);
+        assert!(!r.held.is_complete(), "not known on the mirror either");
+        let (_, r) = synchronised_pair(recovered(HeldPublishes::new()));
+        assert!(r.held.is_complete());
     }
 
     /// A mirror that holds one master's state keeps it for a new master

@@ -1,10 +1,10 @@
 //! What replicas of one queue say to each other on the queue's GM ring.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 use warren_backing_queue::{Limits, Op, SnapshotMessage};
 use warren_gm::MemberId;
+
+use crate::held::HeldPublishes;
 
 /// A publisher's identity and its per-publisher sequence number: what a
 /// confirm or nack names. A publisher's publishes reach the master in order,
@@ -20,9 +20,6 @@ pub struct PublishId {
     /// The publisher's sequence number (AMQP delivery tag of the publish).
     pub seq: u64,
 }
-
-/// Highest publish sequence number held, per publisher.
-pub type HeldPublishes = BTreeMap<u64, u64>;
 
 /// One ring payload. Every message carries the sender's epoch: the queue
 /// record's version at which the current master took over.
@@ -89,9 +86,6 @@ pub(crate) enum Body {
         limits: Limits,
         /// Publishes held at the sync point.
         held: HeldPublishes,
-        /// Whether `held` lists every publish the queue holds (not so
-        /// after a master started from a copy recovered from disk).
-        held_known: bool,
     },
     /// The sync was cancelled: its targets drop what they got.
     SyncCancel {

@@ -213,7 +213,7 @@ impl Sim {
                 self.settings,
                 factory,
                 bq,
-                Some(Default::default()),
+                warren_mirror::HeldPublishes::new(),
                 self.record.clone(),
             )
         } else {

@@ -260,6 +260,7 @@ fn after_a_power_loss_every_recovered_message_may_have_been_delivered() {
     let open = || open_default(&storage, dir);
     let (mut q, report) = open();
     assert!(!report.rebooted, "a new log recovered nothing");
+    assert!(!report.found, "a new log");
     for id in [1, 2] {
         q.publish(0, NewMessage::new(id, vec![id as u8; 10], true))
             .expect("publish");
@@ -276,6 +277,7 @@ fn after_a_power_loss_every_recovered_message_may_have_been_delivered() {
     // Same boot: the synced mark says which one was delivered.
     let (mut q, report) = open();
     assert!(!report.rebooted);
+    assert!(report.found, "a log opened again");
     let got = drain(&mut q, 0);
     assert_eq!(
         got.iter()

@@ -18,7 +18,9 @@ use warren_backing_queue::{
     BackingQueue, Delivery, DeliveryTag, Dropped, Stats, SyncJob, UnsyncedHook,
 };
 use warren_gm::{MemberId, RingEvent, View};
-use warren_mirror::{Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status};
+use warren_mirror::{
+    HeldPublishes, Output, PublishId, QueueFactory, RecordView, Replica, Role, Settings, Status,
+};
 
 use super::link::Elsewhere;
 use super::{Broker, ConnId, IdMap, Unacked, Waker, confirm_one};
@@ -524,7 +526,7 @@ impl Broker {
                 settings,
                 factory,
                 bq,
-                q.kept_held.take(),
+                std::mem::take(&mut q.kept_held),
                 start.record,
             )
         } else {
@@ -623,9 +625,9 @@ impl Broker {
         // What the kept copy holds goes with it; a fresh store holds
         // nothing; a log left on a failed disk, not known.
         q.kept_held = match (&bq, end) {
-            (Some(_), _) => Some(held),
-            (None, ReplicaEnd::Failed) => None,
-            (None, _) => Some(Default::default()),
+            (Some(_), _) => held,
+            (None, ReplicaEnd::Failed) => HeldPublishes::unknown(),
+            (None, _) => HeldPublishes::new(),
         };
         q.store = match bq {
             Some(bq) => Store::Local(bq),
@@ -679,7 +681,7 @@ impl Broker {
         }
         let hook = unsynced.hook(vhost, &q.name, q.uid);
         q.store = Store::Local(bq);
-        q.kept_held = None;
+        q.kept_held = HeldPublishes::unknown();
         q.store.on_unsynced(hook);
         if serve {
             q.handed_over = false;
@@ -1129,7 +1131,7 @@ impl Broker {
                         }
                     }
                     Output::Promoted { epoch, held } => {
-                        tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.len(), "promoted to queue master");
+                        tracing::info!(%vhost, queue = %qname, view = epoch, publishers = held.publishers(), "promoted to queue master");
                         want_sync = true;
                         promoted = true;
                         // x-expires counts from the takeover, once other

@@ -208,7 +208,7 @@ impl Broker {
         }
         tracing::error!(%vhost, queue = %name, "the queue's log failed: its unconfirmed publishes are nacked, and it is held until its log opens again");
         q.store = Store::Local(BackingQueue::in_memory(q.queue_config()));
-        q.kept_held = None;
+        q.kept_held = warren_mirror::HeldPublishes::unknown();
         q.handed_over = true;
         q.remote = Some(Elsewhere::Nowhere);
         let pending: Vec<_> = q.confirms.drain(..).collect();

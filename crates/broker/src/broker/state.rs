@@ -13,7 +13,7 @@ use warren_amqp::amq_protocol::protocol::basic;
 use warren_amqp::amq_protocol::types::FieldTable;
 use warren_amqp::{ChannelId, Connection, Publish};
 use warren_backing_queue::{DropReason, Limits, SeqId};
-use warren_mirror::{HeldPublishes, PublishId};
+use warren_mirror::{HeldPublishes, Holds, PublishId};
 
 use super::args::RejectPublish;
 use super::{ConnId, Elsewhere, Store, Waker, link, stats};
@@ -172,8 +172,9 @@ pub(super) struct Queue {
     /// The publishes its local copy holds, for a replica that starts here
     /// as master from it ([`warren_mirror::Replica::new_master`]): none
     /// for a new queue, a master's when its replica ended and its copy
-    /// stayed; `None` when not known (recovered from disk).
-    pub(super) kept_held: Option<HeldPublishes>,
+    /// stayed; [`HeldPublishes::unknown`] when not known (recovered from
+    /// disk).
+    pub(super) kept_held: HeldPublishes,
     /// In the order they were registered.
     pub(super) consumers: Vec<Consumer>,
     pub(super) rr: usize,
@@ -246,15 +247,11 @@ impl Queue {
     /// it: [`Queue::kept_held`]). False if it must be refused instead: sent
     /// again, and the store holds it already or cannot tell.
     pub(super) fn take_held(&mut self, sent: Sent) -> bool {
-        let Some(held) = &mut self.kept_held else {
-            return !sent.again();
-        };
         let id = sent.id();
-        let seen = held.entry(id.publisher).or_insert(0);
-        if sent.again() && *seen >= id.seq {
+        if sent.again() && self.kept_held.holds(id) != Holds::No {
             return false;
         }
-        *seen = (*seen).max(id.seq);
+        self.kept_held.note(id);
         true
     }
 

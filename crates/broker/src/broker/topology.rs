@@ -9,6 +9,7 @@ use warren_amqp::amq_protocol::protocol::{exchange, queue};
 use warren_amqp::amq_protocol::types::{AMQPValue, FieldTable};
 use warren_amqp::{AmqpError, ChannelId, Reply, ReplyCode};
 use warren_backing_queue::{BackingQueue, QueueConfig};
+use warren_mirror::HeldPublishes;
 use warren_policy::MasterLocator;
 
 use super::args::{
@@ -76,14 +77,14 @@ impl Broker {
         };
         // A new queue holds no publish; one opened again from a log that
         // was there, some that nothing here lists.
-        let mut kept_held = Some(Default::default());
+        let mut kept_held = HeldPublishes::new();
         let (bq, dir, spill_dir) = if opts.durable && !opts.exclusive {
             let dir = queue_dir(&self.cfg.data_dir, vhost, &name);
-            if self.cfg.storage.list(&dir).is_ok_and(|f| !f.is_empty()) {
-                kept_held = None;
-            }
             let (bq, report) =
                 BackingQueue::open_in(self.cfg.storage.clone(), &dir, qcfg, args.store_config())?;
+            if report.found {
+                kept_held = HeldPublishes::unknown();
+            }
             if let Some((file, off)) = report.truncated {
                 tracing::warn!(file = %file.display(), offset = off, "cut a torn tail off a queue log");
             }

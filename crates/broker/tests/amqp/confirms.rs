@@ -401,7 +401,9 @@ fn answers(node: &Node, publishes: Vec<LinkMsg>) -> (Vec<u64>, Vec<u64>) {
 /// took, also for a mirrored master that may start from it later; one
 /// sent again that it holds already is refused (the publisher hears it may
 /// be lost), not taken twice. Opened again from disk, the store cannot
-/// tell what it holds: a publish sent again is refused, a first one taken.
+/// tell what it holds: a publish sent again is refused, a first one taken,
+/// and from then on that publisher's are known, as a mirrored master
+/// recovered from disk knows them (`HeldPublishes`).
 #[test]
 fn a_publish_sent_again_to_a_queue_served_alone_is_taken_once() {
     let node = Node::durable();
@@ -414,6 +416,11 @@ fn a_publish_sent_again_to_a_queue_served_alone_is_taken_once() {
     node.restart();
     let after = vec![forwarded_publish(6, Some(7)), forwarded_publish(8, None)];
     assert_eq!(answers(&node, after), (vec![8], vec![6]));
+    let heard = vec![
+        forwarded_publish(9, Some(8)),
+        forwarded_publish(10, Some(10)),
+    ];
+    assert_eq!(answers(&node, heard), (vec![10], vec![9]));
     let mut c = confirming(&node);
     let got: Vec<Vec<u8>> = c.get_all(1, "d");
     assert_eq!(
@@ -422,7 +429,8 @@ fn a_publish_sent_again_to_a_queue_served_alone_is_taken_once() {
             b"m1".to_vec(),
             b"m2".to_vec(),
             b"m5".to_vec(),
-            b"m8".to_vec()
+            b"m8".to_vec(),
+            b"m10".to_vec()
         ]
     );
 }
