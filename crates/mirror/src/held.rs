@@ -17,11 +17,23 @@ use crate::wire::PublishId;
 /// recovered from disk has none ([`HeldPublishes::unknown`]): it may hold
 /// publishes of any publisher, so a publish sent again is known only for a
 /// publisher heard from since.
+///
+/// It names at most [`HELD_PUBLISHERS_MAX`] publishers: past that it forgets
+/// those it heard from least recently, and is no longer complete. Each link
+/// session and each node start brings a new publisher, and only a recent
+/// one sends a publish again; one forgotten is refused, never taken twice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldPublishes {
-    highest: BTreeMap<u64, u64>,
+    /// Per publisher: the highest seq held, and when it was noted (`clock`).
+    highest: BTreeMap<u64, (u64, u64)>,
+    /// Counts the notes, to tell the publishers heard from least recently.
+    clock: u64,
     complete: bool,
 }
+
+/// The publishers a [`HeldPublishes`] names at most; it forgets half of
+/// them at once, those heard from least recently.
+pub const HELD_PUBLISHERS_MAX: usize = 2048;
 
 /// Whether a copy holds a publish ([`HeldPublishes::holds`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +58,7 @@ impl HeldPublishes {
     pub fn new() -> Self {
         Self {
             highest: BTreeMap::new(),
+            clock: 0,
             complete: true,
         }
     }
@@ -55,6 +68,7 @@ impl HeldPublishes {
     pub fn unknown() -> Self {
         Self {
             highest: BTreeMap::new(),
+            clock: 0,
             complete: false,
         }
     }
@@ -72,7 +86,7 @@ impl HeldPublishes {
     /// Whether the copy holds publish `id`.
     pub fn holds(&self, id: PublishId) -> Holds {
         match self.highest.get(&id.publisher) {
-            Some(s) if *s >= id.seq => Holds::Yes,
+            Some((s, _)) if *s >= id.seq => Holds::Yes,
             Some(_) => Holds::No,
             None if self.complete => Holds::No,
             None => Holds::Unknown,
@@ -81,8 +95,23 @@ impl HeldPublishes {
 
     /// Notes that the copy took publish `id`.
     pub fn note(&mut self, id: PublishId) {
-        let e = self.highest.entry(id.publisher).or_insert(0);
-        *e = (*e).max(id.seq);
+        self.clock += 1;
+        let e = self.highest.entry(id.publisher).or_insert((0, 0));
+        *e = (e.0.max(id.seq), self.clock);
+        if self.highest.len() > HELD_PUBLISHERS_MAX {
+            self.forget_least_recent();
+        }
+    }
+
+    /// Forgets the half of its publishers heard from least recently.
+    fn forget_least_recent(&mut self) {
+        let mut stamps: Vec<u64> = self.highest.values().map(|(_, t)| *t).collect();
+        let keep = HELD_PUBLISHERS_MAX / 2;
+        let cut = stamps.len() - keep;
+        let (_, oldest_kept, _) = stamps.select_nth_unstable(cut);
+        let oldest_kept = *oldest_kept;
+        self.highest.retain(|_, (_, t)| *t >= oldest_kept);
+        self.complete = false;
     }
 }
 
@@ -116,5 +145,26 @@ mod tests {
         assert_eq!(h.holds(id(1, 6)), Holds::No);
         assert_eq!(h.holds(id(2, 1)), Holds::Unknown);
         assert!(!h.is_complete());
+    }
+
+    /// Past its bound it forgets the publishers heard from least recently,
+    /// and then cannot tell about them: a publish of theirs sent again is
+    /// refused rather than taken twice.
+    #[test]
+    fn it_forgets_the_publishers_heard_from_least_recently() {
+        let mut h = HeldPublishes::new();
+        for p in 0..HELD_PUBLISHERS_MAX as u64 {
+            h.note(id(p, 1));
+        }
+        h.note(id(0, 2));
+        assert!(h.is_complete());
+        h.note(id(HELD_PUBLISHERS_MAX as u64, 1));
+        assert!(!h.is_complete());
+        assert_eq!(h.publishers(), HELD_PUBLISHERS_MAX / 2);
+        assert_eq!(h.holds(id(0, 2)), Holds::Yes, "heard from lately");
+        assert_eq!(h.holds(id(HELD_PUBLISHERS_MAX as u64, 1)), Holds::Yes);
+        assert_eq!(h.holds(id(1, 1)), Holds::Unknown, "forgotten");
+        let last_kept = HELD_PUBLISHERS_MAX as u64 - 1;
+        assert_eq!(h.holds(id(last_kept, 1)), Holds::Yes);
     }
 }
