@@ -37,6 +37,13 @@ pub(crate) async fn start(
     transport: Arc<dyn Transport>,
     broker: Shared,
 ) -> anyhow::Result<()> {
+    // Before the listener: a link accepted at once feeds the broker work
+    // whose output must wake the sender.
+    let notify = Arc::new(Notify::new());
+    {
+        let n = notify.clone();
+        lock(&broker).set_link_waker(Arc::new(move || n.notify_one()));
+    }
     let mut listener = transport
         .listen(cluster.peer_addr())
         .await
@@ -78,11 +85,6 @@ pub(crate) async fn start(
                 });
             }
         });
-    }
-    let notify = Arc::new(Notify::new());
-    {
-        let n = notify.clone();
-        lock(&broker).set_link_waker(Arc::new(move || n.notify_one()));
     }
     let (reset_tx, reset_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(send(
@@ -296,6 +298,9 @@ async fn receive(
                 if stale() {
                     return;
                 }
+                if held.is_empty() {
+                    tracing::debug!(%peer, "forwarded publishes no longer held back");
+                }
                 b.link_input(&peer, msgs, now_ms());
             }
         }
@@ -388,6 +393,7 @@ async fn receive(
             }
         }
         let mut b = lock(&broker);
+        let was_holding = !held.is_empty();
         let now: Vec<LinkMsg> = msgs
             .into_iter()
             .filter_map(|m| {
@@ -399,6 +405,9 @@ async fn receive(
                 }
             })
             .collect();
+        if !was_holding && let Some(LinkMsg::Publish { queue, .. }) = held.front() {
+            tracing::debug!(%peer, %queue, "forwarded publishes held back: their queue's ring or consumers, or the link back, are behind");
+        }
         if !now.is_empty() {
             if stale() {
                 return;

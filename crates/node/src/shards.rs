@@ -606,6 +606,12 @@ struct Pipe {
 /// [`Broker::link_input`]: warren_broker::Broker::link_input
 fn start_links(shards: &Shards, names: &[String]) {
     let n = shards.all().len();
+    // Every shard's waker before any input can come.
+    let wakes: Vec<Arc<Notify>> = (0..n).map(|_| Arc::new(Notify::new())).collect();
+    for (shard, wake) in shards.all().iter().zip(&wakes) {
+        let w = wake.clone();
+        lock(shard).set_link_waker(Arc::new(move || w.notify_one()));
+    }
     let mut pipes: BTreeMap<(usize, usize), Arc<Pipe>> = BTreeMap::new();
     for from in 0..n {
         for to in (0..n).filter(|&to| to != from) {
@@ -616,11 +622,8 @@ fn start_links(shards: &Shards, names: &[String]) {
             shards.spawn(to, receive(pipe, src, src_name, dst, dst_name));
         }
     }
-    for from in 0..n {
-        let wake = Arc::new(Notify::new());
-        let w = wake.clone();
+    for (from, wake) in wakes.into_iter().enumerate() {
         let src = shards.all()[from].clone();
-        lock(&src).set_link_waker(Arc::new(move || w.notify_one()));
         let outs: BTreeMap<String, Arc<Pipe>> = (0..n)
             .filter(|&to| to != from)
             .filter_map(|to| Some((names[to].clone(), pipes.get(&(from, to))?.clone())))

@@ -748,8 +748,14 @@ impl Conn {
 }
 
 impl Broker {
-    /// Sets the waker of the shell task that carries link messages.
+    /// Sets the waker of the shell task that carries link messages, also
+    /// for the links whose input came first (a listener accepts as soon as
+    /// it is up): their output, a confirm after a group commit, would
+    /// otherwise wake nothing.
     pub fn set_link_waker(&mut self, waker: Waker) {
+        for c in self.conns.values_mut().filter(|c| c.link.is_some()) {
+            c.waker = waker.clone();
+        }
         self.links.waker = Some(waker);
     }
 

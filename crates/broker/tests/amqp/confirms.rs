@@ -396,6 +396,33 @@ fn answers(node: &Node, publishes: Vec<LinkMsg>) -> (Vec<u64>, Vec<u64>) {
     (acked, nacked)
 }
 
+/// A node's first link input can come before its shell set the link waker
+/// (the listener accepts as soon as it is up): the confirms of that link's
+/// publishes, answered after the group commit, still wake the shell, or
+/// they would wait, and their publishers with them, until something else
+/// did (chaos seed 50014: a restarted node answered no forwarded work for
+/// 15 s).
+#[test]
+fn a_link_that_came_before_the_link_waker_wakes_it() {
+    let node = Node::durable();
+    let mut c = confirming(&node);
+    c.declare_queue(1, "d", QueueOpts::durable()).unwrap();
+    node.with_broker(|b| b.link_input("n2", vec![forwarded_publish(1, None)], START_MS));
+    let woken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = woken.clone();
+    node.with_broker(|b| {
+        b.set_link_waker(std::sync::Arc::new(move || {
+            w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+    });
+    node.sync();
+    assert!(
+        woken.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the confirm woke the link shell"
+    );
+    assert_eq!(answers(&node, vec![]), (vec![1], vec![]));
+}
+
 /// A publish sent again (its origin lost the link before the confirm) to a
 /// queue this node serves alone is taken once: the store notes what it
 /// took, also for a mirrored master that may start from it later; one
