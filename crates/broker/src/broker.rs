@@ -498,8 +498,13 @@ impl Broker {
         Ok(())
     }
 
-    /// Sets the waker of the task that runs group commits.
+    /// Sets the waker of the task that runs group commits, and wakes it
+    /// at once if a commit is wanted already (work that came while the
+    /// node started): `want_sync` wakes only when a commit becomes wanted.
     pub fn set_sync_waker(&mut self, waker: Waker) {
+        if self.sync_wanted {
+            waker();
+        }
         self.sync_waker = Some(waker);
     }
 

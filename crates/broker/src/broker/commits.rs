@@ -71,8 +71,12 @@ pub struct MetaCommit {
 
 impl Broker {
     /// Sets the waker of the task that makes metadata commits
-    /// ([`take_commits`](Self::take_commits)).
+    /// ([`take_commits`](Self::take_commits)), and wakes it at once if
+    /// commits wait already.
     pub fn set_commit_waker(&mut self, waker: Waker) {
+        if self.commits.pending.values().any(|p| !p.taken) {
+            waker();
+        }
         self.commits.waker = Some(waker);
     }
 

@@ -751,10 +751,17 @@ impl Broker {
     /// Sets the waker of the shell task that carries link messages, also
     /// for the links whose input came first (a listener accepts as soon as
     /// it is up): their output, a confirm after a group commit, would
-    /// otherwise wake nothing.
+    /// otherwise wake nothing. Wakes it at once if output waits already.
     pub fn set_link_waker(&mut self, waker: Waker) {
-        for c in self.conns.values_mut().filter(|c| c.link.is_some()) {
-            c.waker = waker.clone();
+        let mut waiting = !self.links.out.is_empty();
+        for c in self.conns.values_mut() {
+            if let Some(l) = &c.link {
+                waiting |= !l.out.is_empty();
+                c.waker = waker.clone();
+            }
+        }
+        if waiting {
+            waker();
         }
         self.links.waker = Some(waker);
     }
