@@ -1,7 +1,10 @@
 //! `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues
-//! 1-4]`: a seeded fault schedule against a cluster of `warren` processes in
-//! a private network namespace under a confirmed publish / acked consume
-//! load, then a history check.
+//! 1-4] [--busy N]`: a seeded fault schedule against a cluster of `warren`
+//! processes in a private network namespace under a confirmed publish /
+//! acked consume load, then a history check. `--busy N` spins N threads
+//! beside the run, as a machine busy with other work: it widens the
+//! windows a timing fault needs (chaos seed 50014 failed 2 runs in 3 with
+//! two spinning processes beside it, none in 3 without).
 //!
 //! The run creates the network namespace `warren-chaos-<pid>` (`lo` up,
 //! deleted at the end, also on an error) and starts every node in it with
@@ -124,6 +127,8 @@ pub(crate) struct Options {
     pub(crate) nodes: usize,
     /// How many of [`QUEUES`] carry the load (1–4).
     pub(crate) queues: usize,
+    /// Threads spinning beside the run (a busy machine).
+    pub(crate) busy: usize,
 }
 
 impl Options {
@@ -140,14 +145,16 @@ impl Options {
         if self.queues != 1 {
             cmd.push_str(&format!(" --queues {}", self.queues));
         }
+        if self.busy != 0 {
+            cmd.push_str(&format!(" --busy {}", self.busy));
+        }
         cmd
     }
 }
 
 /// Runs `cargo xtask chaos …`.
 pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
-    let usage =
-        "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4]";
+    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N]";
     let mut opts = Options {
         seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -155,6 +162,7 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         duration: Duration::from_secs(60),
         nodes: 3,
         queues: 1,
+        busy: 0,
     };
     let mut args = rest.iter();
     while let Some(flag) = args.next() {
@@ -170,6 +178,7 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
                 Ok(n @ 1..=4) => opts.queues = n,
                 _ => bail!("{usage}"),
             },
+            "--busy" => opts.busy = value.parse().context(usage)?,
             _ => bail!("{usage}"),
         }
     }
@@ -178,7 +187,23 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
     println!("building warren and warrenctl (debug)…");
     let bins = Bins::build(root, &target)?;
     let work = root.join("target/chaos").join(opts.seed.to_string());
-    let report = run(opts, &bins, &work)?;
+    let spinning = Arc::new(AtomicBool::new(true));
+    let spinners: Vec<_> = (0..opts.busy)
+        .map(|_| {
+            let on = spinning.clone();
+            std::thread::spawn(move || {
+                while on.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let report = run(opts, &bins, &work);
+    spinning.store(false, Ordering::Relaxed);
+    for s in spinners {
+        let _ = s.join();
+    }
+    let report = report?;
     println!("{report}");
     if !report.pass() {
         println!("replay: {}", opts.replay());
@@ -1502,6 +1527,7 @@ mod tests {
             duration: Duration::from_secs(1),
             nodes: 3,
             queues: 1,
+            busy: 0,
         };
         // The consumer's deliveries at 1 s and 2 s, the publisher's confirms
         // at 0 s; heals at 0.5 s (the consumer moved in the 5 s after it)
@@ -1581,6 +1607,7 @@ mod tests {
             duration: Duration::from_secs(20),
             nodes: 3,
             queues: 1,
+            busy: 0,
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");
