@@ -1422,6 +1422,80 @@ fn publishes_sent_again_to_a_master_recovered_from_disk_are_refused() {
     assert_eq!(got, (1..=20).collect::<Vec<u64>>(), "each once, in order");
 }
 
+/// A publish the master refused (`x-overflow: reject-publish`, the queue
+/// full), whose nack was lost with its link, comes again after a later
+/// publish of its publisher was held, to the mirror that took over from
+/// that master: it is taken. Before, the new master took it for held (a
+/// later seq of its publisher was) and confirmed it unheld: a confirmed
+/// message lost. The mirrors learn the master's refusals with its
+/// broadcasts (`Body::Ops { refused }`).
+#[test]
+fn a_refused_publish_sent_again_to_the_next_master_is_taken() {
+    let (step, limit) = (Duration::from_millis(2), Duration::from_secs(30));
+    let mut net = Net::simulated(1, 16);
+    for n in ["n1", "n2", "n3"] {
+        net.start_now(n);
+    }
+    net.step_until("both mirrors synchronised", step, limit, |n| {
+        n.record().synchronised.len() == 2 && n.nodes["n1"].role() == Some(Role::Master)
+    });
+    // As each node's metadata replay hands its broker the policy.
+    let full = r#"{"ha-mode":"all","ha-sync-mode":"automatic","max-length":1,"overflow":"reject-publish"}"#;
+    let policy = warren_broker::meta::PolicyDef {
+        vhost: "/".into(),
+        name: "ha".into(),
+        pattern: format!("^{QUEUE}$"),
+        apply_to: "queues".into(),
+        priority: 0,
+        definition: serde_json::from_str(full).unwrap(),
+        operator: false,
+    };
+    for n in ["n1", "n2", "n3"] {
+        lock(&net.nodes[n].broker).apply_policies(std::slice::from_ref(&policy));
+    }
+    // Forwarded by a node `n9` under its identities (publisher 77).
+    let publish = |id: u64, first: Option<u64>| warren_broker::LinkMsg::Publish {
+        vhost: "/".into(),
+        queue: QUEUE.into(),
+        id,
+        publisher: 77,
+        first,
+        confirm: true,
+        meta: bytes::Bytes::new(),
+        body: bytes::Bytes::from(first.unwrap_or(id).to_string()),
+        persistent: true,
+        expiration_ms: None,
+        priority: 0,
+    };
+    let to = |net: &mut Net, node: &str, msgs| {
+        lock(&net.nodes[node].broker).link_input("n9", msgs, common::now_ms());
+        net.step(Duration::from_millis(100));
+    };
+    // 1 taken, 2 refused (full); 1 consumed, 3 taken.
+    to(&mut net, "n1", vec![publish(1, None)]);
+    to(&mut net, "n1", vec![publish(2, None)]);
+    let mut c = Client::connect(&net.nodes["n1"].broker);
+    assert_eq!(get_all(&mut net, &mut c), [1]);
+    to(&mut net, "n1", vec![publish(3, None)]);
+    net.step_until("the mirrors hold 3", step, limit, |n| {
+        n.nodes["n2"].counts().0 == 1 && n.nodes["n3"].counts().0 == 1
+    });
+    net.kill("n1");
+    net.step_until("a mirror took over", step, limit, |n| {
+        n.record().master != "n1" && n.nodes[&n.record().master].role() == Some(Role::Master)
+    });
+    let master = net.record().master;
+    let mut c = Client::connect(&net.nodes[&master].broker);
+    assert_eq!(get_all(&mut net, &mut c), [3]);
+    // 2 again, its nack lost.
+    to(&mut net, &master, vec![publish(4, Some(2))]);
+    assert_eq!(
+        get_all(&mut net, &mut c),
+        [2],
+        "taken, not confirmed unheld"
+    );
+}
+
 /// A cluster whose master `n1` holds 20 persistent publishes a client sent
 /// through `n2`, whose link to `n1` went down before their confirms came
 /// back: they wait at `n2` to be sent again.

@@ -246,6 +246,9 @@ pub enum Output {
     Dropped(Vec<Dropped>),
 }
 
+/// A broadcast's ops, its publishes and its refusals ([`Body::Ops`]).
+type OpsBatch = (Vec<Op>, Vec<PublishId>, Vec<PublishId>);
+
 #[derive(Debug)]
 struct PendingConfirm {
     /// The ring sequence number of the broadcast that carries it (0: not broadcast yet).
@@ -304,7 +307,7 @@ enum MirrorSync {
         total: u64,
         received: u64,
         bq: Box<BackingQueue>,
-        buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
+        buffered: Vec<OpsBatch>,
     },
     /// Holds the master's state (the backing queue is present) and applies its ops.
     Holding,
@@ -393,6 +396,9 @@ pub struct Replica {
     // Master.
     out_ops: Vec<Op>,
     out_pubs: Vec<PublishId>,
+    /// Publishes refused since the last broadcast (they go before
+    /// `out_pubs` in it: see [`Replica::publish_refused`]).
+    out_refused: Vec<PublishId>,
     /// Bytes of the messages published into `out_ops`.
     out_bytes: usize,
     confirms: VecDeque<PendingConfirm>,
@@ -548,6 +554,7 @@ impl Replica {
             announcing: VecDeque::new(),
             out_ops: Vec::new(),
             out_pubs: Vec::new(),
+            out_refused: Vec::new(),
             out_bytes: 0,
             confirms: VecDeque::new(),
             promotion_pending: false,
@@ -785,8 +792,40 @@ impl Replica {
     /// that took it went down, or over a new link to the same master) is
     /// not enqueued twice: it is confirmed with the first, or, if that was
     /// confirmed already (or came from an earlier master), once the ring
-    /// has everything this master sent so far.
+    /// has everything this master sent so far. A publish refused (an
+    /// error) is noted refused ([`Self::publish_refused`]).
     pub fn publish(
+        &mut self,
+        now_ms: u64,
+        id: PublishId,
+        msg: NewMessage,
+    ) -> Result<(), MirrorError> {
+        let taken = self.take_publish(now_ms, id, msg);
+        if taken.is_err() {
+            self.publish_refused(id);
+        }
+        taken
+    }
+
+    /// Notes that the master refused publish `id` (a full queue's
+    /// `x-overflow: reject-publish`, or an error of [`Self::publish`]), so
+    /// that it is not taken for held when it comes again after a later
+    /// publish of its publisher was held (its nack lost with a link); the
+    /// mirrors note it too, with the next broadcast. Nothing for a publish
+    /// it holds, nor on a mirror.
+    pub fn publish_refused(&mut self, id: PublishId) {
+        if self.role != Role::Master || self.held.holds(id) == Holds::Yes {
+            return;
+        }
+        // A broadcast lists its refusals before its publishes.
+        if !self.out_pubs.is_empty() {
+            self.flush_ops();
+        }
+        self.held.refuse(id);
+        self.out_refused.push(id);
+    }
+
+    fn take_publish(
         &mut self,
         now_ms: u64,
         id: PublishId,
@@ -1512,13 +1551,21 @@ impl Replica {
     fn flush_ops(&mut self) {
         // A publish held already (`confirm_again`) waits for a broadcast
         // even when no op comes.
-        if self.out_ops.is_empty() && self.confirms.back().is_none_or(|c| c.gm_seq != 0) {
+        if self.out_ops.is_empty()
+            && self.out_refused.is_empty()
+            && self.confirms.back().is_none_or(|c| c.gm_seq != 0)
+        {
             return;
         }
         let ops = std::mem::take(&mut self.out_ops);
         let publishes = std::mem::take(&mut self.out_pubs);
+        let refused = std::mem::take(&mut self.out_refused);
         self.out_bytes = 0;
-        self.push_msg(Body::Ops { ops, publishes });
+        self.push_msg(Body::Ops {
+            ops,
+            publishes,
+            refused,
+        });
         let seq = self.broadcasts;
         for c in self.confirms.iter_mut().rev() {
             if c.gm_seq != 0 {
@@ -1907,9 +1954,15 @@ impl Replica {
             | Body::SyncDone { .. }
             | Body::NeedSync { .. }
             | Body::Stored { .. } => {}
-            Body::Ops { ops, publishes } => match &mut self.msync {
-                MirrorSync::Holding => self.apply_ops(ops, &publishes),
-                MirrorSync::Receiving { buffered, .. } => buffered.push((ops, publishes)),
+            Body::Ops {
+                ops,
+                publishes,
+                refused,
+            } => match &mut self.msync {
+                MirrorSync::Holding => self.apply_ops(ops, &publishes, &refused),
+                MirrorSync::Receiving { buffered, .. } => {
+                    buffered.push((ops, publishes, refused));
+                }
                 MirrorSync::Idle => {}
             },
             Body::SyncedSet(members) => {
@@ -2034,7 +2087,7 @@ impl Replica {
         mut bq: BackingQueue,
         (next_seq, next_tag, limits): (SeqId, DeliveryTag, warren_backing_queue::Limits),
         held: HeldPublishes,
-        buffered: Vec<(Vec<Op>, Vec<PublishId>)>,
+        buffered: Vec<OpsBatch>,
     ) -> Result<(), MirrorError> {
         self.applied_seq = next_seq.saturating_sub(1);
         self.reported_stored = 0;
@@ -2046,13 +2099,13 @@ impl Replica {
         bq.arm_unsynced();
         self.bq = Some(bq);
         self.held = held;
-        for (ops, pubs) in buffered {
-            self.apply_ops(ops, &pubs);
+        for (ops, pubs, refused) in buffered {
+            self.apply_ops(ops, &pubs, &refused);
         }
         Ok(())
     }
 
-    fn apply_ops(&mut self, ops: Vec<Op>, publishes: &[PublishId]) {
+    fn apply_ops(&mut self, ops: Vec<Op>, publishes: &[PublishId], refused: &[PublishId]) {
         let Some(bq) = self.bq.as_mut() else { return };
         for op in ops {
             match bq.apply(op) {
@@ -2072,6 +2125,11 @@ impl Replica {
         bq.take_ops();
         let mut dropped = Vec::new();
         bq.take_dropped(&mut dropped);
+        // In the master's order: a broadcast's refusals came before its
+        // publishes.
+        for id in refused {
+            self.held.refuse(*id);
+        }
         for id in publishes {
             self.held.note(*id);
         }
@@ -2393,6 +2451,7 @@ mod tests {
         let ops = Body::Ops {
             ops: vec![Op::Purge],
             publishes: vec![],
+            refused: vec![],
         };
         r.handle_deliver(MemberId(1), &msg(3, ops.clone()));
         r.handle_deliver(MemberId(9), &msg(7, ops));
@@ -2664,6 +2723,15 @@ mod tests {
         );
         m.handle_view(both.clone());
         r.handle_view(both);
+        for _ in 0..4 {
+            relay(&mut m, &mut r);
+        }
+        (m, r)
+    }
+
+    /// Hands what each of master `m` (member 1) and mirror `r` (member 2)
+    /// broadcast to the other.
+    fn relay(m: &mut Replica, r: &mut Replica) {
         let sent = |r: &mut Replica| -> Vec<Bytes> {
             r.flush();
             r.drain_outputs()
@@ -2673,15 +2741,36 @@ mod tests {
                 })
                 .collect()
         };
-        for _ in 0..4 {
-            for b in sent(&mut m) {
-                r.handle_deliver(me, &b);
-            }
-            for b in sent(&mut r) {
-                m.handle_deliver(mirror, &b);
-            }
+        for b in sent(m) {
+            r.handle_deliver(MemberId(1), &b);
         }
-        (m, r)
+        for b in sent(r) {
+            m.handle_deliver(MemberId(2), &b);
+        }
+    }
+
+    /// A publish the master refused is not held, though a later one of its
+    /// publisher is, on the master and on its mirrors (which may take over
+    /// before the publish comes again: its nack lost with a link).
+    #[test]
+    fn a_refused_publish_is_not_held_on_the_master_nor_its_mirrors() {
+        let (mut m, mut r) = synchronised_pair(master_at_epoch_2(MemberId(1)));
+        let id = |seq| PublishId { publisher: 4, seq };
+        m.publish_refused(id(2));
+        publish_seq(&mut m, 3).unwrap();
+        m.publish_refused(id(4));
+        relay(&mut m, &mut r);
+        for held in [&m.held, &r.held] {
+            let got: Vec<Holds> = (1..=4).map(|s| held.holds(id(s))).collect();
+            assert_eq!(got, [Holds::Yes, Holds::No, Holds::Yes, Holds::No]);
+        }
+        // Refused while cut off from the majority: noted too.
+        m.set_isolated(true);
+        assert!(publish_seq(&mut m, 5).is_err());
+        assert_eq!(m.held.holds(id(5)), Holds::No);
+        m.set_isolated(false);
+        publish_seq(&mut m, 6).unwrap();
+        assert_eq!(m.held.holds(id(5)), Holds::No);
     }
 
     /// A mirror synchronised by a master that does not know everything its

@@ -50,6 +50,9 @@ pub(crate) enum Body {
         ops: Vec<Op>,
         /// The publish ids of the `Publish` ops, in order.
         publishes: Vec<PublishId>,
+        /// Publishes the master refused (`Replica::publish_refused`),
+        /// before those of `publishes`.
+        refused: Vec<PublishId>,
     },
     /// The master's synchronised members changed.
     SyncedSet(Vec<MemberId>),

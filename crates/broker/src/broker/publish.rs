@@ -214,6 +214,13 @@ impl Broker {
                     let reason = DropReason::MaxLength;
                     self.dead.extend(q.dead_letter(vhost, reason, meta, body));
                 }
+                // Sent with an identity (forwarded): noted refused, so that
+                // it is not confirmed if it comes again, its nack lost.
+                if let Some(sent) = msg.sent
+                    && q.note_refused(sent.id())
+                {
+                    self.mirror_turn(vhost, qname);
+                }
                 continue;
             }
             if matches!(q.store, Store::Local(_))

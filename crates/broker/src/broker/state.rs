@@ -255,6 +255,25 @@ impl Queue {
         true
     }
 
+    /// Notes that this queue refused publish `id` (full, with
+    /// `x-overflow: reject-publish`): in its local store's record, or its
+    /// master replica's, which tells its mirrors ([`HeldPublishes`]).
+    /// Returns whether the replica has that to broadcast.
+    pub(super) fn note_refused(&mut self, id: PublishId) -> bool {
+        match &mut self.store {
+            Store::Local(_) => {
+                if self.kept_held.holds(id) != Holds::Yes {
+                    self.kept_held.refuse(id);
+                }
+                false
+            }
+            Store::Replica(m) => {
+                m.replica.publish_refused(id);
+                true
+            }
+        }
+    }
+
     /// Notes that one of this node's consumers left it: while the queue has
     /// no master, no master hears of the cancel, so the next one is told
     /// ([`Queue::consumer_left_unseen`]).
