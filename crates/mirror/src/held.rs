@@ -149,11 +149,11 @@ impl HeldPublishes {
         }
     }
 
-    /// Notes that the copy refused publish `id` (took no copy of it). Of a
-    /// publisher an incomplete record does not name, nothing is noted: it
-    /// stays unknown.
+    /// Notes that the copy refused publish `id` (took no copy of it).
+    /// Nothing for a publish it holds (refused when it came again), nor of
+    /// a publisher an incomplete record does not name: it stays unknown.
     pub fn refuse(&mut self, id: PublishId) {
-        if !self.complete && !self.publishers.contains_key(&id.publisher) {
+        if self.holds(id) != Holds::No {
             return;
         }
         self.clock += 1;

@@ -814,7 +814,7 @@ impl Replica {
     /// mirrors note it too, with the next broadcast. Nothing for a publish
     /// it holds, nor on a mirror.
     pub fn publish_refused(&mut self, id: PublishId) {
-        if self.role != Role::Master || self.held.holds(id) == Holds::Yes {
+        if self.role != Role::Master || self.held.holds(id) != Holds::No {
             return;
         }
         // A broadcast lists its refusals before its publishes.

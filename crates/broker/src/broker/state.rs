@@ -262,9 +262,7 @@ impl Queue {
     pub(super) fn note_refused(&mut self, id: PublishId) -> bool {
         match &mut self.store {
             Store::Local(_) => {
-                if self.kept_held.holds(id) != Holds::Yes {
-                    self.kept_held.refuse(id);
-                }
+                self.kept_held.refuse(id);
                 false
             }
             Store::Replica(m) => {
