@@ -129,6 +129,10 @@ pub(crate) struct Options {
     pub(crate) queues: usize,
     /// Threads spinning beside the run (a busy machine).
     pub(crate) busy: usize,
+    /// SIGSTOP pauses of 2–10 s instead of 1–2 s: longer than the nodes'
+    /// `--net-ticktime` (3 s), so the others fail a paused node over while
+    /// it still believes itself up (a long GC pause or a frozen VM).
+    pub(crate) long_pauses: bool,
 }
 
 impl Options {
@@ -148,13 +152,16 @@ impl Options {
         if self.busy != 0 {
             cmd.push_str(&format!(" --busy {}", self.busy));
         }
+        if self.long_pauses {
+            cmd.push_str(" --long-pauses");
+        }
         cmd
     }
 }
 
 /// Runs `cargo xtask chaos …`.
 pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
-    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N]";
+    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N] [--long-pauses]";
     let mut opts = Options {
         seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -163,9 +170,14 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         nodes: 3,
         queues: 1,
         busy: 0,
+        long_pauses: false,
     };
     let mut args = rest.iter();
     while let Some(flag) = args.next() {
+        if *flag == "--long-pauses" {
+            opts.long_pauses = true;
+            continue;
+        }
         let value = args.next().context(usage)?;
         match *flag {
             "--seed" => opts.seed = value.parse().context(usage)?,
@@ -276,7 +288,13 @@ enum Fault {
 impl Fault {
     /// The next fault of the schedule and its pause, for a cluster of
     /// `nodes`, on node `i`.
-    fn draw(rng: &mut Rng, nodes: usize, i: usize) -> anyhow::Result<(Self, u64)> {
+    /// `long_pauses`: SIGSTOP for 2–10 s rather than 1–2 s.
+    fn draw(
+        rng: &mut Rng,
+        nodes: usize,
+        i: usize,
+        long_pauses: bool,
+    ) -> anyhow::Result<(Self, u64)> {
         let other = |rng: &mut Rng| -> anyhow::Result<usize> {
             let step = usize::try_from(rng.range(1, nodes as u64 - 1))?;
             Ok((i + step) % nodes)
@@ -303,6 +321,7 @@ impl Fault {
         };
         let pause = match fault {
             Self::Kill | Self::Term => rng.range(1_000, 3_000),
+            Self::Pause if long_pauses => rng.range(2_000, 10_000),
             Self::Pause => rng.range(1_000, 2_000),
             Self::Flap { .. } => 10_000,
             _ => rng.range(3_000, 10_000),
@@ -1098,7 +1117,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     loop {
         let gap = Duration::from_millis(rng.range(2_000, 4_000));
         let i = usize::try_from(rng.range(0, opts.nodes as u64 - 1))?;
-        let (fault, pause) = Fault::draw(&mut rng, opts.nodes, i)?;
+        let (fault, pause) = Fault::draw(&mut rng, opts.nodes, i, opts.long_pauses)?;
         std::thread::sleep(gap);
         if faults_start.elapsed() >= opts.duration {
             break;
@@ -1528,6 +1547,7 @@ mod tests {
             nodes: 3,
             queues: 1,
             busy: 0,
+            long_pauses: false,
         };
         // The consumer's deliveries at 1 s and 2 s, the publisher's confirms
         // at 0 s; heals at 0.5 s (the consumer moved in the 5 s after it)
@@ -1608,6 +1628,7 @@ mod tests {
             nodes: 3,
             queues: 1,
             busy: 0,
+            long_pauses: false,
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");
