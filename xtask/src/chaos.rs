@@ -133,6 +133,9 @@ pub(crate) struct Options {
     /// `--net-ticktime` (3 s), so the others fail a paused node over while
     /// it still believes itself up (a long GC pause or a frozen VM).
     pub(crate) long_pauses: bool,
+    /// Also draw slow links: the link between two nodes held to 1 Mbit/s
+    /// each way (`tc` HTB) for 3–10 s.
+    pub(crate) slow_links: bool,
 }
 
 impl Options {
@@ -155,13 +158,16 @@ impl Options {
         if self.long_pauses {
             cmd.push_str(" --long-pauses");
         }
+        if self.slow_links {
+            cmd.push_str(" --slow-links");
+        }
         cmd
     }
 }
 
 /// Runs `cargo xtask chaos …`.
 pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
-    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N] [--long-pauses]";
+    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N] [--long-pauses] [--slow-links]";
     let mut opts = Options {
         seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -171,12 +177,20 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         queues: 1,
         busy: 0,
         long_pauses: false,
+        slow_links: false,
     };
     let mut args = rest.iter();
     while let Some(flag) = args.next() {
-        if *flag == "--long-pauses" {
-            opts.long_pauses = true;
-            continue;
+        match *flag {
+            "--long-pauses" => {
+                opts.long_pauses = true;
+                continue;
+            }
+            "--slow-links" => {
+                opts.slow_links = true;
+                continue;
+            }
+            _ => {}
         }
         let value = args.next().context(usage)?;
         match *flag {
@@ -283,23 +297,24 @@ enum Fault {
         /// Seeds the cut and heal times.
         seed: u64,
     },
+    /// The link between the node and node `other` held to 1 Mbit/s each
+    /// way; healed after the pause.
+    Slow {
+        /// The other end of the slow link.
+        other: usize,
+    },
 }
 
 impl Fault {
-    /// The next fault of the schedule and its pause, for a cluster of
-    /// `nodes`, on node `i`.
-    /// `long_pauses`: SIGSTOP for 2–10 s rather than 1–2 s.
-    fn draw(
-        rng: &mut Rng,
-        nodes: usize,
-        i: usize,
-        long_pauses: bool,
-    ) -> anyhow::Result<(Self, u64)> {
+    /// The next fault of the schedule and its pause, for the cluster of
+    /// `opts`, on node `i`.
+    fn draw(rng: &mut Rng, opts: &Options, i: usize) -> anyhow::Result<(Self, u64)> {
+        let nodes = opts.nodes;
         let other = |rng: &mut Rng| -> anyhow::Result<usize> {
             let step = usize::try_from(rng.range(1, nodes as u64 - 1))?;
             Ok((i + step) % nodes)
         };
-        let fault = match rng.range(0, 8) {
+        let fault = match rng.range(0, if opts.slow_links { 9 } else { 8 }) {
             0 => Self::Kill,
             1 => Self::Term,
             2 => Self::Pause,
@@ -314,14 +329,15 @@ impl Fault {
                 other: other(rng)?,
                 one_way: true,
             },
-            _ => Self::Flap {
+            8 => Self::Flap {
                 other: other(rng)?,
                 seed: rng.next(),
             },
+            _ => Self::Slow { other: other(rng)? },
         };
         let pause = match fault {
             Self::Kill | Self::Term => rng.range(1_000, 3_000),
-            Self::Pause if long_pauses => rng.range(2_000, 10_000),
+            Self::Pause if opts.long_pauses => rng.range(2_000, 10_000),
             Self::Pause => rng.range(1_000, 2_000),
             Self::Flap { .. } => 10_000,
             _ => rng.range(3_000, 10_000),
@@ -920,6 +936,13 @@ impl Cluster<'_> {
                     self.specs[other].name, self.specs[other].ip
                 )
             }
+            Fault::Slow { other } => {
+                self.slow(i, other)?;
+                format!(
+                    "slow the link between {name} ({ip}) and {} ({}) to 1 Mbit/s each way, heal in {pause:?}",
+                    self.specs[other].name, self.specs[other].ip
+                )
+            }
         };
         self.say(&what);
         match fault {
@@ -943,8 +966,44 @@ impl Cluster<'_> {
                 self.ns.iptables(&["-F", "INPUT"])?;
                 self.say("healed (INPUT rules flushed)");
             }
+            Fault::Slow { .. } => {
+                self.ns.tc(&["qdisc", "del", "dev", "lo", "root"])?;
+                self.say("healed (the link's qdisc removed)");
+            }
         }
         Ok(what)
+    }
+
+    /// Holds the link between nodes `i` and `other` to 1 Mbit/s each way: an
+    /// HTB qdisc on the namespace's loopback whose default class is
+    /// unlimited, and one class of 1 Mbit/s per direction, chosen by the
+    /// packets' source and destination addresses (nodes bind their own
+    /// address when they dial a peer).
+    fn slow(&self, i: usize, other: usize) -> anyhow::Result<()> {
+        let tc = |args: &[&str]| self.ns.tc(args);
+        tc(&[
+            "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10", "r2q",
+            "100000",
+        ])?;
+        tc(&[
+            "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit",
+        ])?;
+        for (k, (from, to)) in [(i, other), (other, i)].into_iter().enumerate() {
+            let class = format!("1:{}", 20 + k);
+            tc(&[
+                "class", "add", "dev", "lo", "parent", "1:", "classid", &class, "htb", "rate",
+                "1mbit", "ceil", "1mbit",
+            ])?;
+            let (src, dst) = (
+                format!("{}/32", self.specs[from].ip),
+                format!("{}/32", self.specs[to].ip),
+            );
+            tc(&[
+                "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                "match", "ip", "src", &src, "match", "ip", "dst", &dst, "flowid", &class,
+            ])?;
+        }
+        Ok(())
     }
 
     /// Cuts and heals the link between nodes `i` and `other` in turn, each
@@ -1117,7 +1176,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     loop {
         let gap = Duration::from_millis(rng.range(2_000, 4_000));
         let i = usize::try_from(rng.range(0, opts.nodes as u64 - 1))?;
-        let (fault, pause) = Fault::draw(&mut rng, opts.nodes, i, opts.long_pauses)?;
+        let (fault, pause) = Fault::draw(&mut rng, &opts, i)?;
         std::thread::sleep(gap);
         if faults_start.elapsed() >= opts.duration {
             break;
@@ -1548,6 +1607,7 @@ mod tests {
             queues: 1,
             busy: 0,
             long_pauses: false,
+            slow_links: false,
         };
         // The consumer's deliveries at 1 s and 2 s, the publisher's confirms
         // at 0 s; heals at 0.5 s (the consumer moved in the 5 s after it)
@@ -1629,6 +1689,7 @@ mod tests {
             queues: 1,
             busy: 0,
             long_pauses: false,
+            slow_links: false,
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");

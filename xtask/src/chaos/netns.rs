@@ -47,6 +47,11 @@ impl Netns {
         run(self.command("iptables").args(args))
     }
 
+    /// Runs `tc ARGS` in the namespace.
+    pub(crate) fn tc(&self, args: &[&str]) -> anyhow::Result<()> {
+        run(self.command("tc").args(args))
+    }
+
     /// Runs `f` on a new thread that has entered the namespace, so that its
     /// sockets (and the threads and runtimes it builds) live there.
     pub(crate) fn run<T: Send>(
