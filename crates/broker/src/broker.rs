@@ -256,6 +256,9 @@ pub struct Broker {
     /// Queues holding publishes until they have a master again
     /// ([`parked`]).
     parked_queues: HashSet<(String, Arc<str>)>,
+    /// Queues whose publishes wait for those forwarded to their previous
+    /// master ([`parked::OldMaster`]).
+    old_master_waits: HashSet<(String, Arc<str>)>,
     /// Forwarding to and from other nodes.
     links: link::Links,
     /// Mirrored queues whose ring backlog is over the high-water mark:
@@ -356,6 +359,7 @@ impl Broker {
             next_publish: 1,
             deferred_nacks: Vec::new(),
             parked_queues: HashSet::new(),
+            old_master_waits: HashSet::new(),
             links: link::Links::default(),
             backlogged: HashSet::new(),
             failed_logs: HashMap::new(),

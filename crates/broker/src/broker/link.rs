@@ -614,6 +614,19 @@ impl Links {
         self.next_id
     }
 
+    /// The last id given ([`Self::next`]).
+    pub(super) fn last_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Whether a publish to queue `queue` forwarded to `node` with an id up
+    /// to `upto` is still waiting for its confirm.
+    pub(super) fn unsettled(&self, node: &str, vhost: &str, queue: &str, upto: u64) -> bool {
+        self.publishes.iter().any(|(id, f)| {
+            *id <= upto && &*f.node == node && &*f.queue == queue && f.vhost == vhost
+        })
+    }
+
     /// The link stream of `node`'s current session (a new one, random, for
     /// a new session).
     fn stream(&mut self, node: &str) -> u64 {
@@ -789,6 +802,7 @@ impl Broker {
         q.held_for_replica = false;
         q.stale_master = None;
         q.master_down = None;
+        let previous = q.remote.as_ref().and_then(Elsewhere::node).cloned();
         tracing::info!(%vhost, queue = %name, master = master.unwrap_or("this node"), "queue served by");
         q.remote = master.map(|m| Elsewhere::Node(Arc::from(m)));
         q.remote_figures = None;
@@ -797,6 +811,9 @@ impl Broker {
             // RabbitMQ's promoted mirror), once other nodes' consumers had
             // time to find it.
             q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
+        }
+        if let (Some(previous), Some(_)) = (previous, master) {
+            self.wait_for_old_master(vhost, name, previous);
         }
         // Publishes held for the next master go first: declares waiting
         // for its counts then count them.
@@ -1823,6 +1840,7 @@ impl Broker {
         if let Some(upto) = taken {
             self.links.send(from, LinkMsg::Taken { upto });
         }
+        self.end_old_master_waits();
         for (vhost, queue) in cancelled {
             self.after_queue_op(&vhost, &queue);
         }
@@ -2427,6 +2445,7 @@ impl Broker {
             if down {
                 b.hold_for_master_down(node);
             }
+            b.end_old_master_waits();
             // To the next master, if there is one already (or to `node`
             // over its new session, after a reset).
             for (vhost, queue) in again {

@@ -20,6 +20,14 @@
 //! [`RESEND_WAIT_MS`](super::link::RESEND_WAIT_MS) after its client
 //! published it if no master takes the queue by then.
 //!
+//! And when a mirrored queue's master moves from one node to another while
+//! publishes forwarded to the old one are not yet confirmed: the old
+//! master's node holds them too, and sends them on to the new master
+//! itself. Publishes that come meanwhile are held here ([`OldMaster`])
+//! until the old master's node settled those, at most
+//! [`RESEND_WAIT_MS`](super::link::RESEND_WAIT_MS): sent straight to the
+//! new master they would reach it first, out of their channel's order.
+//!
 //! Other work on such a queue waits likewise, in `link.rs`: a declare for
 //! the next master's counts (`hold_count`), a get for the next master
 //! (`link_get` with no node, sent on by `redirect_gets`), both after the
@@ -40,6 +48,19 @@ pub(super) const PARK_LIMIT_MS: u64 = 10_000;
 /// The most message bytes one queue holds while it has no master; a
 /// publish past it is nacked at once.
 pub(super) const PARK_MAX_BYTES: usize = 64 << 20;
+
+/// A mirrored queue's previous master, whose node still holds publishes
+/// forwarded to it before the master moved (see the module doc).
+#[derive(Debug)]
+pub(super) struct OldMaster {
+    /// The previous master's node.
+    node: Arc<str>,
+    /// The last link id given before the move: publishes forwarded there up
+    /// to it came first.
+    upto: u64,
+    /// When (ms) publishes stop waiting for them.
+    until_ms: u64,
+}
 
 /// One held publish.
 #[derive(Debug)]
@@ -94,6 +115,9 @@ impl Queue {
     /// Whether a publish to it can go on now: to its master's node, or into
     /// this node's store (a master replica that is not draining).
     pub(super) fn takes_publishes(&self) -> bool {
+        if self.old_master.is_some() {
+            return false;
+        }
         match &self.remote {
             Some(Elsewhere::Nowhere) => false,
             Some(Elsewhere::Node(n)) => !self.master_is_stale(n),
@@ -176,10 +200,69 @@ impl Broker {
         self.parked_queues.insert((vhost.to_owned(), name.clone()));
     }
 
+    /// Queue `name`'s master moved from node `previous`: if publishes
+    /// forwarded there are not yet settled, the next ones wait for them
+    /// (see the module doc).
+    pub(super) fn wait_for_old_master(&mut self, vhost: &str, name: &str, previous: Arc<str>) {
+        let upto = self.links.last_id();
+        if !self.links.unsettled(&previous, vhost, name, upto) {
+            return;
+        }
+        let until_ms = self.now + super::link::RESEND_WAIT_MS;
+        let Some(q) = self.queue_mut(vhost, name) else {
+            return;
+        };
+        tracing::debug!(%vhost, queue = %name, previous = %previous, "publishes wait for those forwarded to the previous master");
+        q.old_master = Some(OldMaster {
+            node: previous,
+            upto,
+            until_ms,
+        });
+        let name = q.name.clone();
+        self.old_master_waits.insert((vhost.to_owned(), name));
+    }
+
+    /// Ends the waits for old masters whose forwarded publishes are
+    /// settled (or that waited long enough), sending on what they held.
+    pub(super) fn end_old_master_waits(&mut self) {
+        if self.old_master_waits.is_empty() {
+            return;
+        }
+        let queues: Vec<(String, Arc<str>)> = self.old_master_waits.iter().cloned().collect();
+        for (vhost, name) in queues {
+            if !self.old_master_pending(&vhost, &name) {
+                self.unpark(&vhost, &name);
+            }
+        }
+    }
+
+    /// Whether queue `name` still waits for its old master's publishes;
+    /// clears the wait if not.
+    fn old_master_pending(&mut self, vhost: &str, name: &str) -> bool {
+        let now = self.now;
+        let pending = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(name))
+            .and_then(|q| q.old_master.as_ref())
+            .is_some_and(|o| {
+                now < o.until_ms && self.links.unsettled(&o.node, vhost, name, o.upto)
+            });
+        if !pending {
+            if let Some(q) = self.queue_mut(vhost, name) {
+                q.old_master = None;
+            }
+            self.old_master_waits
+                .retain(|(v, n)| !(v == vhost && &**n == name));
+        }
+        pending
+    }
+
     /// Sends queue `name`'s held publishes on if it is served again;
     /// otherwise nacks those held for longer than [`PARK_LIMIT_MS`].
     pub(super) fn unpark(&mut self, vhost: &str, name: &str) {
         let now = self.now;
+        self.old_master_pending(vhost, name);
         let Some(q) = self.queue_mut(vhost, name) else {
             self.parked_queues
                 .retain(|(v, n)| !(v == vhost && &**n == name));

@@ -200,6 +200,9 @@ pub(super) struct Queue {
     /// a new master is named or the link is back first
     /// (`Broker::hold_for_master_down`).
     pub(super) master_down: Option<(Arc<str>, u64)>,
+    /// The queue's previous master, while publishes forwarded to it before
+    /// the master moved are not yet settled ([`super::parked::OldMaster`]).
+    pub(super) old_master: Option<super::parked::OldMaster>,
     pub(super) dlx: Option<String>,
     pub(super) dlrk: Option<String>,
     pub(super) expires_ms: Option<u64>,

@@ -120,6 +120,7 @@ impl Broker {
             consumer_left_unseen: false,
             stale_master: None,
             master_down: None,
+            old_master: None,
             dlx: args.dlx,
             dlrk: args.dlrk,
             expires_ms: args.expires_ms,

@@ -396,6 +396,60 @@ fn publishes_held_for_a_master_that_went_down_go_to_it_when_its_link_is_back_or_
     assert_eq!(forwarded_to(&node), []);
 }
 
+/// A mirrored queue's master moves from n2 to n3 while publishes forwarded
+/// to n2 are not yet confirmed: n2 holds them and sends them on to n3
+/// itself. A publish made meanwhile waits here until n2 settled them, so
+/// that it reaches n3 after them, in its channel's order; it waits
+/// `RESEND_WAIT_MS` (3 s) at most. Before, it went straight to n3 and came
+/// first (chaos seed 53005, `--long-pauses --slow-links`: a publisher's
+/// first messages after a failover delivered after later ones, not
+/// flagged redelivered).
+#[test]
+fn a_publish_after_its_queues_master_moved_waits_for_those_forwarded_to_the_old_one() {
+    let (node, mut c, first) = publishing_to_a_mirrored_queue_on_n2();
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n3")));
+    c.publish(1, "", "ha.q", Message::persistent("c"));
+    assert_eq!(forwarded_to(&node), [], "held behind a and b");
+    let settle = |msg: LinkMsg, at: u64| node.with_broker(|b| b.link_input("n2", vec![msg], at));
+    settle(
+        LinkMsg::Confirmed {
+            ids: vec![first[0].1],
+        },
+        START_MS + 100,
+    );
+    assert_eq!(forwarded_to(&node), [], "b still out");
+    settle(
+        LinkMsg::Nacked {
+            ids: vec![first[1].1],
+        },
+        START_MS + 200,
+    );
+    let sent = forwarded_to(&node);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        (sent[0].0.as_str(), sent[0].3.as_slice()),
+        ("n3", &b"c"[..])
+    );
+    c.pump();
+    let got: Vec<(&str, u64)> = confirms(&mut c).iter().map(|x| (x.0, x.1)).collect();
+    assert_eq!(got, [("ack", 1), ("nack", 2)]);
+
+    // n2 never answers: the publish goes on after 3 s.
+    let (node, _c, _) = publishing_to_a_mirrored_queue_on_n2();
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n3")));
+    let mut c = confirming(&node);
+    c.publish(1, "", "ha.q", Message::persistent("c"));
+    node.tick(START_MS + 2_999);
+    assert_eq!(forwarded_to(&node), []);
+    node.tick(START_MS + 3_000);
+    let sent = forwarded_to(&node);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        (sent[0].0.as_str(), sent[0].3.as_slice()),
+        ("n3", &b"c"[..])
+    );
+}
+
 /// A publish forwarded by node n2 to durable queue `d`, served alone here:
 /// link id `id`, first sent as `first` (`None`: a first send).
 fn forwarded_publish(id: u64, first: Option<u64>) -> LinkMsg {
