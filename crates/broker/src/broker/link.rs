@@ -812,7 +812,7 @@ impl Broker {
             // time to find it.
             q.last_used_ms = self.now + super::TAKEOVER_GRACE_MS;
         }
-        if let (Some(previous), Some(_)) = (previous, master) {
+        if let Some(previous) = previous {
             self.wait_for_old_master(vhost, name, previous);
         }
         // Publishes held for the next master go first: declares waiting

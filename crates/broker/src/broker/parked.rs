@@ -27,6 +27,8 @@
 //! until the old master's node settled those, at most
 //! [`RESEND_WAIT_MS`](super::link::RESEND_WAIT_MS): sent straight to the
 //! new master they would reach it first, out of their channel's order.
+//! When the new master is this node, those the old master's node passes on
+//! here go in at once, ahead of what is held.
 //!
 //! Other work on such a queue waits likewise, in `link.rs`: a declare for
 //! the next master's counts (`hold_count`), a get for the next master
@@ -115,9 +117,24 @@ impl Queue {
     /// Whether a publish to it can go on now: to its master's node, or into
     /// this node's store (a master replica that is not draining).
     pub(super) fn takes_publishes(&self) -> bool {
-        if self.old_master.is_some() {
-            return false;
+        self.old_master.is_none() && self.served()
+    }
+
+    /// Whether a publish forwarded by node `from` (`None`: not forwarded,
+    /// or no confirm owed, which a forwarding link's publish without one
+    /// does not tell) goes in now, not behind publishes held here: the
+    /// queue takes publishes and holds none, or `from` is the previous
+    /// master's node passing on those that came before what is held
+    /// ([`OldMaster`]).
+    pub(super) fn takes_publishes_from(&self, from: Option<&str>) -> bool {
+        match (&self.old_master, from) {
+            (Some(o), Some(from)) if *o.node == *from => self.served(),
+            _ => self.takes_publishes() && self.parked.is_empty(),
         }
+    }
+
+    /// Whether it has a master to take publishes now, waits aside.
+    fn served(&self) -> bool {
         match &self.remote {
             Some(Elsewhere::Nowhere) => false,
             Some(Elsewhere::Node(n)) => !self.master_is_stale(n),

@@ -183,7 +183,15 @@ impl Broker {
             // Without a master (or behind publishes held for one): held,
             // in order, for the next master. A queue held because its own
             // log failed refuses them instead.
-            if (!q.takes_publishes() || !q.parked.is_empty())
+            let from = match (&q.old_master, confirm) {
+                (Some(_), Some((conn, ..))) => self
+                    .conns
+                    .get(&conn)
+                    .and_then(|c| c.link.as_ref())
+                    .map(|l| l.origin()),
+                _ => None,
+            };
+            if !q.takes_publishes_from(from)
                 && !self
                     .failed_logs
                     .contains_key(&(vhost.to_owned(), qname.clone()))

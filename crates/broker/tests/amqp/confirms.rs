@@ -450,6 +450,43 @@ fn a_publish_after_its_queues_master_moved_waits_for_those_forwarded_to_the_old_
     );
 }
 
+/// The same when the master moves to this node: n2 passes the publishes
+/// forwarded to it on to this node, and they go in at once, ahead of the
+/// one made meanwhile, which goes in once n2 settled them. Before, the
+/// later one went straight into the queue, ahead of them.
+#[test]
+fn publishes_the_old_master_passes_back_go_in_ahead_of_those_made_after_the_move() {
+    let (node, mut c, first) = publishing_to_a_mirrored_queue_on_n2();
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", None));
+    c.publish(1, "", "ha.q", Message::persistent("c"));
+    // n2 passes a and b on, under their identity (stream, id).
+    let passed: Vec<LinkMsg> = first
+        .iter()
+        .map(|f| LinkMsg::Publish {
+            vhost: "/".into(),
+            queue: "ha.q".into(),
+            id: f.2.1,
+            publisher: f.2.0,
+            first: None,
+            confirm: true,
+            meta: bytes::Bytes::new(),
+            body: bytes::Bytes::from(f.3.clone()),
+            persistent: true,
+            expiration_ms: None,
+            priority: 0,
+        })
+        .collect();
+    node.with_broker(|b| b.link_input("n2", passed, START_MS + 100));
+    let ids = first.iter().map(|f| f.1).collect();
+    node.with_broker(|b| b.link_input("n2", vec![LinkMsg::Confirmed { ids }], START_MS + 200));
+    c.pump();
+    assert_eq!(confirms(&mut c), [("ack", 3, true)]);
+    assert_eq!(
+        c.get_all(1, "ha.q"),
+        [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+    );
+}
+
 /// A publish forwarded by node n2 to durable queue `d`, served alone here:
 /// link id `id`, first sent as `first` (`None`: a first send).
 fn forwarded_publish(id: u64, first: Option<u64>) -> LinkMsg {
