@@ -257,14 +257,18 @@ impl Broker {
     /// clears the wait if not.
     fn old_master_pending(&mut self, vhost: &str, name: &str) -> bool {
         let now = self.now;
-        let pending = self
+        let wait = self
             .vhosts
             .get(vhost)
             .and_then(|v| v.queues.get(name))
-            .and_then(|q| q.old_master.as_ref())
-            .is_some_and(|o| {
-                now < o.until_ms && self.links.unsettled(&o.node, vhost, name, o.upto)
-            });
+            .map(|q| q.old_master.as_ref());
+        let pending = match wait {
+            // No wait (the common case): nothing to clear.
+            Some(None) => return false,
+            Some(Some(o)) => now < o.until_ms && self.links.unsettled(&o.node, vhost, name, o.upto),
+            // The queue is gone.
+            None => false,
+        };
         if !pending {
             if let Some(q) = self.queue_mut(vhost, name) {
                 q.old_master = None;
