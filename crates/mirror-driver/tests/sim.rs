@@ -1460,7 +1460,6 @@ fn a_refused_publish_sent_again_to_the_next_master_is_taken() {
         id,
         publisher: 77,
         first,
-        confirm: true,
         meta: bytes::Bytes::new(),
         body: bytes::Bytes::from(first.unwrap_or(id).to_string()),
         persistent: true,

@@ -63,6 +63,22 @@ fn link_pending(
         .map(|ch| &mut ch.confirm_pending)
 }
 
+/// Queues the confirm (`ack`) or nack of forwarded publish `id` on `out`:
+/// with the ids of the message before it if that is of the same kind, so
+/// that a batch of publishes is settled by one message (every forwarded
+/// publish is, `Forwarded`).
+fn push_settled(out: &mut Vec<LinkMsg>, ack: bool, id: u64) {
+    match out.last_mut() {
+        Some(LinkMsg::Confirmed { ids }) if ack => ids.push(id),
+        Some(LinkMsg::Nacked { ids }) if !ack => ids.push(id),
+        _ => out.push(if ack {
+            LinkMsg::Confirmed { ids: vec![id] }
+        } else {
+            LinkMsg::Nacked { ids: vec![id] }
+        }),
+    }
+}
+
 /// A forwarded get's message: the master's tag, redelivered, meta, body,
 /// messages left.
 pub type GetReplyMsg = (u64, bool, Bytes, Bytes, u32);
@@ -118,8 +134,6 @@ pub enum LinkMsg {
         /// node goes down before confirming it is sent again under the same
         /// identity.
         first: Option<u64>,
-        /// Whether the origin's client wants a confirm.
-        confirm: bool,
         /// Exchange, routing key and properties, encoded.
         meta: Bytes,
         /// The body.
@@ -494,7 +508,7 @@ pub(crate) struct Links {
     /// Messages handed to the shell for each node ([`Broker::take_link_out`])
     /// and not yet written or given up ([`Broker::link_sent`]).
     unsent: HashMap<String, usize>,
-    /// Forwarded publishes awaiting a confirm, by id.
+    /// Forwarded publishes awaiting their master's confirm, by id.
     publishes: IdMap<u64, Forwarded>,
     /// The link stream of each node's current link session: a publish's
     /// identity in a mirrored queue is its stream and id
@@ -526,17 +540,21 @@ pub(crate) struct Links {
     waker: Option<Waker>,
 }
 
-/// A publish forwarded to a queue's master and not yet confirmed: whose
-/// confirm it owes, and what to send again if the master's node goes down
-/// first (`Broker::drop_origin_state`).
+/// A publish forwarded to a queue's master and not yet confirmed by it:
+/// whose confirm it owes, and what to send again if the master's node goes
+/// down first (`Broker::drop_origin_state`). Every forwarded publish is one,
+/// with a confirm or not: the master confirms each to the origin, so that
+/// the origin knows which reached the queue (a publish without one is sent
+/// again like the others, and those after it wait for it when the master
+/// moves, `parked::OldMaster`), as RabbitMQ's channels give every publish
+/// to the queue's mirrors too.
 #[derive(Debug)]
 pub(super) struct Forwarded {
     /// The master's node.
     node: Arc<str>,
-    conn: ConnId,
-    channel: ChannelId,
-    /// The client's publish sequence number.
-    seq: u64,
+    /// The client's confirm (connection, channel, publish sequence
+    /// number), if it asked for one.
+    owed: Option<(ConnId, ChannelId, u64)>,
     /// Its identity in the queue's replicas ([`LinkMsg::Publish`]).
     identity: PublishId,
     vhost: String,
@@ -596,6 +614,15 @@ impl Links {
     }
     pub(super) fn send(&mut self, node: &str, msg: LinkMsg) {
         self.out.entry(node.to_owned()).or_default().push(msg);
+        if let Some(w) = &self.waker {
+            w();
+        }
+    }
+
+    /// Tells `node` that its forwarded publish `id` is confirmed (`ack`) or
+    /// nacked.
+    pub(super) fn settle(&mut self, node: &str, ack: bool, id: u64) {
+        push_settled(self.out.entry(node.to_owned()).or_default(), ack, id);
         if let Some(w) = &self.waker {
             w();
         }
@@ -749,12 +776,7 @@ impl Conn {
         let Some(l) = &mut self.link else {
             return false;
         };
-        let ids = vec![id];
-        l.out.push(if ack {
-            LinkMsg::Confirmed { ids }
-        } else {
-            LinkMsg::Nacked { ids }
-        });
+        push_settled(&mut l.out, ack, id);
         (self.waker)();
         true
     }
@@ -993,30 +1015,25 @@ impl Broker {
             Some(Sent::Again { since_ms, .. }) => since_ms,
             _ => self.now,
         };
-        if let Some((conn, channel, seq)) = confirm {
-            let f = Forwarded {
-                node: node.clone(),
-                conn,
-                channel,
-                seq,
-                identity,
-                vhost: vhost.to_owned(),
-                queue: queue.clone(),
-                msg: Msg {
-                    sent: None,
-                    ..msg.clone()
-                },
-                since_ms,
-            };
-            self.links.publishes.insert(id, f);
-        }
+        let f = Forwarded {
+            node: node.clone(),
+            owed: confirm,
+            identity,
+            vhost: vhost.to_owned(),
+            queue: queue.clone(),
+            msg: Msg {
+                sent: None,
+                ..msg.clone()
+            },
+            since_ms,
+        };
+        self.links.publishes.insert(id, f);
         let m = LinkMsg::Publish {
             vhost: vhost.to_owned(),
             queue: queue.to_string(),
             id,
             publisher: identity.publisher,
             first: (identity.seq != id).then_some(identity.seq),
-            confirm: confirm.is_some(),
             meta: msg.meta.clone(),
             body: msg.body.clone(),
             persistent: msg.persistent,
@@ -1936,7 +1953,6 @@ impl Broker {
                 id,
                 publisher,
                 first,
-                confirm,
                 meta,
                 body,
                 persistent,
@@ -1944,7 +1960,7 @@ impl Broker {
                 priority,
             } => {
                 let Some(pc) = self.link_conn(from, &vhost) else {
-                    self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
+                    self.links.settle(from, false, id);
                     return;
                 };
                 let target: Vec<Arc<str>> = self
@@ -1958,9 +1974,7 @@ impl Broker {
                     // Not (or no longer, or not yet) a queue here: the
                     // publisher hears it may be lost and resends, rather
                     // than a confirm for a message nobody holds.
-                    if confirm {
-                        self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
-                    }
+                    self.links.settle(from, false, id);
                     return;
                 }
                 let msg = Msg {
@@ -1978,19 +1992,17 @@ impl Broker {
                     }),
                 };
                 self.note_stale_master(from, &vhost, &queue);
-                let owed = confirm.then_some((pc, LINK_CHANNEL, id));
+                let owed = Some((pc, LINK_CHANNEL, id));
                 // Counted before the enqueue, so that a confirm it makes
                 // at once (a publish its replica held already, sent again)
                 // counts too.
-                if confirm && let Some(p) = link_pending(&mut self.conns, pc) {
+                if let Some(p) = link_pending(&mut self.conns, pc) {
                     p.insert(id, PROVISIONAL);
                 }
                 let enqueued = self.enqueue(&vhost, &target, &msg, owed);
                 let left = link_pending(&mut self.conns, pc).and_then(|p| p.remove(&id));
                 let Ok(pending) = enqueued else {
-                    if confirm {
-                        self.links.send(from, LinkMsg::Nacked { ids: vec![id] });
-                    }
+                    self.links.settle(from, false, id);
                     self.deferred_nacks.clear();
                     return;
                 };
@@ -1998,7 +2010,7 @@ impl Broker {
                 if let Some(left) = left {
                     let pending = pending.saturating_sub(PROVISIONAL - left);
                     if pending == 0 {
-                        self.links.send(from, LinkMsg::Confirmed { ids: vec![id] });
+                        self.links.settle(from, true, id);
                     } else if let Some(p) = link_pending(&mut self.conns, pc) {
                         p.insert(id, pending);
                     }
@@ -2171,8 +2183,10 @@ impl Broker {
             // node was taken for down) still counts: the first has it.
             LinkMsg::Confirmed { ids } => {
                 for id in ids {
-                    if let Some(f) = self.links.publishes.remove(&id) {
-                        confirm_one(&mut self.conns, f.conn, f.channel, f.seq);
+                    if let Some((conn, ch, seq)) =
+                        self.links.publishes.remove(&id).and_then(|f| f.owed)
+                    {
+                        confirm_one(&mut self.conns, conn, ch, seq);
                     }
                 }
             }
@@ -2183,9 +2197,10 @@ impl Broker {
                         .publishes
                         .get(&id)
                         .is_some_and(|f| &*f.node == from)
-                        && let Some(f) = self.links.publishes.remove(&id)
+                        && let Some((conn, ch, seq)) =
+                            self.links.publishes.remove(&id).and_then(|f| f.owed)
                     {
-                        nack_one(&mut self.conns, f.conn, f.channel, f.seq);
+                        nack_one(&mut self.conns, conn, ch, seq);
                     }
                 }
             }
@@ -2538,8 +2553,8 @@ impl Broker {
             };
             if self.may_send_again(&f) {
                 again.push((id, f));
-            } else {
-                nack_one(&mut self.conns, f.conn, f.channel, f.seq);
+            } else if let Some((conn, ch, seq)) = f.owed {
+                nack_one(&mut self.conns, conn, ch, seq);
             }
         }
         // Per queue, in the order they were sent.
@@ -2562,7 +2577,7 @@ impl Broker {
                     }),
                     ..f.msg
                 };
-                (msg, (f.conn, f.channel, f.seq), f.since_ms + RESEND_WAIT_MS)
+                (msg, f.owed, f.since_ms + RESEND_WAIT_MS)
             });
             self.park_first(&vhost, &queue, sent);
             queues.push((vhost, queue));

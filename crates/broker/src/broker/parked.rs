@@ -120,9 +120,8 @@ impl Queue {
         self.old_master.is_none() && self.served()
     }
 
-    /// Whether a publish forwarded by node `from` (`None`: not forwarded,
-    /// or no confirm owed, which a forwarding link's publish without one
-    /// does not tell) goes in now, not behind publishes held here: the
+    /// Whether a publish forwarded by node `from` (`None`: not forwarded)
+    /// goes in now, not behind publishes held here: the
     /// queue takes publishes and holds none, or `from` is the previous
     /// master's node passing on those that came before what is held
     /// ([`OldMaster`]).
@@ -201,7 +200,7 @@ impl Broker {
         &mut self,
         vhost: &str,
         name: &Arc<str>,
-        sent: impl DoubleEndedIterator<Item = (Msg, (ConnId, ChannelId, u64), u64)>,
+        sent: impl DoubleEndedIterator<Item = (Msg, Option<(ConnId, ChannelId, u64)>, u64)>,
     ) {
         let Some(q) = self.queue_mut(vhost, name) else {
             return;
@@ -210,7 +209,7 @@ impl Broker {
             q.parked.bytes += msg.meta.len() + msg.body.len();
             q.parked.held.push_front(Held {
                 msg,
-                confirm: Some(confirm),
+                confirm,
                 deadline_ms,
             });
         }

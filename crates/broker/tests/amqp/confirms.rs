@@ -309,8 +309,15 @@ fn forwarded_to(node: &Node) -> Vec<Sent> {
 /// A confirming client of queue `ha.q`, mirrored by policy (`ha-mode:
 /// all`), whose master is on node n2; `a` and `b` published and forwarded.
 fn publishing_to_a_mirrored_queue_on_n2() -> (Node, Client, Vec<Sent>) {
+    publishing_to_a_mirrored_queue_on_n2_as(confirming)
+}
+
+/// The same with a client opened by `client`.
+fn publishing_to_a_mirrored_queue_on_n2_as(
+    client: fn(&Node) -> Client,
+) -> (Node, Client, Vec<Sent>) {
     let node = Node::new();
-    let mut c = confirming(&node);
+    let mut c = client(&node);
     node.with_broker(|b| {
         b.apply_policies(&[warren_broker::meta::PolicyDef {
             vhost: "/".into(),
@@ -329,6 +336,21 @@ fn publishing_to_a_mirrored_queue_on_n2() -> (Node, Client, Vec<Sent>) {
     let first = forwarded_to(&node);
     assert_eq!(first.len(), 2);
     (node, c, first)
+}
+
+/// Names n3 the master of `ha.q`, whose master's node n2 went down after
+/// `first` (a, b) were forwarded to it and before c was published: all
+/// three go to n3 in order, a and b under their first identity (stream and
+/// id). Returns them.
+fn sent_again_to_n3(node: &Node, first: &[Sent]) -> Vec<Sent> {
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n3")));
+    let again = forwarded_to(node);
+    let bodies: Vec<&[u8]> = again.iter().map(|f| f.3.as_slice()).collect();
+    assert_eq!(bodies, [b"a", b"b", b"c"], "in order: {again:?}");
+    assert!(again.iter().all(|f| f.0 == "n3"));
+    let ids = |v: &[Sent]| -> Vec<(u64, u64)> { v.iter().map(|f| f.2).collect() };
+    assert_eq!(ids(&again[..2]), ids(first), "under their first identity");
+    again
 }
 
 /// Publishes forwarded to a mirrored queue's master whose node goes down
@@ -352,14 +374,7 @@ fn publishes_forwarded_to_a_master_that_goes_down_are_sent_again_to_the_next() {
     );
     node.tick(START_MS + 1_000);
     assert_eq!(confirms(&mut c), []);
-    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n3")));
-    let again = forwarded_to(&node);
-    let bodies: Vec<&[u8]> = again.iter().map(|f| f.3.as_slice()).collect();
-    assert_eq!(bodies, [b"a", b"b", b"c"], "in order: {again:?}");
-    assert!(again.iter().all(|f| f.0 == "n3"));
-    // The first two under their first identity (stream and id).
-    let ids = |v: &[Sent]| -> Vec<(u64, u64)> { v.iter().map(|f| f.2).collect() };
-    assert_eq!(ids(&again[..2]), ids(&first));
+    let again = sent_again_to_n3(&node, &first);
     assert_ne!(
         again[2].2.0, first[0].2.0,
         "a new link session, a new stream"
@@ -450,6 +465,53 @@ fn a_publish_after_its_queues_master_moved_waits_for_those_forwarded_to_the_old_
     );
 }
 
+/// A client that publishes without confirms, on channel 1.
+fn not_confirming(node: &Node) -> Client {
+    let mut c = node.connect();
+    c.open_channel(1);
+    c
+}
+
+/// Publishes made without confirm mode keep their channel's order across
+/// a master's move too, as RabbitMQ's do (its channels give them to the
+/// queue's mirrors as well): n2 confirms to this node every publish
+/// forwarded to it, asked or not, so the publish made after the move waits
+/// here until n2 settled those before it. Before, this node kept no record
+/// of them, and the later one went straight to n3, ahead of them.
+#[test]
+fn an_unconfirmed_publish_after_its_queues_master_moved_waits_for_those_forwarded_to_the_old_one() {
+    let (node, mut c, first) = publishing_to_a_mirrored_queue_on_n2_as(not_confirming);
+    node.with_broker(|b| b.set_queue_master("/", "ha.q", Some("n3")));
+    c.publish(1, "", "ha.q", Message::persistent("c"));
+    assert_eq!(forwarded_to(&node), [], "held behind a and b");
+    let ids = first.iter().map(|f| f.1).collect();
+    node.with_broker(|b| b.link_input("n2", vec![LinkMsg::Confirmed { ids }], START_MS + 100));
+    let sent = forwarded_to(&node);
+    let to: Vec<(&str, &[u8])> = sent.iter().map(|f| (f.0.as_str(), &f.3[..])).collect();
+    assert_eq!(to, [("n3", &b"c"[..])]);
+    c.pump();
+    assert_eq!(
+        confirms(&mut c),
+        [],
+        "no confirm to a client that asked none"
+    );
+}
+
+/// Unconfirmed publishes forwarded to a mirrored queue's master whose node
+/// goes down before it confirmed them to this node are sent again to the
+/// next master, ahead of the one made meanwhile, like confirmed ones: on
+/// RabbitMQ the queue's mirrors hold them. Before, they were lost.
+#[test]
+fn unconfirmed_publishes_forwarded_to_a_master_that_goes_down_are_sent_again_to_the_next() {
+    let (node, mut c, first) = publishing_to_a_mirrored_queue_on_n2_as(not_confirming);
+    node.with_broker(|b| b.link_down("n2", START_MS + 10));
+    c.publish(1, "", "ha.q", Message::persistent("c"));
+    assert_eq!(forwarded_to(&node), []);
+    sent_again_to_n3(&node, &first);
+    c.pump();
+    assert_eq!(confirms(&mut c), []);
+}
+
 /// The same when the master moves to this node: n2 passes the publishes
 /// forwarded to it on to this node, and they go in at once, ahead of the
 /// one made meanwhile, which goes in once n2 settled them. Before, the
@@ -468,7 +530,6 @@ fn publishes_the_old_master_passes_back_go_in_ahead_of_those_made_after_the_move
             id: f.2.1,
             publisher: f.2.0,
             first: None,
-            confirm: true,
             meta: bytes::Bytes::new(),
             body: bytes::Bytes::from(f.3.clone()),
             persistent: true,
@@ -496,7 +557,6 @@ fn forwarded_publish(id: u64, first: Option<u64>) -> LinkMsg {
         id,
         publisher: 1,
         first,
-        confirm: true,
         meta: bytes::Bytes::new(),
         body: bytes::Bytes::from(format!("m{}", first.unwrap_or(id))),
         persistent: true,

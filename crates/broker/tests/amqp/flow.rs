@@ -234,7 +234,9 @@ fn publishes_not_yet_taken_in_hold_their_publishers_back() {
 }
 
 /// A master says, after each batch of link input with publishes in it,
-/// the id of the last one it took in, whether it enqueued it or refused it.
+/// the id of the last one it took in, whether it enqueued it or refused it;
+/// before that, which it confirmed and which it refused, one message for
+/// each run of either.
 #[test]
 fn a_master_says_up_to_which_publish_it_took_in() {
     let (node, mut client) = Node::session();
@@ -245,7 +247,6 @@ fn a_master_says_up_to_which_publish_it_took_in() {
         id,
         publisher: 1,
         first: None,
-        confirm: false,
         meta: bytes::Bytes::new(),
         body: bytes::Bytes::from("m"),
         persistent: false,
@@ -261,7 +262,14 @@ fn a_master_says_up_to_which_publish_it_took_in() {
         .flat_map(|(_, m)| m)
         .collect();
     assert!(
-        matches!(&to_n2[..], [LinkMsg::Taken { upto: 9 }]),
+        matches!(
+            &to_n2[..],
+            [
+                LinkMsg::Confirmed { ids: confirmed },
+                LinkMsg::Nacked { ids: nacked },
+                LinkMsg::Taken { upto: 9 },
+            ] if confirmed == &[7, 8] && nacked == &[9]
+        ),
         "{to_n2:?}"
     );
     // A batch without publishes says nothing.
