@@ -1324,16 +1324,29 @@ def cancel_on_failover(ctx):
     return {"cancelled": cancelled}
 
 
-def publishing_through_failover(ctx):
-    """A publisher in confirm mode, on the node the queue is used through,
-    publishes persistent messages one at a time while the queue's master
-    fails over (in the failover placement node 1, the master, is killed
-    under it): whether any publish is nacked, and whether the queue then
-    holds each publish once."""
-    q = ctx.queue()
-    ctx.declare(q, fail_over=False)
+def publish_through_failover(ctx, q, confirm):
+    """A publisher on the node queue `q` is used through publishes numbered
+    persistent messages one at a time while the queue's master fails over
+    (in the failover placement node 1, the master, is killed under it), and
+    for a second after. In confirm mode (`confirm`) it waits for each
+    confirm; without, it publishes one every 2 ms, then turns confirm mode
+    on and publishes one more, whose confirm says the broker has all before
+    it. Returns its state (sent, acked, nacked, error, "last acked") and
+    how many it had sent before the failover."""
     url = ctx.urls[0 if ctx.placement in ("plain", "master") else 1]
-    state = {"sent": 0, "acked": 0, "nacked": 0, "error": None, "stop": False}
+    state = {"sent": 0, "acked": 0, "nacked": 0, "error": None, "stop": False,
+             "last acked": None}
+
+    def one(ch):
+        try:
+            ch.basic_publish("", q, str(state["sent"]), persistent())
+            state["acked"] += 1
+            return True
+        except pika.exceptions.NackError:
+            state["nacked"] += 1
+            return False
+        finally:
+            state["sent"] += 1
 
     def publish():
         try:
@@ -1343,14 +1356,15 @@ def publishing_through_failover(ctx):
             return
         try:
             ch = conn.channel()
-            ch.confirm_delivery()
+            if confirm:
+                ch.confirm_delivery()
             while not state["stop"]:
-                try:
-                    ch.basic_publish("", q, f"p{state['sent']}", persistent())
-                    state["acked"] += 1
-                except pika.exceptions.NackError:
-                    state["nacked"] += 1
-                state["sent"] += 1
+                one(ch)
+                if not confirm:
+                    time.sleep(0.002)
+            if not confirm:
+                ch.confirm_delivery()
+                state["last acked"] = one(ch)
         except Exception as e:
             state["error"] = type(e).__name__
         finally:
@@ -1370,12 +1384,44 @@ def publishing_through_failover(ctx):
     time.sleep(1.0)
     state["stop"] = True
     t.join(30)
+    return state, before
+
+
+def publishing_through_failover(ctx):
+    """A publisher in confirm mode publishes through the queue's failover
+    (`publish_through_failover`): whether any publish is nacked, and
+    whether the queue then holds each publish once."""
+    q = ctx.queue()
+    ctx.declare(q, fail_over=False)
+    state, before = publish_through_failover(ctx, q, confirm=True)
     count = passive_count(ctx.use, q)
     return {
         "published before and after": before >= 50 and state["sent"] > before,
         "nacked": state["nacked"],
         "error": state["error"],
         "each held once": count == state["sent"],
+    }
+
+
+def unconfirmed_publishing_through_failover(ctx):
+    """A publisher not in confirm mode publishes through the queue's
+    failover (`publish_through_failover`): whether the queue then holds
+    each publish once, in the order sent."""
+    q = ctx.queue()
+    ctx.declare(q, fail_over=False)
+    state, before = publish_through_failover(ctx, q, confirm=False)
+    got = []
+    ch = ctx.channel(ctx.use)
+    ch.basic_qos(prefetch_count=500)
+    ch.basic_consume(q, lambda c, m, _p, body: (got.append(int(body)),
+                                                c.basic_ack(m.delivery_tag)))
+    events_until(ctx.use, lambda: len(got) >= state["sent"], seconds=10.0, then=0.3)
+    return {
+        "published before and after": before >= 50 and state["sent"] > before,
+        "error": state["error"],
+        "last acked": state["last acked"],
+        "each held once": sorted(got) == list(range(state["sent"])),
+        "in order": got == sorted(got),
     }
 
 
@@ -2167,6 +2213,7 @@ SCENARIOS = [
     prefetch_limit,
     cancel_on_failover,
     publishing_through_failover,
+    unconfirmed_publishing_through_failover,
     each_node_limits,
     exchanges_across_nodes,
     tx_ack,
