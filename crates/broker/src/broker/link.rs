@@ -641,17 +641,19 @@ impl Links {
         self.next_id
     }
 
-    /// The last id given ([`Self::next`]).
-    pub(super) fn last_id(&self) -> u64 {
-        self.next_id
+    /// The ids of the publishes to queue `queue` forwarded to `node` that
+    /// are still waiting for its confirm.
+    pub(super) fn unsettled(&self, node: &str, vhost: &str, queue: &str) -> Vec<u64> {
+        self.publishes
+            .iter()
+            .filter(|(_, f)| &*f.node == node && &*f.queue == queue && f.vhost == vhost)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
-    /// Whether a publish to queue `queue` forwarded to `node` with an id up
-    /// to `upto` is still waiting for its confirm.
-    pub(super) fn unsettled(&self, node: &str, vhost: &str, queue: &str, upto: u64) -> bool {
-        self.publishes.iter().any(|(id, f)| {
-            *id <= upto && &*f.node == node && &*f.queue == queue && f.vhost == vhost
-        })
+    /// Whether forwarded publish `id` still waits for its master's confirm.
+    pub(super) fn is_unsettled(&self, id: u64) -> bool {
+        self.publishes.contains_key(&id)
     }
 
     /// The link stream of `node`'s current session (a new one, random, for

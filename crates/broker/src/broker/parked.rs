@@ -57,9 +57,9 @@ pub(super) const PARK_MAX_BYTES: usize = 64 << 20;
 pub(super) struct OldMaster {
     /// The previous master's node.
     node: Arc<str>,
-    /// The last link id given before the move: publishes forwarded there up
-    /// to it came first.
-    upto: u64,
+    /// The link ids of the publishes forwarded there before the move and
+    /// not yet settled, which come first.
+    ids: Vec<u64>,
     /// When (ms) publishes stop waiting for them.
     until_ms: u64,
 }
@@ -220,8 +220,8 @@ impl Broker {
     /// forwarded there are not yet settled, the next ones wait for them
     /// (see the module doc).
     pub(super) fn wait_for_old_master(&mut self, vhost: &str, name: &str, previous: Arc<str>) {
-        let upto = self.links.last_id();
-        if !self.links.unsettled(&previous, vhost, name, upto) {
+        let ids = self.links.unsettled(&previous, vhost, name);
+        if ids.is_empty() {
             return;
         }
         let until_ms = self.now + super::link::RESEND_WAIT_MS;
@@ -231,7 +231,7 @@ impl Broker {
         tracing::debug!(%vhost, queue = %name, previous = %previous, "publishes wait for those forwarded to the previous master");
         q.old_master = Some(OldMaster {
             node: previous,
-            upto,
+            ids,
             until_ms,
         });
         let name = q.name.clone();
@@ -258,13 +258,17 @@ impl Broker {
         let now = self.now;
         let wait = self
             .vhosts
-            .get(vhost)
-            .and_then(|v| v.queues.get(name))
-            .map(|q| q.old_master.as_ref());
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(name))
+            .map(|q| q.old_master.as_mut());
+        let links = &self.links;
         let pending = match wait {
             // No wait (the common case): nothing to clear.
             Some(None) => return false,
-            Some(Some(o)) => now < o.until_ms && self.links.unsettled(&o.node, vhost, name, o.upto),
+            Some(Some(o)) => {
+                o.ids.retain(|id| links.is_unsettled(*id));
+                now < o.until_ms && !o.ids.is_empty()
+            }
             // The queue is gone.
             None => false,
         };
