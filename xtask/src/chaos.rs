@@ -1,10 +1,14 @@
 //! `cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues
-//! 1-4] [--busy N]`: a seeded fault schedule against a cluster of `warren`
-//! processes in a private network namespace under a confirmed publish /
-//! acked consume load, then a history check. `--busy N` spins N threads
-//! beside the run, as a machine busy with other work: it widens the
-//! windows a timing fault needs (chaos seed 50014 failed 2 runs in 3 with
-//! two spinning processes beside it, none in 3 without).
+//! 1-4] [--busy N] [--long-pauses] [--slow-links] [--unconfirmed]`: a
+//! seeded fault schedule against a cluster of `warren` processes in a
+//! private network namespace under a confirmed publish / acked consume
+//! load, then a history check. `--busy N` spins N threads beside the run,
+//! as a machine busy with other work: it widens the windows a timing fault
+//! needs (chaos seed 50014 failed 2 runs in 3 with two spinning processes
+//! beside it, none in 3 without). `--unconfirmed` has B's publishers
+//! publish without confirm mode (their messages are checked for order and
+//! repeats, not for loss); `--long-pauses` and `--slow-links` are on
+//! [`Options`].
 //!
 //! The run creates the network namespace `warren-chaos-<pid>` (`lo` up,
 //! deleted at the end, also on an error) and starts every node in it with
@@ -136,6 +140,10 @@ pub(crate) struct Options {
     /// Also draw slow links: the link between two nodes held to 1 Mbit/s
     /// each way (`tc` HTB) for 3–10 s.
     pub(crate) slow_links: bool,
+    /// B's publishers publish without confirm mode (a batch of 20 every
+    /// 50 ms): their publishes are checked for order and repeats, not for
+    /// loss, which nothing promises them.
+    pub(crate) unconfirmed: bool,
 }
 
 impl Options {
@@ -161,13 +169,16 @@ impl Options {
         if self.slow_links {
             cmd.push_str(" --slow-links");
         }
+        if self.unconfirmed {
+            cmd.push_str(" --unconfirmed");
+        }
         cmd
     }
 }
 
 /// Runs `cargo xtask chaos …`.
 pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
-    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N] [--long-pauses] [--slow-links]";
+    let usage = "usage: cargo xtask chaos [--seed S] [--duration SECS] [--nodes 3|5] [--queues 1-4] [--busy N] [--long-pauses] [--slow-links] [--unconfirmed]";
     let mut opts = Options {
         seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -178,6 +189,7 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
         busy: 0,
         long_pauses: false,
         slow_links: false,
+        unconfirmed: false,
     };
     let mut args = rest.iter();
     while let Some(flag) = args.next() {
@@ -188,6 +200,10 @@ pub(crate) fn main(root: &Path, rest: &[&str]) -> anyhow::Result<()> {
             }
             "--slow-links" => {
                 opts.slow_links = true;
+                continue;
+            }
+            "--unconfirmed" => {
+                opts.unconfirmed = true;
                 continue;
             }
             _ => {}
@@ -1158,6 +1174,7 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
                 format!("chaos-{}-{tag}", opts.seed),
                 client("publisher"),
                 load.clone(),
+                !(opts.unconfirmed && i == 1),
             )));
             clients.push(rt.spawn(consume(client("consumer"), load.clone())));
         }
@@ -1389,8 +1406,9 @@ struct Client {
 /// A publisher: batches of 20 persistent messages into its queue with
 /// unique bodies (`<prefix>-s<session>-m<n>`, a session per connection),
 /// each batch's confirms awaited (20 s at most); on a failure it connects
-/// to the next live node of its order and goes on with new bodies.
-async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
+/// to the next live node of its order and goes on with new bodies. Without
+/// `confirms` (`--unconfirmed`), a batch every 50 ms, none confirmed.
+async fn publish(prefix: String, me: Client, load: Load, confirms: bool) -> anyhow::Result<()> {
     let client = me.name.clone();
     let mut n = 0u64;
     let mut sessions = 0u64;
@@ -1399,7 +1417,9 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
         let prefix = format!("{prefix}-s{sessions}");
         let session = async {
             let ch = live(&conn, conn.create_channel()).await?;
-            live(&conn, ch.confirm_select(ConfirmSelectOptions::default())).await?;
+            if confirms {
+                live(&conn, ch.confirm_select(ConfirmSelectOptions::default())).await?;
+            }
             while !load.stop.load(Ordering::SeqCst) {
                 let mut batch = Vec::new();
                 for _ in 0..20 {
@@ -1422,6 +1442,16 @@ async fn publish(prefix: String, me: Client, load: Load) -> anyhow::Result<()> {
                     )
                     .await?;
                     batch.push((body, confirm));
+                }
+                if !confirms {
+                    // Written: the publisher moves.
+                    let now = Instant::now();
+                    (load.history.lock().expect("the history").moved)
+                        .entry(client.clone())
+                        .or_default()
+                        .push(now);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
                 let mut failed = false;
@@ -1608,6 +1638,7 @@ mod tests {
             busy: 0,
             long_pauses: false,
             slow_links: false,
+            unconfirmed: false,
         };
         // The consumer's deliveries at 1 s and 2 s, the publisher's confirms
         // at 0 s; heals at 0.5 s (the consumer moved in the 5 s after it)
@@ -1690,6 +1721,7 @@ mod tests {
             busy: 0,
             long_pauses: false,
             slow_links: false,
+            unconfirmed: false,
         };
         let report = run(opts, &bins, &root.join("target/chaos/1")).expect("the run");
         println!("{report}");
