@@ -397,6 +397,11 @@ pub(crate) struct Report {
     pub(crate) out_of_order: Vec<String>,
     /// Delivered messages that were never confirmed (allowed).
     pub(crate) unconfirmed_delivered: usize,
+    /// Of the messages published without confirm mode (`--unconfirmed`),
+    /// how many were never delivered, and how many there were: reported,
+    /// not a failure (nothing promises them, and a publisher's node that
+    /// is down or cut off from the queue's master drops them).
+    pub(crate) no_confirms_undelivered: (usize, usize),
     /// Delivered bodies that were never published (a broker bug).
     pub(crate) phantom: Vec<String>,
     /// What else the run observed.
@@ -485,6 +490,13 @@ impl std::fmt::Display for Report {
             "  delivered but never confirmed (allowed): {}",
             self.unconfirmed_delivered
         )?;
+        if self.no_confirms_undelivered.1 > 0 {
+            writeln!(
+                f,
+                "  published without confirms, never delivered (allowed): {} of {}",
+                self.no_confirms_undelivered.0, self.no_confirms_undelivered.1
+            )?;
+        }
         write!(
             f,
             "  delivered but never published: {} {}",
@@ -528,6 +540,8 @@ impl std::fmt::Display for Report {
 struct History {
     /// Every body handed to `basic.publish`.
     published: BTreeSet<String>,
+    /// Those published without confirm mode (`--unconfirmed`).
+    no_confirms: BTreeSet<String>,
     /// Bodies the broker confirmed (`basic.ack`), with when.
     confirmed: BTreeMap<String, Instant>,
     /// Every delivery: body, redelivered flag, who got it (`consumer B`,
@@ -665,6 +679,13 @@ fn check(
             .keys()
             .filter(|b| !h.confirmed.contains_key(**b))
             .count(),
+        no_confirms_undelivered: (
+            h.no_confirms
+                .iter()
+                .filter(|b| !count.contains_key(b.as_str()))
+                .count(),
+            h.no_confirms.len(),
+        ),
         phantom: count
             .keys()
             .filter(|b| !h.published.contains(**b))
@@ -1425,11 +1446,13 @@ async fn publish(prefix: String, me: Client, load: Load, confirms: bool) -> anyh
                 for _ in 0..20 {
                     let body = format!("{prefix}-m{n}");
                     n += 1;
-                    load.history
-                        .lock()
-                        .expect("the history")
-                        .published
-                        .insert(body.clone());
+                    {
+                        let mut h = load.history.lock().expect("the history");
+                        h.published.insert(body.clone());
+                        if !confirms {
+                            h.no_confirms.insert(body.clone());
+                        }
+                    }
                     let confirm = live(
                         &conn,
                         ch.basic_publish(
