@@ -44,7 +44,8 @@
 //! queue holding a message after the drain (one left unacknowledged by a
 //! consumer that is gone: the report names who holds it on each node). Data
 //! directories, node logs and every delivery of each repeated message
-//! (`repeats.txt`) are in `target/chaos/<seed>/`.
+//! (`repeats.txt`) are in `target/chaos/<seed>/`; after a loss, so is
+//! every message of the publisher sessions that lost one (`lost.txt`).
 
 pub(crate) mod netns;
 
@@ -1302,6 +1303,9 @@ fn run_in(ns: &Netns, opts: Options, bins: &Bins, work: &Path) -> anyhow::Result
     report.diverged = diverged;
     report.stuck = stuck;
     report.drain.0 = drain_took;
+    if !report.lost.is_empty() {
+        write_sessions(&work.join("lost.txt"), &h, &report.lost, c.start)?;
+    }
     if !report.pass() {
         for s in &c.specs {
             println!("--- last lines of {}:\n{}", s.log.display(), tail(&s.log));
@@ -1570,6 +1574,34 @@ fn write_repeats(path: &Path, h: &History, start: Instant) -> anyhow::Result<()>
             let t = when.saturating_duration_since(start).as_secs_f64();
             out.push_str(&format!("{body} {t:.3}s {by} redelivered={redelivered}\n"));
         }
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes, for each publisher session (`<prefix>-s<n>`) with a message in
+/// `lost`, every message it published: when it was confirmed and every
+/// delivery of it (who, when, redelivered), so that a loss can be traced
+/// in the node logs.
+fn write_sessions(path: &Path, h: &History, lost: &[String], start: Instant) -> anyhow::Result<()> {
+    let session = |body: &str| body.rsplit_once("-m").map(|(s, _)| s.to_owned());
+    let sessions: BTreeSet<String> = lost.iter().filter_map(|l| session(l)).collect();
+    let t = |at: &Instant| at.saturating_duration_since(start).as_secs_f64();
+    let ours = |body: &str| session(body).is_some_and(|s| sessions.contains(&s));
+    let mut deliveries: BTreeMap<&str, String> = BTreeMap::new();
+    for (body, redelivered, by, when) in &h.delivered {
+        if ours(body) {
+            let d = format!(" | {by} {:.3}s redelivered={redelivered}", t(when));
+            deliveries.entry(body.as_str()).or_default().push_str(&d);
+        }
+    }
+    let mut out = String::new();
+    for body in h.published.iter().filter(|b| ours(b)) {
+        let confirmed = h.confirmed.get(body).map(|at| format!("{:.3}s", t(at)));
+        let delivered = deliveries.get(body.as_str()).map_or("", String::as_str);
+        out.push_str(&format!(
+            "{body} confirmed={}{delivered}\n",
+            confirmed.as_deref().unwrap_or("-")
+        ));
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
