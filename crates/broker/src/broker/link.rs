@@ -572,20 +572,6 @@ pub(super) struct Forwarded {
 /// a master that is not replaced answered within the failure timeout.
 pub(super) const RESEND_WAIT_MS: u64 = 3_000;
 
-/// How long a publish for a mirrored queue whose master's node went down
-/// waits for the next master: [`RESEND_WAIT_MS`] if its client awaits a
-/// confirm; as long as any publish held for a queue without a master
-/// ([`PARK_LIMIT_MS`](super::parked::PARK_LIMIT_MS)) if it asked none:
-/// there is nobody to answer, and on RabbitMQ the queue's mirrors would
-/// hold it.
-pub(super) fn resend_wait_ms(confirm: bool) -> u64 {
-    if confirm {
-        RESEND_WAIT_MS
-    } else {
-        super::parked::PARK_LIMIT_MS
-    }
-}
-
 /// Where a queue that this node does not serve is served, and where a
 /// delivery from such a queue is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -2593,8 +2579,7 @@ impl Broker {
                     }),
                     ..f.msg
                 };
-                let until = f.since_ms + resend_wait_ms(f.owed.is_some());
-                (msg, f.owed, until)
+                (msg, f.owed, f.since_ms + RESEND_WAIT_MS)
             });
             self.park_first(&vhost, &queue, sent);
             queues.push((vhost, queue));
@@ -2651,7 +2636,7 @@ impl Broker {
         else {
             return false;
         };
-        self.now < f.since_ms + resend_wait_ms(f.owed.is_some())
+        self.now < f.since_ms + RESEND_WAIT_MS
             && self
                 .queue_policy(&f.vhost, &f.queue, q.opts.exclusive)
                 .ha

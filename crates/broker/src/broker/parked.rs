@@ -18,8 +18,7 @@
 //! delivered before the old one died and takes the others; the publishes
 //! that come meanwhile wait behind them. Each is nacked
 //! [`RESEND_WAIT_MS`](super::link::RESEND_WAIT_MS) after its client
-//! published it if no master takes the queue by then; one whose client
-//! asked no confirm waits [`PARK_LIMIT_MS`] (there is nobody to answer).
+//! published it if no master takes the queue by then.
 //!
 //! And when a mirrored queue's master moves from one node to another while
 //! publishes forwarded to the old one are not yet confirmed: the old
@@ -108,24 +107,6 @@ impl Parked {
         true
     }
 
-    /// Drops the publishes held past their deadline (wherever they are in
-    /// line: those awaiting a confirm wait less); returns the confirms
-    /// they owe.
-    fn expire(&mut self, now_ms: u64) -> Vec<(ConnId, ChannelId, u64)> {
-        let mut late = Vec::new();
-        let mut bytes = 0;
-        self.held.retain(|h| {
-            let keep = now_ms < h.deadline_ms;
-            if !keep {
-                bytes += h.msg.meta.len() + h.msg.body.len();
-                late.extend(h.confirm);
-            }
-            keep
-        });
-        self.bytes -= bytes;
-        late
-    }
-
     /// The confirms the held publishes owe.
     pub(super) fn confirms(&self) -> impl Iterator<Item = (ConnId, ChannelId, u64)> + '_ {
         self.held.iter().filter_map(|h| h.confirm)
@@ -200,7 +181,7 @@ impl Broker {
         // Waiting for a master whose node is down: as long as a publish
         // forwarded there waits for the next master.
         let wait = if q.master_down.is_some() {
-            super::link::resend_wait_ms(confirm.is_some())
+            super::link::RESEND_WAIT_MS
         } else {
             PARK_LIMIT_MS
         };
@@ -357,7 +338,16 @@ impl Broker {
             self.redirect_counts(vhost, name, master.as_deref(), true);
             self.redirect_gets(vhost, name, master.as_deref());
         } else {
-            let late = q.parked.expire(now);
+            let mut late = Vec::new();
+            while let Some(h) = q.parked.held.front()
+                && now >= h.deadline_ms
+            {
+                let Some(h) = q.parked.held.pop_front() else {
+                    break;
+                };
+                q.parked.bytes -= h.msg.meta.len() + h.msg.body.len();
+                late.extend(h.confirm);
+            }
             if q.parked.is_empty() && !waiting {
                 self.parked_queues
                     .remove(&(vhost.to_owned(), qname.clone()));
