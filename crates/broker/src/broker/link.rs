@@ -614,15 +614,18 @@ impl Links {
     }
     pub(super) fn send(&mut self, node: &str, msg: LinkMsg) {
         self.out.entry(node.to_owned()).or_default().push(msg);
-        if let Some(w) = &self.waker {
-            w();
-        }
+        self.wake();
     }
 
     /// Tells `node` that its forwarded publish `id` is confirmed (`ack`) or
     /// nacked.
     pub(super) fn settle(&mut self, node: &str, ack: bool, id: u64) {
         push_settled(self.out.entry(node.to_owned()).or_default(), ack, id);
+        self.wake();
+    }
+
+    /// Wakes the shell task that carries link messages, once it is set.
+    fn wake(&self) {
         if let Some(w) = &self.waker {
             w();
         }
