@@ -28,7 +28,9 @@
 //! [`RESEND_WAIT_MS`](super::link::RESEND_WAIT_MS): sent straight to the
 //! new master they would reach it first, out of their channel's order.
 //! When the new master is this node, those the old master's node passes on
-//! here go in at once, ahead of what is held.
+//! here go in at once, ahead of what is held, and so do those it passed on
+//! before this node heard of the move (held here meanwhile): the wait ends
+//! when they are confirmed back to it.
 //!
 //! Other work on such a queue waits likewise, in `link.rs`: a declare for
 //! the next master's counts (`hold_count`), a get for the next master
@@ -42,7 +44,7 @@ use std::sync::Arc;
 use warren_amqp::ChannelId;
 
 use super::state::{Msg, Queue};
-use super::{Broker, ConnId, Elsewhere, Store, confirm_one, nack_one};
+use super::{Broker, Conn, ConnId, Elsewhere, IdMap, Store, confirm_one, nack_one};
 
 /// How long a publish waits for its queue's next master before it is nacked.
 pub(super) const PARK_LIMIT_MS: u64 = 10_000;
@@ -105,6 +107,26 @@ impl Parked {
             deadline_ms,
         });
         true
+    }
+
+    /// Takes out, in order, the held publishes that node `from` forwarded
+    /// (their confirms go back over its link, `conns`).
+    fn take_from(&mut self, from: &str, conns: &IdMap<ConnId, Conn>) -> VecDeque<Held> {
+        let by = |h: &Held| {
+            h.confirm
+                .and_then(|(conn, ..)| conns.get(&conn))
+                .and_then(|c| c.link.as_ref())
+                .is_some_and(|l| l.origin() == from)
+        };
+        if !self.held.iter().any(by) {
+            return VecDeque::new();
+        }
+        let (taken, kept) = std::mem::take(&mut self.held).into_iter().partition(by);
+        self.held = kept;
+        for h in &taken {
+            self.bytes -= h.msg.meta.len() + h.msg.body.len();
+        }
+        taken
     }
 
     /// The confirms the held publishes owe.
@@ -311,33 +333,32 @@ impl Broker {
             self.parked_queues
                 .remove(&(vhost.to_owned(), qname.clone()));
             tracing::debug!(%vhost, queue = %qname, held = held.held.len(), "queue served again: sending on the publishes held for it");
-            // Nacks of the caller's own enqueue, if any, stay its own.
-            let outer = std::mem::take(&mut self.deferred_nacks);
-            let target = [qname.clone()];
-            for h in held.held {
-                match self.enqueue(vhost, &target, &h.msg, h.confirm) {
-                    Ok(0) => {
-                        if let Some((conn, ch, cseq)) = h.confirm {
-                            confirm_one(&mut self.conns, conn, ch, cseq);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        if let Some((conn, ch, cseq)) = h.confirm {
-                            nack_one(&mut self.conns, conn, ch, cseq);
-                        }
-                    }
-                }
-                settled |= h.confirm.is_some();
-            }
-            for (conn, ch, cseq) in std::mem::replace(&mut self.deferred_nacks, outer) {
-                nack_one(&mut self.conns, conn, ch, cseq);
-            }
+            settled = self.send_on(vhost, &qname, held.held);
             // Declares and gets held meanwhile, after what just went in: to
             // the master, or (`None`) answered here.
             self.redirect_counts(vhost, name, master.as_deref(), true);
             self.redirect_gets(vhost, name, master.as_deref());
         } else {
+            // Waiting for the old master's node, which passed some of what
+            // it held on here before this node knew of the move: those go
+            // in now, ahead (the wait ends once they are confirmed there).
+            let passed = match &q.old_master {
+                Some(o) if q.served() => {
+                    let (node, conns) = (o.node.clone(), &self.conns);
+                    (self.vhosts.get_mut(vhost))
+                        .and_then(|v| v.queues.get_mut(name))
+                        .map(|q| q.parked.take_from(&node, conns))
+                        .unwrap_or_default()
+                }
+                _ => VecDeque::new(),
+            };
+            if !passed.is_empty() {
+                tracing::debug!(%vhost, queue = %qname, passed = passed.len(), "publishes the old master passed on before the move was known: in now");
+                settled |= self.send_on(vhost, &qname, passed);
+            }
+            let Some(q) = self.queue_mut(vhost, name) else {
+                return;
+            };
             let mut late = Vec::new();
             while let Some(h) = q.parked.held.front()
                 && now >= h.deadline_ms
@@ -363,6 +384,40 @@ impl Broker {
         if settled {
             self.wake_clients();
         }
+    }
+
+    /// Enqueues `held` into queue `name`, in order, settling at once those
+    /// that owe no wait; whether any owed a confirm.
+    fn send_on(
+        &mut self,
+        vhost: &str,
+        name: &Arc<str>,
+        held: impl IntoIterator<Item = Held>,
+    ) -> bool {
+        let mut settled = false;
+        // Nacks of the caller's own enqueue, if any, stay its own.
+        let outer = std::mem::take(&mut self.deferred_nacks);
+        let target = [name.clone()];
+        for h in held {
+            match self.enqueue(vhost, &target, &h.msg, h.confirm) {
+                Ok(0) => {
+                    if let Some((conn, ch, cseq)) = h.confirm {
+                        confirm_one(&mut self.conns, conn, ch, cseq);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    if let Some((conn, ch, cseq)) = h.confirm {
+                        nack_one(&mut self.conns, conn, ch, cseq);
+                    }
+                }
+            }
+            settled |= h.confirm.is_some();
+        }
+        for (conn, ch, cseq) in std::mem::replace(&mut self.deferred_nacks, outer) {
+            nack_one(&mut self.conns, conn, ch, cseq);
+        }
+        settled
     }
 
     /// Sends on (or times out) the publishes held for every queue that
