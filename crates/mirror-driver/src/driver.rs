@@ -79,6 +79,11 @@ const FIRST_READ: Duration = Duration::from_secs(2);
 /// How often a master whose disk failed tries to open its queue's log again.
 const REOPEN_RETRY: Duration = Duration::from_secs(1);
 
+/// The longest a mirror removed from its ring while claiming the master's
+/// place waits for the claim's outcome (a metadata write gives up within
+/// 25 s) before it takes the record as it knows it.
+const CLAIM_WAIT: Duration = Duration::from_secs(30);
+
 /// How a node's [`MirrorDriver`] runs.
 #[derive(Clone)]
 pub struct DriverConfig {
@@ -636,7 +641,13 @@ impl<S: MetadataSource> MirrorDriver<S> {
         })
         .await
         .map_err(|e| format!("claiming the queue record: {e}"))?;
-        if master && record.master != self.node {
+        // A master only where the record names this node (another node
+        // may have taken over meanwhile: this node's view was older), and
+        // a mirror only where it names another: the reconciler chose a
+        // mirror from a record that was behind, and a mirror here would
+        // wait for a master that never starts. The next pass starts the
+        // right one.
+        if master != (record.master == self.node) {
             return Ok(None);
         }
         self.remove_stale_members(ring_id).await?;
@@ -831,6 +842,20 @@ impl<S: MetadataSource> MirrorDriver<S> {
             self.hub.ready(id);
         };
         ring.leave().await;
+        // A mirror removed from its ring while its claim to be master was
+        // on its way: the claim may still land, and then the record names
+        // this node master and this copy is the one to serve (dropped, no
+        // node would hold the queue). Its outcome decides, not the record
+        // as this node last applied it.
+        let mut claimed = None;
+        if lock(&self.broker).replica_promoting(vhost, name)
+            && !records.local().is_ok_and(|r| r.master == self.node)
+        {
+            tokio::select! {
+                r = tokio::time::timeout(CLAIM_WAIT, rec_rx.recv()) => claimed = r.ok().flatten(),
+                () = self.stopped() => {}
+            }
+        }
         // A master keeps its messages unless it handed over, or the
         // record names another master (which holds them). A node
         // that is stopping keeps them on disk but takes no more work.
@@ -845,7 +870,10 @@ impl<S: MetadataSource> MirrorDriver<S> {
                 r.is_some_and(|r| !r.stopping.load(Ordering::SeqCst)),
             )
         };
-        let record = records.local().ok();
+        let record = match (records.local().ok(), claimed) {
+            (Some(local), Some(claimed)) if claimed.version > local.version => Some(claimed),
+            (local, _) => local,
+        };
         let serve = keep && record.as_ref().is_some_and(|r| r.master == self.node);
         // Removed from its ring, not stopped by the reconciler: the queue
         // is still mirrored, and a mirror the record counts synchronised

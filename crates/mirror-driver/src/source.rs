@@ -129,6 +129,9 @@ pub struct MemMetadata {
     /// While this node is cut off from the majority ([`MemMetadata::cut_off`]):
     /// the metadata as it had applied it then.
     stale: Arc<Mutex<Option<Arc<Metadata>>>>,
+    /// How long this node's writes take to commit
+    /// ([`MemMetadata::set_write_latency`]).
+    write_latency: Arc<Mutex<Duration>>,
 }
 
 /// How long a write or linearizable read of a node cut off from the
@@ -149,6 +152,7 @@ impl MemMetadata {
             }),
             majority: Arc::new(watch::Sender::new(true)),
             stale: Arc::default(),
+            write_latency: Arc::default(),
         }
     }
 
@@ -160,6 +164,7 @@ impl MemMetadata {
             shared: self.shared.clone(),
             majority: Arc::new(watch::Sender::new(true)),
             stale: Arc::default(),
+            write_latency: Arc::default(),
         }
     }
 
@@ -233,6 +238,15 @@ impl MemMetadata {
     /// Says whether this node sees a majority (true from the start).
     pub fn set_majority(&self, majority: bool) {
         self.majority.send_replace(majority);
+    }
+
+    /// Makes this node's writes take `latency` to commit (a Raft leader's
+    /// round trips under load, or a follower's forwarding), others' not.
+    pub fn set_write_latency(&self, latency: Duration) {
+        *self
+            .write_latency
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = latency;
     }
 
     /// Cuts this node off from the majority (`true`), as a partition cuts
@@ -322,6 +336,13 @@ impl MetadataSource for MemMetadata {
 
     async fn write(&self, cmd: Command) -> Result<Outcome, ClusterError> {
         self.reach_majority("write").await?;
+        let latency = *self
+            .write_latency
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         self.apply(&cmd)
     }
 

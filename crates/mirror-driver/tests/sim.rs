@@ -1000,13 +1000,7 @@ fn a_master_whose_disk_failed_serves_its_log_again_once_the_disk_works() {
         n.nodes["n1"].role() == Some(Role::Master)
     });
     let mut c = Client::connect(&net.nodes["n1"].broker);
-    for seq in 1..=10 {
-        c.publish(seq, true);
-    }
-    net.step_until("ten confirms", step, limit, |_| {
-        c.poll();
-        c.acked.len() == 10
-    });
+    net.publish_confirmed_now(&mut c, 10, step, limit);
     c.request_get();
     let mut first = None;
     net.step_until("a get", step, limit, |_| {

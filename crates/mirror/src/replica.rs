@@ -598,6 +598,14 @@ impl Replica {
         self.role
     }
 
+    /// Whether it is a mirror that claimed the master's place in the
+    /// queue record and has not taken it yet: the claim may still be on
+    /// its way when the replica stops, and then decide that this node's
+    /// copy is the queue's.
+    pub fn promoting(&self) -> bool {
+        self.role != Role::Master && self.promoting
+    }
+
     /// Whether it is a master that is stopping ([`Replica::stop`]).
     pub fn draining(&self) -> bool {
         self.role == Role::Master && self.draining_since.is_some()

@@ -603,11 +603,13 @@ impl Broker {
                 self.now,
             );
         }
-        let was_master = m.master;
+        // A mirror whose claim to the master's place landed after it left
+        // its ring (the driver found the record naming this node) keeps
+        // its copy as a master does: that copy is the queue's.
+        let kept = matches!(end, ReplicaEnd::Serve | ReplicaEnd::Keep | ReplicaEnd::Hold);
+        let was_master = m.master || (m.replica.promoting() && kept);
         let held = m.replica.held().clone();
-        let bq = m.replica.into_queue().filter(|_| {
-            was_master && matches!(end, ReplicaEnd::Serve | ReplicaEnd::Keep | ReplicaEnd::Hold)
-        });
+        let bq = m.replica.into_queue().filter(|_| was_master && kept);
         if was_master && end != ReplicaEnd::Serve {
             // Handed over, held, or this node is stopping: no more work
             // here (a publish accepted now would be on this disk alone);
@@ -918,6 +920,16 @@ impl Broker {
             .get(vhost)
             .and_then(|v| v.queues.get(name))
             .and_then(|q| q.store.mirror_status())
+    }
+
+    /// Whether queue `name`'s replica is a mirror whose claim to be master
+    /// may still be on its way ([`Replica::promoting`]).
+    #[must_use]
+    pub fn replica_promoting(&self, vhost: &str, name: &str) -> bool {
+        matches!(
+            self.vhosts.get(vhost).and_then(|v| v.queues.get(name)).map(|q| &q.store),
+            Some(Store::Replica(m)) if m.replica.promoting()
+        )
     }
 
     /// Whether queue `name`'s replica has no other live member in its ring.

@@ -432,6 +432,14 @@ impl Net {
         }
     }
 
+    /// Makes node `n`'s metadata writes take `latency` to commit
+    /// ([`MemMetadata::set_write_latency`]).
+    pub fn slow_writes(&self, n: &str, latency: Duration) {
+        if let Some(h) = self.handles.get(n) {
+            h.set_write_latency(latency);
+        }
+    }
+
     /// Node `n` runs: the cluster sees it up.
     fn running(&mut self, n: &str, node: Node) {
         let mut up = self.up();
@@ -559,6 +567,24 @@ impl Net {
                 }
             }
         }
+    }
+
+    /// Simulated: publishes messages `1..=n` (persistent) through `c` and
+    /// steps (`step` each time, at most `limit`) until all are confirmed.
+    pub fn publish_confirmed_now(
+        &mut self,
+        c: &mut Client,
+        n: u64,
+        step: Duration,
+        limit: Duration,
+    ) {
+        for seq in 1..=n {
+            c.publish(seq, true);
+        }
+        self.step_until("every publish confirmed", step, limit, |_| {
+            c.poll();
+            c.acked.len() as u64 == n
+        });
     }
 
     /// The queue's record.
