@@ -1634,6 +1634,25 @@ impl Replica {
         }
     }
 
+    /// Whether the record counts synchronised the node of an alive ring
+    /// member that this master has not synchronised: a master started from
+    /// its own copy while a mirror of the master before it still runs, say.
+    /// That mirror may be promoted on the record's word, without what this
+    /// master confirms, so nothing is confirmed until the record stops
+    /// counting its node ([`Self::reconcile_record`] proposes it).
+    fn record_overstates(&self) -> bool {
+        self.view.entries.iter().any(|e| {
+            e.alive
+                && e.id != self.member
+                && !self.synced_members.contains(&e.id)
+                && self
+                    .record
+                    .synchronised
+                    .iter()
+                    .any(|n| n == e.node.as_str())
+        })
+    }
+
     /// Confirms the publishes (and promotions) at the head of `confirms`
     /// that the ring and every synchronised replica's disk now hold.
     fn release_confirms(&mut self) {
@@ -1648,12 +1667,13 @@ impl Replica {
             .fold(bq.synced_seq(), SeqId::min);
         let storage_clean = !bq.needs_sync();
         let enough = 1 + self.synced_alive() >= self.settings.min_sync_replicas as usize;
+        let record_true = !self.record_overstates();
         let mut confirmed = Vec::new();
         while let Some(c) = self.confirms.front() {
             let ring = c.gm_seq != 0 && c.gm_seq <= self.gm_confirmed;
             let disk = c.bq_seq.is_none_or(|s| s <= synced_seq);
             let ok = match c.what {
-                Confirmable::Publish(_) => ring && disk && enough,
+                Confirmable::Publish(_) => ring && disk && enough && record_true,
                 Confirmable::Promotion { .. } => ring && storage_clean,
             };
             if !ok {
@@ -2484,6 +2504,57 @@ mod tests {
             HeldPublishes::new(),
             record("a", 2),
         )
+    }
+
+    /// A master started from its own copy (a deposed master's, say) while
+    /// the record still counts node b synchronised and b's member, which
+    /// followed the master before, runs in the ring: nothing is confirmed
+    /// until the record stops counting b, or b could be promoted on the
+    /// record's word without it. Before, the publish was confirmed at once
+    /// (chaos seed 54003: a master restarted from its copy confirmed a
+    /// batch for 30 ms, the old master's mirror on another node was
+    /// promoted, and the batch was lost).
+    #[test]
+    fn a_master_confirms_nothing_while_the_record_counts_a_mirror_it_has_not_synchronised() {
+        let me = MemberId(1);
+        let mut r = master_at_epoch_2(me);
+        let b_synchronised = RecordView {
+            version: 2,
+            master: "a".into(),
+            mirrors: vec!["b".into()],
+            synchronised: vec!["b".into()],
+        };
+        r.handle_record(b_synchronised.clone());
+        r.handle_view(with_mirror(me, MemberId(2)));
+        publish_seq(&mut r, 1).unwrap();
+        r.flush();
+        let outputs: Vec<Output> = r.drain_outputs().collect();
+        let proposed = outputs.iter().find_map(|o| match o {
+            Output::ProposeRecord { view, .. } => Some(view.synchronised.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            proposed,
+            Some(Vec::new()),
+            "the master proposes a record without b synchronised"
+        );
+        // The ring confirms everything broadcast.
+        let sent = outputs
+            .iter()
+            .filter(|o| matches!(o, Output::Broadcast(_)))
+            .count();
+        r.handle_confirm(sent as u64);
+        assert_eq!(
+            confirmed(&mut r),
+            Vec::<u64>::new(),
+            "confirmed while the record counts b"
+        );
+        r.record_settled(RecordView {
+            version: 3,
+            synchronised: Vec::new(),
+            ..b_synchronised
+        });
+        assert_eq!(confirmed(&mut r), vec![1]);
     }
 
     /// Publishes message `seq` (body "x") as publisher 4's `seq`.
