@@ -1634,22 +1634,19 @@ impl Replica {
         }
     }
 
-    /// Whether the record counts synchronised the node of an alive ring
-    /// member that this master has not synchronised: a master started from
+    /// Whether the record counts synchronised a node whose alive ring
+    /// members this master has synchronised none of: a master started from
     /// its own copy while a mirror of the master before it still runs, say.
     /// That mirror may be promoted on the record's word, without what this
     /// master confirms, so nothing is confirmed until the record stops
     /// counting its node ([`Self::reconcile_record`] proposes it).
     fn record_overstates(&self) -> bool {
-        self.view.entries.iter().any(|e| {
-            e.alive
-                && e.id != self.member
-                && !self.synced_members.contains(&e.id)
-                && self
-                    .record
-                    .synchronised
-                    .iter()
-                    .any(|n| n == e.node.as_str())
+        self.record.synchronised.iter().any(|n| {
+            let on_n = || {
+                (self.view.entries.iter())
+                    .filter(|e| e.alive && e.id != self.member && e.node.as_str() == n.as_str())
+            };
+            on_n().next().is_some() && !on_n().any(|e| self.synced_members.contains(&e.id))
         })
     }
 
