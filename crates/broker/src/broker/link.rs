@@ -369,6 +369,12 @@ impl Link {
     }
 }
 
+/// The node whose forwarded work connection `conn` carries, if it is a
+/// link's internal connection.
+pub(super) fn link_origin(conns: &IdMap<ConnId, Conn>, conn: ConnId) -> Option<&str> {
+    conns.get(&conn)?.link.as_ref().map(Link::origin)
+}
+
 /// A consumer of a forwarded queue, on the origin.
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteConsumer {

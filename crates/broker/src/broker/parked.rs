@@ -114,9 +114,8 @@ impl Parked {
     fn take_from(&mut self, from: &str, conns: &IdMap<ConnId, Conn>) -> VecDeque<Held> {
         let by = |h: &Held| {
             h.confirm
-                .and_then(|(conn, ..)| conns.get(&conn))
-                .and_then(|c| c.link.as_ref())
-                .is_some_and(|l| l.origin() == from)
+                .and_then(|(conn, ..)| super::link::link_origin(conns, conn))
+                .is_some_and(|origin| origin == from)
         };
         if !self.held.iter().any(by) {
             return VecDeque::new();

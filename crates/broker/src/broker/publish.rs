@@ -184,11 +184,7 @@ impl Broker {
             // in order, for the next master. A queue held because its own
             // log failed refuses them instead.
             let from = match (&q.old_master, confirm) {
-                (Some(_), Some((conn, ..))) => self
-                    .conns
-                    .get(&conn)
-                    .and_then(|c| c.link.as_ref())
-                    .map(|l| l.origin()),
+                (Some(_), Some((conn, ..))) => super::link::link_origin(&self.conns, conn),
                 _ => None,
             };
             if !q.takes_publishes_from(from)
